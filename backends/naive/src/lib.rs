@@ -1,0 +1,1 @@
+//! The reference attention backend: exact, f64-accumulated, any shape.

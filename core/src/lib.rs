@@ -1,0 +1,29 @@
+//! Pagoda's core vocabulary, shared by every other crate.
+//!
+//! It defines what a request is ([`request`]), what the scheduler hands the model
+//! runner each step ([`sched`]), how the paged KV cache is laid out ([`kv`]), and
+//! the attention-backend protocol with its inventory registry ([`attention`]).
+//!
+//! Architecture invariant: core knows nothing of HTTP, tokenizers, model files,
+//! CUDA or any concrete backend. It is plain data plus traits.
+
+pub mod attention;
+pub mod error;
+pub mod kv;
+pub mod request;
+pub mod sched;
+
+pub use attention::{
+    merge_states, no_runtime_reasons, registered_backends, AttentionBackend, AttentionConfig,
+    BackendRegistration, BatchDescriptor, Capabilities, DType, Device, DeviceKind, InvalidReason,
+    LayerIo, Role,
+};
+pub use error::CoreError;
+pub use kv::{write_kv, KvCache, KvCacheSpec, LayerKv};
+pub use request::{
+    BlockHash, FinishReason, Request, RequestId, RequestStatus, SamplingParams, StopReason,
+};
+pub use sched::{
+    CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, SchedulerOutput,
+    TokenLogprobs,
+};

@@ -1,0 +1,313 @@
+//! Requests as the scheduler sees them: token ids, sampling parameters, status.
+//!
+//! Text never appears here; the LLM engine owns tokenization and stop strings.
+
+use crate::CoreError;
+use serde::{Deserialize, Serialize};
+
+/// Request ids are caller-chosen strings (the server uses `cmpl-...`).
+pub type RequestId = String;
+
+/// Hash of one full KV block, chained through its parent (see the KV cache
+/// manager). 128 bits so that collisions are not a practical concern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockHash(pub u128);
+
+/// Life cycle of a request inside the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RequestStatus {
+    Waiting,
+    Running,
+    Preempted,
+    FinishedStopped,
+    FinishedLengthCapped,
+    FinishedAborted,
+    /// Refused at admission: the request can never fit (prompt longer than the
+    /// model length or than the whole KV cache).
+    FinishedIgnored,
+}
+
+impl RequestStatus {
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            RequestStatus::FinishedStopped
+                | RequestStatus::FinishedLengthCapped
+                | RequestStatus::FinishedAborted
+                | RequestStatus::FinishedIgnored
+        )
+    }
+
+    /// The OpenAI-style finish reason for a finished status.
+    pub fn finish_reason(self) -> Option<FinishReason> {
+        match self {
+            RequestStatus::FinishedStopped => Some(FinishReason::Stop),
+            RequestStatus::FinishedLengthCapped => Some(FinishReason::Length),
+            RequestStatus::FinishedAborted => Some(FinishReason::Abort),
+            RequestStatus::FinishedIgnored => Some(FinishReason::Length),
+            _ => None,
+        }
+    }
+}
+
+/// Why a request finished, as reported to API clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    Stop,
+    Length,
+    Abort,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// What exactly stopped a request that finished with [`FinishReason::Stop`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StopReason {
+    Eos(u32),
+    StopTokenId(u32),
+    StopString(String),
+}
+
+/// Sampling and stopping parameters of one request (vLLM's `SamplingParams`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// In (0, 1]; 1 disables nucleus filtering.
+    pub top_p: f32,
+    /// 0 (or negative) disables top-k.
+    pub top_k: i32,
+    /// In [0, 1]; 0 disables min-p.
+    pub min_p: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// 1 disables it; applies to prompt and output tokens, like vLLM.
+    pub repetition_penalty: f32,
+    /// Same seed, same output, whatever else is in the batch.
+    pub seed: Option<u64>,
+    /// None: as many as fit in the model length.
+    pub max_tokens: Option<usize>,
+    pub min_tokens: usize,
+    pub stop_token_ids: Vec<u32>,
+    /// Stop strings; detected by the LLM engine, which knows text.
+    pub stop: Vec<String>,
+    pub include_stop_str_in_output: bool,
+    pub ignore_eos: bool,
+    /// Number of top log-probabilities to return per generated token.
+    pub logprobs: Option<usize>,
+    /// Additive biases on logits, by token id.
+    pub logit_bias: Vec<(u32, f32)>,
+    pub skip_special_tokens: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+            max_tokens: Some(16),
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
+            stop: Vec::new(),
+            include_stop_str_in_output: false,
+            ignore_eos: false,
+            logprobs: None,
+            logit_bias: Vec::new(),
+            skip_special_tokens: true,
+        }
+    }
+}
+
+/// Largest `logprobs` a request may ask for (OpenAI allows 20 for chat).
+pub const MAX_LOGPROBS: usize = 20;
+
+impl SamplingParams {
+    /// Greedy decoding with a token limit.
+    pub fn greedy(max_tokens: usize) -> Self {
+        SamplingParams { temperature: 0.0, max_tokens: Some(max_tokens), ..Default::default() }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature < 1e-5
+    }
+
+    /// Checks every field; the first bad one is reported by name.
+    pub fn validate(&self) -> Result<(), CoreError> {
+        fn bad(param: &'static str, message: String) -> Result<(), CoreError> {
+            Err(CoreError::InvalidSamplingParam { param, message })
+        }
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return bad("temperature", format!("must be >= 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", format!("must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", format!("must be in [0, 1], got {}", self.min_p));
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return bad("presence_penalty", format!("must be in [-2, 2], got {}", self.presence_penalty));
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return bad("frequency_penalty", format!("must be in [-2, 2], got {}", self.frequency_penalty));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad("repetition_penalty", format!("must be > 0, got {}", self.repetition_penalty));
+        }
+        if self.max_tokens == Some(0) {
+            return bad("max_tokens", "must be at least 1".into());
+        }
+        if let Some(max) = self.max_tokens {
+            if self.min_tokens > max {
+                return bad("min_tokens", format!("{} exceeds max_tokens {}", self.min_tokens, max));
+            }
+        }
+        if let Some(n) = self.logprobs {
+            if n > MAX_LOGPROBS {
+                return bad("logprobs", format!("must be at most {MAX_LOGPROBS}, got {n}"));
+            }
+        }
+        if self.stop.iter().any(|s| s.is_empty()) {
+            return bad("stop", "stop strings must not be empty".into());
+        }
+        if self.logit_bias.iter().any(|(_, b)| !b.is_finite()) {
+            return bad("logit_bias", "biases must be finite".into());
+        }
+        Ok(())
+    }
+}
+
+/// One request inside the scheduler. Token ids only: prompt then outputs.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub request_id: RequestId,
+    /// Prompt followed by generated tokens.
+    all_token_ids: Vec<u32>,
+    num_prompt_tokens: usize,
+    pub sampling_params: SamplingParams,
+    /// Token ids that end the request unless `ignore_eos` (the model's EOS ids).
+    pub eos_token_ids: Vec<u32>,
+    pub status: RequestStatus,
+    /// Tokens whose KV is in the cache (advanced at schedule time, like vLLM V1).
+    pub num_computed_tokens: usize,
+    /// Prompt tokens served from the prefix cache at first scheduling.
+    pub num_cached_tokens: usize,
+    pub num_preemptions: usize,
+    /// Lower runs first when the scheduler uses priorities; FCFS otherwise.
+    pub priority: i32,
+    /// Monotonic arrival order, assigned by the scheduler.
+    pub arrival_seq: u64,
+    /// Mixed into the first block's hash so tenants do not share cache.
+    pub cache_salt: Option<String>,
+    /// Hashes of the full blocks of `all_token_ids`, maintained by the KV cache manager.
+    pub block_hashes: Vec<BlockHash>,
+    pub stop_reason: Option<StopReason>,
+}
+
+impl Request {
+    pub fn new(
+        request_id: impl Into<RequestId>,
+        prompt_token_ids: Vec<u32>,
+        sampling_params: SamplingParams,
+        eos_token_ids: Vec<u32>,
+    ) -> Self {
+        let num_prompt_tokens = prompt_token_ids.len();
+        Request {
+            request_id: request_id.into(),
+            all_token_ids: prompt_token_ids,
+            num_prompt_tokens,
+            sampling_params,
+            eos_token_ids,
+            status: RequestStatus::Waiting,
+            num_computed_tokens: 0,
+            num_cached_tokens: 0,
+            num_preemptions: 0,
+            priority: 0,
+            arrival_seq: 0,
+            cache_salt: None,
+            block_hashes: Vec::new(),
+            stop_reason: None,
+        }
+    }
+
+    pub fn with_cache_salt(mut self, salt: Option<String>) -> Self {
+        self.cache_salt = salt;
+        self
+    }
+
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    pub fn num_prompt_tokens(&self) -> usize {
+        self.num_prompt_tokens
+    }
+    pub fn num_tokens(&self) -> usize {
+        self.all_token_ids.len()
+    }
+    pub fn num_output_tokens(&self) -> usize {
+        self.all_token_ids.len() - self.num_prompt_tokens
+    }
+    pub fn all_token_ids(&self) -> &[u32] {
+        &self.all_token_ids
+    }
+    pub fn prompt_token_ids(&self) -> &[u32] {
+        &self.all_token_ids[..self.num_prompt_tokens]
+    }
+    pub fn output_token_ids(&self) -> &[u32] {
+        &self.all_token_ids[self.num_prompt_tokens..]
+    }
+    pub fn append_output_token(&mut self, token: u32) {
+        self.all_token_ids.push(token);
+    }
+    pub fn is_finished(&self) -> bool {
+        self.status.is_finished()
+    }
+    /// Output tokens still allowed by `max_tokens` (unbounded when it is None).
+    pub fn max_tokens(&self) -> usize {
+        self.sampling_params.max_tokens.unwrap_or(usize::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_names_the_bad_field() {
+        let p = SamplingParams { top_p: 0.0, ..Default::default() };
+        match p.validate() {
+            Err(CoreError::InvalidSamplingParam { param, .. }) => assert_eq!(param, "top_p"),
+            other => panic!("unexpected {other:?}"),
+        }
+        let p = SamplingParams { temperature: -1.0, ..Default::default() };
+        assert!(p.validate().is_err());
+        assert!(SamplingParams::greedy(4).validate().is_ok());
+    }
+
+    #[test]
+    fn request_token_views() {
+        let mut r = Request::new("a", vec![1, 2, 3], SamplingParams::greedy(4), vec![0]);
+        r.append_output_token(9);
+        assert_eq!(r.prompt_token_ids(), &[1, 2, 3]);
+        assert_eq!(r.output_token_ids(), &[9]);
+        assert_eq!(r.num_tokens(), 4);
+    }
+}

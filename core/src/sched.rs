@@ -1,0 +1,94 @@
+//! What the scheduler hands the model runner for one step (vLLM V1's `SchedulerOutput`).
+//!
+//! The model runner keeps a persistent per-request state; this output only carries
+//! what changed: new requests (full token ids and block ids), block ids appended
+//! to running requests, how many tokens each request computes this step, and
+//! which requests left (finished or preempted) so their state can be dropped.
+
+use crate::request::{RequestId, SamplingParams};
+
+/// A request the runner has not seen, or one resumed after preemption (whose
+/// state the runner dropped): everything it needs to start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRequestData {
+    pub req_id: RequestId,
+    /// Prompt plus any tokens generated before a preemption.
+    pub token_ids: Vec<u32>,
+    pub num_prompt_tokens: usize,
+    /// Physical KV blocks, in logical order.
+    pub block_ids: Vec<u32>,
+    /// Tokens already in the cache (prefix hits) before this step.
+    pub num_computed_tokens: usize,
+    pub sampling_params: SamplingParams,
+    /// How many tokens had been generated before (so seeded sampling resumes exactly).
+    pub num_output_tokens: usize,
+}
+
+/// A request the runner already holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedRequestData {
+    pub req_id: RequestId,
+    /// Blocks appended to the request's block table this step.
+    pub new_block_ids: Vec<u32>,
+    /// Tokens in the cache before this step.
+    pub num_computed_tokens: usize,
+}
+
+/// The scheduler's decision for one step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SchedulerOutput {
+    pub scheduled_new_reqs: Vec<NewRequestData>,
+    pub scheduled_cached_reqs: Vec<CachedRequestData>,
+    /// Tokens computed this step per request, in batch order (running requests first, then
+    /// newly admitted ones).
+    pub num_scheduled_tokens: Vec<(RequestId, usize)>,
+    pub total_num_scheduled_tokens: usize,
+    /// Requests that finished (or were aborted) since the previous step.
+    pub finished_req_ids: Vec<RequestId>,
+    /// Requests preempted in this step; their runner state must be dropped.
+    pub preempted_req_ids: Vec<RequestId>,
+}
+
+impl SchedulerOutput {
+    pub fn is_empty(&self) -> bool {
+        self.total_num_scheduled_tokens == 0
+    }
+
+    pub fn num_scheduled_tokens_of(&self, req_id: &str) -> Option<usize> {
+        self.num_scheduled_tokens.iter().find(|(id, _)| id == req_id).map(|(_, n)| *n)
+    }
+}
+
+/// One sampled token's log-probabilities (natural log, of the distribution the token
+/// was sampled from, before temperature/top-k/top-p filtering, like vLLM's default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub token_id: u32,
+    pub logprob: f32,
+    /// The `n` most likely tokens, descending.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What the model runner returns for a step: for each scheduled request, in batch
+/// order, the sampled token (None for a prefill chunk that does not reach the end
+/// of the known tokens).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelRunnerOutput {
+    pub req_ids: Vec<RequestId>,
+    pub sampled_token_ids: Vec<Option<u32>>,
+    pub logprobs: Vec<Option<TokenLogprobs>>,
+}
+
+/// What the scheduler reports per request after a step: new tokens and, if it
+/// finished, why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineCoreOutput {
+    pub req_id: RequestId,
+    pub new_token_ids: Vec<u32>,
+    pub new_logprobs: Vec<TokenLogprobs>,
+    pub finish_reason: Option<crate::FinishReason>,
+    pub stop_reason: Option<crate::StopReason>,
+    pub num_prompt_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub num_cached_tokens: usize,
+}

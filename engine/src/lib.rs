@@ -1,0 +1,1 @@
+//! ModelRunner, sampler, EngineCore and LLMEngine.

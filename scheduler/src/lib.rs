@@ -1,0 +1,1 @@
+//! The vLLM-V1-style scheduler, KV cache manager and block pool with prefix caching.

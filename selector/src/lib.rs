@@ -1,0 +1,1 @@
+//! Picks attention backends from the registry for a model and device.

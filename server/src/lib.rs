@@ -1,0 +1,1 @@
+//! The `pagoda` binary: CLI and OpenAI-compatible HTTP server.
