@@ -1,0 +1,1 @@
+//! CUDA attention backends; registered always, usable only with the `cuda` feature.

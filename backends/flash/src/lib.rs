@@ -1,0 +1,1 @@
+//! Flash-style prefill attention on CPU: tiled online softmax over the paged cache.

@@ -1,0 +1,1 @@
+//! Paged decode attention on CPU: split-KV (flash-decoding), SIMD, multi-threaded.

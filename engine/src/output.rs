@@ -1,0 +1,42 @@
+//! What goes into and comes out of the LLM engine.
+
+use pagoda_core::{FinishReason, StopReason, TokenLogprobs};
+
+/// A prompt as text or as token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// One step's news about one request: the new tokens and their text delta.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestOutput {
+    pub request_id: String,
+    pub new_token_ids: Vec<u32>,
+    /// Text of the new tokens; never splits a UTF-8 character, never contains
+    /// (a prefix of) a stop string that might still match.
+    pub new_text: String,
+    pub new_logprobs: Vec<TokenLogprobs>,
+    pub finished: bool,
+    pub finish_reason: Option<FinishReason>,
+    pub stop_reason: Option<StopReason>,
+    pub num_prompt_tokens: usize,
+    pub num_cached_tokens: usize,
+    pub num_output_tokens: usize,
+}
+
+/// Counters for logs and `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    /// Fraction of KV blocks in use, 0..=1.
+    pub kv_cache_usage: f64,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub num_preemptions: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub num_steps: u64,
+}

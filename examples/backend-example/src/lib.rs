@@ -1,0 +1,1 @@
+//! The example backend crate that docs/new-backend.md walks through.

@@ -1,0 +1,41 @@
+//! The error type of the models crate.
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Everything that can go wrong loading or running a model.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error("model file {path}: {source}")]
+    Io { path: PathBuf, #[source] source: std::io::Error },
+    #[error("model path {path} does not exist")]
+    NotFound { path: PathBuf },
+    #[error("{path} is not a GGUF file or HF model directory ({reason})")]
+    UnknownFormat { path: PathBuf, reason: String },
+    #[error("corrupt GGUF file {path}: {reason}")]
+    CorruptGguf { path: PathBuf, reason: String },
+    #[error("unsupported tensor type {ggml_type} for tensor `{tensor}`")]
+    UnsupportedTensorType { tensor: String, ggml_type: String },
+    #[error("missing tensor `{name}`")]
+    MissingTensor { name: String },
+    #[error("tensor `{name}` has shape {actual:?}, expected {expected:?}")]
+    TensorShape { name: String, expected: Vec<usize>, actual: Vec<usize> },
+    #[error("missing or invalid metadata `{key}`: {reason}")]
+    Metadata { key: String, reason: String },
+    #[error("unsupported architecture `{arch}` (supported: llama)")]
+    UnsupportedArchitecture { arch: String },
+    #[error("unsupported tokenizer: {reason}")]
+    UnsupportedTokenizer { reason: String },
+    #[error("tokenizer error: {message}")]
+    Tokenizer { message: String },
+    #[error("chat template error: {message}")]
+    ChatTemplate { message: String },
+    #[error("safetensors error in {path}: {message}")]
+    Safetensors { path: PathBuf, message: String },
+    #[error("invalid config.json: {message}")]
+    Config { message: String },
+    #[error("forward pass: {message}")]
+    Forward { message: String },
+    #[error(transparent)]
+    Core(#[from] pagoda_core::CoreError),
+}
