@@ -1,0 +1,2 @@
+//! Criterion comparisons of every registered attention backend (to be written).
+fn main() {}

@@ -1,0 +1,2 @@
+//! Criterion benchmarks of one scheduler step (to be written).
+fn main() {}
