@@ -18,6 +18,9 @@ pub use attention::{
     BackendRegistration, BatchDescriptor, Capabilities, DType, Device, DeviceKind, InvalidReason,
     LayerIo, Role,
 };
+// `register_backend!` expands to `$crate::inventory::submit!`, so inventory must be
+// reachable from the crate root.
+pub use attention::inventory;
 pub use error::CoreError;
 pub use kv::{write_kv, KvCache, KvCacheSpec, LayerKv};
 pub use request::{

@@ -1,1 +1,282 @@
 //! The reference attention backend: exact, f64-accumulated, any shape.
+//!
+//! `naive` is the yardstick every other backend is tested against (see the
+//! `pagoda-backend-testkit` crate), so it favours obviousness over speed: for every
+//! query token and head it gathers the keys it may see through the block table,
+//! computes max-subtracted softmax weights in `f64` and accumulates `V` in `f64`.
+//!
+//! Semantics (shared by every backend):
+//! * query token `i` of request `r` sits at position `context_len(r) + i` and sees key
+//!   positions `0..=context_len(r) + i` (causal with the context offset);
+//! * query head `h` reads KV head `h / (num_heads / num_kv_heads)` (GQA);
+//! * score `s = scale * q·k`, then `s = cap * tanh(s / cap)` with a logits soft-cap;
+//! * with a sliding window `w`, only key positions `> query_pos - w` are seen;
+//! * the optional LSE output is `ln(sum_j exp(s_j))` over the seen keys, `-inf` when
+//!   no key is seen (then the output row is zero).
+
+use pagoda_core::{
+    no_runtime_reasons, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
+    Capabilities, CoreError, DType, DeviceKind, LayerIo, Role,
+};
+
+/// The registered name.
+pub const NAME: &str = "naive";
+
+/// What `naive` supports: CPU f32, any head dim, block size and GQA ratio, both
+/// roles, sliding window, soft-cap and LSE.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        devices: vec![DeviceKind::Cpu],
+        q_dtypes: vec![DType::F32],
+        kv_dtypes: vec![DType::F32],
+        head_dims: None,
+        block_sizes: None,
+        max_gqa_ratio: None,
+        sliding_window: true,
+        logits_soft_cap: true,
+        decode: true,
+        prefill: true,
+        returns_lse: true,
+    }
+}
+
+fn create(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError> {
+    Ok(Box::new(NaiveBackend::new(cfg)?))
+}
+
+pagoda_core::register_backend!(BackendRegistration {
+    name: NAME,
+    // Lowest useful priority: automatic selection picks it only when nothing faster fits.
+    priority: 0,
+    description: "exact f64-accumulated reference attention (slow, any shape)",
+    capabilities,
+    runtime_reasons: no_runtime_reasons,
+    create,
+});
+
+/// The reference backend. See the crate docs for the exact semantics.
+pub struct NaiveBackend {
+    cfg: AttentionConfig,
+    batch: BatchDescriptor,
+    planned: bool,
+    /// Scores of one query row, reused across rows (sized in `plan`).
+    scores: Vec<f64>,
+    acc: Vec<f64>,
+}
+
+impl NaiveBackend {
+    /// Creates the backend; errors if the configuration is outside [`capabilities`]
+    /// (or has zero heads, head dim or block size).
+    pub fn new(cfg: &AttentionConfig) -> Result<Self, CoreError> {
+        let reasons = capabilities().reasons(cfg, Role::Both);
+        if !reasons.is_empty() {
+            return Err(CoreError::BackendInvalid {
+                backend: NAME.into(),
+                reasons,
+            });
+        }
+        if cfg.num_heads == 0 || cfg.head_dim == 0 || cfg.block_size == 0 {
+            return Err(failed(format!(
+                "degenerate config: {} heads, head dim {}, block size {}",
+                cfg.num_heads, cfg.head_dim, cfg.block_size
+            )));
+        }
+        Ok(NaiveBackend {
+            cfg: cfg.clone(),
+            batch: BatchDescriptor::default(),
+            planned: false,
+            scores: Vec::new(),
+            acc: vec![0.0; cfg.head_dim],
+        })
+    }
+
+    /// The configuration this backend was built for.
+    pub fn config(&self) -> &AttentionConfig {
+        &self.cfg
+    }
+}
+
+fn failed(message: String) -> CoreError {
+    CoreError::BackendFailed {
+        backend: NAME.into(),
+        message,
+    }
+}
+
+fn check_len(name: &'static str, actual: usize, expected: usize) -> Result<(), CoreError> {
+    if actual != expected {
+        return Err(CoreError::ShapeMismatch {
+            name,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// Checks the descriptor's internal consistency (the fields are public, so a
+/// hand-built descriptor may be wrong in ways `BatchDescriptor::new` would reject).
+fn validate_batch(cfg: &AttentionConfig, b: &BatchDescriptor) -> Result<(), CoreError> {
+    let bad = |m: String| Err(CoreError::InvalidBatch { message: m });
+    if b.block_size != cfg.block_size {
+        return bad(format!(
+            "block size {} but the backend was built for {}",
+            b.block_size, cfg.block_size
+        ));
+    }
+    let n = b.seq_lens.len();
+    if b.query_start_loc.len() != n + 1 || b.query_start_loc.first().copied() != Some(0) {
+        return bad(format!(
+            "query_start_loc has {} entries for {n} requests",
+            b.query_start_loc.len()
+        ));
+    }
+    if b.block_table.len() < n * b.block_table_stride {
+        return bad(format!(
+            "block table has {} entries, needs {n} x {}",
+            b.block_table.len(),
+            b.block_table_stride
+        ));
+    }
+    for r in 0..n {
+        let (q0, q1) = (b.query_start_loc[r], b.query_start_loc[r + 1]);
+        if q1 < q0 {
+            return bad(format!("query_start_loc decreases at request {r}"));
+        }
+        let q = (q1 - q0) as usize;
+        let s = b.seq_lens[r] as usize;
+        if q > s {
+            return bad(format!(
+                "request {r}: query length {q} exceeds sequence length {s}"
+            ));
+        }
+        if s.div_ceil(b.block_size) > b.block_table_stride {
+            return bad(format!(
+                "request {r}: {s} tokens need more than {} blocks",
+                b.block_table_stride
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl AttentionBackend for NaiveBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn plan(&mut self, batch: &BatchDescriptor) -> Result<(), CoreError> {
+        self.planned = false;
+        validate_batch(&self.cfg, batch)?;
+        self.batch.clone_from(batch);
+        let max_seq = batch.seq_lens.iter().copied().max().unwrap_or(0) as usize;
+        self.scores.resize(max_seq, 0.0);
+        self.planned = true;
+        Ok(())
+    }
+
+    fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
+        if !self.planned {
+            return Err(failed("run called before a successful plan".into()));
+        }
+        let cfg = &self.cfg;
+        let b = &self.batch;
+        let (h, kvh, d, bs) = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.block_size,
+        );
+        let tokens = b.num_tokens();
+        check_len("q", io.q.len(), tokens * h * d)?;
+        check_len("out", io.out.len(), tokens * h * d)?;
+        let mut lse = io.lse;
+        if let Some(l) = lse.as_deref() {
+            check_len("lse", l.len(), tokens * h)?;
+        }
+        let block_elems = bs * kvh * d;
+        if io.k_cache.len() % block_elems != 0 {
+            return Err(failed(format!(
+                "K pool of {} elements is not whole blocks of {block_elems}",
+                io.k_cache.len()
+            )));
+        }
+        check_len("v_cache", io.v_cache.len(), io.k_cache.len())?;
+        let num_blocks = io.k_cache.len() / block_elems;
+        let group = h / kvh;
+        let scale = cfg.scale as f64;
+        let cap = cfg.logits_soft_cap.map(|c| c as f64);
+        for r in 0..b.num_reqs() {
+            let blocks = b.blocks(r);
+            if let Some(&bad) = blocks.iter().find(|&&blk| blk as usize >= num_blocks) {
+                return Err(CoreError::InvalidBatch {
+                    message: format!(
+                        "request {r}: block {bad} out of range for a pool of {num_blocks} blocks"
+                    ),
+                });
+            }
+            let ctx = b.context_len(r);
+            let t0 = b.query_start_loc[r] as usize;
+            for i in 0..b.query_len(r) {
+                let t = t0 + i;
+                let pos = ctx + i;
+                // Visible keys: [lo, pos]; a window of w keeps the last w positions.
+                let lo = match cfg.sliding_window {
+                    Some(w) => (pos + 1).saturating_sub(w),
+                    None => 0,
+                };
+                for head in 0..h {
+                    let kv_head = head / group;
+                    let q = &io.q[(t * h + head) * d..(t * h + head + 1) * d];
+                    let o = &mut io.out[(t * h + head) * d..(t * h + head + 1) * d];
+                    let slot_off = |p: usize| {
+                        let blk = blocks[p / bs] as usize;
+                        ((blk * bs + p % bs) * kvh + kv_head) * d
+                    };
+                    let mut max = f64::NEG_INFINITY;
+                    let n_keys = (pos + 1).saturating_sub(lo);
+                    for (j, p) in (lo..=pos).enumerate() {
+                        let k = &io.k_cache[slot_off(p)..slot_off(p) + d];
+                        let dot: f64 = q.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let mut s = dot * scale;
+                        if let Some(c) = cap {
+                            s = c * (s / c).tanh();
+                        }
+                        self.scores[j] = s;
+                        // f64::max skips NaN, but a NaN score still poisons its weight
+                        // below, so stray reads of NaN-filled slots stay visible.
+                        max = max.max(s);
+                    }
+                    self.acc.iter_mut().for_each(|x| *x = 0.0);
+                    let mut sum = 0.0f64;
+                    if n_keys > 0 {
+                        for (j, p) in (lo..=pos).enumerate() {
+                            let w = (self.scores[j] - max).exp();
+                            sum += w;
+                            let v = &io.v_cache[slot_off(p)..slot_off(p) + d];
+                            for (a, &x) in self.acc.iter_mut().zip(v) {
+                                *a += w * x as f64;
+                            }
+                        }
+                        for (x, a) in o.iter_mut().zip(&self.acc) {
+                            *x = (a / sum) as f32;
+                        }
+                    } else {
+                        o.fill(0.0);
+                    }
+                    if let Some(l) = lse.as_deref_mut() {
+                        l[t * h + head] = if n_keys > 0 {
+                            (max + sum.ln()) as f32
+                        } else {
+                            f32::NEG_INFINITY
+                        };
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
