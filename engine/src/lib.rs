@@ -5,8 +5,19 @@
 //! Architecture invariant: the engine knows no HTTP and picks no attention backend
 //! itself; it asks the selector.
 
+pub mod config;
 pub mod detokenizer;
+pub mod engine_core;
+pub mod error;
+pub mod handle;
+pub mod llm_engine;
 pub mod output;
+pub mod runner;
 pub mod sampler;
 
+pub use config::{EngineConfig, ModelInfo};
+pub use engine_core::EngineCore;
+pub use error::EngineError;
+pub use handle::{EngineHandle, RequestStream, SubmitRequest};
+pub use llm_engine::{GenerateOutput, LLMEngine};
 pub use output::{EngineStats, PromptInput, RequestOutput};

@@ -40,3 +40,21 @@ pub struct EngineStats {
     pub generation_tokens: u64,
     pub num_steps: u64,
 }
+
+impl RequestOutput {
+    /// The final output of a request aborted before it finished.
+    pub fn aborted(request_id: &str) -> Self {
+        RequestOutput {
+            request_id: request_id.to_string(),
+            new_token_ids: Vec::new(),
+            new_text: String::new(),
+            new_logprobs: Vec::new(),
+            finished: true,
+            finish_reason: Some(FinishReason::Abort),
+            stop_reason: None,
+            num_prompt_tokens: 0,
+            num_cached_tokens: 0,
+            num_output_tokens: 0,
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! Engine configuration, as the CLI and server fill it in.
+
+use std::path::PathBuf;
+
+/// Everything needed to build an [`crate::LLMEngine`].
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model_path: PathBuf,
+    pub block_size: usize,
+    /// Explicit number of KV blocks; otherwise derived from `kv_cache_bytes`.
+    pub num_kv_blocks: Option<usize>,
+    pub kv_cache_bytes: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_num_seqs: usize,
+    /// None: the model's context length.
+    pub max_model_len: Option<usize>,
+    pub enable_prefix_caching: bool,
+    /// `NAME` or `decode=NAME,prefill=NAME`; None = automatic.
+    pub attention_backend: Option<String>,
+}
+
+impl EngineConfig {
+    pub fn new(model_path: impl Into<PathBuf>) -> Self {
+        EngineConfig {
+            model_path: model_path.into(),
+            block_size: 16,
+            num_kv_blocks: None,
+            kv_cache_bytes: 1 << 30,
+            max_num_batched_tokens: 512,
+            max_num_seqs: 64,
+            max_model_len: None,
+            enable_prefix_caching: true,
+            attention_backend: None,
+        }
+    }
+}
+
+/// Facts about the loaded model the server needs.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// File or directory name, used as the default served model name.
+    pub name: String,
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    pub eos_token_ids: Vec<u32>,
+    /// The attention backend choice, explained.
+    pub attention: String,
+    pub num_kv_blocks: usize,
+    pub block_size: usize,
+}

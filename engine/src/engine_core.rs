@@ -1,0 +1,130 @@
+//! [`EngineCore`]: the busy loop's body, `step() = schedule -> execute -> update`.
+//!
+//! It is the single owner of scheduler state and of the model runner; requests
+//! enter the scheduler's waiting queue through [`EngineCore::add_request`].
+
+use crate::runner::ModelRunner;
+use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
+use pagoda_core::{AttentionConfig, EngineCoreOutput, KvCache, KvCacheSpec, Request, RequestStatus};
+use pagoda_models::{llama::Llama, LlamaConfig, LlamaWeights};
+use pagoda_scheduler::{Scheduler, SchedulerConfig};
+use pagoda_selector::{select, BackendOverride};
+
+/// Scheduler plus model runner.
+pub struct EngineCore {
+    scheduler: Scheduler,
+    runner: ModelRunner,
+}
+
+impl EngineCore {
+    /// Builds the runner (model, KV cache, selected attention backend) and the scheduler.
+    pub fn new(
+        config: &EngineConfig,
+        model_config: LlamaConfig,
+        weights: LlamaWeights,
+        eos_token_ids: Vec<u32>,
+        name: String,
+    ) -> Result<(Self, ModelInfo), EngineError> {
+        let max_model_len = config
+            .max_model_len
+            .map_or(model_config.max_position_embeddings, |m| m.min(model_config.max_position_embeddings));
+        let acfg = AttentionConfig::cpu_f32(model_config.num_heads, model_config.num_kv_heads, model_config.head_dim, config.block_size);
+        let over = BackendOverride::parse(config.attention_backend.as_deref().unwrap_or(""))
+            .map_err(|e| EngineError::Selector { message: e.to_string() })?;
+        let selection = select(&acfg, &over).map_err(|e| EngineError::Selector { message: e.to_string() })?;
+        tracing::info!("attention backend: {selection}");
+        let attn = selection.build(&acfg).map_err(|e| EngineError::Selector { message: e.to_string() })?;
+        let mut spec = KvCacheSpec {
+            num_layers: model_config.num_layers,
+            num_blocks: 0,
+            block_size: config.block_size,
+            num_kv_heads: model_config.num_kv_heads,
+            head_dim: model_config.head_dim,
+        };
+        spec.num_blocks = config.num_kv_blocks.unwrap_or_else(|| spec.num_blocks_for_bytes(config.kv_cache_bytes));
+        if spec.num_blocks == 0 {
+            return Err(EngineError::invalid("num_kv_blocks", "the KV cache must have at least one block"));
+        }
+        tracing::info!(
+            "KV cache: {} blocks of {} tokens ({} tokens, {:.1} MiB)",
+            spec.num_blocks,
+            spec.block_size,
+            spec.num_blocks * spec.block_size,
+            (spec.num_blocks * spec.bytes_per_block()) as f64 / (1 << 20) as f64
+        );
+        let info = ModelInfo {
+            name,
+            max_model_len,
+            vocab_size: model_config.vocab_size,
+            eos_token_ids: eos_token_ids.clone(),
+            attention: selection.to_string(),
+            num_kv_blocks: spec.num_blocks,
+            block_size: spec.block_size,
+        };
+        let model = Llama::new(model_config, weights)?;
+        let runner = ModelRunner::new(model, KvCache::new(spec), attn, eos_token_ids);
+        let scheduler = Scheduler::new(SchedulerConfig {
+            max_num_seqs: config.max_num_seqs,
+            max_num_batched_tokens: config.max_num_batched_tokens,
+            max_model_len,
+            block_size: config.block_size,
+            num_blocks: spec.num_blocks,
+            enable_prefix_caching: config.enable_prefix_caching,
+            ..SchedulerConfig::default()
+        });
+        Ok((EngineCore { scheduler, runner }, info))
+    }
+
+    pub fn add_request(&mut self, request: Request) -> Result<(), EngineError> {
+        self.scheduler
+            .add_request(request)
+            .map_err(|e| EngineError::InvalidRequest { param: Some("prompt".into()), message: e.to_string() })
+    }
+
+    pub fn abort_request(&mut self, request_id: &str) {
+        self.scheduler.finish_requests(&[request_id.to_string()], RequestStatus::FinishedAborted);
+    }
+
+    /// Ends a request whose text hit a stop string.
+    pub fn finish_stopped(&mut self, request_id: &str) {
+        self.scheduler.finish_requests(&[request_id.to_string()], RequestStatus::FinishedStopped);
+    }
+
+    pub fn has_unfinished_requests(&self) -> bool {
+        self.scheduler.has_unfinished_requests()
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    pub fn attention_name(&self) -> &str {
+        self.runner.attention_name()
+    }
+
+    /// schedule -> execute -> update.
+    pub fn step(&mut self) -> Result<Vec<EngineCoreOutput>, EngineError> {
+        let so = self.scheduler.schedule();
+        if so.total_num_scheduled_tokens == 0 {
+            // Still let the runner drop finished requests' state.
+            self.runner.execute(&so)?;
+            return Ok(Vec::new());
+        }
+        let out = self.runner.execute(&so)?;
+        Ok(self.scheduler.update_from_output(&so, &out))
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let s = &self.scheduler;
+        let pc = s.prefix_cache_stats();
+        EngineStats {
+            num_running: s.num_running(),
+            num_waiting: s.num_waiting(),
+            kv_cache_usage: s.kv_cache_usage(),
+            prefix_cache_queries: pc.queries,
+            prefix_cache_hits: pc.hits,
+            num_preemptions: s.num_preemptions(),
+            ..Default::default()
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! The error type of the engine crate.
+
+use thiserror::Error;
+
+/// Errors from the engine. `InvalidRequest` and `QueueFull` are the caller's
+/// problem (HTTP 400 / 503); the rest are engine faults.
+#[derive(Debug, Error, Clone)]
+pub enum EngineError {
+    #[error("{message}")]
+    InvalidRequest { param: Option<String>, message: String },
+    #[error("request id `{request_id}` is already in use")]
+    DuplicateRequest { request_id: String },
+    #[error("the waiting queue is full ({max_waiting} requests); retry later")]
+    QueueFull { max_waiting: usize },
+    #[error("model: {message}")]
+    Model { message: String },
+    #[error("attention backend selection: {message}")]
+    Selector { message: String },
+    #[error("engine fault: {message}")]
+    Fault { message: String },
+    #[error("the engine has shut down")]
+    Shutdown,
+}
+
+impl EngineError {
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        EngineError::InvalidRequest { param: Some(param.into()), message: message.into() }
+    }
+    /// Whether the caller, not the engine, is at fault.
+    pub fn is_client_error(&self) -> bool {
+        matches!(self, EngineError::InvalidRequest { .. } | EngineError::DuplicateRequest { .. } | EngineError::QueueFull { .. })
+    }
+}
+
+impl From<pagoda_core::CoreError> for EngineError {
+    fn from(e: pagoda_core::CoreError) -> Self {
+        match e {
+            pagoda_core::CoreError::InvalidSamplingParam { param, message } => {
+                EngineError::InvalidRequest { param: Some(param.to_string()), message: format!("{param}: {message}") }
+            }
+            other => EngineError::Fault { message: other.to_string() },
+        }
+    }
+}
+
+impl From<pagoda_models::ModelError> for EngineError {
+    fn from(e: pagoda_models::ModelError) -> Self {
+        EngineError::Model { message: e.to_string() }
+    }
+}

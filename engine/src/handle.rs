@@ -1,0 +1,302 @@
+//! [`EngineHandle`]: the LLM engine on its own thread, driven through channels.
+//!
+//! The server (or any async caller) submits requests and reads per-request output
+//! streams; the engine loop never waits on HTTP work. Tokenization happens on the
+//! caller's thread so the loop only sees token ids. Dropping a [`RequestStream`]
+//! before it finished aborts the request, so a client that disconnects frees its
+//! KV blocks at the next step.
+
+use crate::{EngineError, EngineStats, LLMEngine, ModelInfo, PromptInput, RequestOutput};
+use pagoda_core::SamplingParams;
+use pagoda_models::{ChatTemplate, Tokenizer};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tokio::sync::mpsc as tmpsc;
+
+/// One request for [`EngineHandle::submit`].
+#[derive(Debug, Clone)]
+pub struct SubmitRequest {
+    pub request_id: String,
+    pub prompt: PromptInput,
+    pub params: SamplingParams,
+    pub cache_salt: Option<String>,
+}
+
+type OutputSender = tmpsc::UnboundedSender<Result<RequestOutput, EngineError>>;
+
+enum Command {
+    Add { request_id: String, prompt_ids: Vec<u32>, params: SamplingParams, cache_salt: Option<String>, tx: OutputSender },
+    Abort(String),
+    Shutdown { abort_running: bool },
+}
+
+struct Shared {
+    stats: Mutex<EngineStats>,
+    /// Set when the loop died on an engine fault; `/health` reports it.
+    fault: Mutex<Option<String>>,
+    /// Adds sent but not yet seen by the loop, plus the scheduler's waiting count.
+    num_pending: AtomicUsize,
+    num_waiting: AtomicUsize,
+    stopped: AtomicBool,
+}
+
+/// A cloneable handle to the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+    tokenizer: Arc<Tokenizer>,
+    chat_template: Option<Arc<ChatTemplate>>,
+    info: Arc<ModelInfo>,
+    max_waiting: usize,
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+/// The outputs of one request, in order; the last one has `finished == true`.
+pub struct RequestStream {
+    request_id: String,
+    rx: tmpsc::UnboundedReceiver<Result<RequestOutput, EngineError>>,
+    tx: mpsc::Sender<Command>,
+    finished: bool,
+}
+
+impl RequestStream {
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// The next output; None once the request finished (or the engine stopped).
+    pub async fn next(&mut self) -> Option<Result<RequestOutput, EngineError>> {
+        if self.finished {
+            return None;
+        }
+        let item = self.rx.recv().await;
+        match &item {
+            Some(Ok(o)) if o.finished => self.finished = true,
+            Some(Err(_)) | None => self.finished = true,
+            _ => {}
+        }
+        item
+    }
+
+    /// Blocking variant for non-async callers.
+    pub fn blocking_next(&mut self) -> Option<Result<RequestOutput, EngineError>> {
+        if self.finished {
+            return None;
+        }
+        let item = self.rx.blocking_recv();
+        match &item {
+            Some(Ok(o)) if o.finished => self.finished = true,
+            Some(Err(_)) | None => self.finished = true,
+            _ => {}
+        }
+        item
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = self.tx.send(Command::Abort(self.request_id.clone()));
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Moves the engine onto its own thread. At most `max_waiting` requests may wait
+    /// for admission; more get [`EngineError::QueueFull`].
+    pub fn start(engine: LLMEngine, max_waiting: usize) -> EngineHandle {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            stats: Mutex::new(engine.stats()),
+            fault: Mutex::new(None),
+            num_pending: AtomicUsize::new(0),
+            num_waiting: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
+        });
+        let tokenizer = engine.tokenizer();
+        let chat_template = engine.chat_template();
+        let info = Arc::new(engine.model_info().clone());
+        let loop_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("pagoda-engine".into())
+            .spawn(move || engine_loop(engine, rx, loop_shared))
+            .expect("spawning the engine thread");
+        EngineHandle {
+            tx,
+            shared,
+            tokenizer,
+            chat_template,
+            info,
+            max_waiting,
+            thread: Arc::new(Mutex::new(Some(thread))),
+        }
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+    pub fn chat_template(&self) -> Option<&Arc<ChatTemplate>> {
+        self.chat_template.as_ref()
+    }
+    pub fn model_info(&self) -> &ModelInfo {
+        &self.info
+    }
+    pub fn stats(&self) -> EngineStats {
+        self.shared.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+    /// Ok while the engine loop is alive and has not faulted.
+    pub fn health(&self) -> Result<(), String> {
+        if let Some(f) = self.shared.fault.lock().ok().and_then(|f| f.clone()) {
+            return Err(f);
+        }
+        if self.shared.stopped.load(Ordering::Acquire) {
+            return Err("engine stopped".into());
+        }
+        Ok(())
+    }
+
+    /// Tokenizes and validates on the caller's thread, then queues the request.
+    pub fn submit(&self, req: SubmitRequest) -> Result<RequestStream, EngineError> {
+        self.health().map_err(|message| EngineError::Fault { message })?;
+        req.params.validate()?;
+        let prompt_ids = match req.prompt {
+            PromptInput::Tokens(ids) => ids,
+            PromptInput::Text(t) => self.tokenizer.encode(&t, true)?,
+        };
+        crate::llm_engine::validate_prompt(&prompt_ids, &req.params, &self.info)?;
+        let waiting = self.shared.num_waiting.load(Ordering::Acquire) + self.shared.num_pending.load(Ordering::Acquire);
+        if waiting >= self.max_waiting {
+            return Err(EngineError::QueueFull { max_waiting: self.max_waiting });
+        }
+        let (otx, orx) = tmpsc::unbounded_channel();
+        self.shared.num_pending.fetch_add(1, Ordering::AcqRel);
+        self.tx
+            .send(Command::Add {
+                request_id: req.request_id.clone(),
+                prompt_ids,
+                params: req.params,
+                cache_salt: req.cache_salt,
+                tx: otx,
+            })
+            .map_err(|_| EngineError::Shutdown)?;
+        Ok(RequestStream { request_id: req.request_id, rx: orx, tx: self.tx.clone(), finished: false })
+    }
+
+    pub fn abort(&self, request_id: &str) {
+        let _ = self.tx.send(Command::Abort(request_id.to_string()));
+    }
+
+    /// Stops the loop: with `abort_running` in-flight requests are aborted, otherwise
+    /// they run to completion first. Blocks until the loop has exited.
+    pub fn shutdown(&self, abort_running: bool) {
+        let _ = self.tx.send(Command::Shutdown { abort_running });
+        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<Shared>) {
+    let mut senders: std::collections::HashMap<String, OutputSender> = Default::default();
+    let mut draining = false;
+    let mut last_log = std::time::Instant::now();
+    loop {
+        // Block only when idle; otherwise take what has arrived and step.
+        let first = if engine.has_unfinished_requests() {
+            match rx.try_recv() {
+                Ok(c) => Some(c),
+                Err(mpsc::TryRecvError::Empty) => None,
+                Err(mpsc::TryRecvError::Disconnected) => None,
+            }
+        } else if draining {
+            break;
+        } else {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(c) => Some(c),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        };
+        let mut cmds: Vec<Command> = first.into_iter().collect();
+        cmds.extend(rx.try_iter());
+        for cmd in cmds {
+            match cmd {
+                Command::Add { request_id, prompt_ids, params, cache_salt, tx } => {
+                    shared.num_pending.fetch_sub(1, Ordering::AcqRel);
+                    if draining {
+                        let _ = tx.send(Err(EngineError::Shutdown));
+                        continue;
+                    }
+                    match engine.add_request(request_id.clone(), PromptInput::Tokens(prompt_ids), params, cache_salt) {
+                        Ok(()) => {
+                            senders.insert(request_id, tx);
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                        }
+                    }
+                }
+                Command::Abort(id) => {
+                    engine.abort_request(&id);
+                    senders.remove(&id);
+                }
+                Command::Shutdown { abort_running } => {
+                    draining = true;
+                    if abort_running {
+                        for id in engine.unfinished_request_ids() {
+                            engine.abort_request(&id);
+                            if let Some(tx) = senders.remove(&id) {
+                                let _ = tx.send(Ok(RequestOutput::aborted(&id)));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if engine.has_unfinished_requests() {
+            match engine.step() {
+                Ok(outputs) => {
+                    for out in outputs {
+                        let finished = out.finished;
+                        let id = out.request_id.clone();
+                        let gone = match senders.get(&id) {
+                            Some(tx) => tx.send(Ok(out)).is_err(),
+                            None => false,
+                        };
+                        if finished {
+                            senders.remove(&id);
+                        } else if gone {
+                            // The receiver is gone without a Drop-abort (e.g. runtime shut down).
+                            engine.abort_request(&id);
+                            senders.remove(&id);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!("engine fault: {e}");
+                    *shared.fault.lock().unwrap() = Some(e.to_string());
+                    for (_, tx) in senders.drain() {
+                        let _ = tx.send(Err(e.clone()));
+                    }
+                    break;
+                }
+            }
+        }
+        let stats = engine.stats();
+        shared.num_waiting.store(stats.num_waiting, Ordering::Release);
+        if last_log.elapsed() >= Duration::from_secs(5) && (stats.num_running + stats.num_waiting) > 0 {
+            engine.log_stats(last_log.elapsed());
+            last_log = std::time::Instant::now();
+        }
+        if let Ok(mut s) = shared.stats.lock() {
+            *s = stats;
+        }
+    }
+    shared.stopped.store(true, Ordering::Release);
+    for (_, tx) in senders.drain() {
+        let _ = tx.send(Err(EngineError::Shutdown));
+    }
+}

@@ -1,0 +1,283 @@
+//! [`LLMEngine`]: text in, text out. It owns the tokenizer, the incremental
+//! detokenizers and stop strings, and drives [`EngineCore`] step by step.
+//!
+//! It is the only layer that knows text: the scheduler and runner see token ids.
+
+use crate::detokenizer::IncrementalDetokenizer;
+use crate::engine_core::EngineCore;
+use crate::{EngineConfig, EngineError, EngineStats, ModelInfo, PromptInput, RequestOutput};
+use pagoda_core::{FinishReason, Request, SamplingParams, StopReason};
+use pagoda_models::{ChatTemplate, Tokenizer};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The result of one prompt of [`LLMEngine::generate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOutput {
+    pub prompt: String,
+    pub prompt_token_ids: Vec<u32>,
+    pub token_ids: Vec<u32>,
+    pub text: String,
+    pub finish_reason: Option<FinishReason>,
+    pub num_cached_tokens: usize,
+}
+
+struct TextState {
+    detok: IncrementalDetokenizer,
+    num_prompt_tokens: usize,
+    num_output_tokens: usize,
+}
+
+/// The offline/online engine over one model.
+pub struct LLMEngine {
+    core: EngineCore,
+    tokenizer: Arc<Tokenizer>,
+    hf_tokenizer: Arc<tokenizers::Tokenizer>,
+    chat_template: Option<Arc<ChatTemplate>>,
+    info: ModelInfo,
+    eos_token_ids: Vec<u32>,
+    texts: HashMap<String, TextState>,
+    seed_counter: u64,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    num_steps: u64,
+    logged_generation_tokens: u64,
+    logged_prompt_tokens: u64,
+}
+
+/// Checks a tokenized prompt against the model before it is queued.
+pub fn validate_prompt(prompt_ids: &[u32], params: &SamplingParams, info: &ModelInfo) -> Result<(), EngineError> {
+    if prompt_ids.is_empty() {
+        return Err(EngineError::invalid("prompt", "the prompt is empty"));
+    }
+    if prompt_ids.len() >= info.max_model_len {
+        return Err(EngineError::invalid(
+            "prompt",
+            format!(
+                "the prompt has {} tokens but the model's context length is {} (at least one token must be generated)",
+                prompt_ids.len(),
+                info.max_model_len
+            ),
+        ));
+    }
+    if let Some(bad) = prompt_ids.iter().find(|&&t| t as usize >= info.vocab_size) {
+        return Err(EngineError::invalid("prompt", format!("token id {bad} is out of the vocabulary (size {})", info.vocab_size)));
+    }
+    let kv_tokens = info.num_kv_blocks * info.block_size;
+    if prompt_ids.len() + 1 > kv_tokens {
+        return Err(EngineError::invalid(
+            "prompt",
+            format!("the prompt has {} tokens but the whole KV cache holds {kv_tokens}", prompt_ids.len()),
+        ));
+    }
+    params.validate()?;
+    Ok(())
+}
+
+impl LLMEngine {
+    /// Loads the model, selects the attention backend and allocates the KV cache.
+    pub fn new(config: EngineConfig) -> Result<Self, EngineError> {
+        let t0 = Instant::now();
+        tracing::info!("loading model from {}", config.model_path.display());
+        let loaded = pagoda_models::load_model(&config.model_path)?;
+        tracing::info!("model {} loaded in {:.1}s", loaded.name, t0.elapsed().as_secs_f32());
+        let tokenizer = Arc::new(loaded.tokenizer);
+        let hf_tokenizer = Arc::new(tokenizer.hf().clone());
+        let chat_template = loaded.chat_template.map(Arc::new);
+        let eos_token_ids = loaded.eos_token_ids.clone();
+        let (core, info) = EngineCore::new(&config, loaded.config, loaded.weights, eos_token_ids.clone(), loaded.name)?;
+        Ok(LLMEngine {
+            core,
+            tokenizer,
+            hf_tokenizer,
+            chat_template,
+            info,
+            eos_token_ids,
+            texts: HashMap::new(),
+            seed_counter: 0,
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            num_steps: 0,
+            logged_generation_tokens: 0,
+            logged_prompt_tokens: 0,
+        })
+    }
+
+    pub fn tokenizer(&self) -> Arc<Tokenizer> {
+        self.tokenizer.clone()
+    }
+    pub fn chat_template(&self) -> Option<Arc<ChatTemplate>> {
+        self.chat_template.clone()
+    }
+    pub fn model_info(&self) -> &ModelInfo {
+        &self.info
+    }
+    pub fn core(&self) -> &EngineCore {
+        &self.core
+    }
+
+    /// Queues a request. A `None` seed gets a fresh one, so that the request samples
+    /// the same tokens whatever else is batched with it and even after preemption.
+    pub fn add_request(
+        &mut self,
+        request_id: String,
+        prompt: PromptInput,
+        mut params: SamplingParams,
+        cache_salt: Option<String>,
+    ) -> Result<(), EngineError> {
+        if self.texts.contains_key(&request_id) {
+            return Err(EngineError::DuplicateRequest { request_id });
+        }
+        let prompt_ids = match prompt {
+            PromptInput::Tokens(ids) => ids,
+            PromptInput::Text(t) => self.tokenizer.encode(&t, true)?,
+        };
+        validate_prompt(&prompt_ids, &params, &self.info)?;
+        if params.seed.is_none() {
+            self.seed_counter += 1;
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+            params.seed = Some(nanos ^ self.seed_counter.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        }
+        let room = self.info.max_model_len - prompt_ids.len();
+        params.max_tokens = Some(params.max_tokens.map_or(room, |m| m.min(room)));
+        params.min_tokens = params.min_tokens.min(params.max_tokens.unwrap_or(0));
+        let detok = IncrementalDetokenizer::new(
+            self.hf_tokenizer.clone(),
+            &prompt_ids,
+            params.skip_special_tokens,
+            params.stop.clone(),
+            params.include_stop_str_in_output,
+        );
+        let num_prompt_tokens = prompt_ids.len();
+        let request = Request::new(request_id.clone(), prompt_ids, params, self.eos_token_ids.clone()).with_cache_salt(cache_salt);
+        self.core.add_request(request)?;
+        self.prompt_tokens += num_prompt_tokens as u64;
+        self.texts.insert(request_id, TextState { detok, num_prompt_tokens, num_output_tokens: 0 });
+        Ok(())
+    }
+
+    /// Aborts a request wherever it is; its blocks are freed at once.
+    pub fn abort_request(&mut self, request_id: &str) {
+        self.core.abort_request(request_id);
+        self.texts.remove(request_id);
+    }
+
+    pub fn has_unfinished_requests(&self) -> bool {
+        self.core.has_unfinished_requests()
+    }
+
+    pub fn unfinished_request_ids(&self) -> Vec<String> {
+        self.texts.keys().cloned().collect()
+    }
+
+    /// One engine step: schedule, execute, update, detokenize.
+    pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        let core_outputs = self.core.step()?;
+        self.num_steps += 1;
+        let mut outputs = Vec::with_capacity(core_outputs.len());
+        let mut stopped = Vec::new();
+        for co in core_outputs {
+            let Some(st) = self.texts.get_mut(&co.req_id) else { continue };
+            st.num_output_tokens += co.new_token_ids.len();
+            self.generation_tokens += co.new_token_ids.len() as u64;
+            let delta = st.detok.push(&co.new_token_ids).map_err(|e| EngineError::Fault { message: format!("detokenizer: {e}") })?;
+            let mut text = delta.text;
+            let mut finish_reason = co.finish_reason;
+            let mut stop_reason = co.stop_reason.clone();
+            if let Some(s) = delta.stop_matched {
+                if finish_reason.is_none() || finish_reason == Some(FinishReason::Length) {
+                    stopped.push(co.req_id.clone());
+                }
+                finish_reason = Some(FinishReason::Stop);
+                stop_reason = Some(StopReason::StopString(s));
+            } else if finish_reason.is_some() {
+                text.push_str(&st.detok.finish());
+            }
+            outputs.push(RequestOutput {
+                request_id: co.req_id.clone(),
+                new_token_ids: co.new_token_ids,
+                new_text: text,
+                new_logprobs: co.new_logprobs,
+                finished: finish_reason.is_some(),
+                finish_reason,
+                stop_reason,
+                num_prompt_tokens: st.num_prompt_tokens,
+                num_cached_tokens: co.num_cached_tokens,
+                num_output_tokens: st.num_output_tokens,
+            });
+        }
+        for id in stopped {
+            self.core.finish_stopped(&id);
+        }
+        for o in &outputs {
+            if o.finished {
+                self.texts.remove(&o.request_id);
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// Runs every prompt to completion, all submitted at once (continuous batching).
+    pub fn generate(&mut self, prompts: &[PromptInput], params: &SamplingParams) -> Result<Vec<GenerateOutput>, EngineError> {
+        let mut results: Vec<GenerateOutput> = Vec::with_capacity(prompts.len());
+        let mut index = HashMap::new();
+        for (i, p) in prompts.iter().enumerate() {
+            let id = format!("generate-{}-{i}", self.num_steps);
+            let (prompt, ids) = match p {
+                PromptInput::Text(t) => (t.clone(), self.tokenizer.encode(t, true)?),
+                PromptInput::Tokens(ids) => (self.tokenizer.decode(ids, false)?, ids.clone()),
+            };
+            self.add_request(id.clone(), PromptInput::Tokens(ids.clone()), params.clone(), None)?;
+            index.insert(id, i);
+            results.push(GenerateOutput {
+                prompt,
+                prompt_token_ids: ids,
+                token_ids: Vec::new(),
+                text: String::new(),
+                finish_reason: None,
+                num_cached_tokens: 0,
+            });
+        }
+        while self.has_unfinished_requests() {
+            for o in self.step()? {
+                if let Some(&i) = index.get(&o.request_id) {
+                    let r = &mut results[i];
+                    r.token_ids.extend_from_slice(&o.new_token_ids);
+                    r.text.push_str(&o.new_text);
+                    r.num_cached_tokens = o.num_cached_tokens;
+                    if o.finished {
+                        r.finish_reason = o.finish_reason;
+                    }
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let mut s = self.core.stats();
+        s.prompt_tokens = self.prompt_tokens;
+        s.generation_tokens = self.generation_tokens;
+        s.num_steps = self.num_steps;
+        s
+    }
+
+    /// Logs throughput since the previous call, queue sizes, KV usage and prefix hit rate.
+    pub fn log_stats(&mut self, elapsed: std::time::Duration) {
+        let s = self.stats();
+        let secs = elapsed.as_secs_f64().max(1e-9);
+        let gen = (s.generation_tokens - self.logged_generation_tokens) as f64 / secs;
+        let prompt = (s.prompt_tokens - self.logged_prompt_tokens) as f64 / secs;
+        self.logged_generation_tokens = s.generation_tokens;
+        self.logged_prompt_tokens = s.prompt_tokens;
+        let hit = if s.prefix_cache_queries > 0 { 100.0 * s.prefix_cache_hits as f64 / s.prefix_cache_queries as f64 } else { 0.0 };
+        tracing::info!(
+            "throughput: prompt {prompt:.1} tok/s, generation {gen:.1} tok/s | running {} waiting {} | KV usage {:.1}% | prefix hit rate {hit:.1}% | preemptions {}",
+            s.num_running,
+            s.num_waiting,
+            100.0 * s.kv_cache_usage,
+            s.num_preemptions
+        );
+    }
+}

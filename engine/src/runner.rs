@@ -1,0 +1,199 @@
+//! The model runner: turns a [`SchedulerOutput`] into model inputs (input ids,
+//! positions, the batch descriptor with query_start_loc, seq_lens, block table
+//! and slot mapping), runs the model through the selected attention backend,
+//! and samples.
+//!
+//! It keeps a persistent per-request state (tokens, block table, sampling
+//! parameters), updated from each step's output: new requests arrive whole,
+//! running ones only bring new block ids, finished and preempted ones are dropped.
+//! Batch buffers are reused across steps so the hot path does not allocate once warm.
+
+use crate::sampler::{SampleInput, Sampler};
+use crate::EngineError;
+use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, ModelRunnerOutput, SamplingParams, SchedulerOutput};
+use pagoda_models::llama::{ForwardScratch, Llama};
+use std::collections::HashMap;
+
+struct ReqState {
+    token_ids: Vec<u32>,
+    num_prompt_tokens: usize,
+    block_ids: Vec<u32>,
+    num_computed_tokens: usize,
+    params: SamplingParams,
+    seed: u64,
+}
+
+/// Runs the model for scheduled batches.
+pub struct ModelRunner {
+    model: Llama,
+    kv: KvCache,
+    attn: Box<dyn AttentionBackend>,
+    sampler: Sampler,
+    eos_ids: Vec<u32>,
+    requests: HashMap<String, ReqState>,
+    // Reused per-step buffers.
+    order: Vec<(usize, usize)>,
+    input_ids: Vec<u32>,
+    positions: Vec<u32>,
+    query_lens: Vec<usize>,
+    seq_lens: Vec<usize>,
+    logits_rows: Vec<usize>,
+    sample_rows: Vec<usize>,
+    logits: Vec<f32>,
+    batch: BatchDescriptor,
+    scratch: ForwardScratch,
+}
+
+impl ModelRunner {
+    pub fn new(model: Llama, kv: KvCache, attn: Box<dyn AttentionBackend>, eos_ids: Vec<u32>) -> Self {
+        let vocab = model.config().vocab_size;
+        ModelRunner {
+            model,
+            kv,
+            attn,
+            sampler: Sampler::new(vocab),
+            eos_ids,
+            requests: HashMap::new(),
+            order: Vec::new(),
+            input_ids: Vec::new(),
+            positions: Vec::new(),
+            query_lens: Vec::new(),
+            seq_lens: Vec::new(),
+            logits_rows: Vec::new(),
+            sample_rows: Vec::new(),
+            logits: Vec::new(),
+            batch: BatchDescriptor::default(),
+            scratch: ForwardScratch::default(),
+        }
+    }
+
+    pub fn attention_name(&self) -> &str {
+        self.attn.name()
+    }
+
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    fn update_states(&mut self, so: &SchedulerOutput) -> Result<(), EngineError> {
+        for id in so.finished_req_ids.iter().chain(&so.preempted_req_ids) {
+            self.requests.remove(id);
+        }
+        for r in &so.scheduled_new_reqs {
+            let seed = r.sampling_params.seed.unwrap_or(0);
+            self.requests.insert(
+                r.req_id.clone(),
+                ReqState {
+                    token_ids: r.token_ids.clone(),
+                    num_prompt_tokens: r.num_prompt_tokens,
+                    block_ids: r.block_ids.clone(),
+                    num_computed_tokens: r.num_computed_tokens,
+                    params: r.sampling_params.clone(),
+                    seed,
+                },
+            );
+        }
+        for r in &so.scheduled_cached_reqs {
+            let st = self.requests.get_mut(&r.req_id).ok_or_else(|| EngineError::Fault {
+                message: format!("model runner has no state for running request {}", r.req_id),
+            })?;
+            st.block_ids.extend_from_slice(&r.new_block_ids);
+            st.num_computed_tokens = r.num_computed_tokens;
+        }
+        Ok(())
+    }
+
+    /// Executes one scheduled step and returns the sampled tokens in the scheduler's order.
+    pub fn execute(&mut self, so: &SchedulerOutput) -> Result<ModelRunnerOutput, EngineError> {
+        self.update_states(so)?;
+        let mut out = ModelRunnerOutput::default();
+        if so.num_scheduled_tokens.is_empty() {
+            return Ok(out);
+        }
+        // Decode rows (one token) first, as backends expect; stable otherwise.
+        self.order.clear();
+        self.order.extend(so.num_scheduled_tokens.iter().enumerate().map(|(i, (_, n))| (i, *n)));
+        self.order.sort_by_key(|&(_, n)| (n != 1) as u8);
+
+        self.input_ids.clear();
+        self.positions.clear();
+        self.query_lens.clear();
+        self.seq_lens.clear();
+        self.logits_rows.clear();
+        self.sample_rows.clear();
+        let mut rows: Vec<&[u32]> = Vec::with_capacity(self.order.len());
+        for &(i, n) in &self.order {
+            let id = &so.num_scheduled_tokens[i].0;
+            let st = self.requests.get(id).ok_or_else(|| EngineError::Fault {
+                message: format!("model runner has no state for scheduled request {id}"),
+            })?;
+            let start = st.num_computed_tokens;
+            let end = start + n;
+            if end > st.token_ids.len() {
+                return Err(EngineError::Fault {
+                    message: format!("request {id}: scheduled up to token {end} but only {} are known", st.token_ids.len()),
+                });
+            }
+            self.input_ids.extend_from_slice(&st.token_ids[start..end]);
+            self.positions.extend((start..end).map(|p| p as u32));
+            self.query_lens.push(n);
+            self.seq_lens.push(end);
+            if end == st.token_ids.len() {
+                // Reached the end of the known tokens: this row yields a new token.
+                self.logits_rows.push(self.input_ids.len() - 1);
+                self.sample_rows.push(i);
+            }
+            rows.push(&st.block_ids);
+        }
+        self.batch
+            .rebuild(self.kv.spec.block_size, &self.query_lens, &self.seq_lens, &rows)
+            .map_err(EngineError::from)?;
+        drop(rows);
+        self.attn.plan(&self.batch)?;
+        self.model.forward(
+            &self.input_ids,
+            &self.positions,
+            &self.batch,
+            self.attn.as_mut(),
+            &mut self.kv,
+            &self.logits_rows,
+            &mut self.logits,
+            &mut self.scratch,
+        )?;
+
+        // Sample the rows that need a token.
+        let mut inputs = Vec::with_capacity(self.sample_rows.len());
+        for &i in &self.sample_rows {
+            let st = &self.requests[&so.num_scheduled_tokens[i].0];
+            inputs.push(SampleInput {
+                params: &st.params,
+                prompt_ids: &st.token_ids[..st.num_prompt_tokens],
+                output_ids: &st.token_ids[st.num_prompt_tokens..],
+                seed: st.seed,
+                eos_ids: &self.eos_ids,
+            });
+        }
+        let sampled = self
+            .sampler
+            .sample_batch(&mut self.logits, &inputs)
+            .map_err(|e| EngineError::Fault { message: format!("sampler: {e}") })?;
+        drop(inputs);
+
+        out.req_ids = so.num_scheduled_tokens.iter().map(|(id, _)| id.clone()).collect();
+        out.sampled_token_ids = vec![None; out.req_ids.len()];
+        out.logprobs = vec![None; out.req_ids.len()];
+        for (&i, (tok, lp)) in self.sample_rows.iter().zip(sampled) {
+            out.sampled_token_ids[i] = Some(tok);
+            out.logprobs[i] = lp;
+            if let Some(st) = self.requests.get_mut(&so.num_scheduled_tokens[i].0) {
+                st.token_ids.push(tok);
+            }
+        }
+        for &(i, n) in &self.order {
+            if let Some(st) = self.requests.get_mut(&so.num_scheduled_tokens[i].0) {
+                st.num_computed_tokens += n;
+            }
+        }
+        Ok(out)
+    }
+}

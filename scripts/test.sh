@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite: fetches the model and test tools, then runs the Rust tests
+# (unit, property, conformance, real-model end-to-end) and the OpenAI-client tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/fetch-model.sh
+python3 -m pip install --quiet --disable-pip-version-check openai==1.* pytest requests
+cargo build --release -p pagoda-server --bin pagoda
+cargo test --workspace --no-fail-fast
+if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
+  PAGODA_BIN="$PWD/target/release/pagoda" python3 -m pytest -q tests/python
+fi

@@ -1,0 +1,75 @@
+//! A backend composed of a decode backend and a prefill backend.
+//!
+//! Decode rows come first in every batch, so the split is one index: the hybrid
+//! plans each part on its own sub-descriptor and runs each on its slice of the
+//! token buffers.
+
+use pagoda_core::{AttentionBackend, BatchDescriptor, CoreError, LayerIo};
+
+/// Runs decode rows on one backend and prefill rows on another.
+pub struct HybridBackend {
+    decode: Box<dyn AttentionBackend>,
+    prefill: Box<dyn AttentionBackend>,
+    name: String,
+    num_decode_tokens: usize,
+    num_tokens: usize,
+    has_decode: bool,
+    has_prefill: bool,
+}
+
+impl HybridBackend {
+    pub fn new(decode: Box<dyn AttentionBackend>, prefill: Box<dyn AttentionBackend>) -> Self {
+        let name = format!("decode={},prefill={}", decode.name(), prefill.name());
+        HybridBackend { decode, prefill, name, num_decode_tokens: 0, num_tokens: 0, has_decode: false, has_prefill: false }
+    }
+}
+
+impl AttentionBackend for HybridBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn plan(&mut self, batch: &BatchDescriptor) -> Result<(), CoreError> {
+        let (d, p) = batch.split_decode_prefill();
+        self.num_decode_tokens = batch.num_decode_tokens;
+        self.num_tokens = batch.num_tokens();
+        self.has_decode = d.num_reqs() > 0;
+        self.has_prefill = p.num_reqs() > 0;
+        if self.has_decode {
+            self.decode.plan(&d)?;
+        }
+        if self.has_prefill {
+            self.prefill.plan(&p)?;
+        }
+        Ok(())
+    }
+
+    fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
+        let LayerIo { q, k_cache, v_cache, out, lse } = io;
+        if self.num_tokens == 0 {
+            return Ok(());
+        }
+        let row = q.len() / self.num_tokens;
+        let split = self.num_decode_tokens * row;
+        if out.len() != q.len() || split > q.len() {
+            return Err(CoreError::ShapeMismatch { name: "out", expected: q.len(), actual: out.len() });
+        }
+        let (q_d, q_p) = q.split_at(split);
+        let (o_d, o_p) = out.split_at_mut(split);
+        let (l_d, l_p) = match lse {
+            Some(l) => {
+                let heads = l.len() / self.num_tokens;
+                let (a, b) = l.split_at_mut(self.num_decode_tokens * heads);
+                (Some(a), Some(b))
+            }
+            None => (None, None),
+        };
+        if self.has_decode {
+            self.decode.run(LayerIo { q: q_d, k_cache, v_cache, out: o_d, lse: l_d })?;
+        }
+        if self.has_prefill {
+            self.prefill.run(LayerIo { q: q_p, k_cache, v_cache, out: o_p, lse: l_p })?;
+        }
+        Ok(())
+    }
+}

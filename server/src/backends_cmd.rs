@@ -1,0 +1,58 @@
+//! `pagoda backends [--model PATH]`: the registry, and for a model each backend's
+//! verdict (with reasons) and the selector's choice.
+
+use anyhow::Context;
+use clap::Args;
+use pagoda_core::{AttentionConfig, Role};
+use pagoda_selector::{select, verdicts, BackendOverride};
+use std::path::PathBuf;
+
+/// Flags of `pagoda backends`.
+#[derive(Args, Debug, Clone)]
+pub struct BackendsArgs {
+    /// Model whose attention shape to check (GGUF file or HF directory).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Override to try: `NAME` or `decode=NAME,prefill=NAME`.
+    #[arg(long, env = "PAGODA_ATTENTION_BACKEND")]
+    pub attention_backend: Option<String>,
+}
+
+pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
+    let all = pagoda_core::registered_backends();
+    println!("registered attention backends ({}):", all.len());
+    for r in &all {
+        println!("  {:<12} priority {:>4}  {}", r.name, r.priority, r.description);
+    }
+    let Some(path) = args.model else {
+        println!("\n(pass --model PATH to see each backend's verdict for a model)");
+        return Ok(());
+    };
+    let (cfg, name) = pagoda_models::inspect_model(&path).with_context(|| format!("reading {}", path.display()))?;
+    let acfg = AttentionConfig::cpu_f32(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, args.block_size);
+    println!(
+        "\nmodel {name}: {} q heads, {} kv heads, head dim {}, block size {}, device cpu, f32",
+        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, args.block_size
+    );
+    for v in verdicts(&acfg) {
+        for (role, reasons) in [(Role::Decode, &v.decode_reasons), (Role::Prefill, &v.prefill_reasons)] {
+            let verdict = if reasons.is_empty() {
+                "ok".to_string()
+            } else {
+                reasons.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("; ")
+            };
+            println!("  {:<12} {:<8} {}", v.name, role.to_string(), verdict);
+        }
+    }
+    let over = BackendOverride::parse(args.attention_backend.as_deref().unwrap_or(""))?;
+    match select(&acfg, &over) {
+        Ok(sel) => println!("\nchoice: {sel}"),
+        Err(e) => {
+            println!("\nchoice: none: {e}");
+            anyhow::bail!(e);
+        }
+    }
+    Ok(())
+}
