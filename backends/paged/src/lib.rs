@@ -1,1 +1,413 @@
 //! Paged decode attention on CPU: split-KV (flash-decoding), SIMD, multi-threaded.
+//!
+//! Registered as `"paged"`. Serves decode rows only (query length 1).
+//!
+//! * [`AttentionBackend::plan`] copies the batch's block table and cuts the work
+//!   into items `(request, kv head, key range)`. Long contexts are split into
+//!   block-aligned ranges so that there are about [`ITEMS_PER_THREAD`] items per
+//!   rayon thread; it also preallocates every item's partial output and LSE.
+//! * [`AttentionBackend::run`] checks buffer sizes, runs the items in parallel (each
+//!   item handles the whole GQA group of its KV head, see [`kernel`]), then merges
+//!   the partial results of each head with a log-sum-exp merge (the math of
+//!   [`pagoda_core::merge_states`], generalised to n parts). No allocation, no planning.
+
+pub mod kernel;
+pub mod simd;
+
+use pagoda_core::{
+    register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
+    Capabilities, CoreError, DType, DeviceKind, InvalidReason, LayerIo, Role,
+};
+use rayon::prelude::*;
+use simd::Isa;
+use thiserror::Error;
+
+/// The registered name.
+pub const NAME: &str = "paged";
+/// Target number of work items per rayon thread (balances uneven contexts).
+pub const ITEMS_PER_THREAD: usize = 4;
+/// Splits never get shorter than this many keys (a split's merge costs ~one key).
+pub const MIN_SPLIT_TOKENS: usize = 256;
+
+/// Errors of the paged backend.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum PagedError {
+    #[error("paged backend cannot serve this configuration: {reasons:?}")]
+    Unsupported { reasons: Vec<InvalidReason> },
+    #[error(
+        "paged backend serves decode rows only; request {request} has query length {query_len}"
+    )]
+    PrefillRow { request: usize, query_len: usize },
+    #[error("batch block size {batch} differs from the configured block size {config}")]
+    BlockSizeMismatch { batch: usize, config: usize },
+    #[error("instruction set {isa:?} is not available on this CPU")]
+    IsaUnavailable { isa: Isa },
+    #[error("run called before plan")]
+    NotPlanned,
+    #[error("buffer `{name}` has {actual} elements, expected {expected}")]
+    Shape {
+        name: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("block id {block} is out of range for a pool of {num_blocks} blocks")]
+    BlockOutOfRange { block: u32, num_blocks: usize },
+}
+
+impl From<PagedError> for CoreError {
+    fn from(e: PagedError) -> Self {
+        match e {
+            PagedError::Unsupported { reasons } => CoreError::BackendInvalid {
+                backend: NAME.into(),
+                reasons,
+            },
+            PagedError::PrefillRow { .. } => CoreError::BackendInvalid {
+                backend: NAME.into(),
+                reasons: vec![InvalidReason::RoleUnsupported {
+                    role: Role::Prefill,
+                }],
+            },
+            PagedError::Shape {
+                name,
+                expected,
+                actual,
+            } => CoreError::ShapeMismatch {
+                name,
+                expected,
+                actual,
+            },
+            other => CoreError::BackendFailed {
+                backend: NAME.into(),
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+/// Head dims 16, 32, .., 256 (the kernels step through a head in 16-lane chunks).
+pub fn supported_head_dims() -> Vec<usize> {
+    (1..=16).map(|i| i * 16).collect()
+}
+
+/// What `paged` serves: CPU, f32, decode only, any block size, LSE output.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        devices: vec![DeviceKind::Cpu],
+        q_dtypes: vec![DType::F32],
+        kv_dtypes: vec![DType::F32],
+        head_dims: Some(supported_head_dims()),
+        block_sizes: None,
+        max_gqa_ratio: Some(kernel::MAX_GROUP),
+        sliding_window: false,
+        logits_soft_cap: false,
+        decode: true,
+        prefill: false,
+        returns_lse: true,
+    }
+}
+
+fn create(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError> {
+    Ok(Box::new(PagedBackend::new(cfg)?))
+}
+
+register_backend!(BackendRegistration {
+    name: NAME,
+    priority: 100,
+    description: "CPU paged decode attention: split-KV flash-decoding, AVX-512/AVX2, rayon",
+    capabilities,
+    runtime_reasons: pagoda_core::no_runtime_reasons,
+    create,
+});
+
+/// One unit of parallel work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkItem {
+    pub req: u32,
+    pub kv_head: u32,
+    /// Key positions `start..end`.
+    pub start: u32,
+    pub end: u32,
+}
+
+/// The per-step metadata built by `plan`.
+#[derive(Debug, Default)]
+struct Plan {
+    planned: bool,
+    num_reqs: usize,
+    block_table: Vec<u32>,
+    stride: usize,
+    seq_lens: Vec<u32>,
+    items: Vec<WorkItem>,
+    /// Index of request `r`'s first item; its items are ordered (kv head, split).
+    first_item: Vec<usize>,
+    splits: Vec<usize>,
+    partial_o: Vec<f32>,
+    partial_lse: Vec<f32>,
+    max_block: Option<u32>,
+}
+
+/// The paged decode backend.
+pub struct PagedBackend {
+    cfg: AttentionConfig,
+    isa: Isa,
+    plan: Plan,
+}
+
+impl PagedBackend {
+    /// A backend for `cfg`, or the reasons it cannot serve it as a decode backend.
+    pub fn new(cfg: &AttentionConfig) -> Result<Self, PagedError> {
+        let reasons = capabilities().reasons(cfg, Role::Decode);
+        if !reasons.is_empty() {
+            return Err(PagedError::Unsupported { reasons });
+        }
+        Ok(PagedBackend {
+            cfg: cfg.clone(),
+            isa: Isa::detect(),
+            plan: Plan::default(),
+        })
+    }
+
+    /// The instruction set the kernels use on this CPU.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Forces a slower instruction set (tests compare every ISA with the reference).
+    /// Fails if the CPU lacks it.
+    pub fn set_isa(&mut self, isa: Isa) -> Result<(), PagedError> {
+        if !isa.available() {
+            return Err(PagedError::IsaUnavailable { isa });
+        }
+        self.isa = isa;
+        Ok(())
+    }
+
+    /// The work items of the last plan.
+    pub fn work_items(&self) -> &[WorkItem] {
+        &self.plan.items
+    }
+
+    fn plan_batch(&mut self, b: &BatchDescriptor) -> Result<(), PagedError> {
+        self.plan.planned = false;
+        if b.block_size != self.cfg.block_size {
+            return Err(PagedError::BlockSizeMismatch {
+                batch: b.block_size,
+                config: self.cfg.block_size,
+            });
+        }
+        let n = b.num_reqs();
+        for r in 0..n {
+            if b.query_len(r) != 1 {
+                return Err(PagedError::PrefillRow {
+                    request: r,
+                    query_len: b.query_len(r),
+                });
+            }
+        }
+        let (bs, nkv, g, hd) = (
+            b.block_size,
+            self.cfg.num_kv_heads,
+            self.cfg.gqa_ratio(),
+            self.cfg.head_dim,
+        );
+        let p = &mut self.plan;
+        p.num_reqs = n;
+        p.stride = b.block_table_stride;
+        p.block_table.clear();
+        p.block_table.extend_from_slice(&b.block_table);
+        p.seq_lens.clear();
+        p.seq_lens.extend_from_slice(&b.seq_lens);
+        p.max_block = (0..n).flat_map(|r| b.blocks(r).iter().copied()).max();
+
+        // Split size in blocks: total key-work spread over ~ITEMS_PER_THREAD items
+        // per thread, never below MIN_SPLIT_TOKENS, always whole blocks.
+        let target = ITEMS_PER_THREAD * rayon::current_num_threads().max(1);
+        let total_tokens: usize = b.seq_lens.iter().map(|&s| s as usize).sum::<usize>() * nkv;
+        let split_tokens = total_tokens.div_ceil(target).max(MIN_SPLIT_TOKENS);
+        let split_blocks = split_tokens.div_ceil(bs).max(1);
+        let split_len = split_blocks * bs;
+
+        p.items.clear();
+        p.first_item.clear();
+        p.splits.clear();
+        for r in 0..n {
+            let s = b.seq_lens[r] as usize;
+            let splits = s.div_ceil(split_len).max(1);
+            p.first_item.push(p.items.len());
+            p.splits.push(splits);
+            for h in 0..nkv {
+                for k in 0..splits {
+                    let start = (k * split_len).min(s);
+                    let end = ((k + 1) * split_len).min(s);
+                    p.items.push(WorkItem {
+                        req: r as u32,
+                        kv_head: h as u32,
+                        start: start as u32,
+                        end: end as u32,
+                    });
+                }
+            }
+        }
+        p.partial_o.resize(p.items.len() * g * hd, 0.0);
+        p.partial_lse.resize(p.items.len() * g, 0.0);
+        p.planned = true;
+        Ok(())
+    }
+
+    fn run_layer(&mut self, io: LayerIo<'_>) -> Result<(), PagedError> {
+        let p = &mut self.plan;
+        if !p.planned {
+            return Err(PagedError::NotPlanned);
+        }
+        let cfg = &self.cfg;
+        let (nh, nkv, hd, bs) = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.block_size,
+        );
+        let g = cfg.gqa_ratio();
+        let tok_elems = p.num_reqs * nh * hd;
+        check_len("q", io.q.len(), tok_elems)?;
+        check_len("out", io.out.len(), tok_elems)?;
+        if let Some(l) = &io.lse {
+            check_len("lse", l.len(), p.num_reqs * nh)?;
+        }
+        let block_elems = bs * nkv * hd;
+        if io.k_cache.len() % block_elems != 0 {
+            return Err(PagedError::Shape {
+                name: "k_cache",
+                expected: io.k_cache.len() / block_elems * block_elems,
+                actual: io.k_cache.len(),
+            });
+        }
+        check_len("v_cache", io.v_cache.len(), io.k_cache.len())?;
+        let num_blocks = io.k_cache.len() / block_elems;
+        if let Some(mb) = p.max_block {
+            if mb as usize >= num_blocks {
+                return Err(PagedError::BlockOutOfRange {
+                    block: mb,
+                    num_blocks,
+                });
+            }
+        }
+
+        let (isa, scale) = (self.isa, cfg.scale);
+        let (q, kc, vc) = (io.q, io.k_cache, io.v_cache);
+        let (bt, stride, seq_lens) = (&p.block_table, p.stride, &p.seq_lens);
+        p.partial_o
+            .par_chunks_mut(g * hd)
+            .zip(p.partial_lse.par_chunks_mut(g))
+            .zip(p.items.par_iter())
+            .for_each(|((o, lse), it)| {
+                let (r, h) = (it.req as usize, it.kv_head as usize);
+                let nblk = (seq_lens[r] as usize).div_ceil(bs);
+                let args = kernel::ItemArgs {
+                    q: &q[(r * nh + h * g) * hd..(r * nh + (h + 1) * g) * hd],
+                    k_cache: kc,
+                    v_cache: vc,
+                    blocks: &bt[r * stride..r * stride + nblk],
+                    block_size: bs,
+                    num_kv_heads: nkv,
+                    kv_head: h,
+                    head_dim: hd,
+                    group: g,
+                    scale,
+                    start: it.start as usize,
+                    end: it.end as usize,
+                };
+                kernel::attend(isa, &args, o, lse);
+            });
+
+        let merge = |r: usize, out: &mut [f32], lse: Option<&mut [f32]>| {
+            merge_request(p, r, nkv, g, hd, out, lse);
+        };
+        match io.lse {
+            Some(l) => io
+                .out
+                .par_chunks_mut(nh * hd)
+                .zip(l.par_chunks_mut(nh))
+                .enumerate()
+                .for_each(|(r, (o, l))| merge(r, o, Some(l))),
+            None => io
+                .out
+                .par_chunks_mut(nh * hd)
+                .enumerate()
+                .for_each(|(r, o)| merge(r, o, None)),
+        }
+        Ok(())
+    }
+}
+
+fn check_len(name: &'static str, actual: usize, expected: usize) -> Result<(), PagedError> {
+    if actual != expected {
+        return Err(PagedError::Shape {
+            name,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// Log-sum-exp merge of request `r`'s splits into its output row `[nh, hd]`.
+fn merge_request(
+    p: &Plan,
+    r: usize,
+    nkv: usize,
+    g: usize,
+    hd: usize,
+    out: &mut [f32],
+    mut lse: Option<&mut [f32]>,
+) {
+    let splits = p.splits[r];
+    for h in 0..nkv {
+        let base = p.first_item[r] + h * splits;
+        for gi in 0..g {
+            let head = h * g + gi;
+            let o = &mut out[head * hd..(head + 1) * hd];
+            let part_lse = |k: usize| p.partial_lse[(base + k) * g + gi];
+            let part_o =
+                |k: usize| &p.partial_o[((base + k) * g + gi) * hd..((base + k) * g + gi + 1) * hd];
+            let m = (0..splits).map(part_lse).fold(f32::NEG_INFINITY, f32::max);
+            if m == f32::NEG_INFINITY {
+                o.fill(0.0);
+                if let Some(l) = lse.as_deref_mut() {
+                    l[head] = f32::NEG_INFINITY;
+                }
+                continue;
+            }
+            o.fill(0.0);
+            let mut total = 0.0f32;
+            for k in 0..splits {
+                let w = (part_lse(k) - m).exp();
+                if w == 0.0 {
+                    continue;
+                }
+                total += w;
+                for (x, y) in o.iter_mut().zip(part_o(k)) {
+                    *x += w * y;
+                }
+            }
+            let inv = 1.0 / total;
+            o.iter_mut().for_each(|x| *x *= inv);
+            if let Some(l) = lse.as_deref_mut() {
+                l[head] = m + total.ln();
+            }
+        }
+    }
+}
+
+impl AttentionBackend for PagedBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn plan(&mut self, batch: &BatchDescriptor) -> Result<(), CoreError> {
+        Ok(self.plan_batch(batch)?)
+    }
+
+    fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
+        Ok(self.run_layer(io)?)
+    }
+}
