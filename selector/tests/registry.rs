@@ -1,0 +1,87 @@
+//! The registry holds exactly the linked backends, and the selector's rules:
+//! priority among valid ones, forced-but-invalid is an error with reasons, unknown
+//! names list the registered ones, no valid backend lists every verdict.
+
+use pagoda_core::{AttentionConfig, Device, Role};
+use pagoda_selector::{registered_names, select, BackendOverride, SelectorError};
+
+use pagoda_backend_cuda as _;
+use pagoda_backend_flash as _;
+use pagoda_backend_naive as _;
+use pagoda_backend_paged as _;
+
+fn smollm2() -> AttentionConfig {
+    AttentionConfig::cpu_f32(9, 3, 64, 16)
+}
+
+#[test]
+fn registry_holds_exactly_the_linked_backends() {
+    let mut names = registered_names();
+    names.sort();
+    assert_eq!(names, vec!["cuda-flash", "cuda-paged", "flash", "naive", "paged"]);
+}
+
+#[test]
+fn automatic_choice_is_paged_decode_flash_prefill() {
+    let sel = select(&smollm2(), &BackendOverride::default()).unwrap();
+    assert_eq!(sel.name(), "decode=paged,prefill=flash");
+    assert!(!sel.forced);
+    let backend = sel.build(&smollm2()).unwrap();
+    assert_eq!(backend.name(), "decode=paged,prefill=flash");
+}
+
+#[test]
+fn forced_single_backend_must_serve_both_roles() {
+    let err = select(&smollm2(), &BackendOverride::parse("paged").unwrap()).err().unwrap();
+    match &err {
+        SelectorError::ForcedInvalid { name, reasons, .. } => {
+            assert_eq!(name, "paged");
+            assert!(reasons.iter().any(|r| r.to_string().contains("prefill")), "{err}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(select(&smollm2(), &BackendOverride::parse("naive").unwrap()).unwrap().name(), "naive");
+    assert_eq!(
+        select(&smollm2(), &BackendOverride::parse("decode=naive,prefill=flash").unwrap()).unwrap().name(),
+        "decode=naive,prefill=flash"
+    );
+}
+
+#[test]
+fn unknown_name_lists_registered_names() {
+    let err = select(&smollm2(), &BackendOverride::parse("fastest").unwrap()).err().unwrap().to_string();
+    for n in ["naive", "paged", "flash", "cuda-paged", "cuda-flash"] {
+        assert!(err.contains(n), "{err}");
+    }
+}
+
+#[test]
+fn cuda_backends_say_not_compiled() {
+    let err = select(&smollm2(), &BackendOverride::parse("cuda-paged").unwrap()).err().unwrap().to_string();
+    assert!(err.contains("not compiled with CUDA"), "{err}");
+}
+
+#[test]
+fn nothing_valid_lists_every_backend() {
+    let mut cfg = smollm2();
+    cfg.device = Device::Cuda(0);
+    let err = select(&cfg, &BackendOverride::default()).err().unwrap();
+    match &err {
+        SelectorError::NoValidBackend { role, verdicts } => {
+            assert_eq!(*role, Role::Decode);
+            assert_eq!(verdicts.len(), 5);
+            assert!(verdicts.iter().all(|(_, r)| !r.is_empty()));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn override_parsing() {
+    assert_eq!(BackendOverride::parse("auto").unwrap(), BackendOverride::default());
+    let o = BackendOverride::parse("decode=paged, prefill=flash").unwrap();
+    assert_eq!(o.decode.as_deref(), Some("paged"));
+    assert_eq!(o.prefill.as_deref(), Some("flash"));
+    assert!(BackendOverride::parse("decode=").is_err());
+    assert!(BackendOverride::parse("middle=paged").is_err());
+}

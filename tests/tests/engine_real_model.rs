@@ -1,0 +1,158 @@
+//! The engine on the real model: reference greedy ids under every scheduling regime,
+//! batch invariance, prefix caching, and no leaked blocks.
+
+use pagoda_core::SamplingParams;
+use pagoda_engine::{LLMEngine, PromptInput};
+use pagoda_tests::{engine, reference_cases, test_config};
+
+fn check_reference(engine: &mut LLMEngine, label: &str) {
+    let cases = reference_cases();
+    let prompts: Vec<PromptInput> = cases.iter().map(|c| PromptInput::Text(c.prompt.clone())).collect();
+    let outs = engine.generate(&prompts, &SamplingParams::greedy(48)).expect("generate");
+    for (c, o) in cases.iter().zip(&outs) {
+        assert_eq!(o.prompt_token_ids, c.prompt_ids, "[{label}] prompt ids of {:?}", c.prompt);
+        let n = c.safe_len.min(o.token_ids.len());
+        assert!(o.token_ids.len() >= c.safe_len, "[{label}] {:?}: only {} tokens", c.prompt, o.token_ids.len());
+        assert_eq!(&o.token_ids[..n], &c.greedy_ids[..n], "[{label}] greedy ids of {:?}", c.prompt);
+    }
+    assert_all_blocks_free(engine, label);
+}
+
+fn assert_all_blocks_free(engine: &LLMEngine, label: &str) {
+    assert!(!engine.has_unfinished_requests(), "[{label}] requests left");
+    let s = engine.stats();
+    assert_eq!(s.kv_cache_usage, 0.0, "[{label}] KV blocks still in use");
+    assert_eq!(s.num_running + s.num_waiting, 0, "[{label}] requests still queued");
+}
+
+#[test]
+fn greedy_matches_reference_default() {
+    check_reference(&mut engine(test_config()), "default");
+}
+
+#[test]
+fn greedy_matches_reference_under_preemption() {
+    let mut c = test_config();
+    c.num_kv_blocks = Some(24);
+    let mut e = engine(c);
+    check_reference(&mut e, "num_kv_blocks=24");
+    assert!(e.stats().num_preemptions > 0, "24 blocks should force preemption");
+}
+
+#[test]
+fn greedy_matches_reference_chunked_prefill() {
+    let mut c = test_config();
+    c.max_num_batched_tokens = 8;
+    check_reference(&mut engine(c), "max_num_batched_tokens=8");
+}
+
+#[test]
+fn greedy_matches_reference_without_prefix_caching() {
+    let mut c = test_config();
+    c.enable_prefix_caching = false;
+    check_reference(&mut engine(c), "no prefix caching");
+}
+
+#[test]
+fn greedy_matches_reference_on_every_cpu_backend() {
+    for backend in ["naive", "flash", "decode=paged,prefill=flash"] {
+        let mut c = test_config();
+        c.attention_backend = Some(backend.to_string());
+        check_reference(&mut engine(c), backend);
+    }
+}
+
+#[test]
+fn forced_backend_errors_are_explained() {
+    let mut c = test_config();
+    c.attention_backend = Some("paged".into());
+    let err = LLMEngine::new(c).err().expect("paged alone cannot prefill").to_string();
+    assert!(err.contains("prefill"), "{err}");
+    let mut c = test_config();
+    c.attention_backend = Some("no-such-backend".into());
+    let err = LLMEngine::new(c).err().expect("unknown backend").to_string();
+    for name in ["naive", "paged", "flash"] {
+        assert!(err.contains(name), "error should list `{name}`: {err}");
+    }
+}
+
+/// 32 requests at once each give the same tokens as the request run alone.
+#[test]
+fn concurrent_requests_equal_solo_runs() {
+    let prompts: Vec<String> = (0..32)
+        .map(|i| format!("Request {i}: write a short note about the number {} and the colour {}.", i * 7 + 3, ["red", "green", "blue", "gold"][i % 4]))
+        .collect();
+    let params = SamplingParams { max_tokens: Some(12), temperature: 0.8, seed: Some(1234), ..SamplingParams::default() };
+    let mut e = engine(test_config());
+    let inputs: Vec<PromptInput> = prompts.iter().cloned().map(PromptInput::Text).collect();
+    let together = e.generate(&inputs, &params).unwrap();
+    for (i, p) in prompts.iter().enumerate() {
+        let alone = e.generate(&[PromptInput::Text(p.clone())], &params).unwrap();
+        assert_eq!(alone[0].token_ids, together[i].token_ids, "request {i} differs when batched");
+    }
+    assert_all_blocks_free(&e, "concurrent");
+}
+
+/// A request sharing a 64-token prefix with a finished one hits the cache and
+/// produces the same output as with caching off.
+#[test]
+fn prefix_cache_hit_gives_same_output() {
+    let shared: Vec<u32> = (0..64).map(|i| 1000 + (i * 37 % 500) as u32).collect();
+    let mut first = shared.clone();
+    first.extend([42, 43, 44]);
+    let mut second = shared.clone();
+    second.extend([7, 8, 9, 10]);
+    let params = SamplingParams::greedy(8);
+
+    let mut cached = engine(test_config());
+    cached.generate(&[PromptInput::Tokens(first)], &params).unwrap();
+    let hit = cached.generate(&[PromptInput::Tokens(second.clone())], &params).unwrap();
+    assert!(hit[0].num_cached_tokens >= 48, "only {} cached prompt tokens", hit[0].num_cached_tokens);
+    assert_all_blocks_free(&cached, "prefix cached");
+
+    let mut c = test_config();
+    c.enable_prefix_caching = false;
+    let mut uncached = engine(c);
+    let miss = uncached.generate(&[PromptInput::Tokens(second)], &params).unwrap();
+    assert_eq!(miss[0].num_cached_tokens, 0);
+    assert_eq!(hit[0].token_ids, miss[0].token_ids);
+}
+
+/// Aborting requests mid-flight frees every block.
+#[test]
+fn aborts_free_all_blocks() {
+    let mut e = engine(test_config());
+    let params = SamplingParams { max_tokens: Some(64), ignore_eos: true, ..SamplingParams::greedy(64) };
+    for i in 0..6 {
+        e.add_request(format!("r{i}"), PromptInput::Text(format!("Count slowly from {i}:")), params.clone(), None).unwrap();
+    }
+    for _ in 0..3 {
+        e.step().unwrap();
+    }
+    for i in 0..3 {
+        e.abort_request(&format!("r{i}"));
+    }
+    while e.has_unfinished_requests() {
+        e.step().unwrap();
+    }
+    assert_all_blocks_free(&e, "aborts");
+}
+
+#[test]
+fn bad_inputs_get_clear_errors() {
+    let mut c = test_config();
+    c.max_model_len = Some(64);
+    let mut e = engine(c);
+    let long = "word ".repeat(200);
+    let err = e.add_request("long".into(), PromptInput::Text(long), SamplingParams::greedy(4), None).unwrap_err();
+    assert!(err.to_string().contains("context length"), "{err}");
+    let err = e.add_request("empty".into(), PromptInput::Tokens(vec![]), SamplingParams::greedy(4), None).unwrap_err();
+    assert!(err.to_string().contains("empty"), "{err}");
+    let err = e.add_request("oov".into(), PromptInput::Tokens(vec![999_999]), SamplingParams::greedy(4), None).unwrap_err();
+    assert!(err.to_string().contains("vocabulary"), "{err}");
+
+    let mut c = test_config();
+    c.model_path = "/nonexistent/model.gguf".into();
+    let err = LLMEngine::new(c).err().unwrap().to_string();
+    assert!(err.contains("/nonexistent/model.gguf"), "{err}");
+}
