@@ -1,1 +1,19 @@
-//! CPU math kernels (GEMM, norms, RoPE, activations) and, behind the `cuda` feature, CUDA kernels.
+//! CPU math kernels for the Llama forward pass: GEMM/GEMV (`out = x · wᵀ`), RMS
+//! norm, rotary embeddings, SwiGLU, argmax and softmax. Behind the `cuda` feature
+//! (reserved, empty for now) CUDA kernels will live.
+//!
+//! Every fast kernel has a slow, obviously correct `*_ref` twin that the property
+//! tests in `tests/` compare against. Parallel kernels use rayon's global pool only,
+//! so callers size one pool for the whole process.
+
+pub mod act;
+pub mod error;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
+
+pub use act::{argmax, log_softmax, log_softmax_ref, silu_mul, silu_mul_ref, softmax};
+pub use error::KernelError;
+pub use matmul::{matmul_t, matmul_t_ref, matmul_t_with, MatmulPath, GEMV_MAX_M};
+pub use norm::{add_rms_norm, rms_norm, rms_norm_ref};
+pub use rope::{inv_freq, rope_ref, Llama3Scaling, RopeCache};

@@ -1,0 +1,277 @@
+//! `out = x · wᵀ` with `w` in PyTorch `nn.Linear` layout (`[n, k]`, row-major).
+//!
+//! Two paths: the `gemm` crate (strided, so `w` is never transposed in memory) for
+//! `m == 1` and prefill-sized `m`, and a hand-written GEMV for small `m` (2..=4) that
+//! streams each weight row once for all `m` inputs; decode is bound by reading
+//! the weights, so that reuse is what matters. [`matmul_t_ref`] is the slow
+//! reference both are tested against.
+
+use crate::error::{check_len, KernelError};
+use rayon::prelude::*;
+
+/// Largest `m` served by the GEMV path.
+pub const GEMV_MAX_M: usize = 4;
+
+/// Below this many multiply-adds a call runs on the calling thread only.
+const PARALLEL_MIN_FLOPS: usize = 1 << 16;
+
+/// Which implementation [`matmul_t_with`] uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulPath {
+    /// Pick per shape (what [`matmul_t`] does).
+    Auto,
+    /// The `gemm` crate.
+    Gemm,
+    /// The row-streaming GEMV (any `m`; fast only for small `m`).
+    Gemv,
+}
+
+fn check(
+    x: &[f32],
+    w: &[f32],
+    out: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<(), KernelError> {
+    check_len("x", x.len(), m * k)?;
+    check_len("w", w.len(), n * k)?;
+    check_len("out", out.len(), m * n)
+}
+
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ`, choosing the faster path for the shape.
+pub fn matmul_t(
+    x: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<(), KernelError> {
+    matmul_t_with(MatmulPath::Auto, x, w, out, m, k, n)
+}
+
+/// [`matmul_t`] with an explicit path (benches and tests compare them).
+pub fn matmul_t_with(
+    path: MatmulPath,
+    x: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<(), KernelError> {
+    check(x, w, out, m, k, n)?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    let path = match path {
+        // Measured (benches/matmul.rs, SmolLM2 shapes): gemm's own m = 1 kernel is
+        // ~20% faster than ours; for m = 2..=4 ours is 1.5-2.5x faster because gemm
+        // re-reads the weights per row of x.
+        MatmulPath::Auto if (2..=GEMV_MAX_M).contains(&m) => MatmulPath::Gemv,
+        MatmulPath::Auto => MatmulPath::Gemm,
+        p => p,
+    };
+    match path {
+        MatmulPath::Gemv => gemv(x, w, out, m, k, n),
+        _ => gemm_path(x, w, out, m, k, n),
+    }
+    Ok(())
+}
+
+fn gemm_path(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+    let par = if m * k * n >= PARALLEL_MIN_FLOPS && rayon::current_num_threads() > 1 {
+        // 0 = the current (global) rayon pool's size, so we never oversubscribe.
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: lengths were checked: x is m*k (row stride k), w is n*k read as the
+    // k×n matrix wᵀ (row stride 1, column stride k), out is m*n (row stride n).
+    // read_dst = false, so out's old contents are ignored.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+/// Output rows (of `w`) per rayon task: big enough to amortise scheduling.
+const GEMV_ROWS_PER_TASK: usize = 64;
+
+fn gemv(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+    // Process inputs in groups of up to GEMV_MAX_M so each weight row is read once per group.
+    for i0 in (0..m).step_by(GEMV_MAX_M) {
+        let mg = (m - i0).min(GEMV_MAX_M);
+        let xg = &x[i0 * k..(i0 + mg) * k];
+        let og = &mut out[i0 * n..(i0 + mg) * n];
+        gemv_group(xg, w, og, mg, k, n);
+    }
+}
+
+fn gemv_group(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+    let parallel = m * k * n >= PARALLEL_MIN_FLOPS && rayon::current_num_threads() > 1;
+    let fma = has_fma();
+    let run_block = |j0: usize, block: &mut [[f32; GEMV_MAX_M]]| {
+        for (jj, acc) in block.iter_mut().enumerate() {
+            let row = &w[(j0 + jj) * k..(j0 + jj + 1) * k];
+            *acc = dot_rows_dispatch(fma, x, row, m, k);
+        }
+    };
+    // Results land in a small [n][m] buffer per block, then scatter to out[i*n + j]
+    // (each block owns its own j range, so the scatter is disjoint).
+    if m == 1 {
+        let body = |(b, chunk): (usize, &mut [f32])| {
+            let j0 = b * GEMV_ROWS_PER_TASK;
+            let mut tmp = [[0.0f32; GEMV_MAX_M]; GEMV_ROWS_PER_TASK];
+            run_block(j0, &mut tmp[..chunk.len()]);
+            for (o, t) in chunk.iter_mut().zip(&tmp) {
+                *o = t[0];
+            }
+        };
+        if parallel {
+            out.par_chunks_mut(GEMV_ROWS_PER_TASK)
+                .enumerate()
+                .for_each(body);
+        } else {
+            out.chunks_mut(GEMV_ROWS_PER_TASK)
+                .enumerate()
+                .for_each(body);
+        }
+        return;
+    }
+    let blocks = n.div_ceil(GEMV_ROWS_PER_TASK);
+    let compute = |b: usize| {
+        let j0 = b * GEMV_ROWS_PER_TASK;
+        let len = (n - j0).min(GEMV_ROWS_PER_TASK);
+        let mut tmp = [[0.0f32; GEMV_MAX_M]; GEMV_ROWS_PER_TASK];
+        run_block(j0, &mut tmp[..len]);
+        (j0, len, tmp)
+    };
+    if parallel {
+        let results: Vec<_> = (0..blocks).into_par_iter().map(compute).collect();
+        for (j0, len, tmp) in results {
+            scatter(out, n, m, j0, &tmp[..len]);
+        }
+    } else {
+        for b in 0..blocks {
+            let (j0, len, tmp) = compute(b);
+            scatter(out, n, m, j0, &tmp[..len]);
+        }
+    }
+}
+
+fn scatter(out: &mut [f32], n: usize, m: usize, j0: usize, tmp: &[[f32; GEMV_MAX_M]]) {
+    for i in 0..m {
+        for (jj, t) in tmp.iter().enumerate() {
+            out[i * n + j0 + jj] = t[i];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_fma() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_fma() -> bool {
+    false
+}
+
+fn dot_rows_dispatch(fma: bool, x: &[f32], row: &[f32], m: usize, k: usize) -> [f32; GEMV_MAX_M] {
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        // SAFETY: the CPU supports AVX2 and FMA (checked by has_fma).
+        return unsafe { dot_rows_avx2(x, row, m, k) };
+    }
+    let _ = fma;
+    dot_rows::<false>(x, row, m, k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_rows_avx2(x: &[f32], row: &[f32], m: usize, k: usize) -> [f32; GEMV_MAX_M] {
+    dot_rows::<true>(x, row, m, k)
+}
+
+/// Lanes per accumulator: two AVX vectors, so the adds form independent chains.
+const LANES: usize = 16;
+
+/// Dot products of `row` with each of the `m` rows of `x`, reading `row` once.
+/// Written as fixed-width lane arrays so the compiler vectorises it.
+#[inline(always)]
+fn dot_rows<const FMA: bool>(x: &[f32], row: &[f32], m: usize, k: usize) -> [f32; GEMV_MAX_M] {
+    let mut acc = [[0.0f32; LANES]; GEMV_MAX_M];
+    let full = k / LANES * LANES;
+    let mut c = 0;
+    while c < full {
+        let wv: &[f32; LANES] = row[c..c + LANES].try_into().unwrap();
+        for i in 0..m {
+            let xv: &[f32; LANES] = x[i * k + c..i * k + c + LANES].try_into().unwrap();
+            let a = &mut acc[i];
+            for l in 0..LANES {
+                a[l] = if FMA {
+                    xv[l].mul_add(wv[l], a[l])
+                } else {
+                    a[l] + xv[l] * wv[l]
+                };
+            }
+        }
+        c += LANES;
+    }
+    let mut res = [0.0f32; GEMV_MAX_M];
+    for i in 0..m {
+        let mut s = acc[i].iter().sum::<f32>();
+        for c in full..k {
+            s += x[i * k + c] * row[c];
+        }
+        res[i] = s;
+    }
+    res
+}
+
+/// Slow reference: plain loops with f64 accumulation.
+pub fn matmul_t_ref(
+    x: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<(), KernelError> {
+    check(x, w, out, m, k, n)?;
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0.0f64;
+            for c in 0..k {
+                s += x[i * k + c] as f64 * w[j * k + c] as f64;
+            }
+            out[i * n + j] = s as f32;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! Property tests: every fast kernel against its slow reference.
+//!
+//! Tolerances: matmul within 1e-4 relative to Σ|x·w| (the scale of the dot product
+//! — elementwise relative error is meaningless under cancellation); norms, RoPE,
+//! SwiGLU and log-softmax within 1e-5 relative + 1e-6 absolute.
+
+use pagoda_kernels::*;
+use proptest::prelude::*;
+
+fn vals(n: usize) -> impl Strategy<Value = Vec<f32>> {
+    proptest::collection::vec(-2.0f32..2.0, n)
+}
+
+fn close(a: f32, b: f64, rel: f64, abs: f64) -> bool {
+    ((a as f64) - b).abs() <= abs + rel * b.abs()
+}
+
+fn matmul_case() -> impl Strategy<Value = (usize, usize, usize, Vec<f32>, Vec<f32>)> {
+    (prop_oneof![1usize..=5, 1usize..40], 1usize..70, 1usize..150)
+        .prop_flat_map(|(m, k, n)| (Just(m), Just(k), Just(n), vals(m * k), vals(n * k)))
+}
+
+fn check_matmul(
+    path: MatmulPath,
+    m: usize,
+    k: usize,
+    n: usize,
+    x: &[f32],
+    w: &[f32],
+) -> Result<(), TestCaseError> {
+    let mut out = vec![f32::NAN; m * n];
+    matmul_t_with(path, x, w, &mut out, m, k, n).unwrap();
+    let mut reference = vec![0.0; m * n];
+    matmul_t_ref(x, w, &mut reference, m, k, n).unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let scale: f64 = (0..k)
+                .map(|c| (x[i * k + c] as f64 * w[j * k + c] as f64).abs())
+                .sum();
+            let (a, b) = (out[i * n + j], reference[i * n + j]);
+            prop_assert!(
+                ((a - b) as f64).abs() <= 1e-4 * scale + 1e-6,
+                "{path:?} m={m} k={k} n={n} at ({i},{j}): {a} vs {b} (scale {scale})"
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn matmul_paths_match_reference((m, k, n, x, w) in matmul_case()) {
+        check_matmul(MatmulPath::Auto, m, k, n, &x, &w)?;
+        check_matmul(MatmulPath::Gemm, m, k, n, &x, &w)?;
+        check_matmul(MatmulPath::Gemv, m, k, n, &x, &w)?;
+    }
+
+    #[test]
+    fn rms_norm_matches_reference(rows in 1usize..6, dim in 1usize..100, seed in vals(600), eps in 1e-6f32..1e-3) {
+        let x: Vec<f32> = seed.iter().cycle().take(rows * dim).copied().collect();
+        let w: Vec<f32> = seed.iter().rev().cycle().take(dim).copied().collect();
+        let mut out = vec![0.0; rows * dim];
+        let mut r = vec![0.0; rows * dim];
+        rms_norm(&x, &w, eps, &mut out).unwrap();
+        rms_norm_ref(&x, &w, eps, &mut r).unwrap();
+        for (a, b) in out.iter().zip(&r) {
+            prop_assert!(close(*a, *b as f64, 1e-5, 1e-6), "{a} vs {b}");
+        }
+        // Fused: residual + delta, then norm.
+        let delta: Vec<f32> = x.iter().map(|v| v * 0.5 - 0.1).collect();
+        let mut resid = x.clone();
+        add_rms_norm(&mut resid, &delta, &w, eps, &mut out).unwrap();
+        let summed: Vec<f32> = x.iter().zip(&delta).map(|(a, b)| a + b).collect();
+        prop_assert_eq!(&resid, &summed);
+        rms_norm_ref(&summed, &w, eps, &mut r).unwrap();
+        for (a, b) in out.iter().zip(&r) {
+            prop_assert!(close(*a, *b as f64, 1e-5, 1e-6), "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn rope_matches_reference(
+        tokens in 1usize..5, heads in 1usize..4, half in 1usize..33, seed in vals(512),
+        positions in proptest::collection::vec(0u32..2048, 5), scaled in any::<bool>(),
+        theta in prop_oneof![Just(10000.0f32), Just(500000.0f32)],
+    ) {
+        let head_dim = 2 * half;
+        let scaling = Llama3Scaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 64 };
+        let scaling = if scaled { Some(&scaling) } else { None };
+        let cache = RopeCache::new(head_dim, 2048, theta, scaling).unwrap();
+        let x: Vec<f32> = seed.iter().cycle().take(tokens * heads * head_dim).copied().collect();
+        let pos = &positions[..tokens];
+        let mut fast = x.clone();
+        cache.apply(&mut fast, heads, pos).unwrap();
+        let mut slow = x.clone();
+        rope_ref(&mut slow, heads, head_dim, pos, theta, scaling);
+        for (a, b) in fast.iter().zip(&slow) {
+            // Angles up to ~2048 rad are rounded to f32 (as HF does): ~1e-4 absolute.
+            prop_assert!(close(*a, *b as f64, 1e-5, 3e-4), "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn silu_mul_matches_reference(g in vals(40), u in vals(40)) {
+        let mut a = vec![0.0; 40];
+        let mut b = vec![0.0; 40];
+        silu_mul(&g, &u, &mut a).unwrap();
+        silu_mul_ref(&g, &u, &mut b).unwrap();
+        for (x, y) in a.iter().zip(&b) {
+            prop_assert!(close(*x, *y as f64, 1e-5, 1e-6));
+        }
+    }
+
+    #[test]
+    fn softmaxes_match_reference(row in proptest::collection::vec(-30.0f32..30.0, 1..200)) {
+        let r = log_softmax_ref(&row);
+        let mut ls = row.clone();
+        log_softmax(&mut ls);
+        let mut sm = row.clone();
+        softmax(&mut sm);
+        for i in 0..row.len() {
+            prop_assert!(close(ls[i], r[i], 1e-5, 1e-5), "{} vs {}", ls[i], r[i]);
+            prop_assert!(close(sm[i], r[i].exp(), 1e-5, 1e-7), "{} vs {}", sm[i], r[i].exp());
+        }
+        let best = argmax(&row).unwrap();
+        prop_assert!(row.iter().all(|&v| v <= row[best]));
+        prop_assert!(row[..best].iter().all(|&v| v < row[best]));
+    }
+}
+
+#[test]
+fn shape_errors_are_errors_not_panics() {
+    let mut out = vec![0.0; 4];
+    assert!(matches!(
+        matmul_t(&[1.0; 3], &[1.0; 4], &mut out, 2, 2, 2),
+        Err(KernelError::ShapeMismatch { name: "x", .. })
+    ));
+    assert!(rms_norm(&[1.0; 5], &[1.0; 2], 1e-5, &mut [0.0; 5]).is_err());
+    assert!(RopeCache::new(3, 8, 10000.0, None).is_err());
+    let cache = RopeCache::new(4, 8, 10000.0, None).unwrap();
+    assert!(matches!(
+        cache.apply(&mut [0.0; 4], 1, &[8]),
+        Err(KernelError::PositionOutOfRange { position: 8, .. })
+    ));
+    assert!(silu_mul(&[1.0], &[1.0, 2.0], &mut [0.0]).is_err());
+    assert_eq!(argmax(&[]), None);
+    assert_eq!(argmax(&[f32::NAN, 1.0, 3.0, 3.0]), Some(2));
+}
+
+#[test]
+fn large_shapes_take_the_parallel_paths() {
+    // Big enough to cross every parallel threshold; compared to the reference.
+    let (m, k, n) = (67, 300, 513);
+    let x: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
+        .collect();
+    for mm in [1, 3, m] {
+        let mut out = vec![0.0; mm * n];
+        let mut r = vec![0.0; mm * n];
+        matmul_t(&x[..mm * k], &w, &mut out, mm, k, n).unwrap();
+        matmul_t_ref(&x[..mm * k], &w, &mut r, mm, k, n).unwrap();
+        for (a, b) in out.iter().zip(&r) {
+            assert!((a - b).abs() <= 1e-4 * (k as f32), "{a} vs {b}");
+        }
+    }
+}
