@@ -1,0 +1,541 @@
+//! The sampler: turns one row of logits per request into one token (and optional
+//! log-probabilities), deterministically and independently of the batch.
+//!
+//! Processing order per row (vLLM's):
+//! 1. `logit_bias` is added;
+//! 2. while fewer than `min_tokens` tokens were generated, EOS (unless `ignore_eos`)
+//!    and `stop_token_ids` are masked to `-inf`;
+//! 3. repetition penalty over the distinct prompt + output tokens
+//!    (`logit > 0 ? logit / p : logit * p`);
+//! 4. frequency and presence penalties over output tokens
+//!    (`logit -= f * count; logit -= presence`);
+//! 5. log-probabilities, if asked for, are taken from these processed logits, before
+//!    temperature and filtering (vLLM's default "processed logprobs" are after
+//!    temperature; we report the distribution before it, which is what
+//!    [`TokenLogprobs`] documents and what OpenAI clients expect from a request
+//!    with `temperature != 1`);
+//! 6. greedy (`temperature < 1e-5`): argmax, ties to the lowest id; otherwise the
+//!    logits are divided by the temperature, then top-k, top-p and min-p filter the
+//!    candidates and one is drawn by inverse CDF in ascending token-id order.
+//!
+//! After the call each row of the logits buffer holds the processed logits of
+//! steps 1-4, which callers and tests may inspect.
+//!
+//! Filtering rules, stated exactly because the reference in the tests follows them:
+//! * top-k keeps every token whose logit is `>=` the k-th largest (ties at the
+//!   boundary are kept, as vLLM's threshold mask does);
+//! * weights are `w_i = exp(z_i - z_max)` in f64, with `z = logit * (1 / T)` in f64;
+//! * top-p sorts the survivors by `(w desc, id asc)` and keeps the shortest prefix
+//!   whose running sum reaches `top_p * S`, `S` being the id-order sum of survivors;
+//! * min-p keeps `w_i >= min_p` (that is `p_i >= min_p * p_max`, as `w_max = 1`);
+//! * the draw walks the kept tokens in id order and returns the first whose running
+//!   weight exceeds `u * S_kept`.
+//!
+//! Randomness is counter based: the uniform number for the k-th output token of a
+//! request is a hash of `(seed, k)` ([`counter_uniform`]), so the same seed gives the
+//! same tokens whatever the batch, and again after preemption and recomputation.
+
+use std::sync::Mutex;
+
+use pagoda_core::request::MAX_LOGPROBS;
+use pagoda_core::{SamplingParams, TokenLogprobs};
+use rayon::prelude::*;
+
+/// Rows times vocabulary above which the rows of a batch are sampled in parallel;
+/// below it thread hand-off costs more than it saves.
+const PARALLEL_MIN_ELEMENTS: usize = 1 << 17;
+/// First block of candidates sorted for top-p; grows by 4x while the nucleus is
+/// not yet covered, so a sharp distribution costs one O(V) selection and a tiny sort.
+const TOP_P_FIRST_BLOCK: usize = 64;
+
+/// Why a batch could not be sampled.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplerError {
+    #[error("logits hold {len} values, expected {rows} rows x {vocab} vocabulary entries")]
+    ShapeMismatch {
+        len: usize,
+        rows: usize,
+        vocab: usize,
+    },
+    #[error("row {row}: logit of token {token} is {value}, logits must be finite or -inf")]
+    NonFiniteLogit {
+        row: usize,
+        token: usize,
+        value: f32,
+    },
+    #[error("row {row}: token id {token} in {field} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange {
+        row: usize,
+        field: &'static str,
+        token: u32,
+        vocab: usize,
+    },
+    #[error("row {row}: invalid sampling parameter {param}: {message}")]
+    InvalidParam {
+        row: usize,
+        param: &'static str,
+        message: String,
+    },
+    #[error("row {row}: every token is masked (-inf), nothing can be sampled")]
+    AllMasked { row: usize },
+}
+
+/// What the sampler needs to know about one request for one row of logits.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleInput<'a> {
+    pub params: &'a SamplingParams,
+    pub prompt_ids: &'a [u32],
+    /// Tokens generated so far; its length is the index of the token being sampled.
+    pub output_ids: &'a [u32],
+    /// The request's seed: `params.seed`, or one the engine drew for it at arrival.
+    pub seed: u64,
+    /// The model's EOS ids, masked before `min_tokens` unless `ignore_eos`.
+    pub eos_ids: &'a [u32],
+}
+
+/// Reusable per-row working buffers, so that steady-state sampling does not
+/// allocate vocabulary-sized vectors.
+#[derive(Default)]
+struct Scratch {
+    /// Candidate weights (0 for filtered-out tokens), indexed by token id.
+    weights: Vec<f64>,
+    /// Logit copies for the top-k selection.
+    values: Vec<f32>,
+    /// `(weight, id)` pairs for the top-p sort.
+    pairs: Vec<(f64, u32)>,
+    /// Sorted output ids, for counting.
+    ids: Vec<u32>,
+    /// One bit per token id, to visit each prompt/output token once.
+    seen: Vec<u64>,
+}
+
+/// Samples batches of logit rows. Holds scratch buffers reused across calls.
+pub struct Sampler {
+    vocab_size: usize,
+    pool: Mutex<Vec<Scratch>>,
+}
+
+/// Returns a [`Scratch`] to its pool when a rayon split (or the sequential path) ends.
+struct PooledScratch<'p> {
+    pool: &'p Mutex<Vec<Scratch>>,
+    scratch: Option<Scratch>,
+}
+
+impl Drop for PooledScratch<'_> {
+    fn drop(&mut self) {
+        if let (Some(s), Ok(mut pool)) = (self.scratch.take(), self.pool.lock()) {
+            pool.push(s);
+        }
+    }
+}
+
+impl<'p> PooledScratch<'p> {
+    fn take(pool: &'p Mutex<Vec<Scratch>>) -> Self {
+        let scratch = pool
+            .lock()
+            .ok()
+            .and_then(|mut p| p.pop())
+            .unwrap_or_default();
+        PooledScratch {
+            pool,
+            scratch: Some(scratch),
+        }
+    }
+    fn get(&mut self) -> &mut Scratch {
+        self.scratch.get_or_insert_with(Scratch::default)
+    }
+}
+
+impl Sampler {
+    pub fn new(vocab_size: usize) -> Self {
+        Sampler {
+            vocab_size,
+            pool: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Samples one token per row. `logits` is `[inputs.len(), vocab]` row-major and
+    /// is modified in place (it ends holding the processed logits, see the module
+    /// doc). Returns one `(token, logprobs)` per row, logprobs only when
+    /// `params.logprobs` is set. Any bad row fails the whole call, reporting the
+    /// lowest such row.
+    pub fn sample_batch(
+        &mut self,
+        logits: &mut [f32],
+        inputs: &[SampleInput<'_>],
+    ) -> Result<Vec<(u32, Option<TokenLogprobs>)>, SamplerError> {
+        let vocab = self.vocab_size;
+        let rows = inputs.len();
+        if vocab == 0 || logits.len() != rows * vocab {
+            return Err(SamplerError::ShapeMismatch {
+                len: logits.len(),
+                rows,
+                vocab,
+            });
+        }
+        let pool = &self.pool;
+        let results: Vec<Result<_, SamplerError>> =
+            if rows > 1 && logits.len() >= PARALLEL_MIN_ELEMENTS {
+                logits
+                    .par_chunks_mut(vocab)
+                    .zip(inputs.par_iter())
+                    .enumerate()
+                    .map_init(
+                        || PooledScratch::take(pool),
+                        |scratch, (row, (l, input))| sample_row(row, l, input, scratch.get()),
+                    )
+                    .collect()
+            } else {
+                let mut scratch = PooledScratch::take(pool);
+                logits
+                    .chunks_mut(vocab)
+                    .zip(inputs)
+                    .enumerate()
+                    .map(|(row, (l, input))| sample_row(row, l, input, scratch.get()))
+                    .collect()
+            };
+        // Sequential collection keeps the reported error deterministic (lowest row).
+        results.into_iter().collect()
+    }
+}
+
+/// The uniform number in `[0, 1)` used to draw output token number `k` of a request
+/// seeded with `seed`: a counter-based hash (two splitmix64 finalizer rounds keyed
+/// by the seed), so no RNG state is shared or carried between steps.
+pub fn counter_uniform(seed: u64, k: u64) -> f64 {
+    let h = splitmix64(splitmix64(seed) ^ k.wrapping_mul(0xD1B5_4A32_D192_ED03));
+    // Top 53 bits: every value is an exact f64 in [0, 1).
+    (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn validate_params(row: usize, p: &SamplingParams) -> Result<(), SamplerError> {
+    let bad = |param: &'static str, message: String| {
+        Err(SamplerError::InvalidParam {
+            row,
+            param,
+            message,
+        })
+    };
+    if !(p.temperature >= 0.0 && p.temperature.is_finite()) {
+        return bad(
+            "temperature",
+            format!("must be finite and >= 0, got {}", p.temperature),
+        );
+    }
+    if !(p.top_p > 0.0 && p.top_p <= 1.0) {
+        return bad("top_p", format!("must be in (0, 1], got {}", p.top_p));
+    }
+    if !(0.0..=1.0).contains(&p.min_p) {
+        return bad("min_p", format!("must be in [0, 1], got {}", p.min_p));
+    }
+    if !(p.repetition_penalty > 0.0 && p.repetition_penalty.is_finite()) {
+        return bad(
+            "repetition_penalty",
+            format!("must be finite and > 0, got {}", p.repetition_penalty),
+        );
+    }
+    if !p.frequency_penalty.is_finite() || !p.presence_penalty.is_finite() {
+        return bad(
+            "frequency_penalty/presence_penalty",
+            "must be finite".into(),
+        );
+    }
+    if let Some(n) = p.logprobs {
+        if n > MAX_LOGPROBS {
+            return bad(
+                "logprobs",
+                format!("must be at most {MAX_LOGPROBS}, got {n}"),
+            );
+        }
+    }
+    if let Some((_, b)) = p.logit_bias.iter().find(|(_, b)| !b.is_finite()) {
+        return bad("logit_bias", format!("biases must be finite, got {b}"));
+    }
+    Ok(())
+}
+
+fn check_ids(
+    row: usize,
+    field: &'static str,
+    ids: &[u32],
+    vocab: usize,
+) -> Result<(), SamplerError> {
+    match ids.iter().find(|&&t| t as usize >= vocab) {
+        Some(&token) => Err(SamplerError::TokenOutOfRange {
+            row,
+            field,
+            token,
+            vocab,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn sample_row(
+    row: usize,
+    logits: &mut [f32],
+    input: &SampleInput<'_>,
+    scratch: &mut Scratch,
+) -> Result<(u32, Option<TokenLogprobs>), SamplerError> {
+    let vocab = logits.len();
+    let p = input.params;
+    validate_params(row, p)?;
+    if let Some((token, &value)) = logits
+        .iter()
+        .enumerate()
+        .find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
+    {
+        return Err(SamplerError::NonFiniteLogit { row, token, value });
+    }
+    check_ids(row, "prompt_ids", input.prompt_ids, vocab)?;
+    check_ids(row, "output_ids", input.output_ids, vocab)?;
+    if let Some(&(token, _)) = p.logit_bias.iter().find(|(t, _)| *t as usize >= vocab) {
+        return Err(SamplerError::TokenOutOfRange {
+            row,
+            field: "logit_bias",
+            token,
+            vocab,
+        });
+    }
+
+    process_logits(logits, input, scratch);
+    // Huge biases or tiny repetition penalties can overflow to +inf.
+    if let Some((token, &value)) = logits
+        .iter()
+        .enumerate()
+        .find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
+    {
+        return Err(SamplerError::NonFiniteLogit { row, token, value });
+    }
+
+    // Greedy needs the argmax; logprobs need the max too, so find it once.
+    let (argmax, max) = argmax(logits);
+    if max == f32::NEG_INFINITY {
+        return Err(SamplerError::AllMasked { row });
+    }
+    let token = if p.is_greedy() {
+        argmax
+    } else {
+        let u = counter_uniform(input.seed, input.output_ids.len() as u64);
+        sample_filtered(logits, max, p, u, scratch)
+    };
+    let logprobs = p.logprobs.map(|n| compute_logprobs(logits, max, token, n));
+    Ok((token, logprobs))
+}
+
+/// Steps 1-4 of the module doc, in place.
+fn process_logits(logits: &mut [f32], input: &SampleInput<'_>, scratch: &mut Scratch) {
+    let p = input.params;
+    let vocab = logits.len();
+    for &(t, b) in &p.logit_bias {
+        logits[t as usize] += b;
+    }
+    if input.output_ids.len() < p.min_tokens {
+        let eos: &[u32] = if p.ignore_eos { &[] } else { input.eos_ids };
+        // Out-of-range stop ids can never be sampled anyway, so they are skipped.
+        for &t in eos.iter().chain(&p.stop_token_ids) {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+    let rep = p.repetition_penalty;
+    if rep != 1.0 {
+        // Each distinct token is penalized once; the bitset is cleared afterwards by
+        // walking the same ids, so the cost is O(prompt + output), not O(vocab).
+        let words = vocab.div_ceil(64);
+        if scratch.seen.len() < words {
+            scratch.seen.resize(words, 0);
+        }
+        let seen = &mut scratch.seen;
+        for &t in input.prompt_ids.iter().chain(input.output_ids) {
+            let (w, bit) = (t as usize / 64, 1u64 << (t % 64));
+            if seen[w] & bit == 0 {
+                seen[w] |= bit;
+                let l = &mut logits[t as usize];
+                *l = if *l > 0.0 { *l / rep } else { *l * rep };
+            }
+        }
+        for &t in input.prompt_ids.iter().chain(input.output_ids) {
+            seen[t as usize / 64] = 0;
+        }
+    }
+    let (freq, pres) = (p.frequency_penalty, p.presence_penalty);
+    if (freq != 0.0 || pres != 0.0) && !input.output_ids.is_empty() {
+        let ids = &mut scratch.ids;
+        ids.clear();
+        ids.extend_from_slice(input.output_ids);
+        ids.sort_unstable();
+        for run in ids.chunk_by(|a, b| a == b) {
+            let l = &mut logits[run[0] as usize];
+            *l -= freq * run.len() as f32;
+            *l -= pres;
+        }
+    }
+}
+
+/// Largest logit and its lowest index.
+fn argmax(logits: &[f32]) -> (u32, f32) {
+    let mut best = (0u32, f32::NEG_INFINITY);
+    for (i, &l) in logits.iter().enumerate() {
+        if l > best.1 {
+            best = (i as u32, l);
+        }
+    }
+    best
+}
+
+/// Orders `(weight, id)` by weight descending, then id ascending: a total order.
+fn desc(a: &(f64, u32), b: &(f64, u32)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+/// Temperature, top-k, top-p, min-p and the inverse-CDF draw (module doc rules).
+fn sample_filtered(
+    logits: &[f32],
+    max: f32,
+    p: &SamplingParams,
+    u: f64,
+    scratch: &mut Scratch,
+) -> u32 {
+    let vocab = logits.len();
+    let finite = logits.iter().filter(|l| **l > f32::NEG_INFINITY).count();
+    // Top-k threshold on raw logits: dividing by T > 0 keeps their order exactly.
+    let mut threshold = f32::NEG_INFINITY;
+    if p.top_k > 0 && (p.top_k as usize) < finite {
+        let k = p.top_k as usize;
+        let values = &mut scratch.values;
+        values.clear();
+        values.extend(logits.iter().copied().filter(|l| *l > f32::NEG_INFINITY));
+        let (_, kth, _) = values.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+        threshold = *kth;
+    }
+    let inv_t = 1.0 / p.temperature as f64;
+    let z_max = max as f64 * inv_t;
+    let weights = &mut scratch.weights;
+    weights.clear();
+    weights.extend(logits.iter().map(|&l| {
+        if l > f32::NEG_INFINITY && l >= threshold {
+            (l as f64 * inv_t - z_max).exp()
+        } else {
+            0.0
+        }
+    }));
+    let min_p = p.min_p as f64;
+
+    if p.top_p < 1.0 {
+        let total: f64 = weights.iter().sum();
+        let target = p.top_p as f64 * total;
+        let pairs = &mut scratch.pairs;
+        pairs.clear();
+        pairs.extend(
+            weights
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| **w > 0.0)
+                .map(|(i, &w)| (w, i as u32)),
+        );
+        let n = nucleus_len(pairs, target);
+        // The nucleus is small: sort it by id and draw from it in id order.
+        let kept = &mut pairs[..n];
+        kept.sort_unstable_by_key(|&(_, id)| id);
+        let kept_total: f64 = kept
+            .iter()
+            .filter(|(w, _)| *w >= min_p)
+            .map(|(w, _)| w)
+            .sum();
+        let goal = u * kept_total;
+        let mut cum = 0.0;
+        let mut last = kept[0].1;
+        for &(w, id) in kept.iter().filter(|(w, _)| *w >= min_p) {
+            cum += w;
+            last = id;
+            if cum > goal {
+                return id;
+            }
+        }
+        return last;
+    }
+
+    let keep = |w: f64| w > 0.0 && w >= min_p;
+    let kept_total: f64 = weights.iter().filter(|w| keep(**w)).sum();
+    let goal = u * kept_total;
+    let mut cum = 0.0;
+    let mut last = 0u32;
+    for (id, &w) in weights.iter().enumerate().take(vocab) {
+        if keep(w) {
+            cum += w;
+            last = id as u32;
+            if cum > goal {
+                return id as u32;
+            }
+        }
+    }
+    last
+}
+
+/// Length of the shortest prefix of `pairs` sorted by [`desc`] whose running sum
+/// reaches `target`, leaving that prefix sorted at the front of `pairs`. Sorts
+/// blocks of growing size instead of everything: select the next block's members
+/// in O(n), sort only them.
+fn nucleus_len(pairs: &mut [(f64, u32)], target: f64) -> usize {
+    let mut start = 0;
+    let mut block = TOP_P_FIRST_BLOCK;
+    let mut cum = 0.0;
+    while start < pairs.len() {
+        let rest = &mut pairs[start..];
+        let end = if rest.len() > block {
+            rest.select_nth_unstable_by(block - 1, desc);
+            start + block
+        } else {
+            pairs.len()
+        };
+        pairs[start..end].sort_unstable_by(desc);
+        for (i, &(w, _)) in pairs[start..end].iter().enumerate() {
+            cum += w;
+            if cum >= target {
+                return start + i + 1;
+            }
+        }
+        start = end;
+        block = block.saturating_mul(4);
+    }
+    pairs.len()
+}
+
+/// Log-softmax of the processed logits (f64 accumulation) for the sampled token and
+/// the `n` most likely tokens, descending with ties to the lower id.
+fn compute_logprobs(logits: &[f32], max: f32, token: u32, n: usize) -> TokenLogprobs {
+    let m = max as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - m).exp()).sum();
+    let lse = m + sum.ln();
+    let logprob = |l: f32| (l as f64 - lse) as f32;
+    // Insertion into a tiny sorted list; most logits fail the first comparison.
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if top.len() == n && l <= top[n - 1].1 {
+                continue; // equal values keep the earlier (lower) id
+            }
+            let pos = top.partition_point(|&(_, v)| v >= l);
+            top.insert(pos, (i as u32, l));
+            top.truncate(n);
+        }
+    }
+    TokenLogprobs {
+        token_id: token,
+        logprob: logprob(logits[token as usize]),
+        top: top.into_iter().map(|(i, l)| (i, logprob(l))).collect(),
+    }
+}
