@@ -1,1 +1,398 @@
 //! Flash-style prefill attention on CPU: tiled online softmax over the paged cache.
+//!
+//! Registered as `"flash"`. Serves prefill rows (query length > 1, variable
+//! lengths, with or without cached context) and decode rows, so it can run a whole
+//! mixed batch; the selector prefers `paged` for decode rows (higher priority).
+//!
+//! * [`AttentionBackend::plan`] cuts every request into tiles of
+//!   `(kv head, query tokens)` with about [`kernel::TILE_ROWS`] rows, and sizes one
+//!   [`kernel::Scratch`] per rayon thread.
+//! * [`AttentionBackend::run`] checks the buffers and runs the tiles in parallel
+//!   ([`kernel::tile`]: GEMM tiles with the `gemm` crate, online softmax). Each tile
+//!   writes a disjoint set of output rows.
+
+pub mod kernel;
+
+use kernel::{Dims, Scratch, Tile};
+use pagoda_core::{
+    register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
+    Capabilities, CoreError, DType, DeviceKind, InvalidReason, LayerIo, Role,
+};
+use rayon::prelude::*;
+use std::sync::Mutex;
+use thiserror::Error;
+
+/// The registered name.
+pub const NAME: &str = "flash";
+/// Largest supported head dim.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Errors of the flash backend.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum FlashError {
+    #[error("flash backend cannot serve this configuration: {reasons:?}")]
+    Unsupported { reasons: Vec<InvalidReason> },
+    #[error("batch block size {batch} differs from the configured block size {config}")]
+    BlockSizeMismatch { batch: usize, config: usize },
+    #[error("run called before plan")]
+    NotPlanned,
+    #[error("run called in a pool of {threads} threads, planned for {planned}")]
+    PoolGrew { threads: usize, planned: usize },
+    #[error("buffer `{name}` has {actual} elements, expected {expected}")]
+    Shape {
+        name: &'static str,
+        expected: usize,
+        actual: usize,
+    },
+    #[error("block id {block} is out of range for a pool of {num_blocks} blocks")]
+    BlockOutOfRange { block: u32, num_blocks: usize },
+}
+
+impl From<FlashError> for CoreError {
+    fn from(e: FlashError) -> Self {
+        match e {
+            FlashError::Unsupported { reasons } => CoreError::BackendInvalid {
+                backend: NAME.into(),
+                reasons,
+            },
+            FlashError::Shape {
+                name,
+                expected,
+                actual,
+            } => CoreError::ShapeMismatch {
+                name,
+                expected,
+                actual,
+            },
+            other => CoreError::BackendFailed {
+                backend: NAME.into(),
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+/// What `flash` serves: CPU, f32, prefill and decode, head dims 1..=256, any block
+/// size, LSE output.
+pub fn capabilities() -> Capabilities {
+    Capabilities {
+        devices: vec![DeviceKind::Cpu],
+        q_dtypes: vec![DType::F32],
+        kv_dtypes: vec![DType::F32],
+        head_dims: Some((1..=MAX_HEAD_DIM).collect()),
+        block_sizes: None,
+        max_gqa_ratio: Some(kernel::TILE_ROWS),
+        sliding_window: false,
+        logits_soft_cap: false,
+        decode: true,
+        prefill: true,
+        returns_lse: true,
+    }
+}
+
+fn create(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError> {
+    Ok(Box::new(FlashBackend::new(cfg)?))
+}
+
+register_backend!(BackendRegistration {
+    name: NAME,
+    priority: 90,
+    description:
+        "CPU flash-style prefill: GQA-packed query tiles, GEMM tiles, online softmax, rayon",
+    capabilities,
+    runtime_reasons: pagoda_core::no_runtime_reasons,
+    create,
+});
+
+/// A tile plus the request it belongs to.
+#[derive(Debug, Clone, Copy)]
+struct Item {
+    req: usize,
+    tile: Tile,
+}
+
+/// A raw output pointer shared by the tile tasks, which write disjoint rows.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32, *mut f32);
+// SAFETY: tiles write disjoint (token, head) rows (see `kernel::tile`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// The flash prefill backend.
+pub struct FlashBackend {
+    cfg: AttentionConfig,
+    planned: bool,
+    num_tokens: usize,
+    block_table: Vec<u32>,
+    stride: usize,
+    seq_lens: Vec<u32>,
+    items: Vec<Item>,
+    max_block: Option<u32>,
+    scratch: Vec<Mutex<Scratch>>,
+    wide: Wide,
+}
+
+/// Which `#[target_feature]` instantiation of the tile kernel to call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wide {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+impl FlashBackend {
+    /// A backend for `cfg`, or the reasons it cannot serve it.
+    pub fn new(cfg: &AttentionConfig) -> Result<Self, FlashError> {
+        let reasons = capabilities().reasons(cfg, Role::Both);
+        if !reasons.is_empty() {
+            return Err(FlashError::Unsupported { reasons });
+        }
+        Ok(FlashBackend {
+            cfg: cfg.clone(),
+            planned: false,
+            num_tokens: 0,
+            block_table: Vec::new(),
+            stride: 0,
+            seq_lens: Vec::new(),
+            items: Vec::new(),
+            max_block: None,
+            scratch: Vec::new(),
+            wide: detect(),
+        })
+    }
+
+    /// Number of tiles in the last plan.
+    pub fn num_tiles(&self) -> usize {
+        self.items.len()
+    }
+
+    fn plan_batch(&mut self, b: &BatchDescriptor) -> Result<(), FlashError> {
+        self.planned = false;
+        if b.block_size != self.cfg.block_size {
+            return Err(FlashError::BlockSizeMismatch {
+                batch: b.block_size,
+                config: self.cfg.block_size,
+            });
+        }
+        let (g, nkv, hd) = (
+            self.cfg.gqa_ratio(),
+            self.cfg.num_kv_heads,
+            self.cfg.head_dim,
+        );
+        let tile_tokens = (kernel::TILE_ROWS / g).max(1);
+        self.num_tokens = b.num_tokens();
+        self.stride = b.block_table_stride;
+        self.block_table.clear();
+        self.block_table.extend_from_slice(&b.block_table);
+        self.seq_lens.clear();
+        self.seq_lens.extend_from_slice(&b.seq_lens);
+        self.max_block = (0..b.num_reqs())
+            .flat_map(|r| b.blocks(r).iter().copied())
+            .max();
+        self.items.clear();
+        // Longest tiles (most keys) first, so that rayon's stealing ends balanced.
+        for r in (0..b.num_reqs()).rev() {
+            let ql = b.query_len(r);
+            let mut q1 = ql;
+            while q1 > 0 {
+                let q0 = q1.saturating_sub(tile_tokens);
+                for h in 0..nkv {
+                    let tile = Tile {
+                        kv_head: h,
+                        token0: b.query_start_loc[r] as usize,
+                        q0,
+                        q1,
+                        context: b.context_len(r),
+                    };
+                    self.items.push(Item { req: r, tile });
+                }
+                q1 = q0;
+            }
+        }
+        self.items
+            .sort_by_key(|it| std::cmp::Reverse(it.tile.context + it.tile.q1));
+        let threads = rayon::current_num_threads().max(1);
+        let rows = tile_tokens * g;
+        while self.scratch.len() < threads {
+            self.scratch.push(Mutex::new(Scratch::new(rows, hd)));
+        }
+        self.planned = true;
+        Ok(())
+    }
+
+    fn run_layer(&mut self, io: LayerIo<'_>) -> Result<(), FlashError> {
+        if !self.planned {
+            return Err(FlashError::NotPlanned);
+        }
+        let threads = rayon::current_num_threads();
+        if threads > self.scratch.len() {
+            return Err(FlashError::PoolGrew {
+                threads,
+                planned: self.scratch.len(),
+            });
+        }
+        let cfg = &self.cfg;
+        let (nh, nkv, hd, bs) = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.block_size,
+        );
+        let tok_elems = self.num_tokens * nh * hd;
+        check_len("q", io.q.len(), tok_elems)?;
+        check_len("out", io.out.len(), tok_elems)?;
+        let block_elems = bs * nkv * hd;
+        if io.k_cache.len() % block_elems != 0 {
+            let expected = io.k_cache.len() / block_elems * block_elems;
+            return Err(FlashError::Shape {
+                name: "k_cache",
+                expected,
+                actual: io.k_cache.len(),
+            });
+        }
+        check_len("v_cache", io.v_cache.len(), io.k_cache.len())?;
+        let num_blocks = io.k_cache.len() / block_elems;
+        if let Some(mb) = self.max_block {
+            if mb as usize >= num_blocks {
+                return Err(FlashError::BlockOutOfRange {
+                    block: mb,
+                    num_blocks,
+                });
+            }
+        }
+        let lse_ptr = match io.lse {
+            Some(l) => {
+                check_len("lse", l.len(), self.num_tokens * nh)?;
+                l.as_mut_ptr()
+            }
+            None => std::ptr::null_mut(),
+        };
+        let ptrs = OutPtr(io.out.as_mut_ptr(), lse_ptr);
+        let dims = Dims {
+            num_heads: nh,
+            num_kv_heads: nkv,
+            group: cfg.gqa_ratio(),
+            head_dim: hd,
+            block_size: bs,
+            scale: cfg.scale,
+        };
+        let (q, kc, vc) = (io.q, io.k_cache, io.v_cache);
+        let (bt, stride, seq_lens, scratch, wide) = (
+            &self.block_table,
+            self.stride,
+            &self.seq_lens,
+            &self.scratch,
+            self.wide,
+        );
+        self.items.par_iter().with_max_len(1).for_each(|it| {
+            let ptrs = ptrs;
+            let nblk = (seq_lens[it.req] as usize).div_ceil(bs);
+            let blocks = &bt[it.req * stride..it.req * stride + nblk];
+            // One scratch per pool thread; a tile never yields inside, so the lock is free.
+            let idx = rayon::current_thread_index().unwrap_or(0) % scratch.len();
+            let mut sc = scratch[idx].lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: buffer sizes and block ids were checked above; tiles are disjoint;
+            // `wide` was detected on this CPU.
+            unsafe {
+                run_tile(
+                    wide, &dims, &it.tile, q, kc, vc, blocks, &mut sc, ptrs.0, ptrs.1,
+                )
+            };
+        });
+        Ok(())
+    }
+}
+
+fn detect() -> Wide {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            return Wide::Avx512;
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            return Wide::Avx2;
+        }
+    }
+    Wide::Portable
+}
+
+/// Calls the tile kernel compiled for the detected ISA, so its softmax loops vectorise wide.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_tile(
+    wide: Wide,
+    d: &Dims,
+    t: &Tile,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    blocks: &[u32],
+    sc: &mut Scratch,
+    out: *mut f32,
+    lse: *mut f32,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn avx512(
+            d: &Dims,
+            t: &Tile,
+            q: &[f32],
+            kc: &[f32],
+            vc: &[f32],
+            b: &[u32],
+            sc: &mut Scratch,
+            o: *mut f32,
+            l: *mut f32,
+        ) {
+            kernel::tile(d, t, q, kc, vc, b, sc, o, l)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn avx2(
+            d: &Dims,
+            t: &Tile,
+            q: &[f32],
+            kc: &[f32],
+            vc: &[f32],
+            b: &[u32],
+            sc: &mut Scratch,
+            o: *mut f32,
+            l: *mut f32,
+        ) {
+            kernel::tile(d, t, q, kc, vc, b, sc, o, l)
+        }
+        match wide {
+            Wide::Avx512 => return avx512(d, t, q, kc, vc, blocks, sc, out, lse),
+            Wide::Avx2 => return avx2(d, t, q, kc, vc, blocks, sc, out, lse),
+            Wide::Portable => {}
+        }
+    }
+    let _ = wide;
+    kernel::tile(d, t, q, kc, vc, blocks, sc, out, lse)
+}
+
+fn check_len(name: &'static str, actual: usize, expected: usize) -> Result<(), FlashError> {
+    if actual != expected {
+        return Err(FlashError::Shape {
+            name,
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+impl AttentionBackend for FlashBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn plan(&mut self, batch: &BatchDescriptor) -> Result<(), CoreError> {
+        Ok(self.plan_batch(batch)?)
+    }
+
+    fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
+        Ok(self.run_layer(io)?)
+    }
+}

@@ -1,0 +1,253 @@
+//! The tile kernel: one request, one KV head, one tile of query tokens.
+//!
+//! The rows of the tile are (token, head) for every query head of the KV head's
+//! GQA group, so each K/V tile is gathered once for the whole group. Per key tile:
+//! `S = Q Kᵀ` and `O += P V` are dense GEMMs (the `gemm` crate), the mask is causal
+//! aligned bottom-right (local query row `i` of a request with context `c` sees
+//! keys `0..=c+i`), and the softmax is online (running max `m`, sum `l`).
+
+use gemm::{gemm, Parallelism};
+
+/// Query rows per tile (tokens × group heads), about.
+pub const TILE_ROWS: usize = 64;
+/// Keys per tile.
+pub const TILE_KEYS: usize = 64;
+
+/// Per-thread work buffers, allocated by `plan`.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    s: Vec<f32>,
+    o: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+}
+
+impl Scratch {
+    /// Buffers for tiles of at most `rows` rows with head dim `hd`.
+    pub fn new(rows: usize, hd: usize) -> Self {
+        Scratch {
+            q: vec![0.0; rows * hd],
+            k: vec![0.0; TILE_KEYS * hd],
+            v: vec![0.0; TILE_KEYS * hd],
+            s: vec![0.0; rows * TILE_KEYS],
+            o: vec![0.0; rows * hd],
+            m: vec![0.0; rows],
+            l: vec![0.0; rows],
+        }
+    }
+}
+
+/// Shapes shared by every tile of a layer.
+#[derive(Debug, Clone, Copy)]
+pub struct Dims {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub group: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub scale: f32,
+}
+
+/// One tile of work.
+#[derive(Debug, Clone, Copy)]
+pub struct Tile {
+    pub kv_head: usize,
+    /// Global index of the request's first query token.
+    pub token0: usize,
+    /// Local query rows `q0..q1` of the request.
+    pub q0: usize,
+    pub q1: usize,
+    /// Keys cached before this step's tokens.
+    pub context: usize,
+}
+
+/// Computes one tile. `out`/`lse` are the whole layer's outputs; this tile writes
+/// only its own (token, head) rows.
+///
+/// # Safety
+/// `out` must be valid for the layer's `[tokens, heads, dim]` output (and `lse`,
+/// if not null, for `[tokens, heads]`), with no other thread writing this tile's
+/// rows; every block id in `blocks` must be inside the pools.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn tile(
+    d: &Dims,
+    t: &Tile,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    blocks: &[u32],
+    sc: &mut Scratch,
+    out: *mut f32,
+    lse: *mut f32,
+) {
+    let (g_n, hd, bs, nh) = (d.group, d.head_dim, d.block_size, d.num_heads);
+    let tokens = t.q1 - t.q0;
+    let rows = tokens * g_n;
+    let row_stride = d.num_kv_heads * hd;
+
+    // Gather the scaled queries, row = (token, head in group).
+    for i in 0..tokens {
+        let src = ((t.token0 + t.q0 + i) * nh + t.kv_head * g_n) * hd;
+        let dst = &mut sc.q[i * g_n * hd..(i + 1) * g_n * hd];
+        for (x, &y) in dst.iter_mut().zip(&q[src..src + g_n * hd]) {
+            *x = y * d.scale;
+        }
+    }
+    sc.o[..rows * hd].fill(0.0);
+    sc.m[..rows].fill(f32::NEG_INFINITY);
+    sc.l[..rows].fill(0.0);
+
+    // Keys visible to the tile's last row.
+    let num_keys = t.context + t.q1;
+    let mut k0 = 0;
+    while k0 < num_keys {
+        let n = TILE_KEYS.min(num_keys - k0);
+        for j in 0..n {
+            let p = k0 + j;
+            let src = (blocks[p / bs] as usize * bs + p % bs) * row_stride + t.kv_head * hd;
+            sc.k[j * hd..(j + 1) * hd].copy_from_slice(&k_cache[src..src + hd]);
+            sc.v[j * hd..(j + 1) * hd].copy_from_slice(&v_cache[src..src + hd]);
+        }
+        // S[rows, n] = Q[rows, hd] · K[n, hd]ᵀ
+        gemm(
+            rows,
+            n,
+            hd,
+            sc.s.as_mut_ptr(),
+            1,
+            TILE_KEYS as isize,
+            false,
+            sc.q.as_ptr(),
+            1,
+            hd as isize,
+            sc.k.as_ptr(),
+            hd as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+        // Mask, online softmax, and P in place of S.
+        for i in 0..tokens {
+            // Keys k0.. visible to local query row q0+i: positions <= context + q0 + i.
+            let limit = (t.context + t.q0 + i + 1).saturating_sub(k0).min(n);
+            for gi in 0..g_n {
+                let r = i * g_n + gi;
+                let srow = &mut sc.s[r * TILE_KEYS..r * TILE_KEYS + n];
+                if limit == 0 {
+                    srow.fill(0.0);
+                    continue;
+                }
+                let cm = srow[..limit]
+                    .iter()
+                    .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let m_new = sc.m[r].max(cm);
+                if m_new > sc.m[r] {
+                    let corr = fast_exp(sc.m[r] - m_new);
+                    sc.l[r] *= corr;
+                    sc.o[r * hd..(r + 1) * hd]
+                        .iter_mut()
+                        .for_each(|x| *x *= corr);
+                    sc.m[r] = m_new;
+                }
+                let mut sum = 0.0;
+                for x in srow[..limit].iter_mut() {
+                    *x = fast_exp(*x - m_new);
+                    sum += *x;
+                }
+                srow[limit..].fill(0.0);
+                sc.l[r] += sum;
+            }
+        }
+        // O[rows, hd] += P[rows, n] · V[n, hd]
+        gemm(
+            rows,
+            hd,
+            n,
+            sc.o.as_mut_ptr(),
+            1,
+            hd as isize,
+            true,
+            sc.s.as_ptr(),
+            1,
+            TILE_KEYS as isize,
+            sc.v.as_ptr(),
+            1,
+            hd as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+        k0 += n;
+    }
+
+    // Normalise and scatter the rows back to [token, head, dim].
+    for i in 0..tokens {
+        let tok = t.token0 + t.q0 + i;
+        for gi in 0..g_n {
+            let r = i * g_n + gi;
+            let head = t.kv_head * g_n + gi;
+            let inv = 1.0 / sc.l[r];
+            let dst = std::slice::from_raw_parts_mut(out.add((tok * nh + head) * hd), hd);
+            for (x, &y) in dst.iter_mut().zip(&sc.o[r * hd..(r + 1) * hd]) {
+                *x = y * inv;
+            }
+            if !lse.is_null() {
+                *lse.add(tok * nh + head) = sc.m[r] + sc.l[r].ln();
+            }
+        }
+    }
+}
+
+/// `e^x` for `x <= 0` (Cephes' polynomial after a `2^n` range reduction), written
+/// so that loops over it vectorise: no branches, no libm call. Relative error
+/// about 2e-7; `x < -87` returns about `1e-38` instead of 0, which is harmless as
+/// every row's sum is at least 1.
+#[inline(always)]
+pub fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let x = x.max(-87.0);
+    let t = x * LOG2E + MAGIC;
+    let n = t - MAGIC;
+    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 5.000_000_1e-1;
+    let e = p * r * r + r + 1.0;
+    let bits = (t.to_bits() as i32 - MAGIC.to_bits() as i32 + 127) << 23;
+    e * f32::from_bits(bits as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fast_exp;
+
+    #[test]
+    fn fast_exp_matches_libm() {
+        let mut x = -90.0f32;
+        while x <= 0.0 {
+            let (got, want) = (fast_exp(x) as f64, (x as f64).exp());
+            assert!(
+                (got - want).abs() <= 4e-7 * want + 1e-37,
+                "exp({x}) = {got}, want {want}"
+            );
+            x += 0.0137;
+        }
+        assert_eq!(fast_exp(0.0), 1.0);
+        assert!(fast_exp(f32::NEG_INFINITY) < 1e-37);
+    }
+}
