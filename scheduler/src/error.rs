@@ -53,6 +53,8 @@ pub enum SchedulerError {
     AlreadyInFreeQueue { block_id: u32 },
     #[error("cannot reset the prefix cache while {num_used_blocks} blocks are in use")]
     PrefixCacheInUse { num_used_blocks: usize },
+    #[error("{status:?} is not a finished status")]
+    InvalidFinishStatus { status: pagoda_core::RequestStatus },
     #[error("{num_blocks} blocks but {num_hashes} hashes given to cache")]
     HashCountMismatch {
         num_blocks: usize,

@@ -1,0 +1,688 @@
+//! The scheduler: continuous batching under a token budget (vLLM V1 semantics).
+//!
+//! There is no separate prefill or decode phase: every request's
+//! `num_computed_tokens` chases its `num_tokens`, so one step mixes decodes (1 token)
+//! and prefill chunks. Each step schedules running requests first (in admission
+//! order), then waiting ones (FCFS, or by priority). `num_computed_tokens` is
+//! advanced at schedule time. A running request that cannot get a block preempts
+//! (by recompute) the most recently admitted running request (FCFS) or the
+//! lowest-priority, latest one (priority); waiting requests never preempt anyone.
+//!
+//! Batch order: in `SchedulerOutput::num_scheduled_tokens`, rows with exactly one
+//! token (decodes, including new requests left with one token) come first, then
+//! the rest; running before new within each group. The model runner can rely on it.
+//!
+//! Requests that could never fit are refused by `add_request`. The effective
+//! maximum length is `min(max_model_len, usable_blocks * block_size)`, so a lone
+//! request always fits the cache and preemption can never livelock.
+
+use crate::hashing::{update_block_hashes, FxHashMap};
+use crate::kv_cache_manager::{KvCacheManager, PrefixCacheStats};
+use crate::SchedulerError;
+use pagoda_core::{
+    CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, Request, RequestId,
+    RequestStatus, SchedulerOutput, StopReason,
+};
+use std::collections::VecDeque;
+
+/// Order in which waiting requests are admitted and running ones preempted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedulingPolicy {
+    /// First come, first served; the victim is the most recently admitted.
+    #[default]
+    Fcfs,
+    /// Lower `Request::priority` first, then arrival; the victim is the running
+    /// request with the largest (priority, arrival).
+    Priority,
+}
+
+/// Limits and switches of the scheduler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulerConfig {
+    pub max_num_seqs: usize,
+    /// Token budget of one step.
+    pub max_num_batched_tokens: usize,
+    pub max_model_len: usize,
+    pub block_size: usize,
+    /// KV blocks including the reserved null block 0.
+    pub num_blocks: usize,
+    pub enable_prefix_caching: bool,
+    pub enable_chunked_prefill: bool,
+    /// Largest prefill chunk per request per step; 0 disables the cap.
+    pub long_prefill_token_threshold: usize,
+    pub policy: SchedulingPolicy,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            max_model_len: 8192,
+            block_size: 16,
+            num_blocks: 4096,
+            enable_prefix_caching: true,
+            enable_chunked_prefill: true,
+            long_prefill_token_threshold: 0,
+            policy: SchedulingPolicy::Fcfs,
+        }
+    }
+}
+
+/// Counters for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SchedulerStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    pub num_preemptions: u64,
+    pub prefix_cache: PrefixCacheStats,
+    pub kv_cache_usage: f64,
+}
+
+/// One scheduled row before the output is assembled.
+#[derive(Debug)]
+struct Row {
+    slot: u32,
+    num_tokens: usize,
+    new_blocks: Vec<u32>,
+}
+
+/// The scheduler. Requests live in a slab; queues hold slab indices.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    kv: KvCacheManager,
+    /// Effective maximum sequence length (model length capped by the cache size).
+    max_len: usize,
+    slots: Vec<Option<Request>>,
+    free_slots: Vec<u32>,
+    index: FxHashMap<RequestId, u32>,
+    /// In admission order.
+    running: Vec<u32>,
+    waiting: VecDeque<u32>,
+    finished_req_ids: Vec<RequestId>,
+    /// Preempted outside `schedule` (prefix-cache reset), reported with the next step.
+    pending_preempted: Vec<RequestId>,
+    next_arrival: u64,
+    num_preemptions: u64,
+    // Scratch reused every step so the hot path only allocates output vectors.
+    sched_running: Vec<Row>,
+    sched_new: Vec<Row>,
+    last_batch: Vec<u32>,
+    finished_scratch: Vec<u32>,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig) -> Result<Self, SchedulerError> {
+        let positive = [
+            ("max_num_seqs", config.max_num_seqs),
+            ("max_num_batched_tokens", config.max_num_batched_tokens),
+            ("max_model_len", config.max_model_len),
+            ("block_size", config.block_size),
+        ];
+        for (field, v) in positive {
+            if v == 0 {
+                return Err(SchedulerError::InvalidConfig {
+                    field,
+                    message: "must be positive".into(),
+                });
+            }
+        }
+        let kv = KvCacheManager::new(
+            config.num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+        )?;
+        let max_len = config
+            .max_model_len
+            .min(kv.block_pool().num_usable_blocks() * config.block_size);
+        if !config.enable_chunked_prefill && config.max_num_batched_tokens < max_len {
+            // A resumed request must be recomputed in one step: it could never run.
+            return Err(SchedulerError::InvalidConfig {
+                field: "max_num_batched_tokens",
+                message: format!(
+                    "without chunked prefill it must be at least the maximum length {max_len}, got {}",
+                    config.max_num_batched_tokens
+                ),
+            });
+        }
+        Ok(Scheduler {
+            config,
+            kv,
+            max_len,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            index: FxHashMap::default(),
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            finished_req_ids: Vec::new(),
+            pending_preempted: Vec::new(),
+            next_arrival: 0,
+            num_preemptions: 0,
+            sched_running: Vec::new(),
+            sched_new: Vec::new(),
+            last_batch: Vec::new(),
+            finished_scratch: Vec::new(),
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+    /// Longest sequence (prompt + outputs) a request may reach.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+    pub fn kv_cache_manager(&self) -> &KvCacheManager {
+        &self.kv
+    }
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    pub fn get_num_unfinished_requests(&self) -> usize {
+        self.running.len() + self.waiting.len()
+    }
+    pub fn has_unfinished_requests(&self) -> bool {
+        self.get_num_unfinished_requests() > 0
+    }
+    /// A live (waiting or running) request; finished ones are gone.
+    pub fn get_request(&self, req_id: &str) -> Option<&Request> {
+        self.index.get(req_id).map(|&s| self.req(s))
+    }
+    pub fn running_ids(&self) -> Vec<RequestId> {
+        self.running
+            .iter()
+            .map(|&s| self.req(s).request_id.clone())
+            .collect()
+    }
+    pub fn waiting_ids(&self) -> Vec<RequestId> {
+        self.waiting
+            .iter()
+            .map(|&s| self.req(s).request_id.clone())
+            .collect()
+    }
+    pub fn kv_cache_usage(&self) -> f64 {
+        self.kv.usage()
+    }
+    pub fn num_preemptions(&self) -> u64 {
+        self.num_preemptions
+    }
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.kv.stats()
+    }
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            num_running: self.running.len(),
+            num_waiting: self.waiting.len(),
+            num_preemptions: self.num_preemptions,
+            prefix_cache: self.kv.stats(),
+            kv_cache_usage: self.kv.usage(),
+        }
+    }
+
+    fn req(&self, slot: u32) -> &Request {
+        self.slots[slot as usize]
+            .as_ref()
+            .expect("queued slots are live")
+    }
+    fn req_mut(&mut self, slot: u32) -> &mut Request {
+        self.slots[slot as usize]
+            .as_mut()
+            .expect("queued slots are live")
+    }
+
+    /// Queues a request, or refuses one that could never run.
+    pub fn add_request(&mut self, mut req: Request) -> Result<(), SchedulerError> {
+        let req_id = req.request_id.clone();
+        if self.index.contains_key(&req_id) {
+            return Err(SchedulerError::DuplicateRequest { req_id });
+        }
+        let n = req.num_tokens();
+        if n == 0 {
+            return Err(SchedulerError::EmptyPrompt { req_id });
+        }
+        if let Err(source) = req.sampling_params.validate() {
+            return Err(SchedulerError::InvalidSamplingParams { req_id, source });
+        }
+        if n + 1 > self.config.max_model_len {
+            return Err(SchedulerError::PromptTooLong {
+                req_id,
+                num_prompt_tokens: n,
+                max_model_len: self.config.max_model_len,
+            });
+        }
+        let usable = self.kv.block_pool().num_usable_blocks();
+        let needed = (n + 1).div_ceil(self.config.block_size);
+        if needed > usable {
+            return Err(SchedulerError::ExceedsKvCache {
+                req_id,
+                num_prompt_tokens: n,
+                num_blocks_needed: needed,
+                num_usable_blocks: usable,
+            });
+        }
+        req.status = RequestStatus::Waiting;
+        req.num_computed_tokens = 0;
+        req.arrival_seq = self.next_arrival;
+        self.next_arrival += 1;
+        req.block_hashes.clear();
+        if self.config.enable_prefix_caching {
+            // Hash the prompt now rather than inside a step.
+            update_block_hashes(&mut req, self.config.block_size);
+        }
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(req);
+                s
+            }
+            None => {
+                self.slots.push(Some(req));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(req_id, slot);
+        self.enqueue_waiting(slot, false);
+        Ok(())
+    }
+
+    fn priority_key(&self, slot: u32) -> (i32, u64) {
+        let r = self.req(slot);
+        (r.priority, r.arrival_seq)
+    }
+
+    /// FCFS: new requests at the back, preempted ones at the front. Priority: sorted.
+    fn enqueue_waiting(&mut self, slot: u32, preempted: bool) {
+        match self.config.policy {
+            SchedulingPolicy::Fcfs if preempted => self.waiting.push_front(slot),
+            SchedulingPolicy::Fcfs => self.waiting.push_back(slot),
+            SchedulingPolicy::Priority => {
+                let key = self.priority_key(slot);
+                let pos = self
+                    .waiting
+                    .partition_point(|&s| self.priority_key(s) <= key);
+                self.waiting.insert(pos, slot);
+            }
+        }
+    }
+
+    /// Frees a running request's blocks and sends it back to waiting (recompute).
+    fn preempt(&mut self, slot: u32) -> RequestId {
+        let r = self.slots[slot as usize].as_mut().expect("live");
+        self.kv.free(&r.request_id);
+        r.status = RequestStatus::Preempted;
+        r.num_computed_tokens = 0;
+        r.num_preemptions += 1;
+        let id = r.request_id.clone();
+        self.num_preemptions += 1;
+        self.enqueue_waiting(slot, true);
+        id
+    }
+
+    fn pick_victim(&self) -> usize {
+        match self.config.policy {
+            SchedulingPolicy::Fcfs => self.running.len() - 1,
+            SchedulingPolicy::Priority => (0..self.running.len())
+                .max_by_key(|&i| self.priority_key(self.running[i]))
+                .expect("running is not empty"),
+        }
+    }
+
+    /// Decides this step's batch.
+    pub fn schedule(&mut self) -> SchedulerOutput {
+        let mut budget = self.config.max_num_batched_tokens;
+        let threshold = self.config.long_prefill_token_threshold;
+        let mut preempted_ids = std::mem::take(&mut self.pending_preempted);
+        let num_preempted_before = preempted_ids.len();
+        let mut sched_running = std::mem::take(&mut self.sched_running);
+        let mut sched_new = std::mem::take(&mut self.sched_new);
+        sched_running.clear();
+        sched_new.clear();
+
+        // 1. Running requests, in admission order.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let slot = self.running[i];
+            let max_len = self.max_len;
+            let req = self.req_mut(slot);
+            let mut n = req.num_tokens() - req.num_computed_tokens;
+            if threshold > 0 {
+                n = n.min(threshold);
+            }
+            n = n
+                .min(budget)
+                .min((max_len - 1).saturating_sub(req.num_computed_tokens));
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            let mut blocks = None;
+            loop {
+                let req = self.slots[slot as usize].as_mut().expect("live");
+                if let Some(b) = self.kv.allocate_slots(req, n, &[]) {
+                    blocks = Some(b);
+                    break;
+                }
+                let vpos = self.pick_victim();
+                let victim = self.running.remove(vpos);
+                if vpos < i {
+                    // Already scheduled this step (priority policy): undo that.
+                    i -= 1;
+                    if let Some(k) = sched_running.iter().position(|r| r.slot == victim) {
+                        budget += sched_running.remove(k).num_tokens;
+                    }
+                }
+                let id = self.preempt(victim);
+                preempted_ids.push(id);
+                if victim == slot {
+                    break;
+                }
+            }
+            let Some(new_blocks) = blocks else { break };
+            sched_running.push(Row {
+                slot,
+                num_tokens: n,
+                new_blocks,
+            });
+            budget -= n;
+            i += 1;
+        }
+
+        // 2. Waiting requests, unless this step had to preempt.
+        if preempted_ids.len() == num_preempted_before {
+            while let Some(&slot) = self.waiting.front() {
+                if budget == 0 || self.running.len() >= self.config.max_num_seqs {
+                    break;
+                }
+                let req = self.slots[slot as usize].as_mut().expect("live");
+                let (hit, num_cached) = self.kv.find_cache_hit(req);
+                let mut n = req.num_tokens() - num_cached;
+                if threshold > 0 {
+                    n = n.min(threshold);
+                }
+                if !self.config.enable_chunked_prefill && n > budget {
+                    break; // nothing behind it skips ahead
+                }
+                n = n.min(budget);
+                let Some(new_blocks) = self.kv.allocate_slots(req, n, &hit) else {
+                    break;
+                };
+                if self.config.enable_prefix_caching {
+                    self.kv.record_lookup(req.num_tokens(), num_cached);
+                }
+                if req.status == RequestStatus::Waiting {
+                    req.num_cached_tokens = num_cached;
+                }
+                req.status = RequestStatus::Running;
+                req.num_computed_tokens = num_cached;
+                self.waiting.pop_front();
+                self.running.push(slot);
+                sched_new.push(Row {
+                    slot,
+                    num_tokens: n,
+                    new_blocks,
+                });
+                budget -= n;
+            }
+        }
+
+        // 3. Assemble the output; decode rows first.
+        let mut out = SchedulerOutput {
+            finished_req_ids: std::mem::take(&mut self.finished_req_ids),
+            preempted_req_ids: preempted_ids,
+            ..Default::default()
+        };
+        let rows = sched_running.len() + sched_new.len();
+        out.num_scheduled_tokens.reserve_exact(rows);
+        self.last_batch.clear();
+        for decode_pass in [true, false] {
+            for row in sched_running.iter().chain(sched_new.iter()) {
+                if (row.num_tokens == 1) == decode_pass {
+                    let id = self.req(row.slot).request_id.clone();
+                    out.num_scheduled_tokens.push((id, row.num_tokens));
+                    self.last_batch.push(row.slot);
+                }
+            }
+        }
+        out.scheduled_cached_reqs.reserve_exact(sched_running.len());
+        for row in sched_running.drain(..) {
+            let req = self.slots[row.slot as usize].as_mut().expect("live");
+            out.scheduled_cached_reqs.push(CachedRequestData {
+                req_id: req.request_id.clone(),
+                new_block_ids: row.new_blocks,
+                num_computed_tokens: req.num_computed_tokens,
+            });
+            req.num_computed_tokens += row.num_tokens;
+            out.total_num_scheduled_tokens += row.num_tokens;
+        }
+        for row in sched_new.drain(..) {
+            let req = self.slots[row.slot as usize].as_mut().expect("live");
+            out.scheduled_new_reqs.push(NewRequestData {
+                req_id: req.request_id.clone(),
+                token_ids: req.all_token_ids().to_vec(),
+                num_prompt_tokens: req.num_prompt_tokens(),
+                block_ids: self.kv.get_block_ids(&req.request_id).to_vec(),
+                num_computed_tokens: req.num_computed_tokens,
+                sampling_params: req.sampling_params.clone(),
+                num_output_tokens: req.num_output_tokens(),
+            });
+            req.num_computed_tokens += row.num_tokens;
+            out.total_num_scheduled_tokens += row.num_tokens;
+        }
+        self.sched_running = sched_running;
+        self.sched_new = sched_new;
+        out
+    }
+
+    /// Applies the runner's sampled tokens: appends them, checks stop conditions,
+    /// frees finished requests. Rows of requests no longer running (aborted or
+    /// preempted since `schedule`) are ignored, as are tokens for partial prefills.
+    pub fn update_from_output(
+        &mut self,
+        sched: &SchedulerOutput,
+        runner: &ModelRunnerOutput,
+    ) -> Vec<EngineCoreOutput> {
+        let mut outputs = Vec::with_capacity(sched.num_scheduled_tokens.len());
+        let caching = self.config.enable_prefix_caching;
+        let bs = self.config.block_size;
+        for (i, (req_id, _)) in sched.num_scheduled_tokens.iter().enumerate() {
+            let slot = match self.last_batch.get(i) {
+                Some(&s)
+                    if self.slots[s as usize]
+                        .as_ref()
+                        .is_some_and(|r| r.request_id == *req_id) =>
+                {
+                    s
+                }
+                _ => match self.index.get(req_id) {
+                    Some(&s) => s,
+                    None => continue,
+                },
+            };
+            let j = if runner.req_ids.get(i) == Some(req_id) {
+                i
+            } else {
+                match runner.req_ids.iter().position(|r| r == req_id) {
+                    Some(j) => j,
+                    None => continue,
+                }
+            };
+            let req = self.slots[slot as usize].as_mut().expect("live");
+            if req.status != RequestStatus::Running || req.num_computed_tokens < req.num_tokens() {
+                continue;
+            }
+            let Some(tok) = runner.sampled_token_ids.get(j).copied().flatten() else {
+                continue;
+            };
+            req.append_output_token(tok);
+            if caching && req.num_tokens() % bs == 0 {
+                update_block_hashes(req, bs);
+            }
+            let finished = check_stop(req, self.max_len);
+            let new_logprobs = match runner.logprobs.get(j) {
+                Some(Some(lp)) => vec![lp.clone()],
+                _ => Vec::new(),
+            };
+            outputs.push(EngineCoreOutput {
+                req_id: req_id.clone(),
+                new_token_ids: vec![tok],
+                new_logprobs,
+                finish_reason: req.status.finish_reason(),
+                stop_reason: if finished {
+                    req.stop_reason.clone()
+                } else {
+                    None
+                },
+                num_prompt_tokens: req.num_prompt_tokens(),
+                num_cached_tokens: req.num_cached_tokens,
+            });
+            if finished {
+                self.finished_scratch.push(slot);
+            }
+        }
+        if !self.finished_scratch.is_empty() {
+            let slots = &self.slots;
+            self.running
+                .retain(|&s| !slots[s as usize].as_ref().is_some_and(|r| r.is_finished()));
+            let finished = std::mem::take(&mut self.finished_scratch);
+            for &slot in &finished {
+                self.release(slot);
+            }
+            self.finished_scratch = finished;
+            self.finished_scratch.clear();
+        }
+        outputs
+    }
+
+    /// Drops a finished request: frees its blocks and its slot, reports its id.
+    fn release(&mut self, slot: u32) {
+        if let Some(req) = self.slots[slot as usize].take() {
+            self.kv.free(&req.request_id);
+            self.index.remove(&req.request_id);
+            self.free_slots.push(slot);
+            self.finished_req_ids.push(req.request_id);
+        }
+    }
+
+    /// Finishes requests (waiting or running) with `status`, freeing their blocks.
+    /// Unknown ids are skipped; returns how many were finished.
+    pub fn finish_requests<I, S>(
+        &mut self,
+        ids: I,
+        status: RequestStatus,
+    ) -> Result<usize, SchedulerError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        if !status.is_finished() {
+            return Err(SchedulerError::InvalidFinishStatus { status });
+        }
+        let mut n = 0;
+        for id in ids {
+            let Some(&slot) = self.index.get(id.as_ref()) else {
+                continue;
+            };
+            if let Some(p) = self.running.iter().position(|&s| s == slot) {
+                self.running.remove(p);
+            } else if let Some(p) = self.waiting.iter().position(|&s| s == slot) {
+                self.waiting.remove(p);
+            }
+            self.req_mut(slot).status = status;
+            self.release(slot);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Aborts one request; false when it is unknown (already finished).
+    pub fn abort_request(&mut self, req_id: &str) -> bool {
+        self.finish_requests([req_id], RequestStatus::FinishedAborted) == Ok(1)
+    }
+
+    /// Forgets the prefix cache; fails while any request holds blocks.
+    pub fn reset_prefix_cache(&mut self) -> Result<(), SchedulerError> {
+        self.kv.reset_prefix_cache()
+    }
+
+    /// Preempts every running request (they resume later, in their original order),
+    /// then forgets the prefix cache.
+    pub fn reset_prefix_cache_and_preempt(&mut self) -> Result<(), SchedulerError> {
+        while let Some(slot) = self.running.pop() {
+            let id = self.preempt(slot);
+            self.pending_preempted.push(id);
+        }
+        self.kv.reset_prefix_cache()
+    }
+
+    /// Cross-structure consistency, for tests.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.kv.check_invariants()?;
+        let live = self.slots.iter().filter(|s| s.is_some()).count();
+        if live != self.index.len() || live != self.running.len() + self.waiting.len() {
+            return Err(format!(
+                "{live} live slots, {} indexed, {} running + {} waiting",
+                self.index.len(),
+                self.running.len(),
+                self.waiting.len()
+            ));
+        }
+        for (id, &s) in &self.index {
+            if self.req(s).request_id != *id {
+                return Err(format!("index maps {id} to the wrong slot"));
+            }
+        }
+        for &s in &self.running {
+            let r = self.req(s);
+            if r.status != RequestStatus::Running {
+                return Err(format!(
+                    "running {} has status {:?}",
+                    r.request_id, r.status
+                ));
+            }
+            let need = r.num_computed_tokens.div_ceil(self.config.block_size);
+            if self.kv.get_block_ids(&r.request_id).len() < need {
+                return Err(format!("running {} lacks blocks", r.request_id));
+            }
+        }
+        for &s in &self.waiting {
+            let r = self.req(s);
+            if r.num_computed_tokens != 0 || !self.kv.get_block_ids(&r.request_id).is_empty() {
+                return Err(format!("waiting {} holds KV", r.request_id));
+            }
+        }
+        if self.kv.num_requests() > self.running.len() {
+            return Err("block tables of requests that are not running".into());
+        }
+        Ok(())
+    }
+}
+
+/// vLLM's stop check, after one token was appended. Length first, then (once
+/// `min_tokens` outputs exist) EOS unless `ignore_eos`, then stop token ids.
+fn check_stop(req: &mut Request, max_len: usize) -> bool {
+    let n_out = req.num_output_tokens();
+    if req.num_tokens() >= max_len || n_out >= req.max_tokens() {
+        req.status = RequestStatus::FinishedLengthCapped;
+        return true;
+    }
+    if n_out < req.sampling_params.min_tokens {
+        return false;
+    }
+    let Some(&last) = req.all_token_ids().last() else {
+        return false;
+    };
+    if !req.sampling_params.ignore_eos && req.eos_token_ids.contains(&last) {
+        req.status = RequestStatus::FinishedStopped;
+        req.stop_reason = Some(StopReason::Eos(last));
+        return true;
+    }
+    if req.sampling_params.stop_token_ids.contains(&last) {
+        req.status = RequestStatus::FinishedStopped;
+        req.stop_reason = Some(StopReason::StopTokenId(last));
+        return true;
+    }
+    false
+}

@@ -1,0 +1,184 @@
+//! Test helpers: a fake model runner that keeps its own per-request state from
+//! `SchedulerOutput` alone (like a real runner), checks that state and a fake KV
+//! cache (one token id per slot) for consistency, and samples a deterministic
+//! function of all previous tokens; plus a scheduler-free reference generator.
+#![allow(dead_code)]
+
+use pagoda_core::{ModelRunnerOutput, Request, SamplingParams, SchedulerOutput};
+use std::collections::HashMap;
+
+/// The fake model: next token = a hash of every previous token, mod `vocab`.
+pub fn sample(tokens: &[u32], vocab: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &t in tokens {
+        h ^= t as u64 + 1;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    ((h >> 17) % vocab as u64) as u32
+}
+
+/// Outputs of `prompt` generated one token at a time with the stop rules spelled out.
+pub fn reference_generate(
+    prompt: &[u32],
+    p: &SamplingParams,
+    eos: &[u32],
+    max_len: usize,
+    vocab: u32,
+) -> Vec<u32> {
+    let mut toks = prompt.to_vec();
+    let mut out = Vec::new();
+    loop {
+        let t = sample(&toks, vocab);
+        toks.push(t);
+        out.push(t);
+        if toks.len() >= max_len || out.len() >= p.max_tokens.unwrap_or(usize::MAX) {
+            return out;
+        }
+        if out.len() >= p.min_tokens
+            && ((!p.ignore_eos && eos.contains(&t)) || p.stop_token_ids.contains(&t))
+        {
+            return out;
+        }
+    }
+}
+
+struct RunnerReq {
+    tokens: Vec<u32>,
+    blocks: Vec<u32>,
+    num_computed: usize,
+}
+
+/// A model runner stand-in. `execute` fails (Err) on any inconsistency.
+pub struct FakeRunner {
+    pub block_size: usize,
+    pub vocab: u32,
+    reqs: HashMap<String, RunnerReq>,
+    /// slot -> (token id, position) written there.
+    kv: HashMap<usize, (u32, usize)>,
+    /// Check the whole cached prefix of every scheduled row (slow; small tests only).
+    pub check_kv: bool,
+}
+
+impl FakeRunner {
+    pub fn new(block_size: usize, vocab: u32) -> Self {
+        FakeRunner {
+            block_size,
+            vocab,
+            reqs: HashMap::new(),
+            kv: HashMap::new(),
+            check_kv: true,
+        }
+    }
+
+    pub fn num_requests(&self) -> usize {
+        self.reqs.len()
+    }
+
+    pub fn execute(&mut self, out: &SchedulerOutput) -> Result<ModelRunnerOutput, String> {
+        for id in out.finished_req_ids.iter().chain(&out.preempted_req_ids) {
+            self.reqs.remove(id);
+        }
+        for n in &out.scheduled_new_reqs {
+            if self.reqs.contains_key(&n.req_id) {
+                return Err(format!("new request {} already known", n.req_id));
+            }
+            if n.token_ids.len() != n.num_prompt_tokens + n.num_output_tokens {
+                return Err(format!("{}: token ids vs prompt + outputs", n.req_id));
+            }
+            let r = RunnerReq {
+                tokens: n.token_ids.clone(),
+                blocks: n.block_ids.clone(),
+                num_computed: n.num_computed_tokens,
+            };
+            self.reqs.insert(n.req_id.clone(), r);
+        }
+        for c in &out.scheduled_cached_reqs {
+            let r = self
+                .reqs
+                .get_mut(&c.req_id)
+                .ok_or(format!("cached request {} unknown", c.req_id))?;
+            if r.num_computed != c.num_computed_tokens {
+                return Err(format!(
+                    "{}: runner computed {} vs {}",
+                    c.req_id, r.num_computed, c.num_computed_tokens
+                ));
+            }
+            r.blocks.extend_from_slice(&c.new_block_ids);
+        }
+        let rows = out.num_scheduled_tokens.len();
+        if rows != out.scheduled_new_reqs.len() + out.scheduled_cached_reqs.len() {
+            return Err("row count differs from new + cached".into());
+        }
+        let total: usize = out.num_scheduled_tokens.iter().map(|(_, n)| n).sum();
+        if total != out.total_num_scheduled_tokens {
+            return Err("total_num_scheduled_tokens is wrong".into());
+        }
+        let bs = self.block_size;
+        let mut res = ModelRunnerOutput::default();
+        let mut seen_prefill = false;
+        for (id, n) in &out.num_scheduled_tokens {
+            if *n == 0 {
+                return Err(format!("{id}: zero tokens scheduled"));
+            }
+            if *n == 1 && seen_prefill {
+                return Err(format!("{id}: decode row after a prefill row"));
+            }
+            seen_prefill |= *n > 1;
+            let r = self
+                .reqs
+                .get_mut(id)
+                .ok_or(format!("scheduled {id} unknown"))?;
+            let (start, end) = (r.num_computed, r.num_computed + n);
+            if end > r.tokens.len() {
+                return Err(format!("{id}: computes past its tokens"));
+            }
+            if r.blocks.len() * bs < end {
+                return Err(format!("{id}: {} blocks for {end} tokens", r.blocks.len()));
+            }
+            let slot = |p: usize| r.blocks[p / bs] as usize * bs + p % bs;
+            if r.blocks.contains(&0) {
+                return Err(format!("{id}: null block in a block table"));
+            }
+            if self.check_kv {
+                for p in 0..start {
+                    if self.kv.get(&slot(p)) != Some(&(r.tokens[p], p)) {
+                        return Err(format!("{id}: cached KV at position {p} is wrong"));
+                    }
+                }
+            }
+            for p in start..end {
+                self.kv.insert(slot(p), (r.tokens[p], p));
+            }
+            r.num_computed = end;
+            let tok = (end == r.tokens.len()).then(|| sample(&r.tokens, self.vocab));
+            if let Some(t) = tok {
+                r.tokens.push(t);
+            }
+            res.req_ids.push(id.clone());
+            res.sampled_token_ids.push(tok);
+            res.logprobs.push(None);
+        }
+        Ok(res)
+    }
+}
+
+pub fn greedy_req(id: &str, prompt: Vec<u32>, max_tokens: usize) -> Request {
+    Request::new(id, prompt, SamplingParams::greedy(max_tokens), vec![])
+}
+
+/// A runner output that samples `tok` for every scheduled row that finishes its prompt.
+pub fn output_all(
+    sched: &SchedulerOutput,
+    tok: u32,
+    s: &pagoda_scheduler::Scheduler,
+) -> ModelRunnerOutput {
+    let mut o = ModelRunnerOutput::default();
+    for (id, _) in &sched.num_scheduled_tokens {
+        let r = s.get_request(id).expect("scheduled request is live");
+        o.req_ids.push(id.clone());
+        o.sampled_token_ids
+            .push((r.num_computed_tokens == r.num_tokens()).then_some(tok));
+        o.logprobs.push(None);
+    }
+    o
+}
