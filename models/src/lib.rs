@@ -4,10 +4,21 @@
 //! Architecture invariant: models knows the attention protocol of `pagoda-core`
 //! but no concrete backend, nothing of scheduling, and nothing of HTTP.
 
+pub mod chat;
 pub mod config;
+pub mod dequant;
 pub mod error;
+pub mod gguf;
+pub mod hf;
+pub mod llama;
+pub mod loader;
+pub mod tokenizer;
 pub mod weights;
 
+pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{LlamaConfig, RopeScaling};
 pub use error::ModelError;
+pub use llama::{ForwardScratch, Llama};
+pub use loader::{inspect_model, load_model, LoadedModel};
+pub use tokenizer::Tokenizer;
 pub use weights::{LayerWeights, LlamaWeights, Mat};

@@ -1,0 +1,413 @@
+//! One entry point for loading a model: a GGUF file or a Hugging Face directory
+//! becomes dense f32 [`LlamaWeights`], a [`LlamaConfig`], a [`Tokenizer`], the chat
+//! template and the EOS ids.
+//!
+//! GGUF specifics live here (config from `llama.*` metadata, tensor names, undoing
+//! llama.cpp's Q/K row permutation); HF directories are handled in [`crate::hf`].
+
+use crate::chat::ChatTemplate;
+use crate::config::LlamaConfig;
+use crate::error::ModelError;
+use crate::gguf::{has_gguf_magic, GgufFile};
+use crate::tokenizer::Tokenizer;
+use crate::weights::{LayerWeights, LlamaWeights, Mat};
+use std::path::Path;
+
+/// Everything needed to serve a model.
+#[derive(Debug)]
+pub struct LoadedModel {
+    pub config: LlamaConfig,
+    pub weights: LlamaWeights,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    /// Token ids that end generation (EOS, plus end-of-turn ids when the model has them).
+    pub eos_token_ids: Vec<u32>,
+    /// Display name: the GGUF file stem or the HF directory name.
+    pub name: String,
+}
+
+/// Loads a GGUF file or an HF model directory.
+pub fn load_model(path: &Path) -> Result<LoadedModel, ModelError> {
+    match classify(path)? {
+        Format::Gguf => load_gguf(path),
+        Format::HfDir => crate::hf::load_hf_dir(path),
+    }
+}
+
+/// Reads only metadata: the config and display name, without touching the weights.
+pub fn inspect_model(path: &Path) -> Result<(LlamaConfig, String), ModelError> {
+    match classify(path)? {
+        Format::Gguf => {
+            let file = GgufFile::open(path)?;
+            Ok((gguf_config(&file)?, display_name(path)))
+        }
+        Format::HfDir => Ok((crate::hf::read_config(path)?.0, display_name(path))),
+    }
+}
+
+enum Format {
+    Gguf,
+    HfDir,
+}
+
+fn classify(path: &Path) -> Result<Format, ModelError> {
+    if !path.exists() {
+        return Err(ModelError::NotFound {
+            path: path.to_path_buf(),
+        });
+    }
+    if path.is_dir() {
+        if path.join("config.json").is_file() {
+            return Ok(Format::HfDir);
+        }
+        return Err(ModelError::UnknownFormat {
+            path: path.to_path_buf(),
+            reason: "directory has no config.json".into(),
+        });
+    }
+    if has_gguf_magic(path)? {
+        Ok(Format::Gguf)
+    } else {
+        Err(ModelError::UnknownFormat {
+            path: path.to_path_buf(),
+            reason: "file does not start with the GGUF magic".into(),
+        })
+    }
+}
+
+pub(crate) fn display_name(path: &Path) -> String {
+    let stem = if path.is_dir() {
+        path.file_name()
+    } else {
+        path.file_stem()
+    };
+    stem.map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// Logs loading progress every 10% of tensors.
+pub(crate) struct Progress {
+    total: usize,
+    done: usize,
+    next_decile: usize,
+    what: String,
+}
+
+impl Progress {
+    pub(crate) fn new(total: usize, what: String) -> Self {
+        tracing::info!("loading {total} tensors from {what}");
+        Progress {
+            total,
+            done: 0,
+            next_decile: 1,
+            what,
+        }
+    }
+    pub(crate) fn tick(&mut self) {
+        self.done += 1;
+        while self.total > 0
+            && self.done * 10 >= self.next_decile * self.total
+            && self.next_decile <= 10
+        {
+            tracing::info!(
+                "{}: {}% of tensors loaded ({}/{})",
+                self.what,
+                self.next_decile * 10,
+                self.done,
+                self.total
+            );
+            self.next_decile += 1;
+        }
+    }
+}
+
+/// llama.cpp's converter reorders each head's rows of Q and K from HF's rotate-half
+/// pairing (`[2, head_dim/2]`) to adjacent pairing (`[head_dim/2, 2]`). This undoes it:
+/// rows viewed as `[n_heads, head_dim/2, 2]` get their last two axes swapped.
+pub fn unpermute_qk(m: &Mat, n_heads: usize) -> Result<Mat, ModelError> {
+    reorder_rows(m, n_heads, |hd, r| {
+        let (i, p) = (r / 2, r % 2); // GGUF row r within a head = 2i + p ...
+        (p * (hd / 2) + i, r) // ... holds HF row p*half + i.
+    })
+}
+
+/// The converter's permutation (HF -> GGUF order), the inverse of [`unpermute_qk`].
+pub fn permute_qk(m: &Mat, n_heads: usize) -> Result<Mat, ModelError> {
+    reorder_rows(m, n_heads, |hd, r| {
+        let (i, p) = (r / 2, r % 2);
+        (r, p * (hd / 2) + i)
+    })
+}
+
+/// Copies rows within each head: `map(head_dim, r) = (dst_row, src_row)`.
+fn reorder_rows(
+    m: &Mat,
+    n_heads: usize,
+    map: impl Fn(usize, usize) -> (usize, usize),
+) -> Result<Mat, ModelError> {
+    if n_heads == 0 || m.rows % n_heads != 0 || (m.rows / n_heads) % 2 != 0 {
+        return Err(ModelError::TensorShape {
+            name: format!("Q/K matrix with {n_heads} heads (rows must be n_heads * even head_dim)"),
+            expected: vec![n_heads, m.cols],
+            actual: vec![m.rows, m.cols],
+        });
+    }
+    let hd = m.rows / n_heads;
+    let mut out = vec![0f32; m.data.len()];
+    for h in 0..n_heads {
+        for r in 0..hd {
+            let (dst, src) = map(hd, r);
+            let (dst, src) = ((h * hd + dst) * m.cols, (h * hd + src) * m.cols);
+            out[dst..dst + m.cols].copy_from_slice(&m.data[src..src + m.cols]);
+        }
+    }
+    Ok(Mat::new(m.rows, m.cols, out))
+}
+
+fn meta_err(key: &str, reason: &str) -> ModelError {
+    ModelError::Metadata {
+        key: key.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// The model config from GGUF `llama.*` metadata.
+pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
+    let arch = f
+        .get("general.architecture")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| meta_err("general.architecture", "missing"))?;
+    if arch != "llama" {
+        return Err(ModelError::UnsupportedArchitecture {
+            arch: arch.to_string(),
+        });
+    }
+    let opt_u = |k: &str| -> Result<Option<usize>, ModelError> {
+        match f.get(&format!("llama.{k}")) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(|x| Some(x as usize))
+                .ok_or_else(|| meta_err(&format!("llama.{k}"), "not an integer")),
+        }
+    };
+    let req_u = |k: &str| {
+        opt_u(k)?
+            .filter(|&x| x > 0)
+            .ok_or_else(|| meta_err(&format!("llama.{k}"), "missing or zero"))
+    };
+    let opt_f = |k: &str| -> Result<Option<f32>, ModelError> {
+        match f.get(&format!("llama.{k}")) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| meta_err(&format!("llama.{k}"), "not a number")),
+        }
+    };
+    let hidden = req_u("embedding_length")?;
+    let heads = req_u("attention.head_count")?;
+    let kv_heads = opt_u("attention.head_count_kv")?.unwrap_or(heads);
+    if kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(meta_err(
+            "llama.attention.head_count_kv",
+            &format!("{kv_heads} does not divide {heads} heads"),
+        ));
+    }
+    let head_dim = match opt_u("attention.key_length")? {
+        Some(d) => d,
+        None if hidden % heads == 0 => hidden / heads,
+        None => {
+            return Err(meta_err(
+                "llama.embedding_length",
+                "not divisible by the head count",
+            ))
+        }
+    };
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return Err(meta_err(
+            "llama.attention.key_length",
+            &format!("head dim {head_dim} must be even"),
+        ));
+    }
+    let vocab = match opt_u("vocab_size")? {
+        Some(v) => v,
+        None => f
+            .get("tokenizer.ggml.tokens")
+            .and_then(|v| v.as_array())
+            .map(|a| a.len())
+            .ok_or_else(|| {
+                meta_err(
+                    "tokenizer.ggml.tokens",
+                    "missing (needed for the vocab size)",
+                )
+            })?,
+    };
+    // Our RoPE only knows plain and llama3-style scaling, and GGUF stores llama3 scaling
+    // as a `rope_freqs.weight` tensor rather than parameters: refuse what we can't honour.
+    if let Some(t) = f.get("llama.rope.scaling.type").and_then(|v| v.as_str()) {
+        if t != "none" {
+            return Err(meta_err(
+                "llama.rope.scaling.type",
+                &format!("rope scaling `{t}` is not supported"),
+            ));
+        }
+    }
+    if f.tensor("rope_freqs.weight").is_some() {
+        return Err(meta_err(
+            "rope_freqs.weight",
+            "per-frequency RoPE factors (llama3 scaling in GGUF) are not supported",
+        ));
+    }
+    Ok(LlamaConfig {
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: req_u("feed_forward_length")?,
+        num_layers: req_u("block_count")?,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+        rms_norm_eps: opt_f("attention.layer_norm_rms_epsilon")?
+            .ok_or_else(|| meta_err("llama.attention.layer_norm_rms_epsilon", "missing"))?,
+        rope_theta: opt_f("rope.freq_base")?.unwrap_or(10_000.0),
+        rope_scaling: None,
+        max_position_embeddings: req_u("context_length")?,
+        tie_word_embeddings: f.tensor("output.weight").is_none(),
+    })
+}
+
+/// Dequantizes `name`, checking its GGUF dims equal `shape` (outermost first).
+fn gguf_tensor(
+    f: &GgufFile,
+    name: &str,
+    shape: &[usize],
+    progress: &mut Progress,
+) -> Result<Vec<f32>, ModelError> {
+    let t = f.tensor(name).ok_or_else(|| ModelError::MissingTensor {
+        name: name.to_string(),
+    })?;
+    let actual: Vec<usize> = t.dims.iter().rev().map(|&d| d as usize).collect();
+    if actual != shape {
+        return Err(ModelError::TensorShape {
+            name: name.to_string(),
+            expected: shape.to_vec(),
+            actual,
+        });
+    }
+    let data = f.dequantize(t)?;
+    progress.tick();
+    Ok(data)
+}
+
+fn gguf_mat(
+    f: &GgufFile,
+    name: &str,
+    rows: usize,
+    cols: usize,
+    p: &mut Progress,
+) -> Result<Mat, ModelError> {
+    Ok(Mat::new(
+        rows,
+        cols,
+        gguf_tensor(f, name, &[rows, cols], p)?,
+    ))
+}
+
+/// Loads all weights of a GGUF Llama model into f32.
+pub fn gguf_weights(f: &GgufFile, cfg: &LlamaConfig) -> Result<LlamaWeights, ModelError> {
+    let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+    let (q_out, kv_out) = (
+        cfg.num_heads * cfg.head_dim,
+        cfg.num_kv_heads * cfg.head_dim,
+    );
+    let total = 2 + 9 * cfg.num_layers + usize::from(!cfg.tie_word_embeddings);
+    let mut p = Progress::new(total, f.path.display().to_string());
+    let embed = gguf_mat(f, "token_embd.weight", cfg.vocab_size, h, &mut p)?;
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for i in 0..cfg.num_layers {
+        let n = |s: &str| format!("blk.{i}.{s}.weight");
+        layers.push(LayerWeights {
+            attn_norm: gguf_tensor(f, &n("attn_norm"), &[h], &mut p)?,
+            wq: unpermute_qk(&gguf_mat(f, &n("attn_q"), q_out, h, &mut p)?, cfg.num_heads)?,
+            wk: unpermute_qk(
+                &gguf_mat(f, &n("attn_k"), kv_out, h, &mut p)?,
+                cfg.num_kv_heads,
+            )?,
+            wv: gguf_mat(f, &n("attn_v"), kv_out, h, &mut p)?,
+            wo: gguf_mat(f, &n("attn_output"), h, q_out, &mut p)?,
+            ffn_norm: gguf_tensor(f, &n("ffn_norm"), &[h], &mut p)?,
+            w_gate: gguf_mat(f, &n("ffn_gate"), inter, h, &mut p)?,
+            w_up: gguf_mat(f, &n("ffn_up"), inter, h, &mut p)?,
+            w_down: gguf_mat(f, &n("ffn_down"), h, inter, &mut p)?,
+        });
+    }
+    let norm = gguf_tensor(f, "output_norm.weight", &[h], &mut p)?;
+    let lm_head = match cfg.tie_word_embeddings {
+        true => None,
+        false => Some(gguf_mat(f, "output.weight", cfg.vocab_size, h, &mut p)?),
+    };
+    Ok(LlamaWeights {
+        embed,
+        layers,
+        norm,
+        lm_head,
+    })
+}
+
+/// EOS ids from GGUF metadata: EOS plus end-of-turn / end-of-message ids, deduplicated.
+pub fn gguf_eos_ids(f: &GgufFile) -> Vec<u32> {
+    let mut ids = Vec::new();
+    for key in [
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ] {
+        if let Some(id) = f.get(key).and_then(|v| v.as_u64()) {
+            if !ids.contains(&(id as u32)) {
+                ids.push(id as u32);
+            }
+        }
+    }
+    ids
+}
+
+fn load_gguf(path: &Path) -> Result<LoadedModel, ModelError> {
+    let start = std::time::Instant::now();
+    let f = GgufFile::open(path)?;
+    let config = gguf_config(&f)?;
+    let tokenizer = Tokenizer::from_gguf(&f)?;
+    if tokenizer.vocab_size() != config.vocab_size {
+        return Err(meta_err(
+            "tokenizer.ggml.tokens",
+            &format!(
+                "tokenizer has {} tokens, model vocab is {}",
+                tokenizer.vocab_size(),
+                config.vocab_size
+            ),
+        ));
+    }
+    let token_str = |key: &str| {
+        f.get(key)
+            .and_then(|v| v.as_u64())
+            .and_then(|id| tokenizer.id_to_token(id as u32))
+    };
+    let chat_template = match f.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
+        Some(src) => Some(ChatTemplate::new(
+            src.to_string(),
+            token_str("tokenizer.ggml.bos_token_id"),
+            token_str("tokenizer.ggml.eos_token_id"),
+        )?),
+        None => None,
+    };
+    let eos_token_ids = gguf_eos_ids(&f);
+    let weights = gguf_weights(&f, &config)?;
+    tracing::info!("loaded {} in {:.1?}", path.display(), start.elapsed());
+    Ok(LoadedModel {
+        config,
+        weights,
+        tokenizer,
+        chat_template,
+        eos_token_ids,
+        name: display_name(path),
+    })
+}
