@@ -1,0 +1,686 @@
+//! The checks of the suite. Each takes the subject, one drawn [`CaseSpec`] and a
+//! tolerance, and returns `Ok(true)` (passed), `Ok(false)` (case not applicable,
+//! e.g. refused by a runtime reason) or the first [`KitError`].
+
+use crate::case::{cache_spec, run, slot, Case, Outputs};
+use crate::gen::{CaseSpec, Rng};
+use crate::{KitError, Subject, Tolerance};
+use pagoda_backend_naive::NaiveBackend;
+use pagoda_core::{merge_states, AttentionBackend, AttentionConfig, DType, Device, KvCache};
+
+/// One check of the suite; the macro generates one `#[test]` per variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Random batches (two layers, one plan) equal `naive`, LSE included; `write_kv` equals core's.
+    RandomBatches,
+    /// Renumbering physical blocks (and moving their contents) changes nothing.
+    BlockPermutation,
+    /// Each request alone gives the same rows as inside the batch.
+    AloneEqualsInBatch,
+    /// A decode step equals the last row of the equivalent prefill.
+    DecodeEqualsPrefill,
+    /// GQA equals MHA over K/V heads repeated per group.
+    GqaEqualsMha,
+    /// Attention over two KV halves merged by LSE ([`merge_states`]) equals the whole.
+    LseMerge,
+    /// Wrong buffer lengths, out-of-range blocks and a foreign block size are errors, not panics.
+    BadBuffers,
+}
+
+impl Check {
+    pub const ALL: [Check; 7] = [
+        Check::RandomBatches,
+        Check::BlockPermutation,
+        Check::AloneEqualsInBatch,
+        Check::DecodeEqualsPrefill,
+        Check::GqaEqualsMha,
+        Check::LseMerge,
+        Check::BadBuffers,
+    ];
+
+    /// Proptest cases per run (overridden by `PROPTEST_CASES`).
+    pub fn cases(self) -> u32 {
+        match self {
+            Check::RandomBatches => 64,
+            Check::BadBuffers => 1,
+            _ => 24,
+        }
+    }
+
+    /// Smallest GQA group the check's cases draw.
+    pub fn min_group(self) -> usize {
+        if self == Check::GqaEqualsMha {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Runs the check on one case.
+    pub fn run(self, subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<bool, KitError> {
+        match self {
+            Check::RandomBatches => random_batches(subject, spec, tol),
+            Check::BlockPermutation => block_permutation(subject, spec, tol),
+            Check::AloneEqualsInBatch => alone_equals_in_batch(subject, spec, tol),
+            Check::DecodeEqualsPrefill => decode_equals_prefill(subject, spec, tol),
+            Check::GqaEqualsMha => gqa_equals_mha(subject, spec, tol),
+            Check::LseMerge => lse_merge(subject, spec, tol),
+            Check::BadBuffers => bad_buffers(subject, spec),
+        }
+    }
+}
+
+/// Two results that are each within `tol` of the exact value may differ by twice it.
+fn doubled(tol: Tolerance) -> Tolerance {
+    Tolerance {
+        atol: 2.0 * tol.atol,
+        rtol: 2.0 * tol.rtol,
+    }
+}
+
+/// The reference backend for a subject configuration (always CPU f32).
+pub fn naive(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, KitError> {
+    let mut c = cfg.clone();
+    c.device = Device::Cpu;
+    c.q_dtype = DType::F32;
+    c.kv_dtype = DType::F32;
+    NaiveBackend::new(&c)
+        .map(|b| Box::new(b) as Box<dyn AttentionBackend>)
+        .map_err(|source| KitError::Backend {
+            backend: "naive".into(),
+            stage: "create",
+            source,
+        })
+}
+
+/// The subject's backend for `cfg`, or `None` when it refuses the rows (runtime reasons).
+fn subject_for(
+    subject: &Subject,
+    cfg: &AttentionConfig,
+    query_lens: &[usize],
+) -> Result<Option<Box<dyn AttentionBackend>>, KitError> {
+    if !subject
+        .reasons(cfg, Subject::role_of(query_lens))
+        .is_empty()
+    {
+        return Ok(None);
+    }
+    subject.create(cfg).map(Some)
+}
+
+fn same_pools(check: &'static str, a: &KvCache, b: &KvCache) -> Result<(), KitError> {
+    let eq = |x: &[f32], y: &[f32]| {
+        x.iter()
+            .zip(y)
+            .all(|(p, q)| p.to_bits() == q.to_bits() || (p.is_nan() && q.is_nan()))
+    };
+    for (l, (la, lb)) in a.layers.iter().zip(&b.layers).enumerate() {
+        if !eq(&la.k, &lb.k) || !eq(&la.v, &lb.v) {
+            return Err(KitError::Protocol {
+                check,
+                message: format!(
+                    "layer {l}: the cache after write_kv differs from pagoda_core::write_kv's"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Compares outputs (and LSE where both have it) of every layer.
+fn compare_outputs(
+    check: &'static str,
+    case: &Case,
+    got: &Outputs,
+    want: &Outputs,
+    tol: Tolerance,
+) -> Result<(), KitError> {
+    let (h, d) = (case.cfg.num_heads, case.cfg.head_dim);
+    for l in 0..got.out.len() {
+        tol.compare(check, "out", &got.out[l], &want.out[l], h, d)?;
+        if let (Some(a), Some(b)) = (&got.lse[l], &want.lse[l]) {
+            tol.compare(check, "lse", a, b, h, 1)?;
+        }
+    }
+    Ok(())
+}
+
+fn random_batches(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<bool, KitError> {
+    const CHECK: &str = "random batch vs naive";
+    let cfg = spec.config(subject);
+    let case = Case::from_spec(spec, cfg.clone(), 2)?;
+    let Some(mut be) = subject_for(subject, &cfg, &case.query_lens)? else {
+        return Ok(false);
+    };
+    // LSE on the first layer only: the second checks that `lse: None` works too.
+    let got = run(
+        be.as_mut(),
+        &case,
+        &[subject.capabilities.returns_lse, false],
+    )?;
+    let want = run(naive(&cfg)?.as_mut(), &case, &[true, true])?;
+    same_pools(CHECK, &got.cache, &want.cache)?;
+    compare_outputs(CHECK, &case, &got, &want, tol)?;
+    Ok(true)
+}
+
+/// Moves block `src_block` of every layer of `src` to `dst_block` of `dst`.
+fn copy_block(src: &KvCache, src_block: usize, dst: &mut KvCache, dst_block: usize) {
+    let n = src.spec.block_size * src.spec.slot_elems();
+    for (s, d) in src.layers.iter().zip(dst.layers.iter_mut()) {
+        d.k[dst_block * n..(dst_block + 1) * n]
+            .copy_from_slice(&s.k[src_block * n..(src_block + 1) * n]);
+        d.v[dst_block * n..(dst_block + 1) * n]
+            .copy_from_slice(&s.v[src_block * n..(src_block + 1) * n]);
+    }
+}
+
+/// Copies one slot of every layer.
+fn copy_slot(src: &KvCache, src_slot: usize, dst: &mut KvCache, dst_slot: usize) {
+    let e = src.spec.slot_elems();
+    for (s, d) in src.layers.iter().zip(dst.layers.iter_mut()) {
+        d.k[dst_slot * e..(dst_slot + 1) * e]
+            .copy_from_slice(&s.k[src_slot * e..(src_slot + 1) * e]);
+        d.v[dst_slot * e..(dst_slot + 1) * e]
+            .copy_from_slice(&s.v[src_slot * e..(src_slot + 1) * e]);
+    }
+}
+
+fn block_permutation(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<bool, KitError> {
+    const CHECK: &str = "block permutation";
+    let cfg = spec.config(subject);
+    let case = Case::from_spec(spec, cfg.clone(), 1)?;
+    let Some(mut be) = subject_for(subject, &cfg, &case.query_lens)? else {
+        return Ok(false);
+    };
+    let pool = case.full.spec.num_blocks;
+    let pi = Rng::new(spec.seed ^ 0xB10C_u64).permutation(pool);
+    let mut full = KvCache::filled(case.full.spec, f32::NAN);
+    for b in 0..pool {
+        copy_block(&case.full, b, &mut full, pi[b] as usize);
+    }
+    let rows = case
+        .block_rows
+        .iter()
+        .map(|r| r.iter().map(|&b| pi[b as usize]).collect())
+        .collect();
+    let moved = Case::from_parts(
+        cfg,
+        case.query_lens.clone(),
+        case.seq_lens.clone(),
+        rows,
+        full,
+        case.q.clone(),
+    )?;
+    let lse = [subject.capabilities.returns_lse];
+    // The same instance plans both batches: re-planning must not leak state.
+    let a = run(be.as_mut(), &case, &lse)?;
+    let b = run(be.as_mut(), &moved, &lse)?;
+    compare_outputs(CHECK, &case, &b, &a, doubled(tol))?;
+    Ok(true)
+}
+
+fn alone_equals_in_batch(
+    subject: &Subject,
+    spec: &CaseSpec,
+    tol: Tolerance,
+) -> Result<bool, KitError> {
+    const CHECK: &str = "request alone vs in batch";
+    let cfg = spec.config(subject);
+    let case = Case::from_spec(spec, cfg.clone(), 1)?;
+    let Some(mut be) = subject_for(subject, &cfg, &case.query_lens)? else {
+        return Ok(false);
+    };
+    let lse = [subject.capabilities.returns_lse];
+    let batch = run(be.as_mut(), &case, &lse)?;
+    let (h, d) = (cfg.num_heads, cfg.head_dim);
+    for r in 0..case.query_lens.len() {
+        let t = case.tokens_of(r);
+        let q = vec![case.q[0][t.start * h * d..t.end * h * d].to_vec()];
+        let alone = Case::from_parts(
+            cfg.clone(),
+            vec![case.query_lens[r]],
+            vec![case.seq_lens[r]],
+            vec![case.block_rows[r].clone()],
+            case.full.clone(),
+            q,
+        )?;
+        let Some(mut single) = subject_for(subject, &cfg, &alone.query_lens)? else {
+            continue;
+        };
+        let got = run(single.as_mut(), &alone, &lse)?;
+        doubled(tol).compare(
+            CHECK,
+            "out",
+            &got.out[0],
+            &batch.out[0][t.start * h * d..t.end * h * d],
+            h,
+            d,
+        )?;
+        if let (Some(a), Some(b)) = (&got.lse[0], &batch.lse[0]) {
+            doubled(tol).compare(CHECK, "lse", a, &b[t.start * h..t.end * h], h, 1)?;
+        }
+    }
+    Ok(true)
+}
+
+fn decode_equals_prefill(
+    subject: &Subject,
+    spec: &CaseSpec,
+    tol: Tolerance,
+) -> Result<bool, KitError> {
+    const CHECK: &str = "decode vs last prefill row";
+    let cfg = spec.config(subject);
+    let case = Case::from_spec(spec, cfg.clone(), 1)?;
+    let (h, d) = (cfg.num_heads, cfg.head_dim);
+    let idx: Vec<usize> = (0..case.seq_lens.len())
+        .filter(|&r| case.seq_lens[r] >= 2)
+        .collect();
+    if idx.is_empty() {
+        return Ok(false);
+    }
+    let mut rng = Rng::new(spec.seed ^ 0xDEC0DE);
+    let (mut p_lens, mut p_q, mut d_q) = (Vec::new(), Vec::new(), Vec::new());
+    for &r in &idx {
+        let len = case.query_lens[r].max(2).min(case.seq_lens[r]);
+        let q = rng.fill(len * h * d, spec.amplitude);
+        d_q.extend_from_slice(&q[(len - 1) * h * d..]);
+        p_q.extend(q);
+        p_lens.push(len);
+    }
+    let seqs: Vec<usize> = idx.iter().map(|&r| case.seq_lens[r]).collect();
+    let rows: Vec<Vec<u32>> = idx.iter().map(|&r| case.block_rows[r].clone()).collect();
+    let prefill = Case::from_parts(
+        cfg.clone(),
+        p_lens.clone(),
+        seqs.clone(),
+        rows.clone(),
+        case.full.clone(),
+        vec![p_q],
+    )?;
+    let decode = Case::from_parts(
+        cfg.clone(),
+        vec![1; idx.len()],
+        seqs,
+        rows,
+        case.full.clone(),
+        vec![d_q],
+    )?;
+    let caps = &subject.capabilities;
+    // Each side runs on the subject when it serves that role, else on naive.
+    let side = |serves: bool, c: &Case| -> Result<Option<Outputs>, KitError> {
+        let be = if serves {
+            subject_for(subject, &cfg, &c.query_lens)?
+        } else {
+            Some(naive(&cfg)?)
+        };
+        match be {
+            Some(mut be) => run(be.as_mut(), c, &[!serves || caps.returns_lse]).map(Some),
+            None => Ok(None),
+        }
+    };
+    let (Some(p), Some(dec)) = (side(caps.prefill, &prefill)?, side(caps.decode, &decode)?) else {
+        return Ok(false);
+    };
+    for (i, _) in idx.iter().enumerate() {
+        let last = prefill.tokens_of(i).end - 1;
+        let p_out = &p.out[0][last * h * d..(last + 1) * h * d];
+        doubled(tol).compare(
+            CHECK,
+            "out",
+            &dec.out[0][i * h * d..(i + 1) * h * d],
+            p_out,
+            h,
+            d,
+        )?;
+        if let (Some(a), Some(b)) = (&dec.lse[0], &p.lse[0]) {
+            doubled(tol).compare(
+                CHECK,
+                "lse",
+                &a[i * h..(i + 1) * h],
+                &b[last * h..(last + 1) * h],
+                h,
+                1,
+            )?;
+        }
+    }
+    Ok(true)
+}
+
+fn gqa_equals_mha(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<bool, KitError> {
+    const CHECK: &str = "GQA vs MHA with repeated K/V";
+    if spec.group < 2 {
+        return Ok(false);
+    }
+    let cfg = spec.config(subject);
+    let case = Case::from_spec(spec, cfg.clone(), 1)?;
+    let Some(mut be) = subject_for(subject, &cfg, &case.query_lens)? else {
+        return Ok(false);
+    };
+    let mut mha_cfg = cfg.clone();
+    mha_cfg.num_kv_heads = cfg.num_heads;
+    let Some(mut mha_be) = subject_for(subject, &mha_cfg, &case.query_lens)? else {
+        return Ok(false);
+    };
+    let (h, d, g) = (cfg.num_heads, cfg.head_dim, spec.group);
+    let mut full = KvCache::filled(cache_spec(&mha_cfg, 1, case.full.spec.num_blocks), f32::NAN);
+    let (src, dst) = (&case.full.layers[0], &mut full.layers[0]);
+    let slots = case.full.spec.num_blocks * cfg.block_size;
+    for s in 0..slots {
+        for head in 0..h {
+            let from = (s * cfg.num_kv_heads + head / g) * d;
+            let to = (s * h + head) * d;
+            dst.k[to..to + d].copy_from_slice(&src.k[from..from + d]);
+            dst.v[to..to + d].copy_from_slice(&src.v[from..from + d]);
+        }
+    }
+    let mha = Case::from_parts(
+        mha_cfg,
+        case.query_lens.clone(),
+        case.seq_lens.clone(),
+        case.block_rows.clone(),
+        full,
+        case.q.clone(),
+    )?;
+    let lse = [subject.capabilities.returns_lse];
+    let a = run(be.as_mut(), &case, &lse)?;
+    let b = run(mha_be.as_mut(), &mha, &lse)?;
+    compare_outputs(CHECK, &case, &a, &b, doubled(tol))?;
+    Ok(true)
+}
+
+/// `[tokens, heads]` rows of LSE and `[tokens, heads, dim]` outputs of one half.
+struct Half {
+    out: Vec<f32>,
+    lse: Vec<f32>,
+}
+
+fn lse_merge(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<bool, KitError> {
+    const CHECK: &str = "LSE merge of two KV halves vs whole";
+    let caps = &subject.capabilities;
+    if !caps.returns_lse {
+        return Ok(false);
+    }
+    // Windows are relative to positions, which a split renumbers: test without.
+    let mut spec = spec.clone();
+    spec.sliding_window = None;
+    let cfg = spec.config(subject);
+    let case = Case::from_spec(&spec, cfg.clone(), 1)?;
+    let (h, d, bs) = (cfg.num_heads, cfg.head_dim, cfg.block_size);
+    let mut rng = Rng::new(spec.seed ^ 0x4D45_5247);
+    let pool = case.full.spec.num_blocks;
+    // Requests whose keys split in two non-empty halves.
+    let idx: Vec<usize> = (0..case.seq_lens.len())
+        .filter(|&r| {
+            if caps.decode {
+                case.seq_lens[r] >= 2
+            } else {
+                case.query_lens[r] >= 2
+            }
+        })
+        .collect();
+    if idx.is_empty() {
+        return Ok(false);
+    }
+    // Split point per request: decode splits keys at m; prefill splits context | new tokens.
+    let split: Vec<usize> = idx
+        .iter()
+        .map(|&r| {
+            if caps.decode {
+                1 + rng.below(case.seq_lens[r] - 1)
+            } else {
+                case.seq_lens[r] - case.query_lens[r]
+            }
+        })
+        .collect();
+    // The second half moves to fresh blocks, starting at position 0.
+    let fresh: Vec<usize> = idx
+        .iter()
+        .zip(&split)
+        .map(|(&r, &m)| (case.seq_lens[r] - m).div_ceil(bs))
+        .collect();
+    let mut full = KvCache::filled(
+        cache_spec(&cfg, 1, pool + fresh.iter().sum::<usize>()),
+        f32::NAN,
+    );
+    for b in 0..pool {
+        copy_block(&case.full, b, &mut full, b);
+    }
+    let mut next = pool as u32;
+    let mut b_rows = Vec::new();
+    for ((&r, &m), &n) in idx.iter().zip(&split).zip(&fresh) {
+        let row: Vec<u32> = (next..next + n as u32).collect();
+        next += n as u32;
+        for pos in m..case.seq_lens[r] {
+            copy_slot(
+                &case.full,
+                slot(&case.block_rows[r], bs, pos),
+                &mut full,
+                slot(&row, bs, pos - m),
+            );
+        }
+        b_rows.push(row);
+    }
+    let a_rows: Vec<Vec<u32>> = idx.iter().map(|&r| case.block_rows[r].clone()).collect();
+    let b_seqs: Vec<usize> = idx
+        .iter()
+        .zip(&split)
+        .map(|(&r, &m)| case.seq_lens[r] - m)
+        .collect();
+    let (whole, a, b);
+    if caps.decode {
+        // One query per request seeing all keys; halves: keys [0, m) and [m, seq).
+        let q = rng.fill(idx.len() * h * d, spec.amplitude);
+        let whole_seqs = idx.iter().map(|&r| case.seq_lens[r]).collect();
+        let n = idx.len();
+        whole = Case::from_parts(
+            cfg.clone(),
+            vec![1; n],
+            whole_seqs,
+            a_rows.clone(),
+            full.clone(),
+            vec![q.clone()],
+        )?;
+        let a_case = Case::from_parts(
+            cfg.clone(),
+            vec![1; n],
+            split.clone(),
+            a_rows,
+            full.clone(),
+            vec![q.clone()],
+        )?;
+        let b_case = Case::from_parts(cfg.clone(), vec![1; n], b_seqs, b_rows, full, vec![q])?;
+        let (Some(mut sa), Some(mut sb)) = (
+            subject_for(subject, &cfg, &a_case.query_lens)?,
+            subject_for(subject, &cfg, &b_case.query_lens)?,
+        ) else {
+            return Ok(false);
+        };
+        a = half(run(sa.as_mut(), &a_case, &[true])?);
+        b = half(run(sb.as_mut(), &b_case, &[true])?);
+    } else {
+        // Prefill-only: the subject computes the new tokens' causal part (context 0,
+        // fresh blocks); naive computes the context part as one decode row per query.
+        let q_lens: Vec<usize> = idx.iter().map(|&r| case.query_lens[r]).collect();
+        let q: Vec<f32> = idx
+            .iter()
+            .flat_map(|&r| {
+                case.q[0][case.tokens_of(r).start * h * d..case.tokens_of(r).end * h * d].to_vec()
+            })
+            .collect();
+        let whole_seqs = idx.iter().map(|&r| case.seq_lens[r]).collect();
+        whole = Case::from_parts(
+            cfg.clone(),
+            q_lens.clone(),
+            whole_seqs,
+            a_rows.clone(),
+            full.clone(),
+            vec![q.clone()],
+        )?;
+        let b_case = Case::from_parts(
+            cfg.clone(),
+            q_lens.clone(),
+            b_seqs,
+            b_rows,
+            full.clone(),
+            vec![q.clone()],
+        )?;
+        let Some(mut sb) = subject_for(subject, &cfg, &b_case.query_lens)? else {
+            return Ok(false);
+        };
+        b = half(run(sb.as_mut(), &b_case, &[true])?);
+        let tokens = q.len() / (h * d);
+        let mut ctx = Half {
+            out: vec![0.0; tokens * h * d],
+            lse: vec![f32::NEG_INFINITY; tokens * h],
+        };
+        // Decode rows over the context for every query token of requests with one.
+        let (mut rows, mut seqs, mut dq, mut at) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut t = 0;
+        for (i, &m) in split.iter().enumerate() {
+            for _ in 0..q_lens[i] {
+                if m > 0 {
+                    rows.push(a_rows[i].clone());
+                    seqs.push(m);
+                    dq.extend_from_slice(&q[t * h * d..(t + 1) * h * d]);
+                    at.push(t);
+                }
+                t += 1;
+            }
+        }
+        if !at.is_empty() {
+            let a_case =
+                Case::from_parts(cfg.clone(), vec![1; at.len()], seqs, rows, full, vec![dq])?;
+            let got = half(run(naive(&cfg)?.as_mut(), &a_case, &[true])?);
+            for (j, &t) in at.iter().enumerate() {
+                ctx.out[t * h * d..(t + 1) * h * d]
+                    .copy_from_slice(&got.out[j * h * d..(j + 1) * h * d]);
+                ctx.lse[t * h..(t + 1) * h].copy_from_slice(&got.lse[j * h..(j + 1) * h]);
+            }
+        }
+        a = ctx;
+    }
+    let want = half(run(naive(&cfg)?.as_mut(), &whole, &[true])?);
+    let mut out = vec![0.0; want.out.len()];
+    let mut lse = vec![0.0; want.lse.len()];
+    merge_states(&a.out, &a.lse, &b.out, &b.lse, d, &mut out, &mut lse);
+    doubled(tol).compare(CHECK, "merged out", &out, &want.out, h, d)?;
+    doubled(tol).compare(CHECK, "merged lse", &lse, &want.lse, h, 1)?;
+    Ok(true)
+}
+
+fn half(o: Outputs) -> Half {
+    let mut out = o.out;
+    let mut lse = o.lse;
+    Half {
+        out: out.remove(0),
+        lse: lse.remove(0).unwrap_or_default(),
+    }
+}
+
+/// Calls `f`, turning a panic into a protocol error.
+fn no_panic<T>(check: &'static str, what: &str, f: impl FnOnce() -> T) -> Result<T, KitError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|_| KitError::Protocol {
+        check,
+        message: format!("panicked on {what} instead of returning an error"),
+    })
+}
+
+fn bad_buffers(subject: &Subject, spec: &CaseSpec) -> Result<bool, KitError> {
+    const CHECK: &str = "bad buffers";
+    let cfg = spec.config(subject);
+    let case = Case::from_spec(spec, cfg.clone(), 1)?;
+    let Some(mut be) = subject_for(subject, &cfg, &case.query_lens)? else {
+        return Ok(false);
+    };
+    let mut cache = case.cache.clone();
+    let e = cache.spec.slot_elems();
+    let layer = &mut cache.layers[0];
+    be.write_kv(
+        &mut layer.k,
+        &mut layer.v,
+        &case.new_k[0],
+        &case.new_v[0],
+        &case.batch.slot_mapping,
+        e,
+    )
+    .map_err(|source| KitError::Backend {
+        backend: subject.name.clone(),
+        stage: "write_kv",
+        source,
+    })?;
+    be.plan(&case.batch).map_err(|source| KitError::Backend {
+        backend: subject.name.clone(),
+        stage: "plan",
+        source,
+    })?;
+    let (q, k, v) = (&case.q[0], &layer.k, &layer.v);
+    let n_out = case.out_elems();
+    let n_lse = case.batch.num_tokens() * cfg.num_heads;
+    let lse_ok = subject.capabilities.returns_lse;
+    let mut attempt = |what: &str,
+                       q: &[f32],
+                       k: &[f32],
+                       out_len: usize,
+                       lse_len: Option<usize>|
+     -> Result<bool, KitError> {
+        let mut out = vec![0.0; out_len];
+        let mut lse = lse_len.map(|n| vec![0.0; n]);
+        let io = pagoda_core::LayerIo {
+            q,
+            k_cache: k,
+            v_cache: &v[..k.len()],
+            out: &mut out,
+            lse: lse.as_deref_mut(),
+        };
+        Ok(no_panic(CHECK, what, || be.run(io))?.is_ok())
+    };
+    let mut accepted = Vec::new();
+    if attempt("a short q", &q[..q.len() - 1], k, n_out, None)? {
+        accepted.push("a q buffer one element short");
+    }
+    if attempt("a short out", q, k, n_out - 1, None)? {
+        accepted.push("an out buffer one element short");
+    }
+    if lse_ok && attempt("a short lse", q, k, n_out, Some(n_lse - 1))? {
+        accepted.push("an lse buffer one element short");
+    }
+    // A pool one block smaller than the largest block id used needs: reading it would be out of bounds.
+    let max_block = case
+        .batch
+        .block_table
+        .iter()
+        .filter(|&&b| b != u32::MAX)
+        .copied()
+        .max()
+        .unwrap_or(0) as usize;
+    let block_elems = cfg.block_size * e;
+    if attempt(
+        "a pool too small for the block table",
+        q,
+        &k[..max_block * block_elems],
+        n_out,
+        None,
+    )? {
+        accepted.push("a KV pool without the blocks the block table names");
+    }
+    if !attempt("a valid call", q, k, n_out, lse_ok.then_some(n_lse))? {
+        accepted.push("(rejected) a valid call after the bad ones");
+    }
+    // A batch laid out for another block size must be refused at plan time.
+    let other = if cfg.block_size == 1 { 2 } else { 1 };
+    let rows: Vec<&[u32]> = case.block_rows.iter().map(|r| r.as_slice()).collect();
+    if let Ok(batch) = pagoda_core::BatchDescriptor::new(other, &[1], &[1], &rows[..1]) {
+        if no_panic(CHECK, "a batch with another block size", || be.plan(&batch))?.is_ok() {
+            accepted.push("a batch whose block size differs from the configuration's");
+        }
+    }
+    if accepted.is_empty() {
+        Ok(true)
+    } else {
+        Err(KitError::Protocol {
+            check: CHECK,
+            message: format!("accepted {}", accepted.join("; ")),
+        })
+    }
+}

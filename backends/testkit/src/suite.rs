@@ -1,0 +1,82 @@
+//! The proptest drivers behind the macro: draw cases within the subject's
+//! capabilities, run one [`Check`] on each, shrink failures.
+
+use crate::checks::Check;
+use crate::gen::{case_spec, Shapes};
+use crate::{IntoSubject, Subject, Tolerance};
+use pagoda_core::DeviceKind;
+use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestError, TestRunner};
+
+/// Runs `check` and panics with the minimal failing case (what the macro's tests call).
+pub fn run_check(
+    check: Check,
+    subject: impl IntoSubject,
+    tol: Tolerance,
+    source_file: Option<&'static str>,
+) {
+    let subject = subject.into_subject().unwrap_or_else(|e| panic!("{e}"));
+    if let Err(message) = try_run_check(check, &subject, tol, source_file) {
+        panic!(
+            "conformance check {check:?} failed for backend `{}`:\n{message}",
+            subject.name
+        );
+    }
+}
+
+/// Runs `check`; `Err` holds proptest's report (minimal input and the kit's error).
+/// `source_file` enables persisting failing seeds in `proptest-regressions/` beside it.
+pub fn try_run_check(
+    check: Check,
+    subject: &Subject,
+    tol: Tolerance,
+    source_file: Option<&'static str>,
+) -> Result<(), String> {
+    let caps = &subject.capabilities;
+    if !caps.decode && !caps.prefill {
+        return Err(format!(
+            "backend `{}` declares neither decode nor prefill",
+            subject.name
+        ));
+    }
+    if !caps.devices.contains(&DeviceKind::Cpu) && !caps.devices.contains(&DeviceKind::Cuda) {
+        return Err(format!("backend `{}` declares no device", subject.name));
+    }
+    let shapes = Shapes::of(subject);
+    if check == Check::GqaEqualsMha && shapes.max_group < 2 {
+        eprintln!("{check:?}: skipped, `{}` supports no GQA", subject.name);
+        return Ok(());
+    }
+    if check == Check::LseMerge && !caps.returns_lse {
+        eprintln!("{check:?}: skipped, `{}` does not return LSE", subject.name);
+        return Ok(());
+    }
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(check.cases());
+    let config = Config {
+        cases,
+        max_shrink_iters: 2048,
+        source_file,
+        failure_persistence: source_file.map(|_| {
+            Box::new(FileFailurePersistence::SourceParallel(
+                "proptest-regressions",
+            )) as _
+        }),
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let strategy = case_spec(&shapes, check.min_group());
+    let result = runner.run(&strategy, |spec| match check.run(subject, &spec, tol) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(TestCaseError::reject("not applicable to this case")),
+        Err(e) => Err(TestCaseError::fail(e.to_string())),
+    });
+    match result {
+        Ok(()) => Ok(()),
+        Err(TestError::Fail(reason, spec)) => Err(format!("{reason}\nminimal failing case: {spec:#?}")),
+        Err(TestError::Abort(reason)) => Err(format!(
+            "aborted: {reason} (are most shapes the capabilities accept refused by runtime_reasons?)"
+        )),
+    }
+}
