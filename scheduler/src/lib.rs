@@ -13,6 +13,7 @@ pub mod block_pool;
 pub mod error;
 pub mod hashing;
 pub mod kv_cache_manager;
+pub mod reference;
 pub mod scheduler;
 
 pub use block_pool::{BlockPool, FreeBlockQueue, KvBlock, NULL_BLOCK_ID};
