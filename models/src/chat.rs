@@ -257,7 +257,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             t.render(&[msg("user", "  hi  ")], false).unwrap(),
-            "HI|true\n"
+            "HI|True\n"
         );
         let e = t
             .render(&[msg("user", "a"), msg("user", "b")], false)

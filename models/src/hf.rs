@@ -122,7 +122,7 @@ pub fn read_config(dir: &Path) -> Result<(LlamaConfig, Value), ModelError> {
             }
         }
     };
-    let cfg = LlamaConfig {
+    let cfg = crate::loader::check_config_bounds(LlamaConfig {
         vocab_size: req("vocab_size")?,
         hidden_size: hidden,
         intermediate_size: req("intermediate_size")?,
@@ -138,7 +138,7 @@ pub fn read_config(dir: &Path) -> Result<(LlamaConfig, Value), ModelError> {
             .get("tie_word_embeddings")
             .and_then(|v| v.as_bool())
             .unwrap_or(false),
-    };
+    })?;
     Ok((cfg, j))
 }
 
@@ -285,7 +285,7 @@ fn hf_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, ModelError>
         dir.display().to_string(),
     );
     let embed = s.mat("model.embed_tokens.weight", cfg.vocab_size, h, &mut p)?;
-    let mut layers = Vec::with_capacity(cfg.num_layers);
+    let mut layers = Vec::new();
     for i in 0..cfg.num_layers {
         let n = |s: &str| format!("model.layers.{i}.{s}.weight");
         layers.push(LayerWeights {

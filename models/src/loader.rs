@@ -259,7 +259,7 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
             "per-frequency RoPE factors (llama3 scaling in GGUF) are not supported",
         ));
     }
-    Ok(LlamaConfig {
+    check_config_bounds(LlamaConfig {
         vocab_size: vocab,
         hidden_size: hidden,
         intermediate_size: req_u("feed_forward_length")?,
@@ -274,6 +274,27 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
         max_position_embeddings: req_u("context_length")?,
         tie_word_embeddings: f.tensor("output.weight").is_none(),
     })
+}
+
+/// Rejects sizes no real model has, so later products of them cannot overflow and
+/// nothing is allocated from a corrupt count.
+pub(crate) fn check_config_bounds(c: LlamaConfig) -> Result<LlamaConfig, ModelError> {
+    const MAX_DIM: usize = 1 << 20;
+    const MAX_VOCAB: usize = 1 << 24;
+    let checks = [
+        ("hidden_size", c.hidden_size, MAX_DIM),
+        ("intermediate_size", c.intermediate_size, MAX_DIM),
+        ("num_layers", c.num_layers, 4096),
+        ("num_heads", c.num_heads, 4096),
+        ("head_dim", c.head_dim, 4096),
+        ("vocab_size", c.vocab_size, MAX_VOCAB),
+    ];
+    for (name, v, max) in checks {
+        if v == 0 || v > max {
+            return Err(meta_err(name, &format!("{v} is outside 1..={max}")));
+        }
+    }
+    Ok(c)
 }
 
 /// Dequantizes `name`, checking its GGUF dims equal `shape` (outermost first).
@@ -323,7 +344,7 @@ pub fn gguf_weights(f: &GgufFile, cfg: &LlamaConfig) -> Result<LlamaWeights, Mod
     let total = 2 + 9 * cfg.num_layers + usize::from(!cfg.tie_word_embeddings);
     let mut p = Progress::new(total, f.path.display().to_string());
     let embed = gguf_mat(f, "token_embd.weight", cfg.vocab_size, h, &mut p)?;
-    let mut layers = Vec::with_capacity(cfg.num_layers);
+    let mut layers = Vec::new();
     for i in 0..cfg.num_layers {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
         layers.push(LayerWeights {

@@ -1,0 +1,387 @@
+//! Loader error paths and GGUF robustness: tiny GGUF files written here, truncated
+//! copies of the real model, random bytes, unsupported types/tokenizers/architectures,
+//! and the Q/K permutation round trip.
+
+use pagoda_models::loader::{permute_qk, unpermute_qk};
+use pagoda_models::{load_model, LoadedModel, Mat, ModelError};
+use proptest::prelude::*;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// A metadata value for the tiny GGUF writer.
+enum V {
+    U32(u32),
+    F32(f32),
+    Bool(bool),
+    Str(String),
+    StrArr(Vec<String>),
+    I32Arr(Vec<i32>),
+}
+
+/// Writes a GGUF v3 file: metadata, then tensors given as (name, dims innermost
+/// first, type id, raw bytes).
+fn gguf_bytes(kv: &[(&str, V)], tensors: &[(String, Vec<u64>, u32, Vec<u8>)]) -> Vec<u8> {
+    let mut b = Vec::new();
+    let s = |b: &mut Vec<u8>, x: &str| {
+        b.extend((x.len() as u64).to_le_bytes());
+        b.extend(x.as_bytes());
+    };
+    b.extend(b"GGUF");
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    b.extend((kv.len() as u64).to_le_bytes());
+    for (k, v) in kv {
+        s(&mut b, k);
+        match v {
+            V::U32(x) => b.extend(4u32.to_le_bytes().into_iter().chain(x.to_le_bytes())),
+            V::F32(x) => b.extend(6u32.to_le_bytes().into_iter().chain(x.to_le_bytes())),
+            V::Bool(x) => b.extend(7u32.to_le_bytes().into_iter().chain([*x as u8])),
+            V::Str(x) => {
+                b.extend(8u32.to_le_bytes());
+                s(&mut b, x);
+            }
+            V::StrArr(xs) => {
+                b.extend(
+                    9u32.to_le_bytes()
+                        .into_iter()
+                        .chain(8u32.to_le_bytes())
+                        .chain((xs.len() as u64).to_le_bytes()),
+                );
+                xs.iter().for_each(|x| s(&mut b, x));
+            }
+            V::I32Arr(xs) => {
+                b.extend(
+                    9u32.to_le_bytes()
+                        .into_iter()
+                        .chain(5u32.to_le_bytes())
+                        .chain((xs.len() as u64).to_le_bytes()),
+                );
+                xs.iter().for_each(|x| b.extend(x.to_le_bytes()));
+            }
+        }
+    }
+    let mut offset = 0u64;
+    let mut data = Vec::new();
+    for (name, dims, ty, bytes) in tensors {
+        s(&mut b, name);
+        b.extend((dims.len() as u32).to_le_bytes());
+        dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
+        b.extend(ty.to_le_bytes());
+        b.extend(offset.to_le_bytes());
+        data.extend(bytes);
+        while data.len() % 32 != 0 {
+            data.push(0);
+        }
+        offset = data.len() as u64;
+    }
+    while b.len() % 32 != 0 {
+        b.push(0);
+    }
+    b.extend(data);
+    b
+}
+
+/// Options for the tiny llama GGUF.
+struct Tiny {
+    arch: &'static str,
+    tok_model: &'static str,
+    pre: &'static str,
+    q_type: u32,
+}
+
+const TINY: Tiny = Tiny {
+    arch: "llama",
+    tok_model: "gpt2",
+    pre: "smollm",
+    q_type: 0,
+};
+const TOKENS: [&str; 6] = ["<|end|>", "a", "b", "ab", "Ġ", "Ġab"];
+
+/// A 1-layer llama (hidden 4, 2 heads of dim 2, 1 KV head, ffn 8) with F32 weights whose
+/// values encode their position, so the loaded weights can be checked exactly.
+fn tiny_gguf(o: &Tiny) -> Vec<u8> {
+    let kv = vec![
+        ("general.architecture", V::Str(o.arch.into())),
+        ("general.alignment", V::U32(32)),
+        ("llama.block_count", V::U32(1)),
+        ("llama.embedding_length", V::U32(4)),
+        ("llama.feed_forward_length", V::U32(8)),
+        ("llama.attention.head_count", V::U32(2)),
+        ("llama.attention.head_count_kv", V::U32(1)),
+        ("llama.attention.layer_norm_rms_epsilon", V::F32(1e-5)),
+        ("llama.rope.freq_base", V::F32(10000.0)),
+        ("llama.context_length", V::U32(64)),
+        ("tokenizer.ggml.model", V::Str(o.tok_model.into())),
+        ("tokenizer.ggml.pre", V::Str(o.pre.into())),
+        (
+            "tokenizer.ggml.tokens",
+            V::StrArr(TOKENS.iter().map(|s| s.to_string()).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            V::I32Arr(vec![3, 1, 1, 1, 1, 1]),
+        ),
+        (
+            "tokenizer.ggml.merges",
+            V::StrArr(vec!["a b".into(), "Ġ ab".into()]),
+        ),
+        ("tokenizer.ggml.eos_token_id", V::U32(0)),
+        ("tokenizer.ggml.add_bos_token", V::Bool(false)),
+    ];
+    let f32s = |n: usize, base: f32| -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| (base + i as f32).to_le_bytes())
+            .collect()
+    };
+    let mut t = vec![(
+        "token_embd.weight".to_string(),
+        vec![4, 6],
+        0,
+        f32s(24, 0.0),
+    )];
+    let mats: [(&str, u64, u64); 7] = [
+        ("attn_q", 4, 4),
+        ("attn_k", 4, 2),
+        ("attn_v", 4, 2),
+        ("attn_output", 4, 4),
+        ("ffn_gate", 4, 8),
+        ("ffn_up", 4, 8),
+        ("ffn_down", 8, 4),
+    ];
+    t.push(("blk.0.attn_norm.weight".into(), vec![4], 0, f32s(4, 1.0)));
+    t.push(("blk.0.ffn_norm.weight".into(), vec![4], 0, f32s(4, 2.0)));
+    for (i, (n, c, r)) in mats.iter().enumerate() {
+        let ty = if *n == "attn_q" { o.q_type } else { 0 };
+        t.push((
+            format!("blk.0.{n}.weight"),
+            vec![*c, *r],
+            ty,
+            f32s((c * r) as usize, 100.0 * i as f32),
+        ));
+    }
+    t.push(("output_norm.weight".into(), vec![4], 0, f32s(4, 3.0)));
+    gguf_bytes(&kv, &t)
+}
+
+fn write_tmp(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
+    p
+}
+
+fn load_bytes(bytes: &[u8]) -> Result<LoadedModel, ModelError> {
+    let dir = tempfile::tempdir().unwrap();
+    load_model(&write_tmp(dir.path(), "m.gguf", bytes))
+}
+
+#[test]
+fn tiny_gguf_loads_exactly() {
+    let m = load_bytes(&tiny_gguf(&TINY)).unwrap();
+    let c = &m.config;
+    assert_eq!(
+        (
+            c.vocab_size,
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim
+        ),
+        (6, 4, 2, 1, 2)
+    );
+    assert!(c.tie_word_embeddings && m.weights.lm_head.is_none());
+    assert_eq!(m.weights.embed.row(5), &[20.0, 21.0, 22.0, 23.0]);
+    let l = &m.weights.layers[0];
+    assert_eq!(l.attn_norm, vec![1.0, 2.0, 3.0, 4.0]);
+    // attn_v is stored as-is: row r holds 200 + 4r ..
+    assert_eq!(l.wv.row(1), &[204.0, 205.0, 206.0, 207.0]);
+    // head_dim 2: the permutation swaps nothing ([n, 1, 2] -> [n, 2, 1] keeps order).
+    assert_eq!(l.wq.row(1), &[4.0, 5.0, 6.0, 7.0]);
+    assert_eq!((l.w_down.rows, l.w_down.cols), (4, 8));
+    assert_eq!(m.eos_token_ids, vec![0]);
+    assert_eq!(m.tokenizer.encode("ab ab", false).unwrap(), vec![3, 5]);
+    assert_eq!(m.tokenizer.encode("<|end|>", false).unwrap(), vec![0]);
+    assert!(m.tokenizer.is_special(0));
+}
+
+#[test]
+fn unsupported_tensor_type_is_named() {
+    for (ty, name) in [(99u32, "99"), (40, "40")] {
+        match load_bytes(&tiny_gguf(&Tiny { q_type: ty, ..TINY })) {
+            Err(ModelError::UnsupportedTensorType { tensor, ggml_type }) => {
+                assert_eq!(tensor, "blk.0.attn_q.weight");
+                assert!(ggml_type.contains(name), "{ggml_type}");
+            }
+            other => panic!(
+                "expected UnsupportedTensorType, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+}
+
+#[test]
+fn unsupported_tokenizer_and_architecture() {
+    for (o, needle) in [
+        (
+            Tiny {
+                pre: "mystery-pre",
+                ..TINY
+            },
+            "mystery-pre",
+        ),
+        (
+            Tiny {
+                tok_model: "llama",
+                ..TINY
+            },
+            "llama",
+        ),
+    ] {
+        match load_bytes(&tiny_gguf(&o)) {
+            Err(ModelError::UnsupportedTokenizer { reason }) => {
+                assert!(reason.contains(needle), "{reason}")
+            }
+            other => panic!("expected UnsupportedTokenizer, got {:?}", other.map(|_| ())),
+        }
+    }
+    match load_bytes(&tiny_gguf(&Tiny {
+        arch: "gptneox",
+        ..TINY
+    })) {
+        Err(ModelError::UnsupportedArchitecture { arch }) => assert_eq!(arch, "gptneox"),
+        other => panic!(
+            "expected UnsupportedArchitecture, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+}
+
+#[test]
+fn not_found_and_unknown_format() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        load_model(&dir.path().join("nope.gguf")),
+        Err(ModelError::NotFound { .. })
+    ));
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let random: Vec<u8> = (0..4096)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect();
+    for (name, bytes) in [
+        ("random.bin", &random[..]),
+        ("empty.gguf", &[][..]),
+        ("abc", b"GGU"),
+    ] {
+        let p = write_tmp(dir.path(), name, bytes);
+        assert!(
+            matches!(load_model(&p), Err(ModelError::UnknownFormat { .. })),
+            "{name}"
+        );
+    }
+    // A directory without config.json is not a model either.
+    assert!(matches!(
+        load_model(dir.path()),
+        Err(ModelError::UnknownFormat { .. })
+    ));
+}
+
+#[test]
+fn truncated_real_model_is_corrupt() {
+    let path = std::env::var_os("PAGODA_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap())
+                .join(".cache/pagoda/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    let full =
+        std::fs::read(&path).unwrap_or_else(|e| panic!("real model at {}: {e}", path.display()));
+    let dir = tempfile::tempdir().unwrap();
+    for n in [
+        4,
+        8,
+        23,
+        100,
+        5_000,
+        1_000_000,
+        2_000_000,
+        full.len() / 2,
+        full.len() - 1,
+    ] {
+        let p = write_tmp(dir.path(), "cut.gguf", &full[..n]);
+        match load_model(&p) {
+            Err(ModelError::CorruptGguf { reason, .. }) => assert!(!reason.is_empty()),
+            other => panic!(
+                "first {n} bytes: expected CorruptGguf, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+}
+
+#[test]
+fn absurd_counts_are_corrupt_not_allocations() {
+    let mut b = tiny_gguf(&TINY);
+    b[16..24].copy_from_slice(&u64::MAX.to_le_bytes()); // metadata count
+    assert!(matches!(
+        load_bytes(&b),
+        Err(ModelError::CorruptGguf { .. })
+    ));
+    let mut b = tiny_gguf(&TINY);
+    b[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes()); // tensor count
+    assert!(matches!(
+        load_bytes(&b),
+        Err(ModelError::CorruptGguf { .. })
+    ));
+    let mut b = tiny_gguf(&TINY);
+    b[4..8].copy_from_slice(&7u32.to_le_bytes()); // version
+    assert!(matches!(
+        load_bytes(&b),
+        Err(ModelError::CorruptGguf { .. })
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Any single corrupted byte or truncation of a valid file gives Ok or an error, never
+    /// a panic.
+    #[test]
+    fn damaged_tiny_files_never_panic(pos in 0usize..2000, byte in any::<u8>(), cut in 0usize..2000) {
+        let mut b = tiny_gguf(&TINY);
+        let pos = pos % b.len();
+        b[pos] = byte;
+        b.truncate(cut.max(4).min(b.len()));
+        let _ = load_bytes(&b);
+    }
+
+    /// Undoing llama.cpp's Q/K permutation inverts it, and matches the index formula
+    /// hf[h][p * hd/2 + i] = gguf[h][2i + p].
+    #[test]
+    fn qk_permutation_round_trip(n_heads in 1usize..5, half in 1usize..9, cols in 1usize..5) {
+        let hd = 2 * half;
+        let rows = n_heads * hd;
+        let hf = Mat::new(rows, cols, (0..rows * cols).map(|x| x as f32).collect());
+        let gguf = permute_qk(&hf, n_heads).unwrap();
+        for h in 0..n_heads {
+            for i in 0..half {
+                for p in 0..2 {
+                    prop_assert_eq!(hf.row(h * hd + p * half + i), gguf.row(h * hd + 2 * i + p));
+                }
+            }
+        }
+        prop_assert_eq!(unpermute_qk(&gguf, n_heads).unwrap(), hf);
+    }
+}
+
+#[test]
+fn qk_permutation_rejects_bad_shapes() {
+    let m = Mat::new(6, 1, vec![0.0; 6]);
+    assert!(unpermute_qk(&m, 4).is_err()); // 6 rows are not 4 heads
+    assert!(unpermute_qk(&m, 2).is_err()); // head dim 3 is odd
+    assert!(unpermute_qk(&m, 0).is_err());
+}
