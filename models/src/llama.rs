@@ -1,0 +1,426 @@
+//! The Llama-family forward pass on CPU in f32, through the pluggable attention
+//! backend and the paged KV cache.
+//!
+//! At construction the per-layer projections are fused (`[wq; wk; wv]` and
+//! `[w_gate; w_up]`) so each is one GEMM per step. A step runs every token of the
+//! batch through the layers; the final norm and the LM head run only on the rows
+//! whose logits the caller asks for (usually the last token of each request), since
+//! the LM head is the largest matrix. All intermediate buffers live in a reusable
+//! [`ForwardScratch`], so a warm decode step allocates nothing.
+
+use crate::config::LlamaConfig;
+use crate::error::ModelError;
+use crate::weights::{LlamaWeights, Mat};
+use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, LayerIo};
+use pagoda_kernels::{
+    add_rms_norm, matmul_t, rms_norm, silu_mul, KernelError, Llama3Scaling, RopeCache,
+};
+
+/// One decoder layer with fused projection matrices (row-major, `nn.Linear` layout).
+#[derive(Debug, Clone)]
+struct FusedLayer {
+    attn_norm: Vec<f32>,
+    /// `[(num_heads + 2 * num_kv_heads) * head_dim, hidden]`: rows of wq, then wk, then wv.
+    wqkv: Vec<f32>,
+    /// `[hidden, num_heads * head_dim]`
+    wo: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    /// `[2 * intermediate, hidden]`: rows of w_gate, then w_up.
+    w_gate_up: Vec<f32>,
+    /// `[hidden, intermediate]`
+    w_down: Vec<f32>,
+}
+
+/// A Llama-family model ready to run.
+#[derive(Debug, Clone)]
+pub struct Llama {
+    config: LlamaConfig,
+    /// `[vocab, hidden]`
+    embed: Mat,
+    layers: Vec<FusedLayer>,
+    norm: Vec<f32>,
+    /// `None` when tied to `embed`.
+    lm_head: Option<Mat>,
+    rope: RopeCache,
+}
+
+/// Reusable buffers for [`Llama::forward`]; they grow to the largest batch seen and
+/// are then reused without allocation.
+#[derive(Debug, Default)]
+pub struct ForwardScratch {
+    /// Residual stream `[tokens, hidden]`.
+    h: Vec<f32>,
+    /// Normed input of the next projection `[tokens, hidden]`.
+    xn: Vec<f32>,
+    /// Fused QKV output `[tokens, q + 2 kv]`.
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    /// Output of o_proj / down_proj `[tokens, hidden]`.
+    proj: Vec<f32>,
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+    /// Residual rows selected for logits, then their final norm.
+    sel: Vec<f32>,
+    sel_norm: Vec<f32>,
+}
+
+/// Sets `v` to `len` elements, reusing its capacity (contents are overwritten by the caller).
+fn size(v: &mut Vec<f32>, len: usize) {
+    v.resize(len, 0.0);
+}
+
+fn kernel(e: KernelError) -> ModelError {
+    ModelError::Forward {
+        message: e.to_string(),
+    }
+}
+
+fn forward_err(message: String) -> ModelError {
+    ModelError::Forward { message }
+}
+
+fn check_mat(name: String, m: &Mat, rows: usize, cols: usize) -> Result<(), ModelError> {
+    if m.rows != rows || m.cols != cols || m.data.len() != rows * cols {
+        return Err(ModelError::TensorShape {
+            name,
+            expected: vec![rows, cols],
+            actual: vec![m.rows, m.cols],
+        });
+    }
+    Ok(())
+}
+
+fn check_vec(name: String, v: &[f32], len: usize) -> Result<(), ModelError> {
+    if v.len() != len {
+        return Err(ModelError::TensorShape {
+            name,
+            expected: vec![len],
+            actual: vec![v.len()],
+        });
+    }
+    Ok(())
+}
+
+fn config_err(message: String) -> ModelError {
+    ModelError::Config { message }
+}
+
+fn validate_config(c: &LlamaConfig) -> Result<(), ModelError> {
+    let positive = [
+        ("vocab_size", c.vocab_size),
+        ("hidden_size", c.hidden_size),
+        ("intermediate_size", c.intermediate_size),
+        ("num_heads", c.num_heads),
+        ("num_kv_heads", c.num_kv_heads),
+        ("head_dim", c.head_dim),
+        ("max_position_embeddings", c.max_position_embeddings),
+    ];
+    for (name, v) in positive {
+        if v == 0 {
+            return Err(config_err(format!("{name} must be > 0")));
+        }
+    }
+    if c.num_heads % c.num_kv_heads != 0 {
+        return Err(config_err(format!(
+            "{} heads are not a multiple of {} KV heads",
+            c.num_heads, c.num_kv_heads
+        )));
+    }
+    if c.head_dim % 2 != 0 {
+        return Err(config_err(format!(
+            "head_dim {} must be even for RoPE",
+            c.head_dim
+        )));
+    }
+    if c.vocab_size > u32::MAX as usize {
+        return Err(config_err(format!(
+            "vocab_size {} does not fit token ids",
+            c.vocab_size
+        )));
+    }
+    Ok(())
+}
+
+impl Llama {
+    /// Checks every weight shape against `config`, fuses the projections and
+    /// precomputes the RoPE tables for `max_position_embeddings` positions.
+    pub fn new(config: LlamaConfig, weights: LlamaWeights) -> Result<Self, ModelError> {
+        validate_config(&config)?;
+        let c = &config;
+        let (hidden, hd) = (c.hidden_size, c.head_dim);
+        let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
+        check_mat("token_embd".into(), &weights.embed, c.vocab_size, hidden)?;
+        if weights.layers.len() != c.num_layers {
+            return Err(config_err(format!(
+                "{} layers in weights, config says {}",
+                weights.layers.len(),
+                c.num_layers
+            )));
+        }
+        check_vec("output_norm".into(), &weights.norm, hidden)?;
+        if let Some(head) = &weights.lm_head {
+            check_mat("lm_head".into(), head, c.vocab_size, hidden)?;
+        }
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for (i, l) in weights.layers.into_iter().enumerate() {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            check_vec(n("attn_norm"), &l.attn_norm, hidden)?;
+            check_mat(n("wq"), &l.wq, q_dim, hidden)?;
+            check_mat(n("wk"), &l.wk, kv_dim, hidden)?;
+            check_mat(n("wv"), &l.wv, kv_dim, hidden)?;
+            check_mat(n("wo"), &l.wo, hidden, q_dim)?;
+            check_vec(n("ffn_norm"), &l.ffn_norm, hidden)?;
+            check_mat(n("w_gate"), &l.w_gate, c.intermediate_size, hidden)?;
+            check_mat(n("w_up"), &l.w_up, c.intermediate_size, hidden)?;
+            check_mat(n("w_down"), &l.w_down, hidden, c.intermediate_size)?;
+            let mut wqkv = l.wq.data;
+            wqkv.extend_from_slice(&l.wk.data);
+            wqkv.extend_from_slice(&l.wv.data);
+            let mut w_gate_up = l.w_gate.data;
+            w_gate_up.extend_from_slice(&l.w_up.data);
+            layers.push(FusedLayer {
+                attn_norm: l.attn_norm,
+                wqkv,
+                wo: l.wo.data,
+                ffn_norm: l.ffn_norm,
+                w_gate_up,
+                w_down: l.w_down.data,
+            });
+        }
+        let scaling = c.rope_scaling.map(|s| Llama3Scaling {
+            factor: s.factor,
+            low_freq_factor: s.low_freq_factor,
+            high_freq_factor: s.high_freq_factor,
+            original_max_position_embeddings: s.original_max_position_embeddings,
+        });
+        let rope = RopeCache::new(
+            hd,
+            c.max_position_embeddings,
+            c.rope_theta,
+            scaling.as_ref(),
+        )
+        .map_err(|e| config_err(format!("rope: {e}")))?;
+        Ok(Llama {
+            config,
+            embed: weights.embed,
+            layers,
+            norm: weights.norm,
+            lm_head: weights.lm_head,
+            rope,
+        })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The LM head matrix `[vocab, hidden]` (the embedding when tied).
+    fn head(&self) -> &Mat {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// One engine step. `input_ids`/`positions` are the batch's tokens in
+    /// `batch` order; the caller has already called `attn.plan(batch)`. New K/V go
+    /// into `kv` at `batch.slot_mapping`. `logits` becomes
+    /// `[logits_rows.len(), vocab]`, row `i` for token index `logits_rows[i]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        input_ids: &[u32],
+        positions: &[u32],
+        batch: &BatchDescriptor,
+        attn: &mut dyn AttentionBackend,
+        kv: &mut KvCache,
+        logits_rows: &[usize],
+        logits: &mut Vec<f32>,
+        scratch: &mut ForwardScratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let n = input_ids.len();
+        self.check_inputs(input_ids, positions, batch, kv, logits_rows)?;
+        let (hidden, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let qkv_dim = q_dim + 2 * kv_dim;
+        let eps = c.rms_norm_eps;
+        let s = scratch;
+        size(&mut s.h, n * hidden);
+        size(&mut s.xn, n * hidden);
+        size(&mut s.qkv, n * qkv_dim);
+        size(&mut s.q, n * q_dim);
+        size(&mut s.k, n * kv_dim);
+        size(&mut s.v, n * kv_dim);
+        size(&mut s.attn, n * q_dim);
+        size(&mut s.proj, n * hidden);
+        size(&mut s.gate_up, n * 2 * inter);
+        size(&mut s.act, n * inter);
+
+        for (t, &id) in input_ids.iter().enumerate() {
+            s.h[t * hidden..(t + 1) * hidden].copy_from_slice(self.embed.row(id as usize));
+        }
+        if n == 0 {
+            logits.clear();
+            return Ok(());
+        }
+        if let Some(first) = self.layers.first() {
+            rms_norm(&s.h, &first.attn_norm, eps, &mut s.xn).map_err(kernel)?;
+        }
+        for (l, layer) in self.layers.iter().enumerate() {
+            // Attention block: xn holds rms_norm(h) with this layer's attn_norm.
+            matmul_t(&s.xn, &layer.wqkv, &mut s.qkv, n, hidden, qkv_dim).map_err(kernel)?;
+            for t in 0..n {
+                let row = &s.qkv[t * qkv_dim..(t + 1) * qkv_dim];
+                s.q[t * q_dim..(t + 1) * q_dim].copy_from_slice(&row[..q_dim]);
+                s.k[t * kv_dim..(t + 1) * kv_dim].copy_from_slice(&row[q_dim..q_dim + kv_dim]);
+                s.v[t * kv_dim..(t + 1) * kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
+            }
+            self.rope
+                .apply(&mut s.q, c.num_heads, positions)
+                .map_err(kernel)?;
+            self.rope
+                .apply(&mut s.k, c.num_kv_heads, positions)
+                .map_err(kernel)?;
+            let pools = &mut kv.layers[l];
+            attn.write_kv(
+                &mut pools.k,
+                &mut pools.v,
+                &s.k,
+                &s.v,
+                &batch.slot_mapping,
+                kv_dim,
+            )?;
+            attn.run(LayerIo {
+                q: &s.q,
+                k_cache: &pools.k,
+                v_cache: &pools.v,
+                out: &mut s.attn,
+                lse: None,
+            })?;
+            matmul_t(&s.attn, &layer.wo, &mut s.proj, n, q_dim, hidden).map_err(kernel)?;
+            add_rms_norm(&mut s.h, &s.proj, &layer.ffn_norm, eps, &mut s.xn).map_err(kernel)?;
+
+            // MLP block (SwiGLU).
+            matmul_t(
+                &s.xn,
+                &layer.w_gate_up,
+                &mut s.gate_up,
+                n,
+                hidden,
+                2 * inter,
+            )
+            .map_err(kernel)?;
+            for t in 0..n {
+                let gu = &s.gate_up[t * 2 * inter..(t + 1) * 2 * inter];
+                silu_mul(
+                    &gu[..inter],
+                    &gu[inter..],
+                    &mut s.act[t * inter..(t + 1) * inter],
+                )
+                .map_err(kernel)?;
+            }
+            matmul_t(&s.act, &layer.w_down, &mut s.proj, n, inter, hidden).map_err(kernel)?;
+            // Fuse this layer's residual add with the next layer's input norm; after
+            // the last layer the residual is only needed on the logits rows (below).
+            if let Some(next) = self.layers.get(l + 1) {
+                add_rms_norm(&mut s.h, &s.proj, &next.attn_norm, eps, &mut s.xn).map_err(kernel)?;
+            }
+        }
+
+        // Final norm + LM head on the requested rows only.
+        let r = logits_rows.len();
+        size(&mut s.sel, r * hidden);
+        size(&mut s.sel_norm, r * hidden);
+        let last_layer_pending = !self.layers.is_empty();
+        for (i, &t) in logits_rows.iter().enumerate() {
+            let dst = &mut s.sel[i * hidden..(i + 1) * hidden];
+            dst.copy_from_slice(&s.h[t * hidden..(t + 1) * hidden]);
+            if last_layer_pending {
+                for (a, b) in dst.iter_mut().zip(&s.proj[t * hidden..(t + 1) * hidden]) {
+                    *a += b;
+                }
+            }
+        }
+        let vocab = c.vocab_size;
+        logits.resize(r * vocab, 0.0);
+        if r == 0 {
+            return Ok(());
+        }
+        rms_norm(&s.sel, &self.norm, eps, &mut s.sel_norm).map_err(kernel)?;
+        matmul_t(&s.sel_norm, &self.head().data, logits, r, hidden, vocab).map_err(kernel)?;
+        Ok(())
+    }
+
+    fn check_inputs(
+        &self,
+        input_ids: &[u32],
+        positions: &[u32],
+        batch: &BatchDescriptor,
+        kv: &KvCache,
+        logits_rows: &[usize],
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let n = input_ids.len();
+        if positions.len() != n {
+            return Err(forward_err(format!(
+                "{n} input ids but {} positions",
+                positions.len()
+            )));
+        }
+        if batch.num_tokens() != n || batch.slot_mapping.len() != n {
+            return Err(forward_err(format!(
+                "{n} input ids but the batch has {} tokens and {} slots",
+                batch.num_tokens(),
+                batch.slot_mapping.len()
+            )));
+        }
+        if let Some((t, &id)) = input_ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= c.vocab_size)
+        {
+            return Err(forward_err(format!(
+                "token {t}: id {id} is out of the vocabulary of {}",
+                c.vocab_size
+            )));
+        }
+        if let Some(&p) = positions
+            .iter()
+            .find(|&&p| p as usize >= self.rope.max_position())
+        {
+            return Err(forward_err(format!(
+                "position {p} is beyond the model's {} positions",
+                self.rope.max_position()
+            )));
+        }
+        if let Some(&t) = logits_rows.iter().find(|&&t| t >= n) {
+            return Err(forward_err(format!(
+                "logits row {t} is out of range for {n} tokens"
+            )));
+        }
+        let spec = &kv.spec;
+        if spec.num_layers != c.num_layers
+            || kv.layers.len() != c.num_layers
+            || spec.num_kv_heads != c.num_kv_heads
+            || spec.head_dim != c.head_dim
+        {
+            return Err(forward_err(format!(
+                "KV cache ({} layers, {} kv heads, head dim {}) does not fit the model ({} layers, {} kv heads, head dim {})",
+                kv.layers.len(),
+                spec.num_kv_heads,
+                spec.head_dim,
+                c.num_layers,
+                c.num_kv_heads,
+                c.head_dim
+            )));
+        }
+        if spec.block_size != batch.block_size {
+            return Err(forward_err(format!(
+                "batch block size {} but cache block size {}",
+                batch.block_size, spec.block_size
+            )));
+        }
+        Ok(())
+    }
+}
