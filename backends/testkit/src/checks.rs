@@ -41,9 +41,9 @@ impl Check {
     /// Proptest cases per run (overridden by `PROPTEST_CASES`).
     pub fn cases(self) -> u32 {
         match self {
-            Check::RandomBatches => 64,
+            Check::RandomBatches => 128,
             Check::BadBuffers => 1,
-            _ => 24,
+            _ => 40,
         }
     }
 
