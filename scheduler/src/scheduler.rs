@@ -12,6 +12,11 @@
 //! token (decodes, including new requests left with one token) come first, then
 //! the rest; running before new within each group. The model runner can rely on it.
 //!
+//! Prefix hits may point at blocks that another row of the *same* step is filling
+//! (blocks are cached when allocated, as in vLLM), so the runner must write the
+//! whole batch's K/V of a layer before that layer's attention, as core's
+//! `AttentionBackend` protocol already requires.
+//!
 //! Requests that could never fit are refused by `add_request`. The effective
 //! maximum length is `min(max_model_len, usable_blocks * block_size)`, so a lone
 //! request always fits the cache and preemption can never livelock.

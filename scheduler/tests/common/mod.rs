@@ -116,6 +116,8 @@ impl FakeRunner {
         let bs = self.block_size;
         let mut res = ModelRunnerOutput::default();
         let mut seen_prefill = false;
+        // Like a real layer, write every row's new K/V first, then attend: a prefix hit
+        // may point at blocks another row of this same step is writing.
         for (id, n) in &out.num_scheduled_tokens {
             if *n == 0 {
                 return Err(format!("{id}: zero tokens scheduled"));
@@ -124,10 +126,7 @@ impl FakeRunner {
                 return Err(format!("{id}: decode row after a prefill row"));
             }
             seen_prefill |= *n > 1;
-            let r = self
-                .reqs
-                .get_mut(id)
-                .ok_or(format!("scheduled {id} unknown"))?;
+            let r = self.reqs.get(id).ok_or(format!("scheduled {id} unknown"))?;
             let (start, end) = (r.num_computed, r.num_computed + n);
             if end > r.tokens.len() {
                 return Err(format!("{id}: computes past its tokens"));
@@ -135,19 +134,24 @@ impl FakeRunner {
             if r.blocks.len() * bs < end {
                 return Err(format!("{id}: {} blocks for {end} tokens", r.blocks.len()));
             }
-            let slot = |p: usize| r.blocks[p / bs] as usize * bs + p % bs;
             if r.blocks.contains(&0) {
                 return Err(format!("{id}: null block in a block table"));
             }
+            for p in start..end {
+                self.kv
+                    .insert(r.blocks[p / bs] as usize * bs + p % bs, (r.tokens[p], p));
+            }
+        }
+        for (id, n) in &out.num_scheduled_tokens {
+            let r = self.reqs.get_mut(id).expect("checked above");
+            let end = r.num_computed + n;
             if self.check_kv {
-                for p in 0..start {
-                    if self.kv.get(&slot(p)) != Some(&(r.tokens[p], p)) {
-                        return Err(format!("{id}: cached KV at position {p} is wrong"));
+                for p in 0..end {
+                    let slot = r.blocks[p / bs] as usize * bs + p % bs;
+                    if self.kv.get(&slot) != Some(&(r.tokens[p], p)) {
+                        return Err(format!("{id}: KV at position {p} is wrong"));
                     }
                 }
-            }
-            for p in start..end {
-                self.kv.insert(slot(p), (r.tokens[p], p));
             }
             r.num_computed = end;
             let tok = (end == r.tokens.len()).then(|| sample(&r.tokens, self.vocab));

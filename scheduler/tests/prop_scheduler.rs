@@ -1,0 +1,199 @@
+//! Property test: the scheduler under random workloads (shared prefixes, tiny caches
+//! that force preemption, small budgets, random arrivals and aborts) driven by the
+//! fake runner. Checked every step: budget, max_num_seqs, runner-side consistency
+//! (block tables, cached KV content, decode-first order) and scheduler invariants.
+//! Checked at the end: every request finished, outputs equal the scheduler-free
+//! reference generation (so preempted requests resumed exactly), no block leaked.
+
+mod common;
+
+use common::{reference_generate, FakeRunner};
+use pagoda_core::{Request, SamplingParams};
+use pagoda_scheduler::{Scheduler, SchedulerConfig, SchedulerError, SchedulingPolicy};
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+const VOCAB: u32 = 24;
+const EOS: u32 = 0;
+
+#[derive(Debug, Clone)]
+struct Spec {
+    family: usize,
+    shared: usize,
+    suffix: usize,
+    max_tokens: usize,
+    min_tokens: usize,
+    ignore_eos: bool,
+    stop_token: Option<u32>,
+    priority: i32,
+    arrival: usize,
+    abort_at: Option<usize>,
+    salt: bool,
+}
+
+fn spec() -> impl Strategy<Value = Spec> {
+    (
+        (0usize..3, 0usize..40, 1usize..20),
+        (
+            1usize..40,
+            0usize..4,
+            any::<bool>(),
+            prop::option::of(1u32..VOCAB),
+        ),
+        (
+            0i32..3,
+            0usize..12,
+            prop::option::weighted(0.15, 0usize..30),
+            prop::bool::weighted(0.2),
+        ),
+    )
+        .prop_map(
+            |(
+                (family, shared, suffix),
+                (max_tokens, min_tokens, ignore_eos, stop_token),
+                (priority, arrival, abort_at, salt),
+            )| Spec {
+                family,
+                shared,
+                suffix,
+                max_tokens,
+                min_tokens: min_tokens.min(max_tokens),
+                ignore_eos,
+                stop_token,
+                priority,
+                arrival,
+                abort_at,
+                salt,
+            },
+        )
+}
+
+fn config() -> impl Strategy<Value = SchedulerConfig> {
+    (
+        prop_oneof![Just(2usize), Just(4), Just(8), Just(16)],
+        3usize..40,
+        1usize..8,
+        4usize..80,
+        any::<bool>(),
+        any::<bool>(),
+        prop_oneof![Just(0usize), 1usize..20],
+        any::<bool>(),
+    )
+        .prop_map(
+            |(block_size, num_blocks, max_num_seqs, budget, caching, chunked, threshold, prio)| {
+                let usable_len = (num_blocks - 1) * block_size;
+                let max_model_len = usable_len.min(96);
+                SchedulerConfig {
+                    max_num_seqs,
+                    // Without chunking the budget must cover a whole (resumed) sequence.
+                    max_num_batched_tokens: if chunked {
+                        budget
+                    } else {
+                        max_model_len.max(budget)
+                    },
+                    max_model_len,
+                    block_size,
+                    num_blocks,
+                    enable_prefix_caching: caching,
+                    enable_chunked_prefill: chunked,
+                    long_prefill_token_threshold: threshold,
+                    policy: if prio {
+                        SchedulingPolicy::Priority
+                    } else {
+                        SchedulingPolicy::Fcfs
+                    },
+                }
+            },
+        )
+}
+
+fn prompt_of(s: &Spec, i: usize) -> Vec<u32> {
+    // Families share long prefixes; suffixes are unique per request.
+    let mut p: Vec<u32> = (0..s.shared as u32)
+        .map(|t| (t * 7 + s.family as u32 * 3) % VOCAB)
+        .collect();
+    p.extend((0..s.suffix as u32).map(|t| (t * 5 + i as u32 * 11 + 1) % VOCAB));
+    p
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn scheduler_random_workloads(cfg in config(), specs in prop::collection::vec(spec(), 1..14)) {
+        let mut s = Scheduler::new(cfg.clone()).unwrap();
+        let mut runner = FakeRunner::new(cfg.block_size, VOCAB);
+        let mut outputs: HashMap<String, Vec<u32>> = HashMap::new();
+        let mut finished: HashMap<String, bool> = HashMap::new();
+        let mut accepted: Vec<(String, Vec<u32>, SamplingParams)> = Vec::new();
+        let mut aborted: Vec<String> = Vec::new();
+        let last_arrival = specs.iter().map(|s| s.arrival).max().unwrap_or(0);
+        let mut step = 0;
+        loop {
+            for (i, sp) in specs.iter().enumerate() {
+                let id = format!("r{i}");
+                if sp.arrival == step {
+                    let prompt = prompt_of(sp, i);
+                    let params = SamplingParams {
+                        stop_token_ids: sp.stop_token.into_iter().collect(),
+                        min_tokens: sp.min_tokens,
+                        ignore_eos: sp.ignore_eos,
+                        ..SamplingParams::greedy(sp.max_tokens)
+                    };
+                    let req = Request::new(id.clone(), prompt.clone(), params.clone(), vec![EOS])
+                        .with_priority(sp.priority)
+                        .with_cache_salt(sp.salt.then(|| "tenant".to_string()));
+                    match s.add_request(req) {
+                        Ok(()) => accepted.push((id.clone(), prompt, params)),
+                        Err(SchedulerError::PromptTooLong { .. }) => prop_assert!(prompt.len() + 1 > cfg.max_model_len),
+                        Err(SchedulerError::ExceedsKvCache { num_blocks_needed, num_usable_blocks, .. }) => {
+                            prop_assert!(num_blocks_needed > num_usable_blocks)
+                        }
+                        Err(e) => prop_assert!(false, "unexpected {e}"),
+                    }
+                }
+                if sp.abort_at == Some(step) && s.abort_request(&id) {
+                    aborted.push(id);
+                }
+            }
+            if !s.has_unfinished_requests() && step > last_arrival {
+                break;
+            }
+            let out = s.schedule();
+            prop_assert!(out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens);
+            prop_assert!(out.num_scheduled_tokens.len() <= cfg.max_num_seqs);
+            prop_assert!(s.num_running() <= cfg.max_num_seqs);
+            if cfg.long_prefill_token_threshold > 0 {
+                prop_assert!(out.num_scheduled_tokens.iter().all(|(_, n)| *n <= cfg.long_prefill_token_threshold));
+            }
+            let res = runner.execute(&out).map_err(TestCaseError::fail)?;
+            for o in s.update_from_output(&out, &res) {
+                prop_assert!(!finished.contains_key(&o.req_id), "output after finish");
+                outputs.entry(o.req_id.clone()).or_default().extend(&o.new_token_ids);
+                if o.finish_reason.is_some() {
+                    finished.insert(o.req_id.clone(), true);
+                }
+            }
+            s.check_invariants().map_err(TestCaseError::fail)?;
+            step += 1;
+            prop_assert!(step < 20_000, "no progress");
+        }
+        // Flush finished ids to the runner: it must end with no state.
+        runner.execute(&s.schedule()).map_err(TestCaseError::fail)?;
+        prop_assert_eq!(runner.num_requests(), 0);
+        for (id, prompt, params) in &accepted {
+            let got = outputs.get(id).cloned().unwrap_or_default();
+            let want = reference_generate(prompt, params, &[EOS], s.max_len(), VOCAB);
+            if aborted.contains(id) {
+                prop_assert!(want.starts_with(&got), "{}: aborted outputs diverge", id);
+            } else {
+                prop_assert!(finished.contains_key(id), "{} never finished", id);
+                prop_assert_eq!(&got, &want, "{} outputs differ", id);
+            }
+        }
+        let kv = s.kv_cache_manager();
+        prop_assert_eq!(kv.num_free_blocks(), cfg.num_blocks - 1);
+        prop_assert_eq!(kv.num_requests(), 0);
+        s.check_invariants().map_err(TestCaseError::fail)?;
+    }
+}
