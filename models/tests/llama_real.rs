@@ -1,0 +1,194 @@
+//! The real SmolLM2-135M (GGUF, dequantized to f32) through [`Llama::forward`]
+//! against HF transformers' greedy reference (`shared/reference/smollm2-greedy.json`):
+//! the first step's top-5 ids and log-probs (within 1e-3), then greedy decoding one
+//! token per step for each case's `safe_len` steps (where the reference's top-1/top-2
+//! gap is safely above f32 noise).
+//!
+//! The model is found through `$PAGODA_MODEL` or the default cache path; the test
+//! fails with a clear message if it is absent.
+
+use pagoda_backend_naive::NaiveBackend;
+use pagoda_core::{AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, KvCacheSpec};
+use pagoda_kernels::{argmax, log_softmax};
+use pagoda_models::{load_model, ForwardScratch, Llama};
+use std::path::PathBuf;
+use std::time::Instant;
+
+const BLOCK: usize = 16;
+
+fn model_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("PAGODA_MODEL") {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var_os("HOME").expect("HOME is not set");
+    PathBuf::from(home).join(".cache/pagoda/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn load() -> Llama {
+    let path = model_path();
+    assert!(
+        path.exists(),
+        "model not found at {} (set PAGODA_MODEL or install the model)",
+        path.display()
+    );
+    let m = load_model(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
+    Llama::new(m.config, m.weights).expect("model shapes")
+}
+
+struct Case {
+    prompt_ids: Vec<u32>,
+    greedy_ids: Vec<u32>,
+    top5_ids: Vec<u32>,
+    top5_logprobs: Vec<f64>,
+    safe_len: usize,
+}
+
+fn cases() -> Vec<Case> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/reference/smollm2-greedy.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).expect("reference json");
+    let ids = |x: &serde_json::Value| -> Vec<u32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i.as_u64().unwrap() as u32)
+            .collect()
+    };
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Case {
+            prompt_ids: ids(&c["prompt_ids"]),
+            greedy_ids: ids(&c["greedy_ids"]),
+            top5_ids: ids(&c["top5_ids"]),
+            top5_logprobs: c["top5_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect(),
+            safe_len: c["safe_len"].as_u64().unwrap() as usize,
+        })
+        .collect()
+}
+
+/// A single-request runner over a contiguous run of blocks in reverse order (so the
+/// block table is not the identity).
+struct Session {
+    kv: KvCache,
+    backend: NaiveBackend,
+    table: Vec<u32>,
+    len: usize,
+    scratch: ForwardScratch,
+    logits: Vec<f32>,
+}
+
+impl Session {
+    fn new(model: &Llama, max_tokens: usize) -> Self {
+        let c = model.config();
+        let blocks = max_tokens.div_ceil(BLOCK);
+        let spec = KvCacheSpec {
+            num_layers: c.num_layers,
+            num_blocks: blocks,
+            block_size: BLOCK,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+        };
+        let cfg = AttentionConfig::cpu_f32(c.num_heads, c.num_kv_heads, c.head_dim, BLOCK);
+        Session {
+            kv: KvCache::filled(spec, f32::NAN),
+            backend: NaiveBackend::new(&cfg).unwrap(),
+            table: (0..blocks as u32).rev().collect(),
+            len: 0,
+            scratch: ForwardScratch::default(),
+            logits: Vec::new(),
+        }
+    }
+
+    /// Feeds `ids` as one step; returns the log-probs after the last one.
+    fn step(&mut self, model: &Llama, ids: &[u32]) -> Vec<f32> {
+        let (start, q) = (self.len, ids.len());
+        let positions: Vec<u32> = (start as u32..(start + q) as u32).collect();
+        let batch = BatchDescriptor::new(
+            BLOCK,
+            &[q],
+            &[start + q],
+            &[&self.table[..(start + q).div_ceil(BLOCK)]],
+        )
+        .unwrap();
+        self.backend.plan(&batch).unwrap();
+        model
+            .forward(
+                ids,
+                &positions,
+                &batch,
+                &mut self.backend,
+                &mut self.kv,
+                &[q - 1],
+                &mut self.logits,
+                &mut self.scratch,
+            )
+            .unwrap();
+        self.len += q;
+        let mut lp = self.logits.clone();
+        log_softmax(&mut lp);
+        lp
+    }
+}
+
+#[test]
+fn smollm2_matches_hf_greedy_reference() {
+    let model = load();
+    for (ci, case) in cases().iter().enumerate() {
+        let mut s = Session::new(&model, case.prompt_ids.len() + case.greedy_ids.len() + 1);
+        let lp = s.step(&model, &case.prompt_ids);
+        let mut order: Vec<usize> = (0..lp.len()).collect();
+        order.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]));
+        for i in 0..5 {
+            assert_eq!(order[i] as u32, case.top5_ids[i], "case {ci}: top-5 id {i}");
+            let (got, want) = (lp[order[i]] as f64, case.top5_logprobs[i]);
+            assert!(
+                (got - want).abs() < 1e-3,
+                "case {ci}: top-5 logprob {i}: {got} vs {want}"
+            );
+        }
+        let mut next = argmax(&lp).unwrap() as u32;
+        for step in 0..case.safe_len {
+            assert_eq!(
+                next, case.greedy_ids[step],
+                "case {ci}: greedy token {step}"
+            );
+            if step + 1 < case.safe_len {
+                next = argmax(&s.step(&model, &[next])).unwrap() as u32;
+            }
+        }
+    }
+}
+
+/// Rough decode-step timing at SmolLM2's shape; run with
+/// `RAYON_NUM_THREADS=1 cargo test -p pagoda-models --test llama_real -- --ignored --nocapture`.
+/// Prints only; speed is not asserted.
+#[test]
+#[ignore]
+fn decode_step_timing() {
+    let model = load();
+    let mut s = Session::new(&model, 256);
+    s.step(&model, &(0..32).map(|i| 100 + i).collect::<Vec<u32>>());
+    let t = Instant::now();
+    let mut tok = 1u32;
+    let steps = 64;
+    for _ in 0..steps {
+        tok = argmax(&s.step(&model, &[tok])).unwrap() as u32;
+    }
+    let per = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
+    let t = Instant::now();
+    s.step(&model, &(0..128).map(|i| 200 + i).collect::<Vec<u32>>());
+    let prefill = t.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "threads {}: decode {per:.2} ms/step at context ~64; prefill of 128 tokens {prefill:.1} ms",
+        rayon::current_num_threads()
+    );
+}
