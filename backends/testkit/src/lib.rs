@@ -293,7 +293,8 @@ impl IntoSubject for &'static BackendRegistration {
 /// where `SUBJECT` is a registered name (`"example"`) or an expression building a
 /// [`Subject`]. It expands to several `fn conformance_*` items, so invoke it once
 /// per module (wrap further invocations in their own `mod`).
-/// Failing cases are persisted next to the invoking file under `proptest-regressions/`.
+/// Failing seeds are persisted beside the invoking file, e.g.
+/// `tests/conformance.proptest-regressions` (commit it).
 #[macro_export]
 macro_rules! conformance_suite {
     ($subject:expr $(,)?) => {

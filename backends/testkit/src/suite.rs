@@ -24,7 +24,8 @@ pub fn run_check(
 }
 
 /// Runs `check`; `Err` holds proptest's report (minimal input and the kit's error).
-/// `source_file` enables persisting failing seeds in `proptest-regressions/` beside it.
+/// `source_file` enables persisting failing seeds beside it, in
+/// `<file stem>.proptest-regressions` (commit that file).
 pub fn try_run_check(
     check: Check,
     subject: &Subject,
