@@ -1,0 +1,314 @@
+//! OpenAI response shapes: per-choice state, logprobs objects, SSE chunks and
+//! usage. Pure code over [`RequestOutput`]s; streaming and collecting both use it,
+//! so streamed and non-streamed answers cannot drift apart.
+
+use super::metrics::{Metrics, RequestTimer};
+use pagoda_core::{FinishReason, StopReason, TokenLogprobs};
+use pagoda_engine::RequestOutput;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Which API a response belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Completion,
+    Chat,
+}
+
+/// Turns token ids into the strings shown in logprobs.
+pub trait TokenText: Send + Sync {
+    /// The text of one token on its own (special tokens included).
+    fn token_text(&self, id: u32) -> String;
+}
+
+impl<F: Fn(u32) -> String + Send + Sync> TokenText for F {
+    fn token_text(&self, id: u32) -> String {
+        self(id)
+    }
+}
+
+/// What every chunk and response of one HTTP request shares.
+pub struct Ctx {
+    pub api: Api,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    /// Whether logprobs were asked for (the count of top entries is the engine's).
+    pub logprobs: bool,
+    /// vLLM's `return_tokens_as_token_ids`: logprob tokens as `token_id:N`.
+    pub tokens_as_ids: bool,
+    pub include_usage: bool,
+    pub text: Arc<dyn TokenText>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Ctx {
+    fn token_label(&self, id: u32, text: &str) -> String {
+        if self.tokens_as_ids {
+            format!("token_id:{id}")
+        } else {
+            text.to_string()
+        }
+    }
+
+    /// `object` of a streamed chunk.
+    pub fn chunk_object(&self) -> &'static str {
+        match self.api {
+            Api::Completion => "text_completion",
+            Api::Chat => "chat.completion.chunk",
+        }
+    }
+
+    /// A streamed chunk for one choice.
+    pub fn chunk(
+        &self,
+        index: usize,
+        text: &str,
+        logprobs: Option<Value>,
+        finish: Option<FinishReason>,
+        stop_reason: Value,
+        first: bool,
+    ) -> Value {
+        let finish = finish.map(|f| f.as_str());
+        let choice = match self.api {
+            Api::Completion => json!({
+                "index": index, "text": text, "logprobs": logprobs,
+                "finish_reason": finish, "stop_reason": stop_reason,
+            }),
+            Api::Chat => {
+                let mut delta = Map::new();
+                if first {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if first || !text.is_empty() {
+                    delta.insert("content".into(), text.into());
+                }
+                json!({
+                    "index": index, "delta": delta, "logprobs": logprobs,
+                    "finish_reason": finish, "stop_reason": stop_reason,
+                })
+            }
+        };
+        json!({"id": self.id, "object": self.chunk_object(), "created": self.created, "model": self.model, "choices": [choice]})
+    }
+
+    /// The trailing usage chunk (`choices: []`).
+    pub fn usage_chunk(&self, usage: Value) -> Value {
+        json!({"id": self.id, "object": self.chunk_object(), "created": self.created, "model": self.model, "choices": [], "usage": usage})
+    }
+
+    /// The non-streamed response.
+    pub fn response(&self, states: &[ChoiceState]) -> Value {
+        let choices: Vec<Value> = states
+            .iter()
+            .map(|s| {
+                let finish = s.finish_reason.unwrap_or(FinishReason::Abort).as_str();
+                match self.api {
+                    Api::Completion => json!({
+                        "index": s.index, "text": s.text, "logprobs": s.logprobs,
+                        "finish_reason": finish, "stop_reason": s.stop_reason_json(),
+                    }),
+                    Api::Chat => json!({
+                        "index": s.index,
+                        "message": {"role": "assistant", "content": s.text},
+                        "logprobs": s.logprobs, "finish_reason": finish, "stop_reason": s.stop_reason_json(),
+                    }),
+                }
+            })
+            .collect();
+        let object = match self.api {
+            Api::Completion => "text_completion",
+            Api::Chat => "chat.completion",
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
+               "choices": choices, "usage": usage(states)})
+    }
+
+    /// Logprobs of prompt tokens shown by `echo` (their values are not computed: null).
+    pub fn echo_logprobs(&self, ids: &[u32], offset: &mut usize) -> Value {
+        let mut tokens = Vec::new();
+        let mut offsets = Vec::new();
+        for &id in ids {
+            let t = self.text.token_text(id);
+            offsets.push(*offset);
+            *offset += t.chars().count();
+            tokens.push(self.token_label(id, &t));
+        }
+        let nulls = vec![Value::Null; ids.len()];
+        json!({"tokens": tokens, "token_logprobs": nulls, "top_logprobs": nulls, "text_offset": offsets})
+    }
+
+    /// The logprobs object for some generated tokens, in this API's shape.
+    pub fn logprobs_json(&self, lps: &[TokenLogprobs], offset: &mut usize) -> Value {
+        match self.api {
+            Api::Completion => {
+                let (mut tokens, mut values, mut tops, mut offsets) =
+                    (vec![], vec![], vec![], vec![]);
+                for lp in lps {
+                    let t = self.text.token_text(lp.token_id);
+                    offsets.push(*offset);
+                    *offset += t.chars().count();
+                    let label = self.token_label(lp.token_id, &t);
+                    let mut top = Map::new();
+                    for &(id, v) in &lp.top {
+                        let s = self.token_label(id, &self.text.token_text(id));
+                        top.entry(s).or_insert(json!(v));
+                    }
+                    // vLLM always lists the sampled token among the top entries.
+                    top.entry(label.clone()).or_insert(json!(lp.logprob));
+                    tokens.push(label);
+                    values.push(json!(lp.logprob));
+                    tops.push(Value::Object(top));
+                }
+                json!({"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
+            }
+            Api::Chat => {
+                let entry = |id: u32, v: f32| {
+                    let t = self.text.token_text(id);
+                    json!({"token": self.token_label(id, &t), "logprob": v, "bytes": t.as_bytes()})
+                };
+                let content: Vec<Value> = lps
+                    .iter()
+                    .map(|lp| {
+                        let mut e = entry(lp.token_id, lp.logprob);
+                        let top: Vec<Value> = lp.top.iter().map(|&(id, v)| entry(id, v)).collect();
+                        e["top_logprobs"] = Value::Array(top);
+                        e
+                    })
+                    .collect();
+                json!({"content": content})
+            }
+        }
+    }
+}
+
+/// Appends a logprobs delta to the accumulated object (arrays concatenate).
+pub fn merge_logprobs(acc: &mut Option<Value>, delta: Value) {
+    match acc {
+        None => *acc = Some(delta),
+        Some(Value::Object(a)) => {
+            if let Value::Object(d) = delta {
+                for (k, v) in d {
+                    match (a.get_mut(&k), v) {
+                        (Some(Value::Array(x)), Value::Array(y)) => x.extend(y),
+                        (_, v) => {
+                            a.insert(k, v);
+                        }
+                    }
+                }
+            }
+        }
+        Some(_) => *acc = Some(delta),
+    }
+}
+
+/// The progress of one choice (one engine request).
+pub struct ChoiceState {
+    pub index: usize,
+    /// Only the first sample of each prompt counts the prompt in `usage`.
+    pub counts_prompt: bool,
+    /// Everything generated so far (plus the echoed prompt).
+    pub text: String,
+    /// Characters so far, for completions' `text_offset`.
+    pub offset: usize,
+    pub logprobs: Option<Value>,
+    pub finish_reason: Option<FinishReason>,
+    pub stop_reason: Option<StopReason>,
+    pub num_prompt_tokens: usize,
+    pub num_cached_tokens: usize,
+    pub num_output_tokens: usize,
+    /// Set once the first chunk of this choice went out (chat sends the role then).
+    pub started: bool,
+    timer: RequestTimer,
+}
+
+impl ChoiceState {
+    pub fn new(
+        index: usize,
+        counts_prompt: bool,
+        num_prompt_tokens: usize,
+        arrival: Instant,
+    ) -> Self {
+        ChoiceState {
+            index,
+            counts_prompt,
+            text: String::new(),
+            offset: 0,
+            logprobs: None,
+            finish_reason: None,
+            stop_reason: None,
+            num_prompt_tokens,
+            num_cached_tokens: 0,
+            num_output_tokens: 0,
+            started: false,
+            timer: RequestTimer::new(arrival),
+        }
+    }
+
+    /// Takes one engine output in; returns its logprobs delta (when asked for).
+    pub fn absorb(&mut self, ctx: &Ctx, out: &RequestOutput) -> Option<Value> {
+        self.timer.on_tokens(&ctx.metrics, out.new_token_ids.len());
+        self.num_prompt_tokens = out.num_prompt_tokens.max(self.num_prompt_tokens);
+        self.num_cached_tokens = out.num_cached_tokens;
+        self.num_output_tokens = out
+            .num_output_tokens
+            .max(self.num_output_tokens + out.new_token_ids.len());
+        self.text.push_str(&out.new_text);
+        if out.finished {
+            let reason = out.finish_reason.unwrap_or(FinishReason::Stop);
+            self.finish_reason = Some(reason);
+            self.stop_reason = out.stop_reason.clone();
+            self.timer.on_finish(&ctx.metrics, reason);
+        }
+        if ctx.logprobs && !out.new_logprobs.is_empty() {
+            let mut off = self.offset;
+            let lp = ctx.logprobs_json(&out.new_logprobs, &mut off);
+            self.offset = off;
+            Some(lp)
+        } else {
+            self.offset += out.new_text.chars().count();
+            None
+        }
+    }
+
+    /// vLLM's `stop_reason`: the stop string or token id that ended the choice, null for EOS.
+    pub fn stop_reason_json(&self) -> Value {
+        match &self.stop_reason {
+            Some(StopReason::StopString(s)) => json!(s),
+            Some(StopReason::StopTokenId(id)) => json!(id),
+            Some(StopReason::Eos(_)) | None => Value::Null,
+        }
+    }
+}
+
+/// `usage` with `prompt_tokens_details.cached_tokens`.
+pub fn usage(states: &[ChoiceState]) -> Value {
+    let prompt: usize = states
+        .iter()
+        .filter(|s| s.counts_prompt)
+        .map(|s| s.num_prompt_tokens)
+        .sum();
+    let cached: usize = states
+        .iter()
+        .filter(|s| s.counts_prompt)
+        .map(|s| s.num_cached_tokens)
+        .sum();
+    let completion: usize = states.iter().map(|s| s.num_output_tokens).sum();
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+/// One SSE event.
+pub fn sse_event(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+pub const SSE_DONE: &str = "data: [DONE]\n\n";
+
+#[cfg(test)]
+mod tests;

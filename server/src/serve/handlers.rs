@@ -1,0 +1,359 @@
+//! The route handlers. Each parses its body itself (so malformed JSON and
+//! oversized bodies get OpenAI error objects), validates, submits to the engine
+//! and answers by streaming or collecting.
+
+use super::error::ApiError;
+use super::format::{Api, ChoiceState, Ctx};
+use super::protocol::{
+    check_prompt_len, params_for_sample, parse_body, sampling_params, ChatMessageIn, ChatRequest,
+    CommonFields, CompletionRequest, DetokenizeRequest, PromptField, TokenizeRequest,
+};
+use super::stream::{collect, sse_response, Sample};
+use super::AppState;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use pagoda_core::SamplingParams;
+use pagoda_engine::{PromptInput, SubmitRequest};
+use serde_json::json;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+type Body = Result<Bytes, BytesRejection>;
+
+/// Unique ids: a per-process random-ish prefix plus a counter.
+fn next_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    });
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{:x}{n:06x}", start & 0xffff_ffff)
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl AppState {
+    /// A request may name the served model or leave `model` out; anything else is 404.
+    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            None => Ok(()),
+            Some(m) if m == self.model_name => Ok(()),
+            Some(m) => Err(ApiError::NotFound {
+                message: format!("The model `{m}` does not exist."),
+            }),
+        }
+    }
+
+    fn read_body(&self, body: Body) -> Result<Bytes, ApiError> {
+        body.map_err(|r| ApiError::from_body_rejection(r, self.max_body_bytes))
+    }
+
+    fn ctx(&self, api: Api, c: &CommonFields, logprobs: bool) -> Ctx {
+        let tok = self.engine.tokenizer().clone();
+        Ctx {
+            api,
+            id: next_id(if api == Api::Chat { "chatcmpl" } else { "cmpl" }),
+            created: unix_now(),
+            model: self.model_name.clone(),
+            logprobs,
+            tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false),
+            include_usage: c.include_usage(),
+            text: Arc::new(move |id: u32| tok.decode(&[id], false).unwrap_or_default()),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
+        self.engine
+            .tokenizer()
+            .encode(text, add_special_tokens)
+            .map_err(|e| ApiError::bad("prompt", format!("cannot tokenize the prompt: {e}")))
+    }
+
+    fn check_ids(&self, param: &str, ids: &[u32]) -> Result<(), ApiError> {
+        let vocab = self.engine.model_info().vocab_size;
+        match ids.iter().find(|&&t| t as usize >= vocab) {
+            Some(t) => Err(ApiError::bad(
+                param,
+                format!("token id {t} is outside the vocabulary ({vocab})"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Submits `n` samples per prompt (seeds offset per sample) and answers.
+    async fn run(
+        &self,
+        ctx: Ctx,
+        prompts: Vec<(Vec<u32>, Option<String>)>,
+        params: SamplingParams,
+        n: usize,
+        c: &CommonFields,
+        arrival: Instant,
+    ) -> Result<Response, ApiError> {
+        let max_len = self.engine.model_info().max_model_len;
+        for (ids, _) in &prompts {
+            check_prompt_len(ids.len(), params.max_tokens, max_len)?;
+        }
+        let mut samples = Vec::with_capacity(prompts.len() * n);
+        for (p, (ids, echo)) in prompts.into_iter().enumerate() {
+            let echo = echo.map(|t| (t, ids.clone()));
+            for i in 0..n {
+                let index = p * n + i;
+                // On failure the samples already submitted drop here, which aborts them.
+                let stream = self.engine.submit(SubmitRequest {
+                    request_id: format!("{}-{index}", ctx.id),
+                    prompt: PromptInput::Tokens(ids.clone()),
+                    params: params_for_sample(&params, i),
+                    cache_salt: c.cache_salt.clone(),
+                })?;
+                samples.push(Sample {
+                    state: ChoiceState::new(index, i == 0, ids.len(), arrival),
+                    stream,
+                    echo: echo.clone(),
+                });
+            }
+        }
+        if c.stream() {
+            Ok(sse_response(Arc::new(ctx), samples))
+        } else {
+            let states = collect(&ctx, samples).await?;
+            Ok(Json(ctx.response(&states)).into_response())
+        }
+    }
+
+    fn render_chat(
+        &self,
+        messages: &[ChatMessageIn],
+        add_generation_prompt: bool,
+    ) -> Result<String, ApiError> {
+        let tmpl = self.engine.chat_template().ok_or_else(|| {
+            ApiError::bad(
+                "messages",
+                "this model has no chat template; use /v1/completions",
+            )
+        })?;
+        let msgs = messages
+            .iter()
+            .map(|m| {
+                Ok(pagoda_models::ChatMessage {
+                    role: m.role.clone(),
+                    content: m.text()?,
+                })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        tmpl.render(&msgs, add_generation_prompt)
+            .map_err(|e| ApiError::bad("messages", format!("cannot render the chat template: {e}")))
+    }
+}
+
+fn respond(r: Result<Response, ApiError>) -> Response {
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(State(st): State<Arc<AppState>>, body: Body) -> Response {
+    respond(completions_inner(&st, body).await)
+}
+
+async fn completions_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
+    let arrival = Instant::now();
+    let req: CompletionRequest = parse_body(&st.read_body(body)?)?;
+    st.check_model(req.common.model.as_deref())?;
+    let logprobs = req.logprobs()?;
+    let params = sampling_params(
+        &req.common,
+        req.common.max_tokens,
+        logprobs,
+        st.engine.model_info().vocab_size,
+    )?;
+    let n = req.common.n()?;
+    let echo = req.echo.unwrap_or(false);
+    let texts_to_ids = |texts: Vec<String>| -> Result<Vec<(Vec<u32>, Option<String>)>, ApiError> {
+        texts
+            .into_iter()
+            .map(|t| Ok((st.encode(&t, true)?, Some(t))))
+            .collect()
+    };
+    let mut prompts = match req.prompt {
+        None => return Err(ApiError::bad("prompt", "`prompt` is required")),
+        Some(PromptField::Text(t)) => texts_to_ids(vec![t])?,
+        Some(PromptField::Texts(v)) => texts_to_ids(v)?,
+        Some(PromptField::Tokens(ids)) => vec![(ids, None)],
+        Some(PromptField::TokenLists(v)) => v.into_iter().map(|ids| (ids, None)).collect(),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad("prompt", "the prompt list is empty"));
+    }
+    for (ids, text) in &mut prompts {
+        st.check_ids("prompt", ids)?;
+        if !echo {
+            *text = None;
+        } else if text.is_none() {
+            *text = Some(st.engine.tokenizer().decode(ids, false).unwrap_or_default());
+        }
+    }
+    let ctx = st.ctx(Api::Completion, &req.common, logprobs.is_some());
+    st.run(ctx, prompts, params, n, &req.common, arrival).await
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(State(st): State<Arc<AppState>>, body: Body) -> Response {
+    respond(chat_inner(&st, body).await)
+}
+
+async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
+    let arrival = Instant::now();
+    let req: ChatRequest = parse_body(&st.read_body(body)?)?;
+    st.check_model(req.common.model.as_deref())?;
+    let logprobs = req.logprobs()?;
+    let params = sampling_params(
+        &req.common,
+        req.max_tokens(),
+        logprobs,
+        st.engine.model_info().vocab_size,
+    )?;
+    let n = req.common.n()?;
+    let messages = match &req.messages {
+        Some(m) if !m.is_empty() => m,
+        _ => {
+            return Err(ApiError::bad(
+                "messages",
+                "`messages` must be a non-empty list",
+            ))
+        }
+    };
+    let prompt = st.render_chat(messages, req.add_generation_prompt.unwrap_or(true))?;
+    // The template already wrote any special tokens it wants.
+    let ids = st.encode(&prompt, false)?;
+    let ctx = st.ctx(Api::Chat, &req.common, logprobs.is_some());
+    st.run(ctx, vec![(ids, None)], params, n, &req.common, arrival)
+        .await
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let info = st.engine.model_info();
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": st.model_name,
+            "object": "model",
+            "created": st.created,
+            "owned_by": "pagoda",
+            "root": info.name,
+            "parent": null,
+            "max_model_len": info.max_model_len,
+            "permission": [],
+        }]
+    }))
+    .into_response()
+}
+
+/// `GET /health`: 200 with an empty body, or 500 naming the engine fault.
+pub async fn health(State(st): State<Arc<AppState>>) -> Response {
+    match st.engine.health() {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(message) => ApiError::Internal { message }.into_response(),
+    }
+}
+
+/// `GET /version`.
+pub async fn version() -> Response {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let text = st.metrics.render(&st.engine.stats(), &st.model_name);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// `POST /tokenize`: a prompt, or chat messages rendered by the template.
+pub async fn tokenize(State(st): State<Arc<AppState>>, body: Body) -> Response {
+    respond(tokenize_inner(&st, body))
+}
+
+fn tokenize_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
+    let req: TokenizeRequest = parse_body(&st.read_body(body)?)?;
+    st.check_model(req.model.as_deref())?;
+    let ids = match (&req.prompt, &req.messages) {
+        (Some(p), None) => st.encode(p, req.add_special_tokens.unwrap_or(true))?,
+        (None, Some(m)) => {
+            let text = st.render_chat(m, req.add_generation_prompt.unwrap_or(true))?;
+            st.encode(&text, req.add_special_tokens.unwrap_or(false))?
+        }
+        _ => {
+            return Err(ApiError::bad(
+                "prompt",
+                "give exactly one of `prompt` and `messages`",
+            ))
+        }
+    };
+    let token_strs = req.return_token_strs.unwrap_or(false).then(|| {
+        let tok = st.engine.tokenizer();
+        ids.iter()
+            .map(|&id| tok.decode(&[id], false).unwrap_or_default())
+            .collect::<Vec<_>>()
+    });
+    Ok(Json(json!({
+        "count": ids.len(),
+        "max_model_len": st.engine.model_info().max_model_len,
+        "tokens": ids,
+        "token_strs": token_strs,
+    }))
+    .into_response())
+}
+
+/// `POST /detokenize`.
+pub async fn detokenize(State(st): State<Arc<AppState>>, body: Body) -> Response {
+    respond(detokenize_inner(&st, body))
+}
+
+fn detokenize_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
+    let req: DetokenizeRequest = parse_body(&st.read_body(body)?)?;
+    st.check_model(req.model.as_deref())?;
+    let ids = req
+        .tokens
+        .ok_or_else(|| ApiError::bad("tokens", "`tokens` is required"))?;
+    st.check_ids("tokens", &ids)?;
+    let text = st
+        .engine
+        .tokenizer()
+        .decode(&ids, false)
+        .map_err(|e| ApiError::bad("tokens", format!("cannot decode: {e}")))?;
+    Ok(Json(json!({"prompt": text})).into_response())
+}
+
+/// Unknown routes.
+pub async fn not_found(uri: axum::http::Uri) -> Response {
+    ApiError::NotFound {
+        message: format!("no route for {}", uri.path()),
+    }
+    .into_response()
+}
+
+pub async fn method_not_allowed() -> Response {
+    ApiError::MethodNotAllowed.into_response()
+}

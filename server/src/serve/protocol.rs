@@ -1,0 +1,413 @@
+//! OpenAI (and vLLM-extension) request bodies, and their translation into the
+//! engine's [`SamplingParams`]. Pure code: no I/O, no engine.
+//!
+//! Every field is optional and `null` means "not given", as OpenAI clients expect;
+//! unknown fields are ignored.
+
+use super::error::ApiError;
+use pagoda_core::SamplingParams;
+use serde::Deserialize;
+use std::collections::HashMap;
+
+/// Most samples one request may ask for with `n`.
+pub const MAX_N: usize = 128;
+/// Largest `logprobs` / `top_logprobs` (vLLM's default `max_logprobs`).
+pub const MAX_LOGPROBS: usize = pagoda_core::request::MAX_LOGPROBS;
+
+/// A completions prompt: text, texts, token ids, or lists of token ids.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum PromptField {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum StringOrList {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// Fields shared by `/v1/completions` and `/v1/chat/completions`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct CommonFields {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub seed: Option<i64>,
+    pub stop: Option<StringOrList>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<i64>,
+    pub n: Option<i64>,
+    /// Token id (as a string, per OpenAI) -> bias added to its logit.
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub cache_salt: Option<String>,
+    pub include_stop_str_in_output: Option<bool>,
+    pub skip_special_tokens: Option<bool>,
+    /// vLLM extension: logprob tokens as `token_id:N` instead of text.
+    pub return_tokens_as_token_ids: Option<bool>,
+}
+
+impl CommonFields {
+    pub fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false)
+    }
+    /// Number of samples, checked.
+    pub fn n(&self) -> Result<usize, ApiError> {
+        match self.n {
+            None => Ok(1),
+            Some(n) if n >= 1 && n as usize <= MAX_N => Ok(n as usize),
+            Some(n) => Err(ApiError::bad(
+                "n",
+                format!("n must be in [1, {MAX_N}], got {n}"),
+            )),
+        }
+    }
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct CompletionRequest {
+    #[serde(flatten)]
+    pub common: CommonFields,
+    pub prompt: Option<PromptField>,
+    pub echo: Option<bool>,
+    /// Completions style: how many top logprobs per token (0 = just the sampled one).
+    pub logprobs: Option<i64>,
+}
+
+/// A chat message's content: text or a list of typed parts (only text parts count).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ChatMessageIn {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+}
+
+impl ChatMessageIn {
+    /// The message text; non-text parts are an error rather than silently dropped.
+    pub fn text(&self) -> Result<String, ApiError> {
+        match &self.content {
+            None => Ok(String::new()),
+            Some(MessageContent::Text(t)) => Ok(t.clone()),
+            Some(MessageContent::Parts(parts)) => {
+                let mut out = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => out.push_str(t),
+                        (kind, _) => {
+                            return Err(ApiError::bad(
+                                "messages",
+                                format!("unsupported content part type `{kind}`"),
+                            ))
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ChatRequest {
+    #[serde(flatten)]
+    pub common: CommonFields,
+    pub messages: Option<Vec<ChatMessageIn>>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub add_generation_prompt: Option<bool>,
+}
+
+impl ChatRequest {
+    /// `max_completion_tokens` wins over the deprecated `max_tokens`.
+    pub fn max_tokens(&self) -> Option<i64> {
+        self.max_completion_tokens.or(self.common.max_tokens)
+    }
+
+    /// Chat style: `logprobs: bool` plus `top_logprobs: int`.
+    pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        let top = match self.top_logprobs {
+            None => None,
+            Some(k) if (0..=MAX_LOGPROBS as i64).contains(&k) => Some(k as usize),
+            Some(k) => {
+                return Err(ApiError::bad(
+                    "top_logprobs",
+                    format!("top_logprobs must be in [0, {MAX_LOGPROBS}], got {k}"),
+                ))
+            }
+        };
+        match (self.logprobs.unwrap_or(false), top) {
+            (true, top) => Ok(Some(top.unwrap_or(0))),
+            (false, Some(k)) if k > 0 => Err(ApiError::bad(
+                "top_logprobs",
+                "top_logprobs requires logprobs to be true",
+            )),
+            (false, _) => Ok(None),
+        }
+    }
+}
+
+impl CompletionRequest {
+    pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match self.logprobs {
+            None => Ok(None),
+            Some(k) if (0..=MAX_LOGPROBS as i64).contains(&k) => Ok(Some(k as usize)),
+            Some(k) => Err(ApiError::bad(
+                "logprobs",
+                format!("logprobs must be in [0, {MAX_LOGPROBS}], got {k}"),
+            )),
+        }
+    }
+}
+
+/// `POST /tokenize`: a completions-style prompt or chat messages.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<ChatMessageIn>>,
+    pub add_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+    pub return_token_strs: Option<bool>,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Option<Vec<u32>>,
+}
+
+/// Parses a JSON body; any mismatch is a 400.
+pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(ApiError::BadRequest {
+            message: "the request body is empty; expected JSON".into(),
+            param: None,
+        });
+    }
+    serde_json::from_slice(body).map_err(ApiError::from_json)
+}
+
+fn finite(param: &str, v: f64) -> Result<f32, ApiError> {
+    if v.is_finite() {
+        Ok(v as f32)
+    } else {
+        Err(ApiError::bad(
+            param,
+            format!("{param} must be a finite number"),
+        ))
+    }
+}
+
+/// Builds and validates the sampling parameters of one sample.
+///
+/// `max_tokens` is passed separately because chat prefers `max_completion_tokens`;
+/// `logprobs` is already resolved to "top-k count or none".
+pub fn sampling_params(
+    c: &CommonFields,
+    max_tokens: Option<i64>,
+    logprobs: Option<usize>,
+    vocab_size: usize,
+) -> Result<SamplingParams, ApiError> {
+    let mut p = SamplingParams::default();
+    p.max_tokens = match max_tokens {
+        None => None,
+        Some(m) if m >= 1 => Some(m as usize),
+        Some(m) => {
+            return Err(ApiError::bad(
+                "max_tokens",
+                format!("max_tokens must be at least 1, got {m}"),
+            ))
+        }
+    };
+    if let Some(t) = c.temperature {
+        p.temperature = finite("temperature", t)?;
+        if t < 0.0 {
+            return Err(ApiError::bad(
+                "temperature",
+                format!("temperature must be >= 0, got {t}"),
+            ));
+        }
+    }
+    if let Some(v) = c.top_p {
+        p.top_p = finite("top_p", v)?;
+        if !(v > 0.0 && v <= 1.0) {
+            return Err(ApiError::bad(
+                "top_p",
+                format!("top_p must be in (0, 1], got {v}"),
+            ));
+        }
+    }
+    if let Some(k) = c.top_k {
+        // -1 and 0 both mean "disabled", as in vLLM.
+        if k < -1 {
+            return Err(ApiError::bad(
+                "top_k",
+                format!("top_k must be -1 (disabled) or >= 1, got {k}"),
+            ));
+        }
+        p.top_k = k.clamp(0, i32::MAX as i64) as i32;
+    }
+    if let Some(v) = c.min_p {
+        p.min_p = finite("min_p", v)?;
+    }
+    if let Some(v) = c.presence_penalty {
+        p.presence_penalty = finite("presence_penalty", v)?;
+    }
+    if let Some(v) = c.frequency_penalty {
+        p.frequency_penalty = finite("frequency_penalty", v)?;
+    }
+    if let Some(v) = c.repetition_penalty {
+        p.repetition_penalty = finite("repetition_penalty", v)?;
+    }
+    // Seeds are any integer; negative ones wrap, so every seed is usable.
+    p.seed = c.seed.map(|s| s as u64);
+    p.stop = match &c.stop {
+        None => Vec::new(),
+        Some(StringOrList::One(s)) => vec![s.clone()],
+        Some(StringOrList::Many(v)) => v.clone(),
+    };
+    if let Some(ids) = &c.stop_token_ids {
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(ApiError::bad(
+                "stop_token_ids",
+                format!("token id {bad} is outside the vocabulary ({vocab_size})"),
+            ));
+        }
+        p.stop_token_ids = ids.clone();
+    }
+    p.ignore_eos = c.ignore_eos.unwrap_or(false);
+    if let Some(m) = c.min_tokens {
+        if m < 0 {
+            return Err(ApiError::bad(
+                "min_tokens",
+                format!("min_tokens must be >= 0, got {m}"),
+            ));
+        }
+        p.min_tokens = m as usize;
+    }
+    if let Some(bias) = &c.logit_bias {
+        let mut v = Vec::with_capacity(bias.len());
+        for (k, &b) in bias {
+            let id: u32 = k.trim().parse().map_err(|_| {
+                ApiError::bad(
+                    "logit_bias",
+                    format!("logit_bias key `{k}` is not a token id"),
+                )
+            })?;
+            if id as usize >= vocab_size {
+                return Err(ApiError::bad(
+                    "logit_bias",
+                    format!("token id {id} is outside the vocabulary ({vocab_size})"),
+                ));
+            }
+            if !(-100.0..=100.0).contains(&b) {
+                return Err(ApiError::bad(
+                    "logit_bias",
+                    format!("bias {b} for token {id} is outside [-100, 100]"),
+                ));
+            }
+            v.push((id, b as f32));
+        }
+        v.sort_by_key(|&(id, _)| id);
+        p.logit_bias = v;
+    }
+    p.include_stop_str_in_output = c.include_stop_str_in_output.unwrap_or(false);
+    p.skip_special_tokens = c.skip_special_tokens.unwrap_or(true);
+    p.logprobs = logprobs;
+    p.validate()?;
+    Ok(p)
+}
+
+/// The parameters of sample `i` of `n`: seeds are offset so samples differ but
+/// stay reproducible.
+pub fn params_for_sample(base: &SamplingParams, i: usize) -> SamplingParams {
+    let mut p = base.clone();
+    p.seed = base.seed.map(|s| s.wrapping_add(i as u64));
+    p
+}
+
+/// Rejects prompts that are empty or leave no room to generate in the context.
+pub fn check_prompt_len(
+    len: usize,
+    max_tokens: Option<usize>,
+    max_model_len: usize,
+) -> Result<(), ApiError> {
+    if len == 0 {
+        return Err(ApiError::bad("prompt", "the prompt is empty"));
+    }
+    if len >= max_model_len {
+        return Err(ApiError::bad(
+            "prompt",
+            format!(
+                "This model's maximum context length is {max_model_len} tokens. However, your prompt has {len} tokens, \
+                 which leaves no room for the completion."
+            ),
+        ));
+    }
+    if let Some(m) = max_tokens {
+        if len + m > max_model_len {
+            return Err(ApiError::bad(
+                "max_tokens",
+                format!(
+                    "This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens \
+                     ({len} in the prompt, {m} in the completion).",
+                    len + m
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,229 @@
+//! Driving engine request streams into HTTP answers: an SSE body for `stream:
+//! true`, or a collected response otherwise.
+//!
+//! The SSE body *owns* the engine's [`RequestStream`]s, so when a client
+//! disconnects and hyper drops the body, the streams drop and their requests are
+//! aborted at once (freeing their KV blocks).
+
+use super::error::ApiError;
+use super::format::{merge_logprobs, sse_event, usage, ChoiceState, Ctx, SSE_DONE};
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use futures::stream::{self, BoxStream, SelectAll, StreamExt};
+use pagoda_engine::{EngineError, RequestOutput, RequestStream};
+use std::convert::Infallible;
+use std::sync::Arc;
+
+/// One engine request behind one choice.
+pub struct Sample {
+    pub state: ChoiceState,
+    pub stream: RequestStream,
+    /// Completions' `echo`: the prompt text and ids, shown before the output.
+    pub echo: Option<(String, Vec<u32>)>,
+}
+
+type Tagged = (usize, Result<RequestOutput, EngineError>);
+
+/// Merges the per-choice streams, tagging each output with its position.
+fn merge(streams: Vec<RequestStream>) -> SelectAll<BoxStream<'static, Tagged>> {
+    stream::select_all(streams.into_iter().enumerate().map(|(i, s)| {
+        stream::unfold(s, move |mut s| async move {
+            s.next().await.map(|o| ((i, o), s))
+        })
+        .boxed()
+    }))
+}
+
+/// Applies `echo` to a fresh choice: its text and (with logprobs) its token entries.
+fn apply_echo(
+    ctx: &Ctx,
+    st: &mut ChoiceState,
+    echo: &Option<(String, Vec<u32>)>,
+) -> Option<serde_json::Value> {
+    let (text, ids) = echo.as_ref()?;
+    st.text.push_str(text);
+    if ctx.logprobs {
+        let mut off = st.offset;
+        let lp = ctx.echo_logprobs(ids, &mut off);
+        st.offset = text.chars().count();
+        Some(lp)
+    } else {
+        st.offset = text.chars().count();
+        None
+    }
+}
+
+/// Runs every sample to the end and returns their final states.
+pub async fn collect(ctx: &Ctx, samples: Vec<Sample>) -> Result<Vec<ChoiceState>, ApiError> {
+    let mut states = Vec::with_capacity(samples.len());
+    let mut streams = Vec::with_capacity(samples.len());
+    for Sample {
+        mut state,
+        stream,
+        echo,
+    } in samples
+    {
+        if let Some(lp) = apply_echo(ctx, &mut state, &echo) {
+            merge_logprobs(&mut state.logprobs, lp);
+        }
+        states.push(state);
+        streams.push(stream);
+    }
+    let mut merged = merge(streams);
+    while let Some((i, r)) = merged.next().await {
+        // On error, returning drops `merged` and so aborts the other samples.
+        let out = r.map_err(ApiError::from)?;
+        let st = &mut states[i];
+        if let Some(lp) = st.absorb(ctx, &out) {
+            merge_logprobs(&mut st.logprobs, lp);
+        }
+    }
+    Ok(states)
+}
+
+enum Phase {
+    Start,
+    Streaming,
+    Usage,
+    Done,
+    End,
+}
+
+struct SseState {
+    ctx: Arc<Ctx>,
+    states: Vec<ChoiceState>,
+    echoes: Vec<Option<(String, Vec<u32>)>>,
+    merged: SelectAll<BoxStream<'static, Tagged>>,
+    phase: Phase,
+}
+
+impl SseState {
+    /// The next bytes of the body, or None at the end.
+    async fn next_bytes(&mut self) -> Option<String> {
+        loop {
+            match self.phase {
+                Phase::Start => {
+                    self.phase = Phase::Streaming;
+                    // Chat: a first chunk per choice carrying the role. Completions:
+                    // the echoed prompt, if asked for.
+                    let mut out = String::new();
+                    for (st, echo) in self.states.iter_mut().zip(&self.echoes) {
+                        let ctx = &self.ctx;
+                        match ctx.api {
+                            super::format::Api::Chat => {
+                                out.push_str(&sse_event(&ctx.chunk(
+                                    st.index,
+                                    "",
+                                    None,
+                                    None,
+                                    serde_json::Value::Null,
+                                    true,
+                                )));
+                                st.started = true;
+                            }
+                            super::format::Api::Completion => {
+                                if echo.is_some() {
+                                    let before = st.text.len();
+                                    let lp = apply_echo(ctx, st, echo);
+                                    let text = st.text[before..].to_string();
+                                    out.push_str(&sse_event(&ctx.chunk(
+                                        st.index,
+                                        &text,
+                                        lp,
+                                        None,
+                                        serde_json::Value::Null,
+                                        false,
+                                    )));
+                                }
+                            }
+                        }
+                    }
+                    if !out.is_empty() {
+                        return Some(out);
+                    }
+                }
+                Phase::Streaming => match self.merged.next().await {
+                    Some((i, Ok(out))) => {
+                        let ctx = &self.ctx;
+                        let st = &mut self.states[i];
+                        let lp = st.absorb(ctx, &out);
+                        if out.new_text.is_empty() && lp.is_none() && !out.finished {
+                            continue;
+                        }
+                        let finish = if out.finished { st.finish_reason } else { None };
+                        let stop = if out.finished {
+                            st.stop_reason_json()
+                        } else {
+                            serde_json::Value::Null
+                        };
+                        let first = !st.started;
+                        st.started = true;
+                        return Some(sse_event(&ctx.chunk(
+                            st.index,
+                            &out.new_text,
+                            lp,
+                            finish,
+                            stop,
+                            first && ctx.api == super::format::Api::Chat,
+                        )));
+                    }
+                    Some((_, Err(e))) => {
+                        // Drop every stream: aborts the remaining samples.
+                        self.merged = SelectAll::new();
+                        self.phase = Phase::Done;
+                        tracing::warn!("stream {} failed: {e}", self.ctx.id);
+                        return Some(sse_event(&ApiError::from(e).to_json()));
+                    }
+                    None => {
+                        self.phase = if self.ctx.include_usage {
+                            Phase::Usage
+                        } else {
+                            Phase::Done
+                        };
+                    }
+                },
+                Phase::Usage => {
+                    self.phase = Phase::Done;
+                    return Some(sse_event(&self.ctx.usage_chunk(usage(&self.states))));
+                }
+                Phase::Done => {
+                    self.phase = Phase::End;
+                    return Some(SSE_DONE.to_string());
+                }
+                Phase::End => return None,
+            }
+        }
+    }
+}
+
+/// A `text/event-stream` response that streams every sample's chunks.
+pub fn sse_response(ctx: Arc<Ctx>, samples: Vec<Sample>) -> Response {
+    let mut states = Vec::with_capacity(samples.len());
+    let mut echoes = Vec::with_capacity(samples.len());
+    let mut streams = Vec::with_capacity(samples.len());
+    for s in samples {
+        states.push(s.state);
+        echoes.push(s.echo);
+        streams.push(s.stream);
+    }
+    let state = SseState {
+        ctx,
+        states,
+        echoes,
+        merged: merge(streams),
+        phase: Phase::Start,
+    };
+    let body = stream::unfold(state, |mut st| async move {
+        let bytes = st.next_bytes().await?;
+        Some((Ok::<_, Infallible>(Bytes::from(bytes)), st))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}

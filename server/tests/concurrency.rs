@@ -1,0 +1,82 @@
+//! 64 concurrent streaming clients, a third of which hang up mid-stream: the rest
+//! complete, and afterwards no request runs and no KV block is held.
+
+mod common;
+
+use common::{metric, Server};
+use serde_json::json;
+use std::sync::Arc;
+
+const CLIENTS: usize = 64;
+const MAX_TOKENS: usize = 24;
+
+#[test]
+fn many_streams_with_disconnects() {
+    let s = Arc::new(Server::start(&["--max-num-seqs", "64"]));
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let body = json!({
+                    "prompt": format!("Client {i} says: once upon a time there was a"),
+                    "max_tokens": MAX_TOKENS, "temperature": 0.8, "seed": i, "ignore_eos": true,
+                    "stream": true, "stream_options": {"include_usage": true},
+                });
+                let mut r = s.open_stream("/v1/completions", &body);
+                if i % 3 == 0 {
+                    // Read a couple of chunks, then hang up.
+                    for _ in 0..2 {
+                        assert!(r.next_event().is_some());
+                    }
+                    drop(r);
+                    return None;
+                }
+                let mut events = Vec::new();
+                while let Some(e) = r.next_event() {
+                    events.push(e);
+                }
+                assert!(r.done, "client {i}: no [DONE]");
+                Some(events)
+            })
+        })
+        .collect();
+    let mut completed = 0;
+    for (i, t) in threads.into_iter().enumerate() {
+        let Some(events) = t.join().expect("client thread panicked") else {
+            continue;
+        };
+        let finish: Vec<_> = events
+            .iter()
+            .filter_map(|e| e["choices"][0]["finish_reason"].as_str())
+            .collect();
+        assert_eq!(finish, vec!["length"], "client {i}");
+        let usage = &events.last().unwrap()["usage"];
+        assert_eq!(usage["completion_tokens"], MAX_TOKENS, "client {i}");
+        completed += 1;
+    }
+    assert_eq!(completed, CLIENTS - CLIENTS.div_ceil(3));
+    // Aborts land at the next engine step; poll (bounded) until the engine is idle.
+    let text = s.wait_metrics(|m| {
+        metric(m, "vllm:num_requests_running") == Some(0.0)
+            && metric(m, "vllm:num_requests_waiting") == Some(0.0)
+            && metric(m, "vllm:kv_cache_usage_perc") == Some(0.0)
+    });
+    assert_eq!(
+        metric(&text, "vllm:num_requests_running"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "vllm:num_requests_waiting"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "vllm:kv_cache_usage_perc"),
+        Some(0.0),
+        "{text}"
+    );
+    // And the server still serves.
+    let v = s.post_ok("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+}
