@@ -1,4 +1,7 @@
-//! The tile kernel: one request, one KV head, one tile of query tokens.
+//! The tile kernel: one request, one KV head, one tile of query tokens, and the
+//! per-step repacking ([`pack`]) of the paged K/V into contiguous per-(request,
+//! head) runs, so that key tiles are plain matrices (gathering rows 4 KiB apart
+//! per tile took a quarter of the time, and re-gathered per query tile).
 //!
 //! The rows of the tile are (token, head) for every query head of the KV head's
 //! GQA group, so each K/V tile is gathered once for the whole group. Per key tile:
@@ -9,16 +12,14 @@
 use gemm::{gemm, Parallelism};
 
 /// Query rows per tile (tokens × group heads), about.
-pub const TILE_ROWS: usize = 64;
+pub const TILE_ROWS: usize = 128;
 /// Keys per tile.
-pub const TILE_KEYS: usize = 64;
+pub const TILE_KEYS: usize = 128;
 
 /// Per-thread work buffers, allocated by `plan`.
 #[derive(Debug, Default)]
 pub struct Scratch {
     q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
     s: Vec<f32>,
     o: Vec<f32>,
     m: Vec<f32>,
@@ -30,8 +31,6 @@ impl Scratch {
     pub fn new(rows: usize, hd: usize) -> Self {
         Scratch {
             q: vec![0.0; rows * hd],
-            k: vec![0.0; TILE_KEYS * hd],
-            v: vec![0.0; TILE_KEYS * hd],
             s: vec![0.0; rows * TILE_KEYS],
             o: vec![0.0; rows * hd],
             m: vec![0.0; rows],
@@ -64,30 +63,58 @@ pub struct Tile {
     pub context: usize,
 }
 
-/// Computes one tile. `out`/`lse` are the whole layer's outputs; this tile writes
-/// only its own (token, head) rows.
+/// Copies request rows `0..seq_len` of KV head `kv_head` out of the paged pools
+/// into contiguous `[seq_len, head_dim]` runs `dk`/`dv`.
+///
+/// # Safety
+/// Every block id in `blocks` must be inside the pools; `dk`/`dv` must be valid for
+/// `seq_len * head_dim` elements that no other thread touches.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn pack(
+    k_cache: &[f32],
+    v_cache: &[f32],
+    blocks: &[u32],
+    block_size: usize,
+    num_kv_heads: usize,
+    kv_head: usize,
+    head_dim: usize,
+    seq_len: usize,
+    dk: *mut f32,
+    dv: *mut f32,
+) {
+    let row_stride = num_kv_heads * head_dim;
+    for p in 0..seq_len {
+        let slot = blocks[p / block_size] as usize * block_size + p % block_size;
+        let src = slot * row_stride + kv_head * head_dim;
+        let (ks, vs) = (&k_cache[src..src + head_dim], &v_cache[src..src + head_dim]);
+        std::ptr::copy_nonoverlapping(ks.as_ptr(), dk.add(p * head_dim), head_dim);
+        std::ptr::copy_nonoverlapping(vs.as_ptr(), dv.add(p * head_dim), head_dim);
+    }
+}
+
+/// Computes one tile. `k`/`v` point at the request's packed `[seq_len, head_dim]`
+/// rows of this KV head ([`pack`]). `out`/`lse` are the whole layer's outputs;
+/// this tile writes only its own (token, head) rows.
 ///
 /// # Safety
 /// `out` must be valid for the layer's `[tokens, heads, dim]` output (and `lse`,
 /// if not null, for `[tokens, heads]`), with no other thread writing this tile's
-/// rows; every block id in `blocks` must be inside the pools.
+/// rows; `k`/`v` must hold `context + q1` rows.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn tile(
     d: &Dims,
     t: &Tile,
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    blocks: &[u32],
+    k: *const f32,
+    v: *const f32,
     sc: &mut Scratch,
     out: *mut f32,
     lse: *mut f32,
 ) {
-    let (g_n, hd, bs, nh) = (d.group, d.head_dim, d.block_size, d.num_heads);
+    let (g_n, hd, nh) = (d.group, d.head_dim, d.num_heads);
     let tokens = t.q1 - t.q0;
     let rows = tokens * g_n;
-    let row_stride = d.num_kv_heads * hd;
 
     // Gather the scaled queries, row = (token, head in group).
     for i in 0..tokens {
@@ -106,12 +133,6 @@ pub unsafe fn tile(
     let mut k0 = 0;
     while k0 < num_keys {
         let n = TILE_KEYS.min(num_keys - k0);
-        for j in 0..n {
-            let p = k0 + j;
-            let src = (blocks[p / bs] as usize * bs + p % bs) * row_stride + t.kv_head * hd;
-            sc.k[j * hd..(j + 1) * hd].copy_from_slice(&k_cache[src..src + hd]);
-            sc.v[j * hd..(j + 1) * hd].copy_from_slice(&v_cache[src..src + hd]);
-        }
         // S[rows, n] = Q[rows, hd] · K[n, hd]ᵀ
         gemm(
             rows,
@@ -124,7 +145,7 @@ pub unsafe fn tile(
             sc.q.as_ptr(),
             1,
             hd as isize,
-            sc.k.as_ptr(),
+            k.add(k0 * hd),
             hd as isize,
             1,
             0.0,
@@ -145,9 +166,7 @@ pub unsafe fn tile(
                     srow.fill(0.0);
                     continue;
                 }
-                let cm = srow[..limit]
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let cm = max16(&srow[..limit]);
                 let m_new = sc.m[r].max(cm);
                 if m_new > sc.m[r] {
                     let corr = fast_exp(sc.m[r] - m_new);
@@ -157,13 +176,11 @@ pub unsafe fn tile(
                         .for_each(|x| *x *= corr);
                     sc.m[r] = m_new;
                 }
-                let mut sum = 0.0;
                 for x in srow[..limit].iter_mut() {
                     *x = fast_exp(*x - m_new);
-                    sum += *x;
                 }
                 srow[limit..].fill(0.0);
-                sc.l[r] += sum;
+                sc.l[r] += sum16(&srow[..limit]);
             }
         }
         // O[rows, hd] += P[rows, n] · V[n, hd]
@@ -178,7 +195,7 @@ pub unsafe fn tile(
             sc.s.as_ptr(),
             1,
             TILE_KEYS as isize,
-            sc.v.as_ptr(),
+            v.add(k0 * hd),
             1,
             hd as isize,
             1.0,
@@ -207,6 +224,37 @@ pub unsafe fn tile(
             }
         }
     }
+}
+
+/// Maximum over 16 independent lanes, so that the loop vectorises (a plain fold
+/// is a serial chain of dependent `max`es).
+#[inline(always)]
+fn max16(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 16];
+    let mut it = x.chunks_exact(16);
+    for c in &mut it {
+        for i in 0..16 {
+            acc[i] = if c[i] > acc[i] { c[i] } else { acc[i] };
+        }
+    }
+    let m = it
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    acc.iter().fold(m, |a, &b| a.max(b))
+}
+
+/// Sum over 16 independent lanes (vectorises, unlike a serial sum).
+#[inline(always)]
+fn sum16(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut it = x.chunks_exact(16);
+    for c in &mut it {
+        for i in 0..16 {
+            acc[i] += c[i];
+        }
+    }
+    it.remainder().iter().sum::<f32>() + acc.iter().sum::<f32>()
 }
 
 /// `e^x` for `x <= 0` (Cephes' polynomial after a `2^n` range reduction), written

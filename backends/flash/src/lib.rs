@@ -7,7 +7,9 @@
 //! * [`AttentionBackend::plan`] cuts every request into tiles of
 //!   `(kv head, query tokens)` with about [`kernel::TILE_ROWS`] rows, and sizes one
 //!   [`kernel::Scratch`] per rayon thread.
-//! * [`AttentionBackend::run`] checks the buffers and runs the tiles in parallel
+//! * [`AttentionBackend::run`] checks the buffers, copies each (request, KV head)'s
+//!   K/V rows into contiguous runs ([`kernel::pack`], one pass over the context),
+//!   then runs the tiles in parallel
 //!   ([`kernel::tile`]: GEMM tiles with the `gemm` crate, online softmax). Each tile
 //!   writes a disjoint set of output rows.
 
@@ -130,6 +132,11 @@ pub struct FlashBackend {
     max_block: Option<u32>,
     scratch: Vec<Mutex<Scratch>>,
     wide: Wide,
+    /// Per request: first packed token (requests are packed back to back).
+    pack_off: Vec<usize>,
+    /// Packed K and V, `[request][kv head][position][head_dim]`.
+    packed_k: Vec<f32>,
+    packed_v: Vec<f32>,
 }
 
 /// Which `#[target_feature]` instantiation of the tile kernel to call.
@@ -157,6 +164,9 @@ impl FlashBackend {
             items: Vec::new(),
             max_block: None,
             scratch: Vec::new(),
+            pack_off: Vec::new(),
+            packed_k: Vec::new(),
+            packed_v: Vec::new(),
             wide: detect(),
         })
     }
@@ -211,6 +221,14 @@ impl FlashBackend {
         }
         self.items
             .sort_by_key(|it| std::cmp::Reverse(it.tile.context + it.tile.q1));
+        self.pack_off.clear();
+        let mut total = 0;
+        for &s in &b.seq_lens {
+            self.pack_off.push(total);
+            total += s as usize;
+        }
+        self.packed_k.resize(total * nkv * hd, 0.0);
+        self.packed_v.resize(total * nkv * hd, 0.0);
         let threads = rayon::current_num_threads().max(1);
         let rows = tile_tokens * g;
         while self.scratch.len() < threads {
@@ -277,27 +295,44 @@ impl FlashBackend {
             scale: cfg.scale,
         };
         let (q, kc, vc) = (io.q, io.k_cache, io.v_cache);
-        let (bt, stride, seq_lens, scratch, wide) = (
+        let (bt, stride, seq_lens, pack_off) = (
             &self.block_table,
             self.stride,
             &self.seq_lens,
-            &self.scratch,
-            self.wide,
+            &self.pack_off,
         );
+        // Where request r's KV head h starts in the packed buffers.
+        let base = |r: usize, h: usize| (pack_off[r] * nkv + h * seq_lens[r] as usize) * hd;
+        let packed = OutPtr(self.packed_k.as_mut_ptr(), self.packed_v.as_mut_ptr());
+        (0..seq_lens.len() * nkv).into_par_iter().for_each(|i| {
+            let packed = packed;
+            let (r, h) = (i / nkv, i % nkv);
+            let seq = seq_lens[r] as usize;
+            let blocks = &bt[r * stride..r * stride + seq.div_ceil(bs)];
+            // SAFETY: block ids were checked above; each (r, h) owns its packed range.
+            unsafe {
+                let (dk, dv) = (packed.0.add(base(r, h)), packed.1.add(base(r, h)));
+                kernel::pack(kc, vc, blocks, bs, nkv, h, hd, seq, dk, dv);
+            }
+        });
+        let (pk, pv) = (
+            self.packed_k.as_ptr() as usize,
+            self.packed_v.as_ptr() as usize,
+        );
+        let (scratch, wide) = (&self.scratch, self.wide);
         self.items.par_iter().with_max_len(1).for_each(|it| {
             let ptrs = ptrs;
-            let nblk = (seq_lens[it.req] as usize).div_ceil(bs);
-            let blocks = &bt[it.req * stride..it.req * stride + nblk];
+            let off = base(it.req, it.tile.kv_head);
+            let (k, v) = (
+                (pk as *const f32).wrapping_add(off),
+                (pv as *const f32).wrapping_add(off),
+            );
             // One scratch per pool thread; a tile never yields inside, so the lock is free.
             let idx = rayon::current_thread_index().unwrap_or(0) % scratch.len();
             let mut sc = scratch[idx].lock().unwrap_or_else(|e| e.into_inner());
             // SAFETY: buffer sizes and block ids were checked above; tiles are disjoint;
             // `wide` was detected on this CPU.
-            unsafe {
-                run_tile(
-                    wide, &dims, &it.tile, q, kc, vc, blocks, &mut sc, ptrs.0, ptrs.1,
-                )
-            };
+            unsafe { run_tile(wide, &dims, &it.tile, q, k, v, &mut sc, ptrs.0, ptrs.1) };
         });
         Ok(())
     }
@@ -323,9 +358,8 @@ unsafe fn run_tile(
     d: &Dims,
     t: &Tile,
     q: &[f32],
-    kc: &[f32],
-    vc: &[f32],
-    blocks: &[u32],
+    k: *const f32,
+    v: *const f32,
     sc: &mut Scratch,
     out: *mut f32,
     lse: *mut f32,
@@ -338,14 +372,13 @@ unsafe fn run_tile(
             d: &Dims,
             t: &Tile,
             q: &[f32],
-            kc: &[f32],
-            vc: &[f32],
-            b: &[u32],
+            k: *const f32,
+            v: *const f32,
             sc: &mut Scratch,
             o: *mut f32,
             l: *mut f32,
         ) {
-            kernel::tile(d, t, q, kc, vc, b, sc, o, l)
+            kernel::tile(d, t, q, k, v, sc, o, l)
         }
         #[target_feature(enable = "avx2,fma")]
         #[allow(clippy::too_many_arguments)]
@@ -353,23 +386,22 @@ unsafe fn run_tile(
             d: &Dims,
             t: &Tile,
             q: &[f32],
-            kc: &[f32],
-            vc: &[f32],
-            b: &[u32],
+            k: *const f32,
+            v: *const f32,
             sc: &mut Scratch,
             o: *mut f32,
             l: *mut f32,
         ) {
-            kernel::tile(d, t, q, kc, vc, b, sc, o, l)
+            kernel::tile(d, t, q, k, v, sc, o, l)
         }
         match wide {
-            Wide::Avx512 => return avx512(d, t, q, kc, vc, blocks, sc, out, lse),
-            Wide::Avx2 => return avx2(d, t, q, kc, vc, blocks, sc, out, lse),
+            Wide::Avx512 => return avx512(d, t, q, k, v, sc, out, lse),
+            Wide::Avx2 => return avx2(d, t, q, k, v, sc, out, lse),
             Wide::Portable => {}
         }
     }
     let _ = wide;
-    kernel::tile(d, t, q, kc, vc, blocks, sc, out, lse)
+    kernel::tile(d, t, q, k, v, sc, out, lse)
 }
 
 fn check_len(name: &'static str, actual: usize, expected: usize) -> Result<(), FlashError> {

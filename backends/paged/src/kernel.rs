@@ -1,17 +1,21 @@
-//! The per-work-item decode kernel: one request, one KV head, one contiguous range
-//! of key positions, all query heads of that KV head's GQA group at once (so every
-//! K and V row is read from memory once per group), with an online softmax.
+//! The per-work-item decode kernel: one request, one range of key positions, all
+//! heads. Each chunk of keys is read as whole token rows (`num_kv_heads * head_dim`
+//! contiguous floats, a block is one contiguous run), so memory is streamed rather
+//! than gathered in per-head pieces. Within a chunk, each KV head serves its whole
+//! GQA group: K and V rows are loaded once per group, the scores of up to four
+//! heads share each K load and the V accumulation keeps four heads' outputs in
+//! registers across the chunk. The softmax is online (running max and sum per head).
 
 use crate::simd::{Isa, Portable, Simd};
 
-/// Keys scored per online-softmax step; scores live on the stack as `[group, CHUNK]`.
+/// Keys per online-softmax step; the scores live on the stack as `[group, CHUNK]`.
 const CHUNK: usize = 16;
 /// Largest GQA group the stack scratch holds (also the declared `max_gqa_ratio`).
 pub const MAX_GROUP: usize = 64;
 
 /// Read-only inputs of one work item.
 pub struct ItemArgs<'a> {
-    /// The group's `group * head_dim` query values (contiguous in the token row).
+    /// The request's query row, `[num_heads, head_dim]`.
     pub q: &'a [f32],
     pub k_cache: &'a [f32],
     pub v_cache: &'a [f32],
@@ -19,7 +23,6 @@ pub struct ItemArgs<'a> {
     pub blocks: &'a [u32],
     pub block_size: usize,
     pub num_kv_heads: usize,
-    pub kv_head: usize,
     pub head_dim: usize,
     pub group: usize,
     pub scale: f32,
@@ -28,98 +31,236 @@ pub struct ItemArgs<'a> {
     pub end: usize,
 }
 
-/// Writes the normalised partial output `[group, head_dim]` and its LSE `[group]`.
-pub fn attend(isa: Isa, a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32]) {
-    debug_assert!(a.group <= MAX_GROUP && a.head_dim % 16 == 0);
-    debug_assert!(o.len() == a.group * a.head_dim && lse.len() == a.group);
-    // SAFETY: `isa` came from `Isa::detect`, so the target features are present;
-    // the caller validated every block id and buffer length.
+/// Writes the normalised partial output `o: [num_heads, head_dim]` and its
+/// log-sum-exp `lse: [num_heads]`; `l: [num_heads]` is scratch.
+pub fn attend(isa: Isa, a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mut [f32]) {
+    let nh = a.num_kv_heads * a.group;
+    assert!(a.group <= MAX_GROUP && a.head_dim % 16 == 0 && a.q.len() == nh * a.head_dim);
+    assert!(o.len() == nh * a.head_dim && lse.len() == nh && l.len() == nh);
+    // SAFETY: `isa` is available on this CPU (checked when it was chosen); the
+    // caller validated every block id against the pool sizes.
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => attend_avx512(a, o, lse),
+            Isa::Avx512 => attend_avx512(a, o, lse, l),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => attend_avx2(a, o, lse),
-            _ => attend_generic::<Portable>(a, o, lse),
+            Isa::Avx2 => attend_avx2(a, o, lse, l),
+            _ => attend_generic::<Portable>(a, o, lse, l),
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn attend_avx512(a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32]) {
-    attend_generic::<crate::simd::Avx512>(a, o, lse)
+unsafe fn attend_avx512(a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mut [f32]) {
+    attend_generic::<crate::simd::Avx512>(a, o, lse, l)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32]) {
-    attend_generic::<crate::simd::Avx2>(a, o, lse)
+unsafe fn attend_avx2(a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mut [f32]) {
+    attend_generic::<crate::simd::Avx2>(a, o, lse, l)
+}
+
+/// `s[gi * CHUNK + j] = scale * q[gi] · k[j]` for `NG` heads, sharing each K load.
+#[inline(always)]
+unsafe fn scores<S: Simd, const NG: usize>(
+    q: *const f32,
+    kp: *const f32,
+    off: &[usize],
+    hd: usize,
+    scale: f32,
+    s: *mut f32,
+) {
+    for (j, &o) in off.iter().enumerate() {
+        let k = kp.add(o);
+        let mut acc = [S::zero(); NG];
+        let mut d = 0;
+        while d < hd {
+            let kv = S::load(k.add(d));
+            for (gi, a) in acc.iter_mut().enumerate() {
+                *a = S::fma(S::load(q.add(gi * hd + d)), kv, *a);
+            }
+            d += S::LANES;
+        }
+        for (gi, a) in acc.iter().enumerate() {
+            *s.add(gi * CHUNK + j) = S::reduce(*a) * scale;
+        }
+    }
+}
+
+/// `o[gi] += sum_j p[gi * CHUNK + j] * v[j]` for `NG` heads, accumulating in registers.
+#[inline(always)]
+unsafe fn accumulate<S: Simd, const NG: usize>(
+    o: *mut f32,
+    vp: *const f32,
+    off: &[usize],
+    hd: usize,
+    p: *const f32,
+) {
+    let mut d = 0;
+    while d < hd {
+        let mut acc = [S::zero(); NG];
+        for (gi, a) in acc.iter_mut().enumerate() {
+            *a = S::load(o.add(gi * hd + d));
+        }
+        for (j, &oj) in off.iter().enumerate() {
+            let vv = S::load(vp.add(oj + d));
+            for (gi, a) in acc.iter_mut().enumerate() {
+                *a = S::fma(S::splat(*p.add(gi * CHUNK + j)), vv, *a);
+            }
+        }
+        for (gi, a) in acc.iter().enumerate() {
+            S::store(o.add(gi * hd + d), *a);
+        }
+        d += S::LANES;
+    }
 }
 
 #[inline(always)]
-unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32]) {
-    let (g_n, hd, bs) = (a.group, a.head_dim, a.block_size);
-    let row_stride = a.num_kv_heads * hd;
-    let head_off = a.kv_head * hd;
-    let mut m = [f32::NEG_INFINITY; MAX_GROUP];
-    let mut l = [0f32; MAX_GROUP];
+unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], m: &mut [f32], l: &mut [f32]) {
+    let (g_n, hd, bs, nkv) = (a.group, a.head_dim, a.block_size, a.num_kv_heads);
+    let row_stride = nkv * hd;
     let mut s = [0f32; MAX_GROUP * CHUNK];
-    let mut kv_off = [0usize; CHUNK];
+    let mut off = [0usize; CHUNK];
     o.fill(0.0);
-    let qp = a.q.as_ptr();
-    let kp = a.k_cache.as_ptr();
-    let vp = a.v_cache.as_ptr();
-    let op = o.as_mut_ptr();
+    m.fill(f32::NEG_INFINITY);
+    l.fill(0.0);
+    let (kp, vp) = (a.k_cache.as_ptr(), a.v_cache.as_ptr());
 
-    let mut pos = a.start;
-    while pos < a.end {
-        let n = CHUNK.min(a.end - pos);
-        for (j, off) in kv_off.iter_mut().enumerate().take(n) {
+    // Offsets of the next chunk's rows, whose K/V pieces are prefetched one KV head
+    // ahead of use: random block order defeats the hardware prefetchers at every
+    // block boundary, and one core alone cannot keep enough misses in flight.
+    let mut next = [0usize; CHUNK];
+    let row_offsets = |pos: usize, out: &mut [usize; CHUNK]| {
+        let n = CHUNK.min(a.end.saturating_sub(pos));
+        for (j, x) in out.iter_mut().enumerate().take(n) {
             let p = pos + j;
-            let slot = *a.blocks.get_unchecked(p / bs) as usize * bs + p % bs;
-            *off = slot * row_stride + head_off;
+            *x = (a.blocks[p / bs] as usize * bs + p % bs) * row_stride;
         }
-        // Scores of every head of the group against each key; K row loaded once.
-        for j in 0..n {
-            let k = kp.add(kv_off[j]);
-            for g in 0..g_n {
-                s[g * CHUNK + j] = S::dot(qp.add(g * hd), k, hd) * a.scale;
+        n
+    };
+    let mut pos = a.start;
+    let mut n = row_offsets(pos, &mut off);
+    while pos < a.end {
+        let n_next = row_offsets(pos + n, &mut next);
+        for h in 0..nkv {
+            for &o in &next[..n_next] {
+                let mut d = 0;
+                while d < hd {
+                    S::prefetch(kp.add(o + h * hd + d));
+                    S::prefetch(vp.add(o + h * hd + d));
+                    d += 16;
+                }
             }
-        }
-        // Online softmax: rescale the running sums to the new maximum.
-        for g in 0..g_n {
-            let row = &mut s[g * CHUNK..g * CHUNK + n];
-            let cm = row.iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
-            let m_new = m[g].max(cm);
-            if m_new > m[g] {
-                let corr = (m[g] - m_new).exp();
-                l[g] *= corr;
-                S::scale(op.add(g * hd), corr, hd);
-                m[g] = m_new;
+            let head0 = h * g_n;
+            let q = a.q.as_ptr().add(head0 * hd);
+            let oh = o.as_mut_ptr().add(head0 * hd);
+            let (kh, vh) = (kp.add(h * hd), vp.add(h * hd));
+            let offs = &off[..n];
+            let mut g = 0;
+            while g < g_n {
+                let (qg, sg) = (q.add(g * hd), s.as_mut_ptr().add(g * CHUNK));
+                match g_n - g {
+                    1 => scores::<S, 1>(qg, kh, offs, hd, a.scale, sg),
+                    2 => scores::<S, 2>(qg, kh, offs, hd, a.scale, sg),
+                    3 => scores::<S, 3>(qg, kh, offs, hd, a.scale, sg),
+                    _ => scores::<S, 4>(qg, kh, offs, hd, a.scale, sg),
+                }
+                g += 4;
             }
-            let mut sum = 0.0;
-            for x in row.iter_mut() {
-                *x = (*x - m_new).exp();
-                sum += *x;
+            // Online softmax: rescale each head's running output to its new maximum.
+            for gi in 0..g_n {
+                let head = head0 + gi;
+                let row = &mut s[gi * CHUNK..(gi + 1) * CHUNK];
+                let cm = row[..n].iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
+                let m_new = m[head].max(cm);
+                if m_new > m[head] {
+                    let corr = fast_exp(m[head] - m_new);
+                    l[head] *= corr;
+                    let oo = oh.add(gi * hd);
+                    let cv = S::splat(corr);
+                    let mut d = 0;
+                    while d < hd {
+                        S::store(oo.add(d), S::mul(S::load(oo.add(d)), cv));
+                        d += S::LANES;
+                    }
+                    m[head] = m_new;
+                }
+                // Whole-chunk loop so that it vectorises; lanes past n are zeroed after.
+                for x in row.iter_mut() {
+                    *x = fast_exp(*x - m_new);
+                }
+                row[n..].fill(0.0);
+                l[head] += row.iter().sum::<f32>();
             }
-            l[g] += sum;
-        }
-        // Weighted V rows, each loaded once for the whole group.
-        for j in 0..n {
-            let v = vp.add(kv_off[j]);
-            for g in 0..g_n {
-                S::axpy(op.add(g * hd), s[g * CHUNK + j], v, hd);
+            let mut g = 0;
+            while g < g_n {
+                let (og, pg) = (oh.add(g * hd), s.as_ptr().add(g * CHUNK));
+                match g_n - g {
+                    1 => accumulate::<S, 1>(og, vh, offs, hd, pg),
+                    2 => accumulate::<S, 2>(og, vh, offs, hd, pg),
+                    3 => accumulate::<S, 3>(og, vh, offs, hd, pg),
+                    _ => accumulate::<S, 4>(og, vh, offs, hd, pg),
+                }
+                g += 4;
             }
         }
         pos += n;
+        n = n_next;
+        off = next;
     }
-    for g in 0..g_n {
-        if l[g] > 0.0 {
-            S::scale(op.add(g * hd), 1.0 / l[g], hd);
-            lse[g] = m[g] + l[g].ln();
+    for head in 0..nkv * g_n {
+        if l[head] > 0.0 {
+            let inv = 1.0 / l[head];
+            o[head * hd..(head + 1) * hd]
+                .iter_mut()
+                .for_each(|x| *x *= inv);
+            m[head] += l[head].ln();
         } else {
-            lse[g] = f32::NEG_INFINITY;
+            m[head] = f32::NEG_INFINITY;
         }
+    }
+}
+
+/// `e^x` for `x <= 0` (Cephes' polynomial after a `2^n` range reduction), written
+/// so that loops over it vectorise: no branches, no libm call. Relative error
+/// about 2e-7; `x < -87` gives about 1e-38 instead of 0, harmless next to a
+/// row sum of at least 1.
+#[inline(always)]
+pub fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let x = x.max(-87.0);
+    let t = x * LOG2E + MAGIC;
+    let n = t - MAGIC;
+    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 5.000_000_1e-1;
+    let e = p * r * r + r + 1.0;
+    let bits = (t.to_bits() as i32 - MAGIC.to_bits() as i32 + 127) << 23;
+    e * f32::from_bits(bits as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fast_exp;
+
+    #[test]
+    fn fast_exp_matches_libm() {
+        let mut x = -90.0f32;
+        while x <= 0.0 {
+            let (got, want) = (fast_exp(x) as f64, (x as f64).exp());
+            assert!(
+                (got - want).abs() <= 4e-7 * want + 1e-37,
+                "exp({x}) = {got}, want {want}"
+            );
+            x += 0.0137;
+        }
+        assert_eq!(fast_exp(0.0), 1.0);
     }
 }

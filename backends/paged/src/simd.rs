@@ -1,12 +1,10 @@
-//! The three vector primitives of decode attention (dot product, `y += a * x`,
-//! `y *= a`) for AVX-512, AVX2+FMA and portable code.
+//! A minimal f32 vector abstraction ([`Simd`]) with AVX-512, AVX2+FMA and portable
+//! implementations, so the decode kernel is written once.
 //!
-//! Callers are generic over [`Simd`] and are instantiated inside
-//! `#[target_feature]` functions, so the `#[inline(always)]` intrinsics below are
-//! compiled into the kernel body; the ISA is picked once at runtime ([`Isa::detect`])
-//! because the crate is built without `-C target-cpu`.
-//!
-//! Every length must be a multiple of 16 (the supported head dims are).
+//! Kernels are generic over [`Simd`] and instantiated inside `#[target_feature]`
+//! functions, so the `#[inline(always)]` intrinsics below compile into the kernel
+//! body; the ISA is picked once at runtime ([`Isa::detect`]) because the crate is
+//! built without `-C target-cpu`. Lengths handed to kernels are multiples of 16.
 
 /// The instruction set a backend instance uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,49 +39,68 @@ impl Isa {
     }
 }
 
-/// Vector primitives over raw f32 pointers.
+/// f32 vectors of `LANES` lanes (`LANES` divides 16).
 ///
 /// # Safety
-/// Pointers must be valid for `n` elements and `n % 16 == 0`; the implementing ISA
-/// must be available on the running CPU.
+/// Pointers must be valid for `LANES` elements; the implementing ISA must be
+/// available on the running CPU.
 pub trait Simd {
-    unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32;
-    unsafe fn axpy(y: *mut f32, a: f32, x: *const f32, n: usize);
-    unsafe fn scale(y: *mut f32, a: f32, n: usize);
+    type V: Copy;
+    const LANES: usize;
+    unsafe fn zero() -> Self::V;
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// `a * b + c`
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn reduce(v: Self::V) -> f32;
+    /// Hints that the cache line at `p` will be read soon (no-op where unsupported).
+    #[inline(always)]
+    unsafe fn prefetch(p: *const f32) {
+        let _ = p;
+    }
 }
 
-/// Plain Rust in chunks of 16 that the compiler vectorises with the baseline ISA.
+/// Plain Rust on 8-lane arrays that the compiler vectorises with the baseline ISA.
 /// Uses `a * b + c` rather than `mul_add`, which would be a libm call without FMA.
 pub struct Portable;
 
 impl Simd for Portable {
+    type V = [f32; 8];
+    const LANES: usize = 8;
     #[inline(always)]
-    unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
-        let a = std::slice::from_raw_parts(a, n);
-        let b = std::slice::from_raw_parts(b, n);
-        let mut acc = [0f32; 16];
-        for (ca, cb) in a.chunks_exact(16).zip(b.chunks_exact(16)) {
-            for i in 0..16 {
-                acc[i] += ca[i] * cb[i];
-            }
-        }
-        acc.iter().sum()
+    unsafe fn zero() -> Self::V {
+        [0.0; 8]
     }
     #[inline(always)]
-    unsafe fn axpy(y: *mut f32, a: f32, x: *const f32, n: usize) {
-        let y = std::slice::from_raw_parts_mut(y, n);
-        let x = std::slice::from_raw_parts(x, n);
-        for (cy, cx) in y.chunks_exact_mut(16).zip(x.chunks_exact(16)) {
-            for i in 0..16 {
-                cy[i] += a * cx[i];
-            }
-        }
+    unsafe fn splat(x: f32) -> Self::V {
+        [x; 8]
     }
     #[inline(always)]
-    unsafe fn scale(y: *mut f32, a: f32, n: usize) {
-        for v in std::slice::from_raw_parts_mut(y, n) {
-            *v *= a;
-        }
+    unsafe fn load(p: *const f32) -> Self::V {
+        std::ptr::read_unaligned(p as *const [f32; 8])
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self::V) {
+        std::ptr::write_unaligned(p as *mut [f32; 8], v)
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i] * b[i] + c[i])
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i] * b[i])
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|i| a[i] + b[i])
+    }
+    #[inline(always)]
+    unsafe fn reduce(v: Self::V) -> f32 {
+        ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))
     }
 }
 
@@ -95,92 +112,94 @@ mod x86 {
     use super::Simd;
     use std::arch::x86_64::*;
 
-    /// 16 lanes, `vfmadd`; four accumulators hide the FMA latency.
+    /// 16 lanes.
     pub struct Avx512;
 
     impl Simd for Avx512 {
+        type V = __m512;
+        const LANES: usize = 16;
         #[inline(always)]
-        unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
-            let mut acc = [_mm512_setzero_ps(); 4];
-            let mut i = 0;
-            while i + 64 <= n {
-                for (j, s) in acc.iter_mut().enumerate() {
-                    let o = i + 16 * j;
-                    *s = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(o)), _mm512_loadu_ps(b.add(o)), *s);
-                }
-                i += 64;
-            }
-            while i < n {
-                acc[0] =
-                    _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), acc[0]);
-                i += 16;
-            }
-            let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-            _mm512_reduce_add_ps(s)
+        unsafe fn zero() -> Self::V {
+            _mm512_setzero_ps()
         }
         #[inline(always)]
-        unsafe fn axpy(y: *mut f32, a: f32, x: *const f32, n: usize) {
-            let av = _mm512_set1_ps(a);
-            let mut i = 0;
-            while i < n {
-                let r = _mm512_fmadd_ps(av, _mm512_loadu_ps(x.add(i)), _mm512_loadu_ps(y.add(i)));
-                _mm512_storeu_ps(y.add(i), r);
-                i += 16;
-            }
+        unsafe fn splat(x: f32) -> Self::V {
+            _mm512_set1_ps(x)
         }
         #[inline(always)]
-        unsafe fn scale(y: *mut f32, a: f32, n: usize) {
-            let av = _mm512_set1_ps(a);
-            let mut i = 0;
-            while i < n {
-                _mm512_storeu_ps(y.add(i), _mm512_mul_ps(av, _mm512_loadu_ps(y.add(i))));
-                i += 16;
-            }
+        unsafe fn load(p: *const f32) -> Self::V {
+            _mm512_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: Self::V) {
+            _mm512_storeu_ps(p, v)
+        }
+        #[inline(always)]
+        unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+            _mm512_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+            _mm512_mul_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+            _mm512_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn reduce(v: Self::V) -> f32 {
+            _mm512_reduce_add_ps(v)
+        }
+        #[inline(always)]
+        unsafe fn prefetch(p: *const f32) {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
         }
     }
 
-    /// 8 lanes, two per 16-element step.
+    /// 8 lanes with FMA.
     pub struct Avx2;
 
     impl Simd for Avx2 {
+        type V = __m256;
+        const LANES: usize = 8;
         #[inline(always)]
-        unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
-            let mut s0 = _mm256_setzero_ps();
-            let mut s1 = _mm256_setzero_ps();
-            let mut i = 0;
-            while i < n {
-                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), s0);
-                s1 = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(a.add(i + 8)),
-                    _mm256_loadu_ps(b.add(i + 8)),
-                    s1,
-                );
-                i += 16;
-            }
-            let s = _mm256_add_ps(s0, s1);
-            let h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        unsafe fn zero() -> Self::V {
+            _mm256_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self::V {
+            _mm256_set1_ps(x)
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self::V {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: Self::V) {
+            _mm256_storeu_ps(p, v)
+        }
+        #[inline(always)]
+        unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+            _mm256_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: Self::V, b: Self::V) -> Self::V {
+            _mm256_mul_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn add(a: Self::V, b: Self::V) -> Self::V {
+            _mm256_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn reduce(v: Self::V) -> f32 {
+            let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
             let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
             let h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
             _mm_cvtss_f32(h)
         }
         #[inline(always)]
-        unsafe fn axpy(y: *mut f32, a: f32, x: *const f32, n: usize) {
-            let av = _mm256_set1_ps(a);
-            let mut i = 0;
-            while i < n {
-                let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(y.add(i)));
-                _mm256_storeu_ps(y.add(i), r);
-                i += 8;
-            }
-        }
-        #[inline(always)]
-        unsafe fn scale(y: *mut f32, a: f32, n: usize) {
-            let av = _mm256_set1_ps(a);
-            let mut i = 0;
-            while i < n {
-                _mm256_storeu_ps(y.add(i), _mm256_mul_ps(av, _mm256_loadu_ps(y.add(i))));
-                i += 8;
-            }
+        unsafe fn prefetch(p: *const f32) {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
         }
     }
 }
@@ -189,34 +208,43 @@ mod x86 {
 mod tests {
     use super::*;
 
-    fn check<S: Simd>() {
-        let n = 48;
-        let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
-        let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-        let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-        let got = unsafe { S::dot(a.as_ptr(), b.as_ptr(), n) };
-        assert!((got - want).abs() < 1e-5, "{got} vs {want}");
-        let mut y = b.clone();
-        unsafe { S::axpy(y.as_mut_ptr(), 0.5, a.as_ptr(), n) };
-        unsafe { S::scale(y.as_mut_ptr(), 2.0, n) };
-        for i in 0..n {
-            assert!((y[i] - 2.0 * (b[i] + 0.5 * a[i])).abs() < 1e-5);
+    unsafe fn check<S: Simd>() {
+        let a: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..16).map(|i| (i as f32 * 0.11).cos()).collect();
+        let mut out = vec![0f32; 16];
+        let mut i = 0;
+        while i < 16 {
+            let v = S::fma(
+                S::load(a.as_ptr().add(i)),
+                S::load(b.as_ptr().add(i)),
+                S::splat(1.0),
+            );
+            S::store(
+                out.as_mut_ptr().add(i),
+                S::add(S::mul(v, S::splat(2.0)), S::zero()),
+            );
+            i += S::LANES;
         }
+        for i in 0..16 {
+            assert!((out[i] - 2.0 * (a[i] * b[i] + 1.0)).abs() < 1e-6);
+        }
+        let want: f32 = a[..S::LANES].iter().sum();
+        assert!((S::reduce(S::load(a.as_ptr())) - want).abs() < 1e-6);
     }
 
     #[test]
     fn every_available_isa_matches_scalar_math() {
-        check::<Portable>();
+        unsafe { check::<Portable>() };
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            if Isa::Avx2.available() {
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn avx2() {
                     check::<Avx2>()
                 }
                 unsafe { avx2() };
             }
-            if std::is_x86_feature_detected!("avx512f") {
+            if Isa::Avx512.available() {
                 #[target_feature(enable = "avx512f")]
                 unsafe fn avx512() {
                     check::<Avx512>()
