@@ -193,10 +193,11 @@ impl KvCacheManager {
         new_computed_blocks: &[u32],
     ) -> Option<Vec<u32>> {
         let bs = self.block_size;
-        let num_held = self
-            .req_to_blocks
-            .get(req.request_id.as_str())
-            .map_or(0, |r| r.blocks.len());
+        // One map lookup on the hot (decode) path.
+        let existing = self.req_to_blocks.get_mut(req.request_id.as_str());
+        let (num_held, num_cached) = existing
+            .as_ref()
+            .map_or((0, 0), |r| (r.blocks.len(), r.num_cached));
         let num_computed = req.num_computed_tokens + new_computed_blocks.len() * bs;
         let need_tokens = num_computed + num_new_tokens;
         let num_required = need_tokens.div_ceil(bs);
@@ -209,12 +210,18 @@ impl KvCacheManager {
         if to_alloc + evictable > self.block_pool.num_free_blocks() {
             return None;
         }
-        if to_alloc == 0 && new_computed_blocks.is_empty() && !self.enable_caching {
+        let num_full = if self.enable_caching {
+            need_tokens.min(req.num_tokens()) / bs
+        } else {
+            0
+        };
+        if to_alloc == 0 && new_computed_blocks.is_empty() && num_full <= num_cached {
+            // Nothing to touch, allocate or cache (most decode steps).
             return Some(Vec::new());
         }
         // Validate hit ids before any change so that a bad id changes nothing.
         self.block_pool.touch(new_computed_blocks).ok()?;
-        let entry = match self.req_to_blocks.get_mut(req.request_id.as_str()) {
+        let entry = match existing {
             Some(e) => e,
             None => self
                 .req_to_blocks
@@ -235,7 +242,6 @@ impl KvCacheManager {
         let new_blocks = entry.blocks[start..].to_vec();
         if self.enable_caching {
             update_block_hashes(req, bs);
-            let num_full = need_tokens.min(req.num_tokens()) / bs;
             if num_full > entry.num_cached {
                 let r = entry.num_cached..num_full;
                 self.block_pool
