@@ -1,16 +1,19 @@
 //! `out = x · wᵀ` with `w` in PyTorch `nn.Linear` layout (`[n, k]`, row-major).
 //!
 //! Two paths: the `gemm` crate (strided, so `w` is never transposed in memory) for
-//! `m == 1` and prefill-sized `m`, and a hand-written GEMV for small `m` (2..=4) that
-//! streams each weight row once for all `m` inputs; decode is bound by reading
+//! `m == 1` and prefill-sized `m`, and a hand-written GEMV for small `m` (2..=8) that
+//! streams each weight row once per four inputs; decode is bound by reading
 //! the weights, so that reuse is what matters. [`matmul_t_ref`] is the slow
 //! reference both are tested against.
 
 use crate::error::{check_len, KernelError};
 use rayon::prelude::*;
 
-/// Largest `m` served by the GEMV path.
+/// Rows of `x` the GEMV kernel handles per pass over the weights (register budget).
 pub const GEMV_MAX_M: usize = 4;
+
+/// Largest `m` that [`matmul_t`] sends to the GEMV path.
+pub const GEMV_AUTO_MAX_M: usize = 8;
 
 /// Below this many multiply-adds a call runs on the calling thread only.
 const PARALLEL_MIN_FLOPS: usize = 1 << 16;
@@ -70,10 +73,10 @@ pub fn matmul_t_with(
         return Ok(());
     }
     let path = match path {
-        // Measured (benches/matmul.rs, SmolLM2 shapes): gemm's own m = 1 kernel is
-        // ~20% faster than ours; for m = 2..=4 ours is 1.5-2.5x faster because gemm
-        // re-reads the weights per row of x.
-        MatmulPath::Auto if (2..=GEMV_MAX_M).contains(&m) => MatmulPath::Gemv,
+        // Measured (benches/matmul.rs, SmolLM2 shapes, cold weights): gemm's own
+        // m = 1 kernel is 0-30% faster than ours; for m = 2..=8 ours is 1.2-3x
+        // faster (gemm packs and re-reads the weights); at m = 32 gemm wins 1.6x.
+        MatmulPath::Auto if (2..=GEMV_AUTO_MAX_M).contains(&m) => MatmulPath::Gemv,
         MatmulPath::Auto => MatmulPath::Gemm,
         p => p,
     };
@@ -135,60 +138,40 @@ fn gemv(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
 fn gemv_group(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
     let parallel = m * k * n >= PARALLEL_MIN_FLOPS && rayon::current_num_threads() > 1;
     let fma = has_fma();
-    let run_block = |j0: usize, block: &mut [[f32; GEMV_MAX_M]]| {
-        for (jj, acc) in block.iter_mut().enumerate() {
-            let row = &w[(j0 + jj) * k..(j0 + jj + 1) * k];
-            *acc = dot_rows_dispatch(fma, x, row, m, k);
-        }
-    };
-    // Results land in a small [n][m] buffer per block, then scatter to out[i*n + j]
-    // (each block owns its own j range, so the scatter is disjoint).
-    if m == 1 {
-        let body = |(b, chunk): (usize, &mut [f32])| {
-            let j0 = b * GEMV_ROWS_PER_TASK;
-            let mut tmp = [[0.0f32; GEMV_MAX_M]; GEMV_ROWS_PER_TASK];
-            run_block(j0, &mut tmp[..chunk.len()]);
-            for (o, t) in chunk.iter_mut().zip(&tmp) {
-                *o = t[0];
-            }
-        };
-        if parallel {
-            out.par_chunks_mut(GEMV_ROWS_PER_TASK)
-                .enumerate()
-                .for_each(body);
-        } else {
-            out.chunks_mut(GEMV_ROWS_PER_TASK)
-                .enumerate()
-                .for_each(body);
-        }
-        return;
-    }
-    let blocks = n.div_ceil(GEMV_ROWS_PER_TASK);
-    let compute = |b: usize| {
+    let dst = OutPtr(out.as_mut_ptr());
+    // Each task owns the output columns j0..j0+len of every one of the m rows, so
+    // the writes of different tasks never overlap.
+    let block = |b: usize| {
         let j0 = b * GEMV_ROWS_PER_TASK;
         let len = (n - j0).min(GEMV_ROWS_PER_TASK);
-        let mut tmp = [[0.0f32; GEMV_MAX_M]; GEMV_ROWS_PER_TASK];
-        run_block(j0, &mut tmp[..len]);
-        (j0, len, tmp)
+        for j in j0..j0 + len {
+            let acc = dot_rows_dispatch(fma, x, &w[j * k..(j + 1) * k], m, k);
+            for (i, &a) in acc.iter().enumerate().take(m) {
+                // SAFETY: i < m and j < n, so i*n + j < out.len() (= m*n, checked);
+                // no other task writes column j (see above), and `out` is
+                // exclusively borrowed for the whole call.
+                unsafe { *dst.get().add(i * n + j) = a };
+            }
+        }
     };
+    let blocks = n.div_ceil(GEMV_ROWS_PER_TASK);
     if parallel {
-        let results: Vec<_> = (0..blocks).into_par_iter().map(compute).collect();
-        for (j0, len, tmp) in results {
-            scatter(out, n, m, j0, &tmp[..len]);
-        }
+        (0..blocks).into_par_iter().for_each(block);
     } else {
-        for b in 0..blocks {
-            let (j0, len, tmp) = compute(b);
-            scatter(out, n, m, j0, &tmp[..len]);
-        }
+        (0..blocks).for_each(block);
     }
 }
 
-fn scatter(out: &mut [f32], n: usize, m: usize, j0: usize, tmp: &[[f32; GEMV_MAX_M]]) {
-    for i in 0..m {
-        for (jj, t) in tmp.iter().enumerate() {
-            out[i * n + j0 + jj] = t[i];
-        }
+/// The output pointer shared by GEMV tasks that write disjoint columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: only used for disjoint writes while the owning `&mut [f32]` is borrowed.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    // A method (not field access) so closures capture the whole Sync wrapper.
+    fn get(self) -> *mut f32 {
+        self.0
     }
 }
 

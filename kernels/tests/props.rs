@@ -159,7 +159,7 @@ fn large_shapes_take_the_parallel_paths() {
     let w: Vec<f32> = (0..n * k)
         .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
         .collect();
-    for mm in [1, 3, m] {
+    for mm in [1, 3, 8, m] {
         let mut out = vec![0.0; mm * n];
         let mut r = vec![0.0; mm * n];
         matmul_t(&x[..mm * k], &w, &mut out, mm, k, n).unwrap();
