@@ -140,7 +140,7 @@ fn python_method(
     }
     if value.kind() == ValueKind::Map {
         return match method {
-            "items" => state.apply_filter("items", &[value.clone()]),
+            "items" => state.apply_filter("items", std::slice::from_ref(value)),
             "keys" => Ok(Value::from(value.try_iter()?.collect::<Vec<_>>())),
             "values" => Ok(Value::from(
                 value

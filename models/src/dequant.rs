@@ -111,7 +111,7 @@ pub fn type_name(id: u32) -> String {
 /// number of blocks or the size overflows.
 pub fn byte_size(ty: GgmlType, n_elems: u64) -> Option<u64> {
     let (bs, ts) = ty.block_layout();
-    if n_elems % bs as u64 != 0 {
+    if !n_elems.is_multiple_of(bs as u64) {
         return None;
     }
     (n_elems / bs as u64).checked_mul(ts as u64)
@@ -179,7 +179,7 @@ pub fn dequantize_reference(
         .filter(|t| t.is_supported())
         .ok_or_else(|| unsupported(tensor, ggml_type))?;
     let (bs, ts) = ty.block_layout();
-    if n_elems % bs != 0 || data.len() < n_elems / bs * ts {
+    if !n_elems.is_multiple_of(bs) || data.len() < n_elems / bs * ts {
         return Err(ModelError::TensorShape {
             name: tensor.to_string(),
             expected: vec![n_elems],
@@ -329,7 +329,7 @@ pub fn reference_value(ty: GgmlType, b: &[u8], i: usize) -> f32 {
     // first `run` elements are the low nibbles and the next `run` the high nibbles.
     let nib = |qs: &[u8], run: usize, k: usize| -> u32 {
         let byte = qs[(k / (2 * run)) * run + k % run];
-        if (k / run) % 2 == 0 {
+        if (k / run).is_multiple_of(2) {
             (byte & 0xF) as u32
         } else {
             (byte >> 4) as u32

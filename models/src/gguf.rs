@@ -254,7 +254,7 @@ impl GgufFile {
                 .checked_add(data_offset)
                 .ok_or_else(|| r.corrupt("tensor offset overflow"))?;
             let end = t.offset.checked_add(t.n_bytes.unwrap_or(0));
-            if end.map_or(true, |e| e > file_len) {
+            if end.is_none_or(|e| e > file_len) {
                 return Err(r.corrupt(&format!(
                     "tensor `{}` data ({} bytes at {}) runs past the end of the file ({file_len} bytes)",
                     t.name,
@@ -349,7 +349,7 @@ impl<'a> Reader<'a> {
     /// Fails unless `count` items of at least `min_size` bytes fit in the rest of the file.
     fn check_count(&self, count: u64, min_size: u64, what: &str) -> Result<(), ModelError> {
         let left = (self.buf.len() - self.pos) as u64;
-        if count.checked_mul(min_size).map_or(true, |n| n > left) {
+        if count.checked_mul(min_size).is_none_or(|n| n > left) {
             return Err(self.corrupt(&format!(
                 "{what} {count} exceeds what {left} remaining bytes can hold"
             )));

@@ -145,7 +145,7 @@ fn reorder_rows(
     n_heads: usize,
     map: impl Fn(usize, usize) -> (usize, usize),
 ) -> Result<Mat, ModelError> {
-    if n_heads == 0 || m.rows % n_heads != 0 || (m.rows / n_heads) % 2 != 0 {
+    if n_heads == 0 || !m.rows.is_multiple_of(n_heads) || !(m.rows / n_heads).is_multiple_of(2) {
         return Err(ModelError::TensorShape {
             name: format!("Q/K matrix with {n_heads} heads (rows must be n_heads * even head_dim)"),
             expected: vec![n_heads, m.cols],

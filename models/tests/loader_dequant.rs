@@ -24,7 +24,7 @@ fn enc_q8_0(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
             b.iter()
                 .map(|v| (v * id).round().clamp(-127.0, 127.0) as i8 as u8),
         );
-        tol.extend(std::iter::repeat(0.5 * d + 1e-6).take(32));
+        tol.extend(std::iter::repeat_n(0.5 * d + 1e-6, 32));
     }
     (out, tol)
 }
@@ -51,7 +51,7 @@ fn enc_sym(x: &[f32], bits: u32) -> (Vec<u8>, Vec<f32>) {
         out.extend((0..16).map(|j| ((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4)) as u8));
         // Like llama.cpp, the code range is [-half, half-1]*d with d signed so the largest
         // magnitude is exact; a value near -max lands one step outside and is clamped.
-        tol.extend(std::iter::repeat(d.abs() + 1e-3 * max.abs() + 1e-6).take(32));
+        tol.extend(std::iter::repeat_n(d.abs() + 1e-3 * max.abs() + 1e-6, 32));
     }
     (out, tol)
 }
@@ -77,7 +77,10 @@ fn enc_affine(x: &[f32], bits: u32) -> (Vec<u8>, Vec<f32>) {
             out.extend(qh.to_le_bytes());
         }
         out.extend((0..16).map(|j| ((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4)) as u8));
-        tol.extend(std::iter::repeat(0.5 * d + 2e-3 * (hi.abs() + lo.abs()) + 1e-6).take(32));
+        tol.extend(std::iter::repeat_n(
+            0.5 * d + 2e-3 * (hi.abs() + lo.abs()) + 1e-6,
+            32,
+        ));
     }
     (out, tol)
 }
@@ -205,8 +208,8 @@ fn enc_q8_k(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
             }
         }));
         // Block sums (unused by dequantization) are part of the layout.
-        out.extend(std::iter::repeat(0u8).take(32));
-        tol.extend(std::iter::repeat(0.5 * d + 1e-6).take(256));
+        out.extend(std::iter::repeat_n(0u8, 32));
+        tol.extend(std::iter::repeat_n(0.5 * d + 1e-6, 256));
     }
     (out, tol)
 }
