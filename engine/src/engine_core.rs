@@ -71,7 +71,8 @@ impl EngineCore {
             num_blocks: spec.num_blocks,
             enable_prefix_caching: config.enable_prefix_caching,
             ..SchedulerConfig::default()
-        });
+        })
+        .map_err(|e| EngineError::invalid("scheduler", e.to_string()))?;
         Ok((EngineCore { scheduler, runner }, info))
     }
 
@@ -82,12 +83,13 @@ impl EngineCore {
     }
 
     pub fn abort_request(&mut self, request_id: &str) {
-        self.scheduler.finish_requests(&[request_id.to_string()], RequestStatus::FinishedAborted);
+        self.scheduler.abort_request(request_id);
     }
 
     /// Ends a request whose text hit a stop string.
     pub fn finish_stopped(&mut self, request_id: &str) {
-        self.scheduler.finish_requests(&[request_id.to_string()], RequestStatus::FinishedStopped);
+        // Only a finished status is passed, which is the one error finish_requests reports.
+        let _ = self.scheduler.finish_requests([request_id], RequestStatus::FinishedStopped);
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
