@@ -253,6 +253,14 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
             ));
         }
     }
+    if let Some(d) = opt_u("rope.dimension_count")? {
+        if d != head_dim {
+            return Err(meta_err(
+                "llama.rope.dimension_count",
+                &format!("partial RoPE ({d} of {head_dim} dims) is not supported"),
+            ));
+        }
+    }
     if f.tensor("rope_freqs.weight").is_some() {
         return Err(meta_err(
             "rope_freqs.weight",
