@@ -171,12 +171,13 @@ pub enum KitError {
 }
 
 type Create = dyn Fn(&AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError>;
+type Reasons = dyn Fn(&AttentionConfig) -> Vec<InvalidReason>;
 
 /// The backend under test: a name, its capabilities and a constructor.
 pub struct Subject {
     pub name: String,
     pub capabilities: Capabilities,
-    runtime_reasons: Box<dyn Fn(&AttentionConfig) -> Vec<InvalidReason>>,
+    runtime_reasons: Box<Reasons>,
     create: Box<Create>,
 }
 
@@ -247,10 +248,7 @@ impl Subject {
 
     /// The role a batch with these query lengths needs.
     pub fn role_of(query_lens: &[usize]) -> Role {
-        match (
-            query_lens.iter().any(|&q| q == 1),
-            query_lens.iter().any(|&q| q > 1),
-        ) {
+        match (query_lens.contains(&1), query_lens.iter().any(|&q| q > 1)) {
             (true, true) => Role::Both,
             (false, true) => Role::Prefill,
             _ => Role::Decode,

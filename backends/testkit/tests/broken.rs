@@ -27,6 +27,8 @@ enum Bug {
     SkipsLastHead,
     /// Indexes buffers without checking their lengths.
     NoValidation,
+    /// Keeps the first batch it planned.
+    StalePlan,
 }
 
 struct Mutant {
@@ -62,7 +64,9 @@ impl AttentionBackend for Mutant {
                 message: "block size".into(),
             });
         }
-        self.batch = batch.clone();
+        if self.bug != Bug::StalePlan || self.batch.seq_lens.is_empty() {
+            self.batch = batch.clone();
+        }
         Ok(())
     }
 
@@ -79,7 +83,7 @@ impl AttentionBackend for Mutant {
             let pool_blocks = io.k_cache.len() / (bs * kvh * d);
             let blocks_ok =
                 (0..b.num_reqs()).all(|r| b.blocks(r).iter().all(|&x| (x as usize) < pool_blocks));
-            let lse_ok = io.lse.as_ref().map_or(true, |l| l.len() == t * h);
+            let lse_ok = io.lse.as_ref().map(|l| l.len() == t * h).unwrap_or(true);
             if io.q.len() != t * h * d
                 || io.out.len() != t * h * d
                 || !lse_ok
@@ -252,6 +256,12 @@ fn an_unwritten_head_fails() {
 fn missing_validation_fails() {
     let report = fails(Bug::NoValidation, Check::BadBuffers);
     assert!(report.contains("bad buffers"), "{report}");
+}
+
+#[test]
+fn a_stale_plan_fails() {
+    fails(Bug::StalePlan, Check::BlockPermutation);
+    fails(Bug::StalePlan, Check::AloneEqualsInBatch);
 }
 
 #[test]
