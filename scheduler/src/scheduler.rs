@@ -53,7 +53,8 @@ pub struct SchedulerConfig {
     pub num_blocks: usize,
     pub enable_prefix_caching: bool,
     pub enable_chunked_prefill: bool,
-    /// Largest prefill chunk per request per step; 0 disables the cap.
+    /// Largest prefill chunk per request per step; 0 disables the cap. Only applies
+    /// with chunked prefill.
     pub long_prefill_token_threshold: usize,
     pub policy: SchedulingPolicy,
 }
@@ -338,7 +339,12 @@ impl Scheduler {
     /// Decides this step's batch.
     pub fn schedule(&mut self) -> SchedulerOutput {
         let mut budget = self.config.max_num_batched_tokens;
-        let threshold = self.config.long_prefill_token_threshold;
+        // The chunk cap only means something when prompts may be chunked.
+        let threshold = if self.config.enable_chunked_prefill {
+            self.config.long_prefill_token_threshold
+        } else {
+            0
+        };
         let mut preempted_ids = std::mem::take(&mut self.pending_preempted);
         let num_preempted_before = preempted_ids.len();
         let mut sched_running = std::mem::take(&mut self.sched_running);

@@ -163,7 +163,7 @@ proptest! {
             prop_assert!(out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens);
             prop_assert!(out.num_scheduled_tokens.len() <= cfg.max_num_seqs);
             prop_assert!(s.num_running() <= cfg.max_num_seqs);
-            if cfg.long_prefill_token_threshold > 0 {
+            if cfg.enable_chunked_prefill && cfg.long_prefill_token_threshold > 0 {
                 prop_assert!(out.num_scheduled_tokens.iter().all(|(_, n)| *n <= cfg.long_prefill_token_threshold));
             }
             let res = runner.execute(&out).map_err(TestCaseError::fail)?;
