@@ -523,7 +523,7 @@ fn bad_input_is_an_error_not_a_panic() {
         ..input
     };
     assert!(matches!(
-        s.sample_batch(&mut vec![0.0; 4], &[bad_prompt]),
+        s.sample_batch(&mut [0.0; 4], &[bad_prompt]),
         Err(SamplerError::TokenOutOfRange {
             field: "prompt_ids",
             token: 9,
@@ -536,7 +536,7 @@ fn bad_input_is_an_error_not_a_panic() {
     };
     assert!(matches!(
         s.sample_batch(
-            &mut vec![0.0; 4],
+            &mut [0.0; 4],
             &[SampleInput {
                 params: &bias,
                 ..input
@@ -553,7 +553,7 @@ fn bad_input_is_an_error_not_a_panic() {
     };
     assert!(matches!(
         s.sample_batch(
-            &mut vec![0.0; 4],
+            &mut [0.0; 4],
             &[SampleInput {
                 params: &top_p,
                 ..input
