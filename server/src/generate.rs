@@ -64,6 +64,15 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             println!("=== {:?}\n{}{}\n[{} tokens, finish: {}]", r.prompt, r.prompt, r.text, r.token_ids.len(), r.finish_reason.map_or("none", |f| f.as_str()));
         }
     }
-    tracing::info!("generated {total} tokens for {} prompts in {secs:.2}s ({:.1} tok/s)", results.len(), total as f64 / secs.max(1e-9));
+    let stats = engine.stats();
+    tracing::info!(
+        "generated {total} tokens for {} prompts in {secs:.2}s ({:.1} tok/s); {} engine steps, {} preemptions, prefix cache hits {}/{} tokens",
+        results.len(),
+        total as f64 / secs.max(1e-9),
+        stats.num_steps,
+        stats.num_preemptions,
+        stats.prefix_cache_hits,
+        stats.prefix_cache_queries
+    );
     Ok(())
 }

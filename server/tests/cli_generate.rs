@@ -71,6 +71,9 @@ fn generate_default() {
 #[test]
 fn generate_with_preemption() {
     generate_matches_reference(&["--num-kv-blocks", "24"]);
+    // 4-token blocks: each request needs ~15 of the 23 usable blocks, so the three
+    // cannot all run and some are preempted and recomputed.
+    generate_matches_reference(&["--num-kv-blocks", "24", "--block-size", "4"]);
 }
 
 #[test]

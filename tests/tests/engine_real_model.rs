@@ -32,11 +32,18 @@ fn greedy_matches_reference_default() {
 
 #[test]
 fn greedy_matches_reference_under_preemption() {
+    // With 16-token blocks, 24 blocks (23 usable: block 0 is the null block) hold all
+    // three requests; with 4-token blocks each request needs ~15 of them, so the three
+    // cannot run together and the scheduler must preempt and recompute.
     let mut c = test_config();
     c.num_kv_blocks = Some(24);
+    check_reference(&mut engine(c), "num_kv_blocks=24");
+    let mut c = test_config();
+    c.num_kv_blocks = Some(24);
+    c.block_size = 4;
     let mut e = engine(c);
-    check_reference(&mut e, "num_kv_blocks=24");
-    assert!(e.stats().num_preemptions > 0, "24 blocks should force preemption");
+    check_reference(&mut e, "num_kv_blocks=24 block_size=4");
+    assert!(e.stats().num_preemptions > 0, "24 blocks of 4 tokens should force preemption");
 }
 
 #[test]
