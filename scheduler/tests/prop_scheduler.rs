@@ -116,6 +116,36 @@ fn prompt_of(s: &Spec, i: usize) -> Vec<u32> {
     p
 }
 
+/// Outputs of one request run alone in a roomy scheduler with the same length limit.
+fn run_alone(
+    cfg: &SchedulerConfig,
+    max_len: usize,
+    id: &str,
+    prompt: &[u32],
+    params: &SamplingParams,
+) -> Vec<u32> {
+    let roomy = SchedulerConfig {
+        num_blocks: max_len.div_ceil(cfg.block_size) + 8,
+        max_model_len: max_len,
+        max_num_batched_tokens: cfg.max_num_batched_tokens.max(max_len),
+        ..cfg.clone()
+    };
+    let mut s = Scheduler::new(roomy).unwrap();
+    s.add_request(Request::new(id, prompt.to_vec(), params.clone(), vec![EOS]))
+        .unwrap();
+    let mut runner = FakeRunner::new(cfg.block_size, VOCAB);
+    let mut got = Vec::new();
+    while s.has_unfinished_requests() {
+        let out = s.schedule();
+        let res = runner.execute(&out).unwrap();
+        for o in s.update_from_output(&out, &res) {
+            got.extend(o.new_token_ids);
+        }
+    }
+    assert_eq!(s.num_preemptions(), 0);
+    got
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
 
@@ -189,6 +219,8 @@ proptest! {
             } else {
                 prop_assert!(finished.contains_key(id), "{} never finished", id);
                 prop_assert_eq!(&got, &want, "{} outputs differ", id);
+                // The same request alone, with a cache big enough to never preempt.
+                prop_assert_eq!(&run_alone(&cfg, s.max_len(), id, prompt, params), &want);
             }
         }
         let kv = s.kv_cache_manager();
