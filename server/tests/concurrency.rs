@@ -9,6 +9,9 @@ use std::sync::Arc;
 
 const CLIENTS: usize = 64;
 const MAX_TOKENS: usize = 24;
+/// Clients that hang up ask for many tokens: if their requests were not aborted,
+/// the token count (and the time to idle) would show it.
+const HANGUP_MAX_TOKENS: usize = 400;
 
 #[test]
 fn many_streams_with_disconnects() {
@@ -17,13 +20,14 @@ fn many_streams_with_disconnects() {
         .map(|i| {
             let s = s.clone();
             std::thread::spawn(move || {
+                let hangup = i % 3 == 0;
                 let body = json!({
                     "prompt": format!("Client {i} says: once upon a time there was a"),
-                    "max_tokens": MAX_TOKENS, "temperature": 0.8, "seed": i, "ignore_eos": true,
+                    "max_tokens": if hangup { HANGUP_MAX_TOKENS } else { MAX_TOKENS }, "temperature": 0.8, "seed": i, "ignore_eos": true,
                     "stream": true, "stream_options": {"include_usage": true},
                 });
                 let mut r = s.open_stream("/v1/completions", &body);
-                if i % 3 == 0 {
+                if hangup {
                     // Read a couple of chunks, then hang up.
                     for _ in 0..2 {
                         assert!(r.next_event().is_some());
@@ -75,6 +79,15 @@ fn many_streams_with_disconnects() {
         metric(&text, "vllm:kv_cache_usage_perc"),
         Some(0.0),
         "{text}"
+    );
+    // The hung-up requests were cut short, not run to their max_tokens.
+    let generated = metric(&text, "vllm:generation_tokens_total").unwrap();
+    eprintln!("generated {generated} tokens in all");
+    let hung_up = CLIENTS.div_ceil(3);
+    let bound = completed * MAX_TOKENS + hung_up * HANGUP_MAX_TOKENS / 4;
+    assert!(
+        generated < bound as f64,
+        "{generated} tokens generated; aborts should keep it under {bound}"
     );
     // And the server still serves.
     let v = s.post_ok("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
