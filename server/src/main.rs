@@ -2,7 +2,7 @@
 //! batch generation) and `backends` (the attention-backend registry and the choice).
 
 use clap::{Parser, Subcommand};
-use pagoda_server::{args, backends_cmd, generate, serve};
+use pagoda_server::{args, backends_cmd, bench, generate, serve};
 
 // Inventory only sees linked crates: link every backend.
 use pagoda_backend_cuda as _;
@@ -25,6 +25,9 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// List the attention backends, and for a model, each one's verdict and the choice.
     Backends(backends_cmd::BackendsArgs),
+    /// Benchmarks (load generator against an OpenAI-compatible server).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,5 +43,6 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(a) => serve::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Backends(a) => backends_cmd::run(a),
+        Command::Bench(c) => bench::run(c),
     }
 }
