@@ -238,9 +238,39 @@ impl Llama {
         logits: &mut Vec<f32>,
         scratch: &mut ForwardScratch,
     ) -> Result<(), ModelError> {
+        self.check_inputs(input_ids, positions, batch, kv, logits_rows)?;
+        // Run the whole step on a rayon worker: the kernels' parallel loops then
+        // start from inside the pool (cheap local splits) instead of handing each
+        // of the ~150 kernel calls of a step over from this thread (a wake-up and a
+        // global-queue push every time). Inline when already on a worker.
+        rayon::scope(|_| {
+            self.forward_in_pool(
+                input_ids,
+                positions,
+                batch,
+                attn,
+                kv,
+                logits_rows,
+                logits,
+                scratch,
+            )
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_in_pool(
+        &self,
+        input_ids: &[u32],
+        positions: &[u32],
+        batch: &BatchDescriptor,
+        attn: &mut dyn AttentionBackend,
+        kv: &mut KvCache,
+        logits_rows: &[usize],
+        logits: &mut Vec<f32>,
+        scratch: &mut ForwardScratch,
+    ) -> Result<(), ModelError> {
         let c = &self.config;
         let n = input_ids.len();
-        self.check_inputs(input_ids, positions, batch, kv, logits_rows)?;
         let (hidden, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
         let qkv_dim = q_dim + 2 * kv_dim;

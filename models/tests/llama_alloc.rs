@@ -1,0 +1,147 @@
+//! Once warm, a decode step of [`Llama::forward`] allocates nothing: a counting
+//! global allocator (this test binary only) watches the forward call of a step
+//! whose shapes were already seen (and after rayon's workers have started). Decode sizes (m = 1..=8) cover the gemm m = 1
+//! and GEMV paths, with shapes large enough to take the rayon-parallel branches.
+//! (Rayon's global injector allocates a small block every 63 jobs pushed from
+//! outside the pool; `forward` pushes one per step, so this test stays far below.)
+
+use pagoda_backend_naive::NaiveBackend;
+use pagoda_core::{AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, KvCacheSpec};
+use pagoda_models::{ForwardScratch, LayerWeights, Llama, LlamaConfig, LlamaWeights, Mat};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+struct Counting;
+static ARMED: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if ARMED.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.alloc(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        if ARMED.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.realloc(p, l, new)
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+fn weights(c: &LlamaConfig) -> LlamaWeights {
+    let mut s = 1u32;
+    let mut mat = |r: usize, k: usize| {
+        Mat::new(
+            r,
+            k,
+            (0..r * k)
+                .map(|_| {
+                    s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    ((s >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 0.1
+                })
+                .collect(),
+        )
+    };
+    let (h, q, kv, i) = (
+        c.hidden_size,
+        c.num_heads * c.head_dim,
+        c.num_kv_heads * c.head_dim,
+        c.intermediate_size,
+    );
+    let layers = (0..c.num_layers)
+        .map(|_| LayerWeights {
+            attn_norm: vec![1.0; h],
+            wq: mat(q, h),
+            wk: mat(kv, h),
+            wv: mat(kv, h),
+            wo: mat(h, q),
+            ffn_norm: vec![1.0; h],
+            w_gate: mat(i, h),
+            w_up: mat(i, h),
+            w_down: mat(h, i),
+        })
+        .collect();
+    LlamaWeights {
+        embed: mat(c.vocab_size, h),
+        layers,
+        norm: vec![1.0; h],
+        lm_head: None,
+    }
+}
+
+#[test]
+fn warm_decode_steps_do_not_allocate() {
+    let c = LlamaConfig {
+        vocab_size: 1000,
+        hidden_size: 256,
+        intermediate_size: 512,
+        num_layers: 2,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 64,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_scaling: None,
+        max_position_embeddings: 256,
+        tie_word_embeddings: true,
+    };
+    let model = Llama::new(c.clone(), weights(&c)).unwrap();
+    let bs = 16;
+    let spec = KvCacheSpec {
+        num_layers: 2,
+        num_blocks: 64,
+        block_size: bs,
+        num_kv_heads: 2,
+        head_dim: 64,
+    };
+    let mut kv = KvCache::new(spec);
+    let mut backend = NaiveBackend::new(&AttentionConfig::cpu_f32(4, 2, 64, bs)).unwrap();
+    let (mut scratch, mut logits) = (ForwardScratch::default(), Vec::new());
+    // Round 0 warms up (scratch growth, rayon's lazily started workers and their
+    // thread-locals); round 1 must not allocate at all.
+    for (round, m) in [0, 1]
+        .into_iter()
+        .flat_map(|r| [(r, 1usize), (r, 3), (r, 8)])
+    {
+        // m decode rows, request r at sequence length 5 + r + step, in its own blocks.
+        let tables: Vec<Vec<u32>> = (0..m as u32).map(|r| vec![2 * r, 2 * r + 1]).collect();
+        let mut counts = Vec::new();
+        for step in 0..2 {
+            let seq: Vec<usize> = (0..m).map(|r| 5 + r + step).collect();
+            let rows: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
+            let batch = BatchDescriptor::new(bs, &vec![1; m], &seq, &rows).unwrap();
+            let ids: Vec<u32> = (0..m as u32).map(|r| 7 * r + step as u32).collect();
+            let pos: Vec<u32> = seq.iter().map(|&s| s as u32 - 1).collect();
+            let out_rows: Vec<usize> = (0..m).collect();
+            backend.plan(&batch).unwrap();
+            ALLOCS.store(0, Ordering::SeqCst);
+            ARMED.store(true, Ordering::SeqCst);
+            let r = model.forward(
+                &ids,
+                &pos,
+                &batch,
+                &mut backend,
+                &mut kv,
+                &out_rows,
+                &mut logits,
+                &mut scratch,
+            );
+            ARMED.store(false, Ordering::SeqCst);
+            r.unwrap();
+            assert!(logits.iter().all(|v| v.is_finite()));
+            counts.push(ALLOCS.load(Ordering::SeqCst));
+        }
+        if round == 1 {
+            assert_eq!(counts, [0, 0], "m = {m}: allocations per warm step");
+        }
+    }
+}
