@@ -1,0 +1,47 @@
+//! A bounded waiting queue: when it is full, new requests get 503 with an error
+//! object, and the server recovers once it drains.
+
+mod common;
+
+use common::{assert_error, metric, Server};
+use serde_json::json;
+
+#[test]
+fn full_queue_answers_503() {
+    let s = Server::start(&["--max-num-seqs", "1", "--max-waiting-requests", "1"]);
+    let long = json!({"prompt": "Count:", "max_tokens": 2000, "ignore_eos": true, "stream": true});
+    // One request runs (max_num_seqs 1); read a chunk so it surely left the queue.
+    let mut running = s.open_stream("/v1/completions", &long);
+    assert!(running.next_event().is_some());
+    // A second waits: poll until the engine reports it waiting.
+    let mut waiting = s.open_stream("/v1/completions", &long);
+    let text = s.wait_metrics(|m| metric(m, "vllm:num_requests_waiting") == Some(1.0));
+    assert_eq!(
+        metric(&text, "vllm:num_requests_waiting"),
+        Some(1.0),
+        "{text}"
+    );
+    // The queue (1) is full: the third is refused.
+    let (st, body) = s.post_raw(
+        "/v1/completions",
+        json!({"prompt": "x", "max_tokens": 2})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_error(st, &body, 503, "queue full");
+    // Hanging up frees both; then requests are served again.
+    drop(running);
+    assert!(
+        waiting.next_event().is_some(),
+        "the waiting request gets to run"
+    );
+    drop(waiting);
+    let text = s.wait_metrics(|m| metric(m, "vllm:num_requests_running") == Some(0.0));
+    assert_eq!(
+        metric(&text, "vllm:num_requests_running"),
+        Some(0.0),
+        "{text}"
+    );
+    let v = s.post_ok("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}));
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+}
