@@ -45,3 +45,33 @@ fn full_queue_answers_503() {
     let v = s.post_ok("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}));
     assert_eq!(v["usage"]["completion_tokens"], 2);
 }
+
+/// A non-streaming client that gives up: its request is aborted, not run to the end.
+#[test]
+fn non_streaming_disconnect_aborts() {
+    let s = Server::start(&[]);
+    let agent = ureq::AgentBuilder::new()
+        .timeout_read(std::time::Duration::from_millis(500))
+        .build();
+    let body = json!({"prompt": "Hi", "max_tokens": 3000, "ignore_eos": true});
+    let r = agent
+        .post(&s.url("/v1/completions"))
+        .send_string(&body.to_string());
+    assert!(r.is_err(), "the client times out first");
+    let text = s.wait_metrics(|m| metric(m, "vllm:num_requests_running") == Some(0.0));
+    assert_eq!(
+        metric(&text, "vllm:num_requests_running"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "vllm:kv_cache_usage_perc"),
+        Some(0.0),
+        "{text}"
+    );
+    let generated = metric(&text, "vllm:generation_tokens_total").unwrap();
+    assert!(
+        generated < 1500.0,
+        "{generated} tokens: the request was not aborted"
+    );
+}
