@@ -63,16 +63,26 @@ unsafe fn attend_avx2(a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mut 
 }
 
 /// `s[gi * CHUNK + j] = scale * q[gi] · k[j]` for `NG` heads, sharing each K load.
+/// Prefetches the rows `pf` (the next chunk) one row per key, spread out so that the
+/// prefetches never crowd the miss buffers that the demand loads need.
 #[inline(always)]
 unsafe fn scores<S: Simd, const NG: usize>(
     q: *const f32,
     kp: *const f32,
     off: &[usize],
+    pf: &[usize],
     hd: usize,
     scale: f32,
     s: *mut f32,
 ) {
     for (j, &o) in off.iter().enumerate() {
+        if let Some(&pj) = pf.get(j) {
+            let mut d = 0;
+            while d < hd {
+                S::prefetch(kp.add(pj + d));
+                d += 16;
+            }
+        }
         let k = kp.add(o);
         let mut acc = [S::zero(); NG];
         let mut d = 0;
@@ -89,17 +99,24 @@ unsafe fn scores<S: Simd, const NG: usize>(
     }
 }
 
-/// `o[gi] += sum_j p[gi * CHUNK + j] * v[j]` for `NG` heads, accumulating in registers.
+/// `o[gi] += sum_j p[gi * CHUNK + j] * v[j]` for `NG` heads, accumulating in
+/// registers; prefetches one cache line of each row `pf` per 16 columns.
 #[inline(always)]
 unsafe fn accumulate<S: Simd, const NG: usize>(
     o: *mut f32,
     vp: *const f32,
     off: &[usize],
+    pf: &[usize],
     hd: usize,
     p: *const f32,
 ) {
     let mut d = 0;
     while d < hd {
+        if d % 16 == 0 {
+            for &pj in pf {
+                S::prefetch(vp.add(pj + d));
+            }
+        }
         let mut acc = [S::zero(); NG];
         for (gi, a) in acc.iter_mut().enumerate() {
             *a = S::load(o.add(gi * hd + d));
@@ -145,14 +162,6 @@ unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], m: &mut [f32]
     while pos < a.end {
         let n_next = row_offsets(pos + n, &mut next);
         for h in 0..nkv {
-            for &o in &next[..n_next] {
-                let mut d = 0;
-                while d < hd {
-                    S::prefetch(kp.add(o + h * hd + d));
-                    S::prefetch(vp.add(o + h * hd + d));
-                    d += 16;
-                }
-            }
             let head0 = h * g_n;
             let q = a.q.as_ptr().add(head0 * hd);
             let oh = o.as_mut_ptr().add(head0 * hd);
@@ -161,11 +170,12 @@ unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], m: &mut [f32]
             let mut g = 0;
             while g < g_n {
                 let (qg, sg) = (q.add(g * hd), s.as_mut_ptr().add(g * CHUNK));
+                let pf: &[usize] = if g == 0 { &next[..n_next] } else { &[] };
                 match g_n - g {
-                    1 => scores::<S, 1>(qg, kh, offs, hd, a.scale, sg),
-                    2 => scores::<S, 2>(qg, kh, offs, hd, a.scale, sg),
-                    3 => scores::<S, 3>(qg, kh, offs, hd, a.scale, sg),
-                    _ => scores::<S, 4>(qg, kh, offs, hd, a.scale, sg),
+                    1 => scores::<S, 1>(qg, kh, offs, pf, hd, a.scale, sg),
+                    2 => scores::<S, 2>(qg, kh, offs, pf, hd, a.scale, sg),
+                    3 => scores::<S, 3>(qg, kh, offs, pf, hd, a.scale, sg),
+                    _ => scores::<S, 4>(qg, kh, offs, pf, hd, a.scale, sg),
                 }
                 g += 4;
             }
@@ -197,11 +207,12 @@ unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], m: &mut [f32]
             let mut g = 0;
             while g < g_n {
                 let (og, pg) = (oh.add(g * hd), s.as_ptr().add(g * CHUNK));
+                let pf: &[usize] = if g == 0 { &next[..n_next] } else { &[] };
                 match g_n - g {
-                    1 => accumulate::<S, 1>(og, vh, offs, hd, pg),
-                    2 => accumulate::<S, 2>(og, vh, offs, hd, pg),
-                    3 => accumulate::<S, 3>(og, vh, offs, hd, pg),
-                    _ => accumulate::<S, 4>(og, vh, offs, hd, pg),
+                    1 => accumulate::<S, 1>(og, vh, offs, pf, hd, pg),
+                    2 => accumulate::<S, 2>(og, vh, offs, pf, hd, pg),
+                    3 => accumulate::<S, 3>(og, vh, offs, pf, hd, pg),
+                    _ => accumulate::<S, 4>(og, vh, offs, pf, hd, pg),
                 }
                 g += 4;
             }
