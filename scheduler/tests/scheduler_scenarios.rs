@@ -628,3 +628,44 @@ fn resumed_request_hits_its_own_cached_prefix() {
     }
     assert!(preempted && resumed);
 }
+
+#[test]
+fn prefix_hits_are_reported_in_outputs_and_stats() {
+    let mut s = Scheduler::new(SchedulerConfig {
+        num_blocks: 11,
+        max_model_len: 160,
+        ..config()
+    })
+    .unwrap();
+    let shared: Vec<u32> = (0..48).collect();
+    let mut p1 = shared.clone();
+    p1.extend([900, 901, 902]);
+    s.add_request(greedy_req("a", shared.clone(), 1)).unwrap();
+    let out = s.schedule();
+    assert_eq!(out.scheduled_new_reqs[0].block_ids, vec![1, 2, 3]);
+    let res = s.update_from_output(&out, &output_all(&out, 5, &s));
+    assert_eq!(res[0].num_cached_tokens, 0);
+    s.add_request(greedy_req("b", p1, 2)).unwrap();
+    let out = s.schedule();
+    let n = &out.scheduled_new_reqs[0];
+    // "a" finished and freed [3, 2, 1]; "b" hits all three and computes 3 tokens.
+    assert_eq!(
+        (n.num_computed_tokens, n.block_ids.clone()),
+        (48, vec![1, 2, 3, 4])
+    );
+    assert_eq!(ids(&out), vec![("b", 3)]);
+    let res = s.update_from_output(&out, &output_all(&out, 5, &s));
+    assert_eq!(
+        (res[0].num_cached_tokens, res[0].num_prompt_tokens),
+        (48, 51)
+    );
+    let st = s.stats();
+    assert_eq!(
+        (
+            st.prefix_cache.requests,
+            st.prefix_cache.queries,
+            st.prefix_cache.hits
+        ),
+        (2, 99, 48)
+    );
+}
