@@ -42,7 +42,7 @@ fn backends() -> Vec<&'static BackendRegistration> {
 
 /// Whether the single-threaded f64 reference finishes a call in well under a second.
 fn naive_fits(case: &Case) -> bool {
-    case.flops() <= 2_000_000_000
+    case.flops() <= 300_000_000
 }
 
 fn bench_case(

@@ -358,38 +358,36 @@ fn merge_request(
     mut lse: Option<&mut [f32]>,
 ) {
     let (splits, base) = (p.splits[r], p.first_item[r]);
-    {
-        for head in 0..nh {
-            let o = &mut out[head * hd..(head + 1) * hd];
-            let part_lse = |k: usize| p.partial_lse[(base + k) * nh + head];
-            let part_o = |k: usize| {
-                &p.partial_o[((base + k) * nh + head) * hd..((base + k) * nh + head + 1) * hd]
-            };
-            let m = (0..splits).map(part_lse).fold(f32::NEG_INFINITY, f32::max);
-            if m == f32::NEG_INFINITY {
-                o.fill(0.0);
-                if let Some(l) = lse.as_deref_mut() {
-                    l[head] = f32::NEG_INFINITY;
-                }
+    for head in 0..nh {
+        let o = &mut out[head * hd..(head + 1) * hd];
+        let part_lse = |k: usize| p.partial_lse[(base + k) * nh + head];
+        let part_o = |k: usize| {
+            &p.partial_o[((base + k) * nh + head) * hd..((base + k) * nh + head + 1) * hd]
+        };
+        let m = (0..splits).map(part_lse).fold(f32::NEG_INFINITY, f32::max);
+        if m == f32::NEG_INFINITY {
+            o.fill(0.0);
+            if let Some(l) = lse.as_deref_mut() {
+                l[head] = f32::NEG_INFINITY;
+            }
+            continue;
+        }
+        o.fill(0.0);
+        let mut total = 0.0f32;
+        for k in 0..splits {
+            let w = (part_lse(k) - m).exp();
+            if w == 0.0 {
                 continue;
             }
-            o.fill(0.0);
-            let mut total = 0.0f32;
-            for k in 0..splits {
-                let w = (part_lse(k) - m).exp();
-                if w == 0.0 {
-                    continue;
-                }
-                total += w;
-                for (x, y) in o.iter_mut().zip(part_o(k)) {
-                    *x += w * y;
-                }
+            total += w;
+            for (x, y) in o.iter_mut().zip(part_o(k)) {
+                *x += w * y;
             }
-            let inv = 1.0 / total;
-            o.iter_mut().for_each(|x| *x *= inv);
-            if let Some(l) = lse.as_deref_mut() {
-                l[head] = m + total.ln();
-            }
+        }
+        let inv = 1.0 / total;
+        o.iter_mut().for_each(|x| *x *= inv);
+        if let Some(l) = lse.as_deref_mut() {
+            l[head] = m + total.ln();
         }
     }
 }
