@@ -2,6 +2,7 @@
 //! log-softmax.
 
 use crate::error::{check_len, KernelError};
+use rayon::prelude::*;
 
 /// `out = silu(gate) * up`, elementwise, where `silu(x) = x / (1 + e^-x)`.
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
@@ -9,6 +10,37 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), KernelE
     check_len("out", out.len(), gate.len())?;
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = g / (1.0 + (-g).exp()) * u;
+    }
+    Ok(())
+}
+
+/// [`silu_mul`] on a fused `[rows, 2 * inter]` buffer whose rows are `[gate | up]`
+/// (one GEMM against `[w_gate; w_up]`), writing `out` `[rows, inter]`. Rows run in
+/// parallel when there are many (prefill).
+pub fn silu_mul_fused(gate_up: &[f32], inter: usize, out: &mut [f32]) -> Result<(), KernelError> {
+    if inter == 0 {
+        return Err(KernelError::InvalidArgument {
+            name: "inter",
+            message: "must be > 0".into(),
+        });
+    }
+    let rows = out.len() / inter;
+    check_len("out", out.len(), rows * inter)?;
+    check_len("gate_up", gate_up.len(), rows * 2 * inter)?;
+    let body = |(o, gu): (&mut [f32], &[f32])| {
+        let (g, u) = gu.split_at(inter);
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+    };
+    if out.len() >= 1 << 15 {
+        out.par_chunks_mut(inter)
+            .zip(gate_up.par_chunks(2 * inter))
+            .for_each(body);
+    } else {
+        out.chunks_mut(inter)
+            .zip(gate_up.chunks(2 * inter))
+            .for_each(body);
     }
     Ok(())
 }

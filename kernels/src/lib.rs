@@ -12,7 +12,9 @@ pub mod matmul;
 pub mod norm;
 pub mod rope;
 
-pub use act::{argmax, log_softmax, log_softmax_ref, silu_mul, silu_mul_ref, softmax};
+pub use act::{
+    argmax, log_softmax, log_softmax_ref, silu_mul, silu_mul_fused, silu_mul_ref, softmax,
+};
 pub use error::KernelError;
 pub use matmul::{matmul_t, matmul_t_ref, matmul_t_with, MatmulPath, GEMV_AUTO_MAX_M, GEMV_MAX_M};
 pub use norm::{add_rms_norm, rms_norm, rms_norm_ref};

@@ -78,7 +78,7 @@ impl RopeCache {
                 message: format!("{head_dim} must be even and > 0"),
             });
         }
-        if !(theta > 0.0) {
+        if theta.is_nan() || theta <= 0.0 {
             return Err(KernelError::InvalidArgument {
                 name: "theta",
                 message: format!("{theta} must be > 0"),

@@ -114,6 +114,21 @@ proptest! {
     }
 
     #[test]
+    fn fused_silu_mul_matches_reference(rows in prop_oneof![1usize..4, 150usize..260], inter in 1usize..200, seed in vals(997)) {
+        let gu: Vec<f32> = seed.iter().cycle().take(rows * 2 * inter).copied().collect();
+        let mut out = vec![f32::NAN; rows * inter];
+        silu_mul_fused(&gu, inter, &mut out).unwrap();
+        let mut r = vec![0.0; inter];
+        for t in 0..rows {
+            let row = &gu[t * 2 * inter..(t + 1) * 2 * inter];
+            silu_mul_ref(&row[..inter], &row[inter..], &mut r).unwrap();
+            for (a, b) in out[t * inter..(t + 1) * inter].iter().zip(&r) {
+                prop_assert!(close(*a, *b as f64, 1e-5, 1e-6));
+            }
+        }
+    }
+
+    #[test]
     fn softmaxes_match_reference(row in proptest::collection::vec(-30.0f32..30.0, 1..200)) {
         let r = log_softmax_ref(&row);
         let mut ls = row.clone();
@@ -145,6 +160,8 @@ fn shape_errors_are_errors_not_panics() {
         Err(KernelError::PositionOutOfRange { position: 8, .. })
     ));
     assert!(silu_mul(&[1.0], &[1.0, 2.0], &mut [0.0]).is_err());
+    assert!(silu_mul_fused(&[1.0; 5], 2, &mut [0.0; 2]).is_err());
+    assert!(silu_mul_fused(&[1.0; 4], 0, &mut []).is_err());
     assert_eq!(argmax(&[]), None);
     assert_eq!(argmax(&[f32::NAN, 1.0, 3.0, 3.0]), Some(2));
 }

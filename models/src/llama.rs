@@ -13,7 +13,7 @@ use crate::error::ModelError;
 use crate::weights::{LlamaWeights, Mat};
 use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, LayerIo};
 use pagoda_kernels::{
-    add_rms_norm, matmul_t, rms_norm, silu_mul, KernelError, Llama3Scaling, RopeCache,
+    add_rms_norm, matmul_t, rms_norm, silu_mul_fused, KernelError, Llama3Scaling, RopeCache,
 };
 
 /// One decoder layer with fused projection matrices (row-major, `nn.Linear` layout).
@@ -341,15 +341,7 @@ impl Llama {
                 2 * inter,
             )
             .map_err(kernel)?;
-            for t in 0..n {
-                let gu = &s.gate_up[t * 2 * inter..(t + 1) * 2 * inter];
-                silu_mul(
-                    &gu[..inter],
-                    &gu[inter..],
-                    &mut s.act[t * inter..(t + 1) * inter],
-                )
-                .map_err(kernel)?;
-            }
+            silu_mul_fused(&s.gate_up, inter, &mut s.act).map_err(kernel)?;
             matmul_t(&s.act, &layer.w_down, &mut s.proj, n, inter, hidden).map_err(kernel)?;
             // Fuse this layer's residual add with the next layer's input norm; after
             // the last layer the residual is only needed on the logits rows (below).
