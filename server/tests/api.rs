@@ -197,13 +197,20 @@ fn streaming_equals_non_streaming(s: &Server, model: &str) {
     let body = json!({"model": model, "prompt": long, "max_tokens": 2, "temperature": 0});
     s.post_ok("/v1/completions", &body);
     let v = s.post_ok("/v1/completions", &body);
-    assert!(
-        v["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap()
-            > 0,
-        "{v}"
-    );
+    assert!(cached(&v) > 0, "{v}");
+    // A cache salt keeps tenants apart: the same prompt with a new salt hits nothing.
+    let mut salted = body.clone();
+    salted["cache_salt"] = json!("tenant-a");
+    let v = s.post_ok("/v1/completions", &salted);
+    assert_eq!(cached(&v), 0, "{v}");
+    let v = s.post_ok("/v1/completions", &salted);
+    assert!(cached(&v) > 0, "{v}");
+}
+
+fn cached(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached_tokens")
 }
 
 fn chat(s: &Server, model: &str) {
