@@ -45,7 +45,7 @@ fn same(p: &BlockPool, r: &RefBlockPool) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(ProptestConfig::with_cases(600))]
 
     #[test]
     fn block_pool_matches_reference(num_blocks in 2usize..12, ops in prop::collection::vec(pool_op(), 1..80)) {
@@ -141,7 +141,7 @@ fn family(f: usize, len: usize) -> Vec<u32> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(ProptestConfig::with_cases(600))]
 
     #[test]
     fn kv_manager_conserves_blocks(

@@ -147,7 +147,7 @@ fn run_alone(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+    #![proptest_config(ProptestConfig::with_cases(1000))]
 
     #[test]
     fn scheduler_random_workloads(cfg in config(), specs in prop::collection::vec(spec(), 1..14)) {
