@@ -2,7 +2,8 @@
 //! against HF transformers' greedy reference (`shared/reference/smollm2-greedy.json`):
 //! the first step's top-5 ids and log-probs (within 1e-3), then greedy decoding one
 //! token per step for each case's `safe_len` steps (where the reference's top-1/top-2
-//! gap is safely above f32 noise).
+//! gap is safely above f32 noise). Each prompt is also run in chunks of 3 tokens
+//! over several steps, which must give the same log-probs.
 //!
 //! The model is found through `$PAGODA_MODEL` or the default cache path; the test
 //! fails with a clear message if it is absent.
@@ -153,6 +154,19 @@ fn smollm2_matches_hf_greedy_reference() {
             assert!(
                 (got - want).abs() < 1e-3,
                 "case {ci}: top-5 logprob {i}: {got} vs {want}"
+            );
+        }
+        // The same prompt in chunks over several steps (paged context) agrees with
+        // the single step.
+        let mut chunked = Session::new(&model, case.prompt_ids.len() + 1);
+        let mut lp_chunked = Vec::new();
+        for piece in case.prompt_ids.chunks(3) {
+            lp_chunked = chunked.step(&model, piece);
+        }
+        for (a, b) in lp.iter().zip(&lp_chunked).filter(|(a, _)| **a > -20.0) {
+            assert!(
+                (a - b).abs() < 1e-3,
+                "case {ci}: chunked prefill logprob {b} vs one step {a}"
             );
         }
         let mut next = argmax(&lp).unwrap() as u32;
