@@ -32,6 +32,16 @@ use std::time::Duration;
 /// How long in-flight requests may run on after a shutdown signal.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
+/// [`SHUTDOWN_GRACE`], unless `PAGODA_SHUTDOWN_GRACE_SECS` overrides it.
+fn shutdown_grace() -> Duration {
+    std::env::var("PAGODA_SHUTDOWN_GRACE_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(SHUTDOWN_GRACE)
+}
+
 /// What every handler shares.
 pub struct AppState {
     pub engine: EngineHandle,
@@ -177,10 +187,13 @@ pub async fn serve(host: String, port: u16, state: Arc<AppState>) -> anyhow::Res
         state.model_name,
         state.engine.model_info().attention
     );
+    let grace = shutdown_grace();
     let (sig_tx, sig_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
-        tracing::info!("shutdown signal: no new connections; finishing in-flight requests (up to {SHUTDOWN_GRACE:?})");
+        tracing::info!(
+            "shutdown signal: no new connections; finishing in-flight requests (up to {grace:?})"
+        );
         let _ = sig_tx.send(true);
     });
     let mut graceful_rx = sig_rx.clone();
@@ -192,7 +205,7 @@ pub async fn serve(host: String, port: u16, state: Arc<AppState>) -> anyhow::Res
     let mut grace_rx = sig_rx;
     tokio::select! {
         r = &mut server => r.context("serving")?,
-        _ = async { let _ = grace_rx.wait_for(|&s| s).await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+        _ = async { let _ = grace_rx.wait_for(|&s| s).await; tokio::time::sleep(grace).await } => {
             tracing::warn!("grace period over: aborting in-flight requests");
             let engine = state.engine.clone();
             // Aborted requests end their streams, so connections can close.

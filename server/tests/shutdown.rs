@@ -37,3 +37,32 @@ fn sigterm_drains_in_flight_requests_and_exits_zero() {
         s.log_text()
     );
 }
+
+/// Past the grace period, in-flight requests are aborted (finish_reason "abort")
+/// and the server still exits with status 0.
+#[test]
+fn sigterm_aborts_requests_that_outlast_the_grace_period() {
+    let mut s = Server::start_with_env(&[], &[("PAGODA_SHUTDOWN_GRACE_SECS", "1")]);
+    let body = json!({"prompt": "Tell me a story:", "max_tokens": 4000, "ignore_eos": true, "stream": true});
+    let mut r = s.open_stream("/v1/completions", &body);
+    assert!(r.next_event().is_some(), "a first chunk before the signal");
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &s.pid().to_string()])
+        .status()
+        .expect("running kill");
+    assert!(st.success());
+    let mut finish = None;
+    while let Some(e) = r.next_event() {
+        if let Some(f) = e["choices"][0]["finish_reason"].as_str() {
+            finish = Some(f.to_string());
+        }
+    }
+    assert!(r.done, "the aborted stream still ends with [DONE]");
+    assert_eq!(finish.as_deref(), Some("abort"));
+    let status = s.child.wait().expect("waiting for the server");
+    assert!(
+        status.success(),
+        "exit status {status:?}; log:\n{}",
+        s.log_text()
+    );
+}

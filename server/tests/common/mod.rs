@@ -65,6 +65,11 @@ fn free_port() -> u16 {
 impl Server {
     /// Starts `pagoda serve` with extra flags and waits until `/health` answers 200.
     pub fn start(extra: &[&str]) -> Server {
+        Self::start_with_env(extra, &[])
+    }
+
+    /// [`Server::start`] with extra environment variables.
+    pub fn start_with_env(extra: &[&str], envs: &[(&str, &str)]) -> Server {
         let model = model_path();
         let key = extra
             .windows(2)
@@ -81,6 +86,7 @@ impl Server {
                 .arg(&model)
                 .args(extra)
                 .env_remove("PAGODA_API_KEY")
+                .envs(envs.iter().copied())
                 .stdout(Stdio::null())
                 .stderr(logf)
                 .spawn()
