@@ -297,6 +297,7 @@ impl Llama {
         if let Some(first) = self.layers.first() {
             rms_norm(&s.h, &first.attn_norm, eps, &mut s.xn).map_err(kernel)?;
         }
+        let mut pruned = false;
         for (l, layer) in self.layers.iter().enumerate() {
             // Attention block: xn holds rms_norm(h) with this layer's attn_norm.
             matmul_t(&s.xn, &layer.wqkv, &mut s.qkv, n, hidden, qkv_dim).map_err(kernel)?;
@@ -328,21 +329,62 @@ impl Llama {
                 out: &mut s.attn,
                 lse: None,
             })?;
-            matmul_t(&s.attn, &layer.wo, &mut s.proj, n, q_dim, hidden).map_err(kernel)?;
-            add_rms_norm(&mut s.h, &s.proj, &layer.ffn_norm, eps, &mut s.xn).map_err(kernel)?;
+            // Past the last layer's attention only the logits rows matter: gather
+            // them (attention output into q's buffer, residual into sel's, by
+            // swapping the buffers) and finish the layer on those rows alone.
+            let mut m = n;
+            if l + 1 == self.layers.len() && logits_rows.len() < n {
+                m = logits_rows.len();
+                size(&mut s.sel, m * hidden);
+                for (i, &t) in logits_rows.iter().enumerate() {
+                    s.q[i * q_dim..(i + 1) * q_dim]
+                        .copy_from_slice(&s.attn[t * q_dim..(t + 1) * q_dim]);
+                    s.sel[i * hidden..(i + 1) * hidden]
+                        .copy_from_slice(&s.h[t * hidden..(t + 1) * hidden]);
+                }
+                std::mem::swap(&mut s.q, &mut s.attn);
+                std::mem::swap(&mut s.sel, &mut s.h);
+                pruned = true;
+            }
+            let (mh, mi) = (m * hidden, m * inter);
+            matmul_t(
+                &s.attn[..m * q_dim],
+                &layer.wo,
+                &mut s.proj[..mh],
+                m,
+                q_dim,
+                hidden,
+            )
+            .map_err(kernel)?;
+            add_rms_norm(
+                &mut s.h[..mh],
+                &s.proj[..mh],
+                &layer.ffn_norm,
+                eps,
+                &mut s.xn[..mh],
+            )
+            .map_err(kernel)?;
 
             // MLP block (SwiGLU).
             matmul_t(
-                &s.xn,
+                &s.xn[..mh],
                 &layer.w_gate_up,
-                &mut s.gate_up,
-                n,
+                &mut s.gate_up[..2 * mi],
+                m,
                 hidden,
                 2 * inter,
             )
             .map_err(kernel)?;
-            silu_mul_fused(&s.gate_up, inter, &mut s.act).map_err(kernel)?;
-            matmul_t(&s.act, &layer.w_down, &mut s.proj, n, inter, hidden).map_err(kernel)?;
+            silu_mul_fused(&s.gate_up[..2 * mi], inter, &mut s.act[..mi]).map_err(kernel)?;
+            matmul_t(
+                &s.act[..mi],
+                &layer.w_down,
+                &mut s.proj[..mh],
+                m,
+                inter,
+                hidden,
+            )
+            .map_err(kernel)?;
             // Fuse this layer's residual add with the next layer's input norm; after
             // the last layer the residual is only needed on the logits rows (below).
             if let Some(next) = self.layers.get(l + 1) {
@@ -350,27 +392,44 @@ impl Llama {
             }
         }
 
-        // Final norm + LM head on the requested rows only.
+        // Final norm + LM head on the requested rows only: their residual plus the
+        // last layer's MLP output.
         let r = logits_rows.len();
-        size(&mut s.sel, r * hidden);
         size(&mut s.sel_norm, r * hidden);
-        let last_layer_pending = !self.layers.is_empty();
-        for (i, &t) in logits_rows.iter().enumerate() {
-            let dst = &mut s.sel[i * hidden..(i + 1) * hidden];
-            dst.copy_from_slice(&s.h[t * hidden..(t + 1) * hidden]);
-            if last_layer_pending {
-                for (a, b) in dst.iter_mut().zip(&s.proj[t * hidden..(t + 1) * hidden]) {
-                    *a += b;
+        if pruned {
+            // s.h already holds just the logits rows.
+            for (a, b) in s.h[..r * hidden].iter_mut().zip(&s.proj[..r * hidden]) {
+                *a += b;
+            }
+        } else {
+            size(&mut s.sel, r * hidden);
+            let last_layer_pending = !self.layers.is_empty();
+            for (i, &t) in logits_rows.iter().enumerate() {
+                let dst = &mut s.sel[i * hidden..(i + 1) * hidden];
+                dst.copy_from_slice(&s.h[t * hidden..(t + 1) * hidden]);
+                if last_layer_pending {
+                    for (a, b) in dst.iter_mut().zip(&s.proj[t * hidden..(t + 1) * hidden]) {
+                        *a += b;
+                    }
                 }
             }
         }
         let vocab = c.vocab_size;
         logits.resize(r * vocab, 0.0);
-        if r == 0 {
-            return Ok(());
+        if r > 0 {
+            let rows = if pruned {
+                &s.h[..r * hidden]
+            } else {
+                &s.sel[..]
+            };
+            rms_norm(rows, &self.norm, eps, &mut s.sel_norm).map_err(kernel)?;
+            matmul_t(&s.sel_norm, &self.head().data, logits, r, hidden, vocab).map_err(kernel)?;
         }
-        rms_norm(&s.sel, &self.norm, eps, &mut s.sel_norm).map_err(kernel)?;
-        matmul_t(&s.sel_norm, &self.head().data, logits, r, hidden, vocab).map_err(kernel)?;
+        if pruned {
+            // Hand the buffers back so each keeps its capacity for the next step.
+            std::mem::swap(&mut s.q, &mut s.attn);
+            std::mem::swap(&mut s.sel, &mut s.h);
+        }
         Ok(())
     }
 

@@ -421,3 +421,66 @@ fn bad_inputs_are_errors_not_panics() {
     odd.num_kv_heads = 3;
     assert!(Llama::new(odd, w).is_err());
 }
+
+#[test]
+fn logits_rows_may_be_unordered_and_repeated() {
+    all_variants(|c, w, seed| {
+        let s = tokens(seed + 31, 7);
+        let refs = reference_logits(c, w, &s);
+        let model = Llama::new(c.clone(), w.clone()).unwrap();
+        let spec = KvCacheSpec {
+            num_layers: 2,
+            num_blocks: 2,
+            block_size: BLOCK,
+            num_kv_heads: 2,
+            head_dim: 16,
+        };
+        let mut kv = KvCache::filled(spec, f32::NAN);
+        let mut backend = NaiveBackend::new(&AttentionConfig::cpu_f32(4, 2, 16, BLOCK)).unwrap();
+        let batch = BatchDescriptor::new(BLOCK, &[7], &[7], &[&[1, 0]]).unwrap();
+        backend.plan(&batch).unwrap();
+        let (mut scratch, mut logits) = (ForwardScratch::default(), Vec::new());
+        let pos: Vec<u32> = (0..7).collect();
+        let rows = [5, 2, 5, 0];
+        model
+            .forward(
+                &s,
+                &pos,
+                &batch,
+                &mut backend,
+                &mut kv,
+                &rows,
+                &mut logits,
+                &mut scratch,
+            )
+            .unwrap();
+        assert_eq!(logits.len(), rows.len() * c.vocab_size);
+        for (i, &t) in rows.iter().enumerate() {
+            for (a, b) in logits[i * c.vocab_size..(i + 1) * c.vocab_size]
+                .iter()
+                .zip(&refs[t])
+            {
+                assert!(
+                    ((*a as f64) - b).abs() <= 1e-5 + 1e-4 * b.abs(),
+                    "row {t}: {a} vs {b}"
+                );
+            }
+        }
+        // No logits wanted at all is fine too.
+        let batch2 = BatchDescriptor::new(BLOCK, &[1], &[8], &[&[1, 0]]).unwrap();
+        backend.plan(&batch2).unwrap();
+        model
+            .forward(
+                &[3],
+                &[7],
+                &batch2,
+                &mut backend,
+                &mut kv,
+                &[],
+                &mut logits,
+                &mut scratch,
+            )
+            .unwrap();
+        assert!(logits.is_empty());
+    });
+}
