@@ -82,6 +82,16 @@ struct ReqBlocks {
     blocks: Vec<u32>,
     /// Leading blocks already recorded in the cache map.
     num_cached: usize,
+    /// Bumped when the table is released, so stale [`KvHandle`]s stop matching.
+    generation: u32,
+}
+
+/// A cheap reference to a request's block table (no map lookup), valid until the
+/// request is freed; a stale handle is detected and the id is looked up instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvHandle {
+    idx: u32,
+    generation: u32,
 }
 
 /// Owns the block pool and every request's block table.
@@ -90,7 +100,11 @@ pub struct KvCacheManager {
     block_pool: BlockPool,
     block_size: usize,
     enable_caching: bool,
-    req_to_blocks: FxHashMap<RequestId, ReqBlocks>,
+    /// Request id -> index into `tables`.
+    req_to_blocks: FxHashMap<RequestId, u32>,
+    /// Block tables; released ones are reused (keeping their capacity).
+    tables: Vec<ReqBlocks>,
+    free_tables: Vec<u32>,
     stats: PrefixCacheStats,
 }
 
@@ -112,6 +126,8 @@ impl KvCacheManager {
             block_size,
             enable_caching,
             req_to_blocks: FxHashMap::default(),
+            tables: Vec::new(),
+            free_tables: Vec::new(),
             stats: PrefixCacheStats::default(),
         })
     }
@@ -140,10 +156,25 @@ impl KvCacheManager {
     }
     /// The request's blocks in logical order (empty when unknown).
     pub fn get_block_ids(&self, req_id: &str) -> &[u32] {
-        self.req_to_blocks.get(req_id).map_or(&[], |r| &r.blocks)
+        self.req_to_blocks
+            .get(req_id)
+            .map_or(&[], |&i| &self.tables[i as usize].blocks)
     }
     pub fn num_cached_blocks(&self, req_id: &str) -> usize {
-        self.req_to_blocks.get(req_id).map_or(0, |r| r.num_cached)
+        self.req_to_blocks
+            .get(req_id)
+            .map_or(0, |&i| self.tables[i as usize].num_cached)
+    }
+    /// A handle on the request's block table, once it has one.
+    pub fn handle(&self, req_id: &str) -> Option<KvHandle> {
+        self.req_to_blocks.get(req_id).map(|&idx| KvHandle {
+            idx,
+            generation: self.tables[idx as usize].generation,
+        })
+    }
+    fn resolve(&self, h: KvHandle) -> Option<u32> {
+        let t = self.tables.get(h.idx as usize)?;
+        (t.generation == h.generation).then_some(h.idx)
     }
 
     /// Longest cached prefix of full blocks (capped by the last-token rule), and
@@ -192,9 +223,36 @@ impl KvCacheManager {
         num_new_tokens: usize,
         new_computed_blocks: &[u32],
     ) -> Option<Vec<u32>> {
+        let idx = self.req_to_blocks.get(req.request_id.as_str()).copied();
+        self.allocate_at(idx, req, num_new_tokens, new_computed_blocks)
+    }
+
+    /// [`Self::allocate_slots`] for a request whose table `handle` names (no map
+    /// lookup: the scheduler's per-step path). `handle` must come from
+    /// [`Self::handle`] for this request; a stale one falls back to the id.
+    pub fn allocate_slots_with(
+        &mut self,
+        handle: KvHandle,
+        req: &mut Request,
+        num_new_tokens: usize,
+        new_computed_blocks: &[u32],
+    ) -> Option<Vec<u32>> {
+        let idx = match self.resolve(handle) {
+            Some(i) => Some(i),
+            None => self.req_to_blocks.get(req.request_id.as_str()).copied(),
+        };
+        self.allocate_at(idx, req, num_new_tokens, new_computed_blocks)
+    }
+
+    fn allocate_at(
+        &mut self,
+        idx: Option<u32>,
+        req: &mut Request,
+        num_new_tokens: usize,
+        new_computed_blocks: &[u32],
+    ) -> Option<Vec<u32>> {
         let bs = self.block_size;
-        // One map lookup on the hot (decode) path.
-        let existing = self.req_to_blocks.get_mut(req.request_id.as_str());
+        let existing = idx.map(|i| &mut self.tables[i as usize]);
         let (num_held, num_cached) = existing
             .as_ref()
             .map_or((0, 0), |r| (r.blocks.len(), r.num_cached));
@@ -223,10 +281,17 @@ impl KvCacheManager {
         self.block_pool.touch(new_computed_blocks).ok()?;
         let entry = match existing {
             Some(e) => e,
-            None => self
-                .req_to_blocks
-                .entry(req.request_id.clone())
-                .or_default(),
+            None => {
+                let i = match self.free_tables.pop() {
+                    Some(i) => i,
+                    None => {
+                        self.tables.push(ReqBlocks::default());
+                        (self.tables.len() - 1) as u32
+                    }
+                };
+                self.req_to_blocks.insert(req.request_id.clone(), i);
+                &mut self.tables[i as usize]
+            }
         };
         entry.blocks.extend_from_slice(new_computed_blocks);
         // Hit blocks are cached already.
@@ -255,10 +320,15 @@ impl KvCacheManager {
 
     /// Releases every block of the request, tail first. Unknown ids are ignored.
     pub fn free(&mut self, req_id: &str) {
-        if let Some(r) = self.req_to_blocks.remove(req_id) {
+        if let Some(i) = self.req_to_blocks.remove(req_id) {
+            let t = &mut self.tables[i as usize];
             self.block_pool
-                .free_blocks(r.blocks.iter().rev().copied())
+                .free_blocks(t.blocks.iter().rev().copied())
                 .expect("a request's blocks are held by it");
+            t.blocks.clear();
+            t.num_cached = 0;
+            t.generation = t.generation.wrapping_add(1);
+            self.free_tables.push(i);
         }
     }
 
@@ -272,7 +342,8 @@ impl KvCacheManager {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.block_pool.check_invariants()?;
         let mut refs = vec![0u32; self.block_pool.num_blocks()];
-        for (id, r) in &self.req_to_blocks {
+        for (id, &i) in &self.req_to_blocks {
+            let r = &self.tables[i as usize];
             let mut seen = r.blocks.clone();
             seen.sort_unstable();
             if seen.windows(2).any(|w| w[0] == w[1]) {
@@ -281,6 +352,16 @@ impl KvCacheManager {
             for &b in &r.blocks {
                 refs[b as usize] += 1;
             }
+        }
+        if self.req_to_blocks.len() + self.free_tables.len() != self.tables.len() {
+            return Err("block tables leak".into());
+        }
+        if self
+            .free_tables
+            .iter()
+            .any(|&i| !self.tables[i as usize].blocks.is_empty())
+        {
+            return Err("a released block table still holds blocks".into());
         }
         for (i, &n) in refs.iter().enumerate().skip(1) {
             let have = self.block_pool.block(i as u32).map_or(0, |b| b.ref_cnt);

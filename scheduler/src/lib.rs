@@ -19,5 +19,5 @@ pub mod scheduler;
 pub use block_pool::{BlockPool, FreeBlockQueue, KvBlock, NULL_BLOCK_ID};
 pub use error::SchedulerError;
 pub use hashing::{block_hashes_of, hash_block, update_block_hashes};
-pub use kv_cache_manager::{KvCacheManager, PrefixCacheMetrics, PrefixCacheStats};
+pub use kv_cache_manager::{KvCacheManager, KvHandle, PrefixCacheMetrics, PrefixCacheStats};
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulerStats, SchedulingPolicy};

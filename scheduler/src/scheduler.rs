@@ -22,7 +22,7 @@
 //! request always fits the cache and preemption can never livelock.
 
 use crate::hashing::{update_block_hashes, FxHashMap};
-use crate::kv_cache_manager::{KvCacheManager, PrefixCacheStats};
+use crate::kv_cache_manager::{KvCacheManager, KvHandle, PrefixCacheStats};
 use crate::SchedulerError;
 use pagoda_core::{
     CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, Request, RequestId,
@@ -101,6 +101,8 @@ pub struct Scheduler {
     /// Effective maximum sequence length (model length capped by the cache size).
     max_len: usize,
     slots: Vec<Option<Request>>,
+    /// Per slot: the KV block table handle of a running request (skips a map lookup).
+    kv_handles: Vec<Option<KvHandle>>,
     free_slots: Vec<u32>,
     index: FxHashMap<RequestId, u32>,
     /// In admission order.
@@ -157,6 +159,7 @@ impl Scheduler {
             kv,
             max_len,
             slots: Vec::new(),
+            kv_handles: Vec::new(),
             free_slots: Vec::new(),
             index: FxHashMap::default(),
             running: Vec::new(),
@@ -286,6 +289,7 @@ impl Scheduler {
             }
             None => {
                 self.slots.push(Some(req));
+                self.kv_handles.push(None);
                 (self.slots.len() - 1) as u32
             }
         };
@@ -318,6 +322,7 @@ impl Scheduler {
     fn preempt(&mut self, slot: u32) -> RequestId {
         let r = self.slots[slot as usize].as_mut().expect("live");
         self.kv.free(&r.request_id);
+        self.kv_handles[slot as usize] = None;
         r.status = RequestStatus::Preempted;
         r.num_computed_tokens = 0;
         r.num_preemptions += 1;
@@ -372,7 +377,11 @@ impl Scheduler {
             let mut blocks = None;
             loop {
                 let req = self.slots[slot as usize].as_mut().expect("live");
-                if let Some(b) = self.kv.allocate_slots(req, n, &[]) {
+                let got = match self.kv_handles[slot as usize] {
+                    Some(h) => self.kv.allocate_slots_with(h, req, n, &[]),
+                    None => self.kv.allocate_slots(req, n, &[]),
+                };
+                if let Some(b) = got {
                     blocks = Some(b);
                     break;
                 }
@@ -429,6 +438,7 @@ impl Scheduler {
                 req.status = RequestStatus::Running;
                 req.num_computed_tokens = num_cached;
                 self.waiting.pop_front();
+                self.kv_handles[slot as usize] = self.kv.handle(&req.request_id);
                 self.running.push(slot);
                 sched_new.push(Row {
                     slot,
@@ -571,6 +581,7 @@ impl Scheduler {
     fn release(&mut self, slot: u32) {
         if let Some(req) = self.slots[slot as usize].take() {
             self.kv.free(&req.request_id);
+            self.kv_handles[slot as usize] = None;
             self.index.remove(&req.request_id);
             self.free_slots.push(slot);
             self.finished_req_ids.push(req.request_id);
@@ -653,6 +664,9 @@ impl Scheduler {
                     r.request_id, r.status
                 ));
             }
+            if self.kv_handles[s as usize] != self.kv.handle(&r.request_id) {
+                return Err(format!("running {} has a stale KV handle", r.request_id));
+            }
             let need = r.num_computed_tokens.div_ceil(self.config.block_size);
             if self.kv.get_block_ids(&r.request_id).len() < need {
                 return Err(format!("running {} lacks blocks", r.request_id));
@@ -660,7 +674,10 @@ impl Scheduler {
         }
         for &s in &self.waiting {
             let r = self.req(s);
-            if r.num_computed_tokens != 0 || !self.kv.get_block_ids(&r.request_id).is_empty() {
+            if r.num_computed_tokens != 0
+                || !self.kv.get_block_ids(&r.request_id).is_empty()
+                || self.kv_handles[s as usize].is_some()
+            {
                 return Err(format!("waiting {} holds KV", r.request_id));
             }
         }

@@ -302,3 +302,29 @@ fn prompt_never_fully_hits() {
     let mut r2 = req("2", (0..49).collect());
     assert_eq!(m.get_computed_blocks(&mut r2).1, 48);
 }
+
+// A handle goes stale when its request is freed, even if the table is reused.
+#[test]
+fn stale_handles_fall_back_to_the_id() {
+    let mut m = KvCacheManager::new(11, 16, true).unwrap();
+    let mut a = req("a", (0..20).collect());
+    admit(&mut m, &mut a);
+    let ha = m.handle("a").unwrap();
+    m.free("a");
+    let mut b = req("b", (100..120).collect());
+    admit(&mut m, &mut b);
+    let hb = m.handle("b").unwrap();
+    assert_ne!(ha, hb);
+    // "a" comes back with the stale handle: it must not touch "b"'s table.
+    let mut a2 = req("a", (200..230).collect());
+    assert_eq!(
+        m.allocate_slots_with(ha, &mut a2, 30, &[]).map(|v| v.len()),
+        Some(2)
+    );
+    assert_eq!(m.get_block_ids("b").len(), 2);
+    assert_eq!(m.get_block_ids("a").len(), 2);
+    b.append_output_token(1);
+    b.num_computed_tokens = 20;
+    assert_eq!(m.allocate_slots_with(hb, &mut b, 1, &[]), Some(vec![]));
+    m.check_invariants().unwrap();
+}
