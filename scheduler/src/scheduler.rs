@@ -538,7 +538,7 @@ impl Scheduler {
                 continue;
             };
             req.append_output_token(tok);
-            if caching && req.num_tokens() % bs == 0 {
+            if caching && req.num_tokens() / bs > req.block_hashes.len() {
                 update_block_hashes(req, bs);
             }
             let finished = check_stop(req, self.max_len);
