@@ -29,16 +29,37 @@ fn full_queue_answers_503() {
             .as_bytes(),
     );
     assert_error(st, &body, 503, "queue full");
-    // Hanging up frees both; then requests are served again.
-    drop(running);
-    assert!(
-        waiting.next_event().is_some(),
-        "the waiting request gets to run"
-    );
+    // A client that hangs up while queued is noticed (keep-alives) and dequeued,
+    // while the running request goes on.
     drop(waiting);
-    let text = s.wait_metrics(|m| metric(m, "vllm:num_requests_running") == Some(0.0));
+    let text = s.wait_metrics(|m| metric(m, "vllm:num_requests_waiting") == Some(0.0));
+    assert_eq!(
+        metric(&text, "vllm:num_requests_waiting"),
+        Some(0.0),
+        "{text}"
+    );
     assert_eq!(
         metric(&text, "vllm:num_requests_running"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        running.next_event().is_some(),
+        "the running request goes on"
+    );
+    // Hanging up the running one leaves the engine idle; then requests are served again.
+    drop(running);
+    let text = s.wait_metrics(|m| {
+        metric(m, "vllm:num_requests_running") == Some(0.0)
+            && metric(m, "vllm:kv_cache_usage_perc") == Some(0.0)
+    });
+    assert_eq!(
+        metric(&text, "vllm:num_requests_running"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "vllm:kv_cache_usage_perc"),
         Some(0.0),
         "{text}"
     );

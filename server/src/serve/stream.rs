@@ -25,6 +25,9 @@ pub struct Sample {
 
 type Tagged = (usize, Result<RequestOutput, EngineError>);
 
+/// Longest silence on an SSE stream before a keep-alive comment goes out.
+const KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Merges the per-choice streams, tagging each output with its position.
 fn merge(streams: Vec<RequestStream>) -> SelectAll<BoxStream<'static, Tagged>> {
     stream::select_all(streams.into_iter().enumerate().map(|(i, s)| {
@@ -143,46 +146,52 @@ impl SseState {
                         return Some(out);
                     }
                 }
-                Phase::Streaming => match self.merged.next().await {
-                    Some((i, Ok(out))) => {
-                        let ctx = &self.ctx;
-                        let st = &mut self.states[i];
-                        let lp = st.absorb(ctx, &out);
-                        if out.new_text.is_empty() && lp.is_none() && !out.finished {
-                            continue;
+                Phase::Streaming => {
+                    match tokio::time::timeout(KEEP_ALIVE, self.merged.next()).await {
+                        // Nothing to say for a while (e.g. queued): an SSE comment keeps
+                        // proxies patient and reveals a vanished client, whose request is
+                        // then aborted even before it produced a token.
+                        Err(_) => return Some(": keep-alive\n\n".to_string()),
+                        Ok(Some((i, Ok(out)))) => {
+                            let ctx = &self.ctx;
+                            let st = &mut self.states[i];
+                            let lp = st.absorb(ctx, &out);
+                            if out.new_text.is_empty() && lp.is_none() && !out.finished {
+                                continue;
+                            }
+                            let finish = if out.finished { st.finish_reason } else { None };
+                            let stop = if out.finished {
+                                st.stop_reason_json()
+                            } else {
+                                serde_json::Value::Null
+                            };
+                            let first = !st.started;
+                            st.started = true;
+                            return Some(sse_event(&ctx.chunk(
+                                st.index,
+                                &out.new_text,
+                                lp,
+                                finish,
+                                stop,
+                                first && ctx.api == super::format::Api::Chat,
+                            )));
                         }
-                        let finish = if out.finished { st.finish_reason } else { None };
-                        let stop = if out.finished {
-                            st.stop_reason_json()
-                        } else {
-                            serde_json::Value::Null
-                        };
-                        let first = !st.started;
-                        st.started = true;
-                        return Some(sse_event(&ctx.chunk(
-                            st.index,
-                            &out.new_text,
-                            lp,
-                            finish,
-                            stop,
-                            first && ctx.api == super::format::Api::Chat,
-                        )));
+                        Ok(Some((_, Err(e)))) => {
+                            // Drop every stream: aborts the remaining samples.
+                            self.merged = SelectAll::new();
+                            self.phase = Phase::Done;
+                            tracing::warn!("stream {} failed: {e}", self.ctx.id);
+                            return Some(sse_event(&ApiError::from(e).to_json()));
+                        }
+                        Ok(None) => {
+                            self.phase = if self.ctx.include_usage {
+                                Phase::Usage
+                            } else {
+                                Phase::Done
+                            };
+                        }
                     }
-                    Some((_, Err(e))) => {
-                        // Drop every stream: aborts the remaining samples.
-                        self.merged = SelectAll::new();
-                        self.phase = Phase::Done;
-                        tracing::warn!("stream {} failed: {e}", self.ctx.id);
-                        return Some(sse_event(&ApiError::from(e).to_json()));
-                    }
-                    None => {
-                        self.phase = if self.ctx.include_usage {
-                            Phase::Usage
-                        } else {
-                            Phase::Done
-                        };
-                    }
-                },
+                }
                 Phase::Usage => {
                     self.phase = Phase::Done;
                     return Some(sse_event(&self.ctx.usage_chunk(usage(&self.states))));

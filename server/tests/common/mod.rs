@@ -271,7 +271,8 @@ impl SseReader {
                 return None;
             }
             let l = line.trim_end_matches(['\r', '\n']);
-            if l.is_empty() {
+            // Blank lines end events; `:` lines are comments (keep-alives).
+            if l.is_empty() || l.starts_with(':') {
                 continue;
             }
             let data = l
