@@ -2,7 +2,10 @@
 //!
 //! Registered as `"flash"`. Serves prefill rows (query length > 1, variable
 //! lengths, with or without cached context) and decode rows, so it can run a whole
-//! mixed batch; the selector prefers `paged` for decode rows (higher priority).
+//! mixed batch. Decode rows go through the `paged` crate's split-KV kernel (an
+//! inner [`PagedBackend`] planned on the decode rows) whenever it supports the
+//! head dim: as a GEMM tile a decode row is only `group` rows tall, and packing
+//! its whole context costs as much again (measured 3-4x slower).
 //!
 //! * [`AttentionBackend::plan`] cuts every request into tiles of
 //!   `(kv head, query tokens)` with about [`kernel::TILE_ROWS`] rows, and sizes one
@@ -16,6 +19,7 @@
 pub mod kernel;
 
 use kernel::{Dims, Scratch, Tile};
+use pagoda_backend_paged::PagedBackend;
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
     Capabilities, CoreError, DType, DeviceKind, InvalidReason, LayerIo, Role,
@@ -46,6 +50,8 @@ pub enum FlashError {
         expected: usize,
         actual: usize,
     },
+    #[error("decode rows (paged kernel): {0}")]
+    Decode(#[from] CoreError),
     #[error("block id {block} is out of range for a pool of {num_blocks} blocks")]
     BlockOutOfRange { block: u32, num_blocks: usize },
 }
@@ -66,6 +72,7 @@ impl From<FlashError> for CoreError {
                 expected,
                 actual,
             },
+            FlashError::Decode(e) => e,
             other => CoreError::BackendFailed {
                 backend: NAME.into(),
                 message: other.to_string(),
@@ -137,6 +144,11 @@ pub struct FlashBackend {
     /// Packed K and V, `[request][kv head][position][head_dim]`.
     packed_k: Vec<f32>,
     packed_v: Vec<f32>,
+    /// The decode-row kernel, if it supports this configuration.
+    decode: Option<PagedBackend>,
+    /// Rows `0..first_req` (decode rows) go to `decode` in this plan.
+    first_req: usize,
+    decode_tokens: usize,
 }
 
 /// Which `#[target_feature]` instantiation of the tile kernel to call.
@@ -168,6 +180,9 @@ impl FlashBackend {
             packed_k: Vec::new(),
             packed_v: Vec::new(),
             wide: detect(),
+            decode: PagedBackend::new(cfg).ok(),
+            first_req: 0,
+            decode_tokens: 0,
         })
     }
 
@@ -199,9 +214,18 @@ impl FlashBackend {
         self.max_block = (0..b.num_reqs())
             .flat_map(|r| b.blocks(r).iter().copied())
             .max();
+        self.first_req = 0;
+        self.decode_tokens = 0;
+        if let Some(paged) = self.decode.as_mut() {
+            if b.num_decode_reqs > 0 {
+                paged.plan(&b.slice_rows(0..b.num_decode_reqs))?;
+                self.first_req = b.num_decode_reqs;
+                self.decode_tokens = b.num_decode_tokens;
+            }
+        }
         self.items.clear();
         // Longest tiles (most keys) first, so that rayon's stealing ends balanced.
-        for r in (0..b.num_reqs()).rev() {
+        for r in (self.first_req..b.num_reqs()).rev() {
             let ql = b.query_len(r);
             let mut q1 = ql;
             while q1 > 0 {
@@ -223,9 +247,11 @@ impl FlashBackend {
             .sort_by_key(|it| std::cmp::Reverse(it.tile.context + it.tile.q1));
         self.pack_off.clear();
         let mut total = 0;
-        for &s in &b.seq_lens {
+        for (r, &s) in b.seq_lens.iter().enumerate() {
             self.pack_off.push(total);
-            total += s as usize;
+            if r >= self.first_req {
+                total += s as usize;
+            }
         }
         self.packed_k.resize(total * nkv * hd, 0.0);
         self.packed_v.resize(total * nkv * hd, 0.0);
@@ -278,13 +304,22 @@ impl FlashBackend {
                 });
             }
         }
-        let lse_ptr = match io.lse {
-            Some(l) => {
-                check_len("lse", l.len(), self.num_tokens * nh)?;
-                l.as_mut_ptr()
-            }
-            None => std::ptr::null_mut(),
-        };
+        let mut lse = io.lse;
+        if let Some(l) = &lse {
+            check_len("lse", l.len(), self.num_tokens * nh)?;
+        }
+        // Decode rows first, through the paged kernel, on the leading tokens.
+        if let (Some(paged), true) = (self.decode.as_mut(), self.first_req > 0) {
+            let n = self.decode_tokens;
+            paged.run(LayerIo {
+                q: &io.q[..n * nh * hd],
+                k_cache: io.k_cache,
+                v_cache: io.v_cache,
+                out: &mut io.out[..n * nh * hd],
+                lse: lse.as_deref_mut().map(|l| &mut l[..n * nh]),
+            })?;
+        }
+        let lse_ptr = lse.map_or(std::ptr::null_mut(), |l| l.as_mut_ptr());
         let ptrs = OutPtr(io.out.as_mut_ptr(), lse_ptr);
         let dims = Dims {
             num_heads: nh,
@@ -304,17 +339,20 @@ impl FlashBackend {
         // Where request r's KV head h starts in the packed buffers.
         let base = |r: usize, h: usize| (pack_off[r] * nkv + h * seq_lens[r] as usize) * hd;
         let packed = OutPtr(self.packed_k.as_mut_ptr(), self.packed_v.as_mut_ptr());
-        (0..seq_lens.len() * nkv).into_par_iter().for_each(|i| {
-            let packed = packed;
-            let (r, h) = (i / nkv, i % nkv);
-            let seq = seq_lens[r] as usize;
-            let blocks = &bt[r * stride..r * stride + seq.div_ceil(bs)];
-            // SAFETY: block ids were checked above; each (r, h) owns its packed range.
-            unsafe {
-                let (dk, dv) = (packed.0.add(base(r, h)), packed.1.add(base(r, h)));
-                kernel::pack(kc, vc, blocks, bs, nkv, h, hd, seq, dk, dv);
-            }
-        });
+        let first_req = self.first_req;
+        ((first_req * nkv)..seq_lens.len() * nkv)
+            .into_par_iter()
+            .for_each(|i| {
+                let packed = packed;
+                let (r, h) = (i / nkv, i % nkv);
+                let seq = seq_lens[r] as usize;
+                let blocks = &bt[r * stride..r * stride + seq.div_ceil(bs)];
+                // SAFETY: block ids were checked above; each (r, h) owns its packed range.
+                unsafe {
+                    let (dk, dv) = (packed.0.add(base(r, h)), packed.1.add(base(r, h)));
+                    kernel::pack(kc, vc, blocks, bs, nkv, h, hd, seq, dk, dv);
+                }
+            });
         let (pk, pv) = (
             self.packed_k.as_ptr() as usize,
             self.packed_v.as_ptr() as usize,
