@@ -47,6 +47,9 @@ pub struct AppState {
     pub engine: EngineHandle,
     /// The name clients must use in `model` (and that `/v1/models` lists).
     pub model_name: String,
+    /// Other names accepted in `model` (without `--served-model-name`: the model's
+    /// file name, e.g. with its `.gguf` extension).
+    pub model_aliases: Vec<String>,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
     pub metrics: Arc<Metrics>,
@@ -65,6 +68,7 @@ impl AppState {
         AppState {
             engine,
             model_name,
+            model_aliases: Vec::new(),
             api_key: api_key.filter(|k| !k.is_empty()),
             max_body_bytes,
             metrics: Arc::new(Metrics::default()),
@@ -160,12 +164,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .thread_name("pagoda-http")
         .build()
         .context("building the tokio runtime")?;
-    let state = Arc::new(AppState::new(
+    let mut state = AppState::new(
         handle.clone(),
         args.served_model_name.clone(),
         args.api_key.clone(),
         args.max_body_bytes,
-    ));
+    );
+    if args.served_model_name.is_none() {
+        // Clients may also name the model by its file name (e.g. with `.gguf`).
+        let path = args.engine.model_path();
+        if let Some(f) = path.file_name().map(|f| f.to_string_lossy().into_owned()) {
+            if f != state.model_name {
+                state.model_aliases.push(f);
+            }
+        }
+    }
+    let state = Arc::new(state);
     let result = runtime.block_on(serve(args.host.clone(), args.port, state));
     // Whatever is still running (after the grace period) is aborted here.
     handle.shutdown(true);

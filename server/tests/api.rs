@@ -65,6 +65,16 @@ fn openai_api_end_to_end() {
         &json!({"model": model, "prompt": "Hello", "max_tokens": 3, "temperature": 0}),
     );
     assert_eq!(v["usage"]["completion_tokens"], 3);
+    // The model's file name is accepted as an alias of the served name.
+    let file = common::model_path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    s.post_ok(
+        "/v1/completions",
+        &json!({"model": file, "prompt": "Hi", "max_tokens": 1}),
+    );
     let (st, _) = s.get("/health");
     assert_eq!(st, 200);
     let m = s.get("/metrics").1;

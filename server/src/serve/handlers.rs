@@ -51,7 +51,7 @@ impl AppState {
     fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
             None => Ok(()),
-            Some(m) if m == self.model_name => Ok(()),
+            Some(m) if m == self.model_name || self.model_aliases.iter().any(|a| a == m) => Ok(()),
             Some(m) => Err(ApiError::NotFound {
                 message: format!("The model `{m}` does not exist."),
             }),
