@@ -1,16 +1,49 @@
 //! `pagoda bench`: load generators against OpenAI-compatible servers.
+//!
+//! `pagoda bench serve` streams `/v1/completions` requests (token-id prompts,
+//! `ignore_eos`, greedy) at fixed concurrency levels against any OpenAI-compatible
+//! server (ours, llama.cpp's `llama-server`, vLLM) and reports vLLM-style latency
+//! and throughput statistics, optionally as JSON and a PNG plot.
+
+pub mod client;
+pub mod plot;
+pub mod prompts;
+pub mod report;
+pub mod serve;
+pub mod stats;
 
 use clap::Subcommand;
+
+pub use serve::ServeBenchArgs;
+
+/// Why one benchmark request failed (kept per request in the results).
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("bad base URL {url:?}: {reason}")]
+    BadUrl { url: String, reason: String },
+    #[error("HTTP {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("transport error: {0}")]
+    Transport(String),
+    #[error("server sent an error event: {0}")]
+    ServerEvent(String),
+    #[error("malformed stream event: {detail}")]
+    BadEvent { detail: String },
+    #[error("request timed out after {secs:.0} s")]
+    Timeout { secs: f64 },
+    #[error("stream ended without any generated token")]
+    NoTokens,
+}
 
 /// Subcommands of `pagoda bench`.
 #[derive(Subcommand, Debug, Clone)]
 pub enum BenchCommand {
-    /// Load-test a serving endpoint (not written yet).
-    Serve,
+    /// Load-test an OpenAI-compatible serving endpoint at several concurrency levels.
+    Serve(ServeBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
-        BenchCommand::Serve => anyhow::bail!("pagoda bench serve is not implemented yet"),
+        BenchCommand::Serve(a) => serve::run(a),
     }
 }
