@@ -274,7 +274,7 @@ pub fn fast_exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
     let bits = (t.to_bits() as i32 - MAGIC.to_bits() as i32 + 127) << 23;
     e * f32::from_bits(bits as u32)

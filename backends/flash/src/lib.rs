@@ -286,7 +286,7 @@ impl FlashBackend {
         check_len("q", io.q.len(), tok_elems)?;
         check_len("out", io.out.len(), tok_elems)?;
         let block_elems = bs * nkv * hd;
-        if io.k_cache.len() % block_elems != 0 {
+        if !io.k_cache.len().is_multiple_of(block_elems) {
             let expected = io.k_cache.len() / block_elems * block_elems;
             return Err(FlashError::Shape {
                 name: "k_cache",
@@ -343,6 +343,8 @@ impl FlashBackend {
         ((first_req * nkv)..seq_lens.len() * nkv)
             .into_par_iter()
             .for_each(|i| {
+                // Capture the whole Send wrapper, not its raw-pointer fields (edition 2021).
+                #[allow(clippy::redundant_locals)]
                 let packed = packed;
                 let (r, h) = (i / nkv, i % nkv);
                 let seq = seq_lens[r] as usize;
@@ -359,6 +361,8 @@ impl FlashBackend {
         );
         let (scratch, wide) = (&self.scratch, self.wide);
         self.items.par_iter().with_max_len(1).for_each(|it| {
+            // Capture the whole Send wrapper, not its raw-pointer fields (edition 2021).
+            #[allow(clippy::redundant_locals)]
             let ptrs = ptrs;
             let off = base(it.req, it.tile.kv_head);
             let (k, v) = (

@@ -35,7 +35,7 @@ pub struct ItemArgs<'a> {
 /// log-sum-exp `lse: [num_heads]`; `l: [num_heads]` is scratch.
 pub fn attend(isa: Isa, a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mut [f32]) {
     let nh = a.num_kv_heads * a.group;
-    assert!(a.group <= MAX_GROUP && a.head_dim % 16 == 0 && a.q.len() == nh * a.head_dim);
+    assert!(a.group <= MAX_GROUP && a.head_dim.is_multiple_of(16) && a.q.len() == nh * a.head_dim);
     assert!(o.len() == nh * a.head_dim && lse.len() == nh && l.len() == nh);
     // SAFETY: `isa` is available on this CPU (checked when it was chosen); the
     // caller validated every block id against the pool sizes.
@@ -260,7 +260,7 @@ pub fn fast_exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
     let bits = (t.to_bits() as i32 - MAGIC.to_bits() as i32 + 127) << 23;
     e * f32::from_bits(bits as u32)

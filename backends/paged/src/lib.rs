@@ -271,7 +271,7 @@ impl PagedBackend {
             check_len("lse", l.len(), p.num_reqs * nh)?;
         }
         let block_elems = bs * nkv * hd;
-        if io.k_cache.len() % block_elems != 0 {
+        if !io.k_cache.len().is_multiple_of(block_elems) {
             return Err(PagedError::Shape {
                 name: "k_cache",
                 expected: io.k_cache.len() / block_elems * block_elems,

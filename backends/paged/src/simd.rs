@@ -44,6 +44,7 @@ impl Isa {
 /// # Safety
 /// Pointers must be valid for `LANES` elements; the implementing ISA must be
 /// available on the running CPU.
+#[allow(clippy::missing_safety_doc)] // covered by the trait's Safety section
 pub trait Simd {
     type V: Copy;
     const LANES: usize;
