@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's `llama-server` and `llama-quantize` (CPU only) from the llama.cpp sources
+# vendored in the PyPI sdist of llama-cpp-python, then makes the F32 GGUF of SmolLM2-135M from
+# the shipped Q4_1 file (exactly the weights Pagoda dequantizes to f32).
+#
+# Everything goes into a cache dir outside git: $PAGODA_CACHE/llama.cpp (default
+# ~/.cache/pagoda/llama.cpp). Re-running skips the steps already done.
+#
+# Env: PAGODA_CACHE, PAGODA_MODEL (the Q4_1 GGUF), JOBS (default 2),
+#      LLAMA_CPP_PYTHON_VERSION (default: latest on PyPI).
+set -euo pipefail
+
+CACHE="${PAGODA_CACHE:-$HOME/.cache/pagoda}"
+DIR="$CACHE/llama.cpp"
+SRC_MODEL="${PAGODA_MODEL:-$HOME/.cache/pagoda/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+F32_MODEL="$CACHE/models/SmolLM2-135M-Instruct.F32.gguf"
+JOBS="${JOBS:-2}"
+mkdir -p "$DIR" "$CACHE/models"
+
+log() { echo "[build-llama-server] $*" >&2; }
+
+# cmake: prefer the system one, else apt, else pip (the pip wheel ships a static binary).
+if ! command -v cmake >/dev/null; then
+    log "cmake missing: installing"
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+        apt-get install -y -q cmake >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q cmake >/dev/null; } || true
+    fi
+    if ! command -v cmake >/dev/null; then
+        python3 -m pip install -q cmake
+        hash -r
+    fi
+fi
+cmake --version | head -1 >&2
+
+BIN="$DIR/bin"
+if [ ! -x "$BIN/llama-server" ] || [ ! -x "$BIN/llama-quantize" ]; then
+    # 1. The sdist (no binary wheels: we want the vendored C++ sources).
+    SDIST_DIR="$DIR/sdist"
+    mkdir -p "$SDIST_DIR"
+    if ! ls "$SDIST_DIR"/llama_cpp_python-*.tar.gz >/dev/null 2>&1; then
+        spec="llama-cpp-python${LLAMA_CPP_PYTHON_VERSION:+==$LLAMA_CPP_PYTHON_VERSION}"
+        log "downloading the sdist of $spec"
+        # Source only for llama-cpp-python itself; its build requirements (needed to
+        # read the sdist's metadata) may come as wheels, which is much faster than
+        # `--no-binary :all:` (that compiles ninja from source too), kept as fallback.
+        python3 -m pip download -q --no-deps --no-binary llama-cpp-python -d "$SDIST_DIR" "$spec" ||
+            python3 -m pip download -q --no-deps --no-binary :all: -d "$SDIST_DIR" "$spec"
+    fi
+    TARBALL="$(ls "$SDIST_DIR"/llama_cpp_python-*.tar.gz | sort -V | tail -1)"
+    log "using $(basename "$TARBALL")"
+    SRC="$DIR/src"
+    if [ ! -d "$SRC/vendor/llama.cpp" ]; then
+        rm -rf "$SRC" && mkdir -p "$SRC"
+        tar -xzf "$TARBALL" -C "$SRC" --strip-components=1
+    fi
+    # 2. CPU-only Release build of the two targets.
+    cmake -S "$SRC/vendor/llama.cpp" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF >&2
+    cmake --build "$DIR/build" --config Release -j "$JOBS" --target llama-server llama-quantize >&2
+    mkdir -p "$BIN"
+    for t in llama-server llama-quantize; do
+        cp "$(find "$DIR/build" -type f -name "$t" -perm -u+x | head -1)" "$BIN/$t"
+    done
+fi
+"$BIN/llama-server" --version >&2 2>&1 || true
+
+# 3. The F32 GGUF (requantizing Q4_1 -> F32 dequantizes exactly).
+if [ ! -s "$F32_MODEL" ]; then
+    [ -s "$SRC_MODEL" ] || { log "source model $SRC_MODEL not found (set PAGODA_MODEL)"; exit 1; }
+    log "making $F32_MODEL"
+    "$BIN/llama-quantize" --allow-requantize "$SRC_MODEL" "$F32_MODEL.tmp" F32 >&2
+    mv "$F32_MODEL.tmp" "$F32_MODEL"
+fi
+echo "LLAMA_SERVER=$BIN/llama-server"
+echo "F32_MODEL=$F32_MODEL"

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Side-by-side serving benchmark: `pagoda serve` vs llama.cpp's `llama-server` on the
+# same F32 weights, same machine, same workload, run in turn (A B A B ...) for
+# ROUNDS rounds; each server is restarted for every round. Per round and server:
+#   pagoda bench serve --concurrency 1,8,32            (distinct 64-token prompts)
+#   pagoda bench serve --concurrency 32 --shared-prefix-len 512
+# then scripts/bench/summarize.py takes the median per metric and writes the
+# markdown table with the ratios Pagoda / llama-server to $OUT/table.md.
+#
+# Env (defaults): ROUNDS=3 CONCURRENCY=1,8,32 PREFIX_CONCURRENCY=32 PREFIX_LEN=512
+#   INPUT_LEN=64 OUTPUT_LEN=128 NUM_PROMPTS (default: max(2 x concurrency, 8) per level)
+#   PORT=18100 THREADS=$(nproc) PAGODA_KV_MIB=1024 LLAMA_PARALLEL=32 LLAMA_CTX_PER_SLOT=768
+#   PAGODA_SERVE_ARGS / LLAMA_SERVER_ARGS (extra flags) OUT (results dir, default
+#   target/bench/side-by-side-<UTC time>) SKIP_BUILD=1 (use existing binaries).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$ROOT"
+ROUNDS="${ROUNDS:-3}"
+CONCURRENCY="${CONCURRENCY:-1,8,32}"
+PREFIX_CONCURRENCY="${PREFIX_CONCURRENCY:-32}"
+PREFIX_LEN="${PREFIX_LEN:-512}"
+INPUT_LEN="${INPUT_LEN:-64}"
+OUTPUT_LEN="${OUTPUT_LEN:-128}"
+PORT="${PORT:-18100}"
+THREADS="${THREADS:-$(nproc)}"
+PAGODA_KV_MIB="${PAGODA_KV_MIB:-1024}"
+LLAMA_PARALLEL="${LLAMA_PARALLEL:-32}"
+LLAMA_CTX_PER_SLOT="${LLAMA_CTX_PER_SLOT:-768}"
+OUT="${OUT:-$ROOT/target/bench/side-by-side-$(date -u +%Y%m%dT%H%M%SZ)}"
+NAME=smollm2
+mkdir -p "$OUT"
+
+log() { echo "[side-by-side $(date -u +%H:%M:%S)] $*" >&2; }
+
+# --- binaries and weights -------------------------------------------------------
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    eval "$(scripts/bench/build-llama-server.sh)"
+    cargo build --release -p pagoda-server --bin pagoda >&2
+else
+    CACHE="${PAGODA_CACHE:-$HOME/.cache/pagoda}"
+    LLAMA_SERVER="$CACHE/llama.cpp/bin/llama-server"
+    F32_MODEL="$CACHE/models/SmolLM2-135M-Instruct.F32.gguf"
+fi
+PAGODA="$ROOT/target/release/pagoda"
+for f in "$LLAMA_SERVER" "$F32_MODEL" "$PAGODA"; do
+    [ -e "$f" ] || { log "missing $f"; exit 1; }
+done
+
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "nproc: $(nproc)"
+    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
+    echo "flags: $(grep -o -w -E 'avx2|avx512f|avx512_bf16|avx512_vnni|amx_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    echo "mem: $(free -g | awk '/^Mem:/{print $2 " GiB"}')"
+    echo "pagoda: $(git rev-parse --short HEAD) $(git status --porcelain | grep -q . && echo '(dirty tree)')"
+    echo "llama-server: $("$LLAMA_SERVER" --version 2>&1 | grep -m1 version)"
+    echo "model: $F32_MODEL ($(stat -c %s "$F32_MODEL") bytes)"
+    echo "workload: input=$INPUT_LEN output=$OUTPUT_LEN concurrency=$CONCURRENCY prefix=$PREFIX_LEN@$PREFIX_CONCURRENCY rounds=$ROUNDS threads=$THREADS"
+} > "$OUT/machine.txt"
+cat "$OUT/machine.txt" >&2
+
+# --- one server at a time -------------------------------------------------------
+SERVER_PID=""
+start_server() { # name logfile
+    local name=$1 logf=$2
+    case $name in
+    pagoda)
+        # shellcheck disable=SC2086
+        "$PAGODA" serve --model "$F32_MODEL" --host 127.0.0.1 --port "$PORT" \
+            --served-model-name "$NAME" --kv-cache-memory-mib "$PAGODA_KV_MIB" \
+            ${PAGODA_SERVE_ARGS:-} >"$logf" 2>&1 &
+        ;;
+    llama)
+        # shellcheck disable=SC2086
+        "$LLAMA_SERVER" -m "$F32_MODEL" --host 127.0.0.1 --port "$PORT" --alias "$NAME" \
+            -np "$LLAMA_PARALLEL" -c $((LLAMA_PARALLEL * LLAMA_CTX_PER_SLOT)) --cont-batching \
+            -t "$THREADS" --no-webui ${LLAMA_SERVER_ARGS:-} >"$logf" 2>&1 &
+        ;;
+    esac
+    SERVER_PID=$!
+    for _ in $(seq 1 600); do
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            log "$name exited during start-up; see $logf"
+            tail -20 "$logf" >&2
+            exit 1
+        fi
+        if curl -fsS "http://127.0.0.1:$PORT/v1/models" >/dev/null 2>&1; then
+            return 0
+        fi
+        sleep 0.5
+    done
+    log "$name did not become ready"
+    exit 1
+}
+
+stop_server() {
+    [ -n "$SERVER_PID" ] || return 0
+    kill -TERM "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 1 100); do
+        kill -0 "$SERVER_PID" 2>/dev/null || break
+        sleep 0.2
+    done
+    kill -KILL "$SERVER_PID" 2>/dev/null || true
+    wait "$SERVER_PID" 2>/dev/null || true
+    SERVER_PID=""
+}
+trap stop_server EXIT
+
+bench() { # name round variant args...
+    local name=$1 round=$2 variant=$3
+    shift 3
+    local extra=()
+    # llama-server closes streamed connections: dial afresh for each request.
+    [ "$name" = llama ] && extra+=(--new-connection-per-request)
+    [ -n "${NUM_PROMPTS:-}" ] && extra+=(--num-prompts "$NUM_PROMPTS")
+    "$PAGODA" bench serve --base-url "http://127.0.0.1:$PORT" --model "$NAME" \
+        --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --label "$name" --quiet \
+        --json "$OUT/$name-$variant-r$round.json" "${extra[@]}" "$@" \
+        | tee "$OUT/$name-$variant-r$round.txt" >&2
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+    for name in pagoda llama; do
+        log "round $round/$ROUNDS: $name"
+        start_server "$name" "$OUT/$name-r$round.log"
+        bench "$name" "$round" main --concurrency "$CONCURRENCY" --seed "$round"
+        bench "$name" "$round" prefix --concurrency "$PREFIX_CONCURRENCY" \
+            --shared-prefix-len "$PREFIX_LEN" --seed $((round + 1000))
+        # Peak resident set of the server over the whole round.
+        grep -E '^Vm(HWM|RSS)' "/proc/$SERVER_PID/status" | tee "$OUT/$name-r$round.rss" >&2
+        stop_server
+    done
+done
+
+python3 scripts/bench/summarize.py "$OUT" | tee "$OUT/table.md"
+log "results in $OUT"
