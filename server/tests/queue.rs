@@ -14,7 +14,7 @@ fn full_queue_answers_503() {
     let mut running = s.open_stream("/v1/completions", &long);
     assert!(running.next_event().is_some());
     // A second waits: poll until the engine reports it waiting.
-    let mut waiting = s.open_stream("/v1/completions", &long);
+    let waiting = s.open_stream("/v1/completions", &long);
     let text = s.wait_metrics(|m| metric(m, "vllm:num_requests_waiting") == Some(1.0));
     assert_eq!(
         metric(&text, "vllm:num_requests_waiting"),

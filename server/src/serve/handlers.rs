@@ -25,6 +25,9 @@ use std::time::Instant;
 
 type Body = Result<Bytes, BytesRejection>;
 
+/// A tokenized prompt, with its text when `echo` shows it.
+type Prompt = (Vec<u32>, Option<String>);
+
 /// Unique ids: a per-process random-ish prefix plus a counter.
 fn next_id(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -99,7 +102,7 @@ impl AppState {
     async fn run(
         &self,
         ctx: Ctx,
-        prompts: Vec<(Vec<u32>, Option<String>)>,
+        prompts: Vec<Prompt>,
         params: SamplingParams,
         n: usize,
         c: &CommonFields,
@@ -183,7 +186,7 @@ async fn completions_inner(st: &AppState, body: Body) -> Result<Response, ApiErr
     )?;
     let n = req.common.n()?;
     let echo = req.echo.unwrap_or(false);
-    let texts_to_ids = |texts: Vec<String>| -> Result<Vec<(Vec<u32>, Option<String>)>, ApiError> {
+    let texts_to_ids = |texts: Vec<String>| -> Result<Vec<Prompt>, ApiError> {
         texts
             .into_iter()
             .map(|t| Ok((st.encode(&t, true)?, Some(t))))

@@ -258,8 +258,7 @@ pub fn sampling_params(
     logprobs: Option<usize>,
     vocab_size: usize,
 ) -> Result<SamplingParams, ApiError> {
-    let mut p = SamplingParams::default();
-    p.max_tokens = match max_tokens {
+    let max_tokens = match max_tokens {
         None => None,
         Some(m) if m >= 1 => Some(m as usize),
         Some(m) => {
@@ -268,6 +267,10 @@ pub fn sampling_params(
                 format!("max_tokens must be at least 1, got {m}"),
             ))
         }
+    };
+    let mut p = SamplingParams {
+        max_tokens,
+        ..Default::default()
     };
     if let Some(t) = c.temperature {
         p.temperature = finite("temperature", t)?;
