@@ -1,37 +1,19 @@
-//! `flash` against a slow f64 reference on random mixed batches (decode rows, then
-//! prefill rows with and without cached context; shuffled blocks, NaN in unused
-//! slots), against the registered naive backend, and its refusals.
+//! `flash` against the naive f64 reference (through the testkit's `direct` helpers)
+//! on random mixed batches (decode rows, then prefill rows with and without cached
+//! context; shuffled blocks, NaN in unused slots) and one long prefill, plus its
+//! refusals.
 
-mod common;
-
-use common::{assert_close, make_case, reference, Case};
 use pagoda_backend_flash::{FlashBackend, FlashError, NAME};
-use pagoda_core::{AttentionBackend, AttentionConfig, CoreError, InvalidReason, LayerIo, Role};
+use pagoda_backend_testkit::case::Case;
+use pagoda_backend_testkit::direct::{assert_close, misuse, reference, rows_case, run_twice};
+use pagoda_backend_testkit::Tolerance;
+use pagoda_core::{AttentionConfig, CoreError, InvalidReason, Role};
 use proptest::prelude::*;
 
-const ATOL: f32 = 1e-5;
-const RTOL: f32 = 1e-4;
+const TOL: Tolerance = Tolerance::F32;
 
-fn run_with(
-    be: &mut dyn AttentionBackend,
-    c: &Case,
-    with_lse: bool,
-) -> Result<(Vec<f32>, Vec<f32>), CoreError> {
-    be.plan(&c.batch)?;
-    let n = c.batch.num_tokens();
-    let mut out = vec![f32::NAN; n * c.cfg.num_heads * c.cfg.head_dim];
-    let mut lse = vec![f32::NAN; n * c.cfg.num_heads];
-    // Run twice: a layer call must not depend on leftovers of the previous one.
-    for _ in 0..2 {
-        be.run(LayerIo {
-            q: &c.q,
-            k_cache: &c.k_cache,
-            v_cache: &c.v_cache,
-            out: &mut out,
-            lse: if with_lse { Some(&mut lse) } else { None },
-        })?;
-    }
-    Ok((out, lse))
+fn make_case(cfg: AttentionConfig, rows: &[(usize, usize)], seed: u64) -> Case {
+    rows_case(&cfg, rows, seed).expect("valid case")
 }
 
 fn check(c: &Case, threads: usize) {
@@ -40,12 +22,12 @@ fn check(c: &Case, threads: usize) {
         .build()
         .unwrap();
     pool.install(|| {
-        let (want_o, want_l) = reference(c);
+        let (want_o, want_l) = reference(c).unwrap();
         let mut be = FlashBackend::new(&c.cfg).unwrap();
-        let (o, l) = run_with(&mut be, c, true).unwrap();
-        assert_close("out", &o, &want_o, ATOL, RTOL);
-        assert_close("lse", &l, &want_l, ATOL, RTOL);
-        let (o2, _) = run_with(&mut be, c, false).unwrap();
+        let (o, l) = run_twice(&mut be, c, true).unwrap();
+        assert_close("out", &o, &want_o, c, TOL);
+        assert_close("lse", &l, &want_l, c, TOL);
+        let (o2, _) = run_twice(&mut be, c, false).unwrap();
         assert_eq!(o, o2, "LSE output must not change the attention output");
     });
 }
@@ -85,12 +67,11 @@ fn long_prefill_with_prefix_matches_naive_backend() {
         &[(1, 70), (300, 700), (129, 129)],
         11,
     );
-    let mut naive = pagoda_backend_naive::NaiveBackend::new(&c.cfg).unwrap();
-    let (want_o, want_l) = run_with(&mut naive, &c, true).unwrap();
+    let (want_o, want_l) = reference(&c).unwrap();
     let mut be = FlashBackend::new(&c.cfg).unwrap();
-    let (o, l) = run_with(&mut be, &c, true).unwrap();
-    assert_close("out", &o, &want_o, ATOL, RTOL);
-    assert_close("lse", &l, &want_l, ATOL, RTOL);
+    let (o, l) = run_twice(&mut be, &c, true).unwrap();
+    assert_close("out", &o, &want_o, &c, TOL);
+    assert_close("lse", &l, &want_l, &c, TOL);
 }
 
 #[test]
@@ -116,25 +97,16 @@ fn registered_for_both_roles() {
 #[test]
 fn bad_buffers_and_blocks_are_errors_not_panics() {
     let c = make_case(AttentionConfig::cpu_f32(4, 2, 32, 4), &[(5, 9)], 3);
-    let mut be = FlashBackend::new(&c.cfg).unwrap();
-    let mut out = vec![0f32; 5 * 4 * 32];
-    fn io<'a>(q: &'a [f32], k: &'a [f32], out: &'a mut [f32]) -> LayerIo<'a> {
-        LayerIo {
-            q,
-            k_cache: k,
-            v_cache: k,
-            out,
-            lse: None,
-        }
-    }
+    let m = misuse(&mut FlashBackend::new(&c.cfg).unwrap(), &c).unwrap();
+    assert!(m.before_plan.is_err(), "run before plan");
     assert!(
-        be.run(io(&c.q, &c.k_cache, &mut out)).is_err(),
-        "run before plan"
+        matches!(m.short_q, Err(CoreError::ShapeMismatch { name: "q", .. })),
+        "{:?}",
+        m.short_q
     );
-    be.plan(&c.batch).unwrap();
-    let e = be.run(io(&c.q[1..], &c.k_cache, &mut out)).unwrap_err();
-    assert!(matches!(e, CoreError::ShapeMismatch { name: "q", .. }));
-    let small = &c.k_cache[..4 * 2 * 32];
-    let e = be.run(io(&c.q, small, &mut out)).unwrap_err();
-    assert!(matches!(e, CoreError::BackendFailed { .. }), "{e:?}");
+    assert!(
+        matches!(m.one_block_pool, Err(CoreError::BackendFailed { .. })),
+        "{:?}",
+        m.one_block_pool
+    );
 }

@@ -1,35 +1,24 @@
-//! `paged` against a slow f64 reference on random decode batches (shuffled blocks,
-//! NaN in unused slots), plus its refusals: prefill rows, bad buffers, bad blocks.
+//! `paged` against the naive f64 reference on random decode batches (shuffled
+//! blocks, NaN in unused slots), plus its refusals: prefill rows, bad buffers, bad blocks.
 
-mod common;
-
-use common::{assert_close, make_case, reference, Case};
 use pagoda_backend_paged::simd::Isa;
 use pagoda_backend_paged::{PagedBackend, PagedError, NAME};
-use pagoda_core::{AttentionBackend, AttentionConfig, CoreError, InvalidReason, LayerIo, Role};
+use pagoda_backend_testkit::case::Case;
+use pagoda_backend_testkit::direct::{assert_close, misuse, reference, rows_case, run_twice};
+use pagoda_backend_testkit::Tolerance;
+use pagoda_core::{AttentionBackend, AttentionConfig, CoreError, InvalidReason, Role};
 use proptest::prelude::*;
 
-const ATOL: f32 = 1e-5;
-const RTOL: f32 = 1e-4;
+const TOL: Tolerance = Tolerance::F32;
+
+fn make_case(cfg: AttentionConfig, rows: &[(usize, usize)], seed: u64) -> Case {
+    rows_case(&cfg, rows, seed).expect("valid case")
+}
 
 fn run(c: &Case, with_lse: bool, isa: Isa) -> Result<(Vec<f32>, Vec<f32>), CoreError> {
     let mut be = PagedBackend::new(&c.cfg).map_err(CoreError::from)?;
     be.set_isa(isa).map_err(CoreError::from)?;
-    be.plan(&c.batch)?;
-    let n = c.batch.num_tokens();
-    let mut out = vec![f32::NAN; n * c.cfg.num_heads * c.cfg.head_dim];
-    let mut lse = vec![f32::NAN; n * c.cfg.num_heads];
-    // Run twice: a layer call must not depend on leftovers of the previous one.
-    for _ in 0..2 {
-        be.run(LayerIo {
-            q: &c.q,
-            k_cache: &c.k_cache,
-            v_cache: &c.v_cache,
-            out: &mut out,
-            lse: if with_lse { Some(&mut lse) } else { None },
-        })?;
-    }
-    Ok((out, lse))
+    run_twice(&mut be, c, with_lse)
 }
 
 /// Plans and runs inside a pool of `threads` threads: more threads means more splits.
@@ -42,14 +31,14 @@ fn check(c: &Case, threads: usize) {
 }
 
 fn check_here(c: &Case) {
-    let (want_o, want_l) = reference(c);
+    let (want_o, want_l) = reference(c).unwrap();
     for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable]
         .into_iter()
         .filter(|i| i.available())
     {
         let (o, l) = run(c, true, isa).unwrap();
-        assert_close(&format!("out ({isa:?})"), &o, &want_o, ATOL, RTOL);
-        assert_close(&format!("lse ({isa:?})"), &l, &want_l, ATOL, RTOL);
+        assert_close(&format!("out ({isa:?})"), &o, &want_o, c, TOL);
+        assert_close(&format!("lse ({isa:?})"), &l, &want_l, c, TOL);
         let (o2, _) = run(c, false, isa).unwrap();
         assert_eq!(o, o2, "LSE output must not change the attention output");
     }
@@ -152,26 +141,17 @@ fn unsupported_configs_are_refused() {
 #[test]
 fn bad_buffers_and_blocks_are_errors_not_panics() {
     let c = make_case(AttentionConfig::cpu_f32(4, 2, 32, 4), &[(1, 9)], 3);
-    let mut be = PagedBackend::new(&c.cfg).unwrap();
-    let mut out = vec![0f32; 4 * 32];
-    fn io<'a>(q: &'a [f32], k: &'a [f32], out: &'a mut [f32]) -> LayerIo<'a> {
-        LayerIo {
-            q,
-            k_cache: k,
-            v_cache: k,
-            out,
-            lse: None,
-        }
-    }
+    let m = misuse(&mut PagedBackend::new(&c.cfg).unwrap(), &c).unwrap();
+    assert!(m.before_plan.is_err(), "run before plan");
     assert!(
-        be.run(io(&c.q, &c.k_cache, &mut out)).is_err(),
-        "run before plan"
+        matches!(m.short_q, Err(CoreError::ShapeMismatch { name: "q", .. })),
+        "{:?}",
+        m.short_q
     );
-    be.plan(&c.batch).unwrap();
-    let e = be.run(io(&c.q[1..], &c.k_cache, &mut out)).unwrap_err();
-    assert!(matches!(e, CoreError::ShapeMismatch { name: "q", .. }));
     // A pool of one block cannot hold the request's blocks.
-    let small = &c.k_cache[..4 * 2 * 32];
-    let e = be.run(io(&c.q, small, &mut out)).unwrap_err();
-    assert!(matches!(e, CoreError::BackendFailed { .. }), "{e:?}");
+    assert!(
+        matches!(m.one_block_pool, Err(CoreError::BackendFailed { .. })),
+        "{:?}",
+        m.one_block_pool
+    );
 }

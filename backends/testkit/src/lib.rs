@@ -17,9 +17,12 @@
 //!
 //! The subject is a registered name (looked up in the inventory registry) or a
 //! [`Subject`] built from a constructor.
+//!
+//! A backend's own kernel tests (one layer, called directly) use [`direct`].
 
 pub mod case;
 pub mod checks;
+pub mod direct;
 pub mod gen;
 pub mod suite;
 
