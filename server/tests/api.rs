@@ -202,6 +202,28 @@ fn streaming_equals_non_streaming(s: &Server, model: &str) {
             .iter()
             .all(|e| e["choices"].as_array().is_some_and(|c| !c.is_empty())));
     }
+    // Emoji take several byte-level tokens each: no delta splits a character.
+    let body = json!({"model": model, "prompt": "Emoji list: \u{1F600} \u{1F603} \u{1F604} \u{1F601}",
+                      "max_tokens": 16, "temperature": 0, "stream": true});
+    let events = s.stream("/v1/completions", &body);
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["text"].as_str())
+        .collect();
+    assert!(
+        deltas.iter().all(|d| !d.contains('\u{FFFD}')),
+        "a delta split a character: {deltas:?}"
+    );
+    assert!(
+        deltas.concat().chars().any(|c| (c as u32) > 0xFFFF),
+        "expected emoji in {deltas:?}"
+    );
+    let mut nb = body.clone();
+    nb["stream"] = json!(false);
+    assert_eq!(
+        s.post_ok("/v1/completions", &nb)["choices"][0]["text"],
+        deltas.concat()
+    );
     // The prefix cache shows in usage for a repeated long prompt.
     let long = "The quick brown fox jumps over the lazy dog. ".repeat(8);
     let body = json!({"model": model, "prompt": long, "max_tokens": 2, "temperature": 0});
