@@ -417,6 +417,36 @@ pub struct LayerIo<'a> {
     pub lse: Option<&'a mut [f32]>,
 }
 
+impl LayerIo<'_> {
+    /// Checks the buffer lengths every backend's `run` needs for a batch of
+    /// `num_tokens` tokens under `cfg`, in this order: `q` and `out` hold
+    /// `[num_tokens, num_heads, head_dim]`, `lse` (if asked for) `[num_tokens, num_heads]`,
+    /// the K pool is whole blocks and the V pool is as long. Returns the pool's
+    /// number of blocks (block ids must be below it); the first bad buffer is a
+    /// [`CoreError::ShapeMismatch`] (for a K pool of partial blocks, `expected` is
+    /// its length rounded down to whole blocks).
+    pub fn validate(&self, num_tokens: usize, cfg: &AttentionConfig) -> Result<usize, CoreError> {
+        let check = |name: &'static str, actual: usize, expected: usize| {
+            if actual == expected {
+                Ok(())
+            } else {
+                Err(CoreError::ShapeMismatch { name, expected, actual })
+            }
+        };
+        let tok_elems = num_tokens * cfg.num_heads * cfg.head_dim;
+        check("q", self.q.len(), tok_elems)?;
+        check("out", self.out.len(), tok_elems)?;
+        if let Some(l) = self.lse.as_deref() {
+            check("lse", l.len(), num_tokens * cfg.num_heads)?;
+        }
+        let block_elems = cfg.block_size * cfg.num_kv_heads * cfg.head_dim;
+        let num_blocks = self.k_cache.len().checked_div(block_elems).unwrap_or(0);
+        check("k_cache", self.k_cache.len(), num_blocks * block_elems)?;
+        check("v_cache", self.v_cache.len(), self.k_cache.len())?;
+        Ok(num_blocks)
+    }
+}
+
 /// An attention implementation. Created for one [`AttentionConfig`] by its registration.
 pub trait AttentionBackend: Send {
     /// The registered name.
@@ -581,5 +611,30 @@ mod tests {
         merge_states(&o, &[0.5], &[9.0, 9.0], &[f32::NEG_INFINITY], 2, &mut out, &mut lse);
         assert_eq!(out, o);
         assert_eq!(lse[0], 0.5);
+    }
+
+    #[test]
+    fn layer_io_validate_names_the_first_bad_buffer() {
+        // 2 tokens, 4 heads of dim 2, 2 KV heads, blocks of 3: a block is 12 floats.
+        let cfg = AttentionConfig::cpu_f32(4, 2, 2, 3);
+        let (q, kv) = (vec![0.0; 16], vec![0.0; 36]);
+        let (mut out, mut lse) = (vec![0.0; 16], vec![0.0; 8]);
+        let run = |q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], lse: Option<&mut [f32]>| {
+            LayerIo { q, k_cache: k, v_cache: v, out, lse }.validate(2, &cfg)
+        };
+        assert_eq!(run(&q, &kv, &kv, &mut out, Some(&mut lse)), Ok(3));
+        assert_eq!(run(&q, &kv, &kv, &mut out, None), Ok(3));
+        assert_eq!(run(&q, &[], &[], &mut out, None), Ok(0));
+        let name = |r: Result<usize, CoreError>| match r {
+            Err(CoreError::ShapeMismatch { name, expected, actual }) => (name, expected, actual),
+            other => panic!("expected a shape mismatch, got {other:?}"),
+        };
+        assert_eq!(name(run(&q[1..], &kv, &kv, &mut out, None)), ("q", 16, 15));
+        assert_eq!(name(run(&q, &kv, &kv, &mut out[1..], None)), ("out", 16, 15));
+        assert_eq!(name(run(&q, &kv, &kv, &mut out, Some(&mut lse[1..]))), ("lse", 8, 7));
+        assert_eq!(name(run(&q, &kv[1..], &kv[1..], &mut out, None)), ("k_cache", 24, 35));
+        assert_eq!(name(run(&q, &kv, &kv[12..], &mut out, None)), ("v_cache", 36, 24));
+        // The first bad buffer wins.
+        assert_eq!(name(run(&q[1..], &kv[1..], &kv, &mut out[1..], None)).0, "q");
     }
 }
