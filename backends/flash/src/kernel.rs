@@ -10,6 +10,8 @@
 //! keys `0..=c+i`), and the softmax is online (running max `m`, sum `l`).
 
 use gemm::{gemm, Parallelism};
+/// The decode kernel's exp: both CPU kernels share one softmax arithmetic.
+pub use pagoda_backend_paged::kernel::fast_exp;
 
 /// Query rows per tile (tokens × group heads), about.
 pub const TILE_ROWS: usize = 128;
@@ -255,47 +257,4 @@ fn sum16(x: &[f32]) -> f32 {
         }
     }
     it.remainder().iter().sum::<f32>() + acc.iter().sum::<f32>()
-}
-
-/// `e^x` for `x <= 0` (Cephes' polynomial after a `2^n` range reduction), written
-/// so that loops over it vectorise: no branches, no libm call. Relative error
-/// about 2e-7; `x < -87` returns about `1e-38` instead of 0, which is harmless as
-/// every row's sum is at least 1.
-#[inline(always)]
-pub fn fast_exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let x = x.max(-87.0);
-    let t = x * LOG2E + MAGIC;
-    let n = t - MAGIC;
-    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
-    let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let e = p * r * r + r + 1.0;
-    let bits = (t.to_bits() as i32 - MAGIC.to_bits() as i32 + 127) << 23;
-    e * f32::from_bits(bits as u32)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::fast_exp;
-
-    #[test]
-    fn fast_exp_matches_libm() {
-        let mut x = -90.0f32;
-        while x <= 0.0 {
-            let (got, want) = (fast_exp(x) as f64, (x as f64).exp());
-            assert!(
-                (got - want).abs() <= 4e-7 * want + 1e-37,
-                "exp({x}) = {got}, want {want}"
-            );
-            x += 0.0137;
-        }
-        assert_eq!(fast_exp(0.0), 1.0);
-        assert!(fast_exp(f32::NEG_INFINITY) < 1e-37);
-    }
 }

@@ -10,7 +10,7 @@
 //! * [`AttentionBackend::plan`] cuts every request into tiles of
 //!   `(kv head, query tokens)` with about [`kernel::TILE_ROWS`] rows, and sizes one
 //!   [`kernel::Scratch`] per rayon thread.
-//! * [`AttentionBackend::run`] checks the buffers, copies each (request, KV head)'s
+//! * [`AttentionBackend::run`] checks the buffers ([`LayerIo::validate`]), copies each (request, KV head)'s
 //!   K/V rows into contiguous runs ([`kernel::pack`], one pass over the context),
 //!   then runs the tiles in parallel
 //!   ([`kernel::tile`]: GEMM tiles with the `gemm` crate, online softmax). Each tile
@@ -264,16 +264,17 @@ impl FlashBackend {
         Ok(())
     }
 
-    fn run_layer(&mut self, io: LayerIo<'_>) -> Result<(), FlashError> {
+    fn run_layer(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
         if !self.planned {
-            return Err(FlashError::NotPlanned);
+            return Err(FlashError::NotPlanned.into());
         }
         let threads = rayon::current_num_threads();
         if threads > self.scratch.len() {
             return Err(FlashError::PoolGrew {
                 threads,
                 planned: self.scratch.len(),
-            });
+            }
+            .into());
         }
         let cfg = &self.cfg;
         let (nh, nkv, hd, bs) = (
@@ -282,32 +283,17 @@ impl FlashBackend {
             cfg.head_dim,
             cfg.block_size,
         );
-        let tok_elems = self.num_tokens * nh * hd;
-        check_len("q", io.q.len(), tok_elems)?;
-        check_len("out", io.out.len(), tok_elems)?;
-        let block_elems = bs * nkv * hd;
-        if !io.k_cache.len().is_multiple_of(block_elems) {
-            let expected = io.k_cache.len() / block_elems * block_elems;
-            return Err(FlashError::Shape {
-                name: "k_cache",
-                expected,
-                actual: io.k_cache.len(),
-            });
-        }
-        check_len("v_cache", io.v_cache.len(), io.k_cache.len())?;
-        let num_blocks = io.k_cache.len() / block_elems;
+        let num_blocks = io.validate(self.num_tokens, cfg)?;
         if let Some(mb) = self.max_block {
             if mb as usize >= num_blocks {
                 return Err(FlashError::BlockOutOfRange {
                     block: mb,
                     num_blocks,
-                });
+                }
+                .into());
             }
         }
         let mut lse = io.lse;
-        if let Some(l) = &lse {
-            check_len("lse", l.len(), self.num_tokens * nh)?;
-        }
         // Decode rows first, through the paged kernel, on the leading tokens.
         if let (Some(paged), true) = (self.decode.as_mut(), self.first_req > 0) {
             let n = self.decode_tokens;
@@ -446,17 +432,6 @@ unsafe fn run_tile(
     kernel::tile(d, t, q, k, v, sc, out, lse)
 }
 
-fn check_len(name: &'static str, actual: usize, expected: usize) -> Result<(), FlashError> {
-    if actual != expected {
-        return Err(FlashError::Shape {
-            name,
-            expected,
-            actual,
-        });
-    }
-    Ok(())
-}
-
 impl AttentionBackend for FlashBackend {
     fn name(&self) -> &str {
         NAME
@@ -467,6 +442,6 @@ impl AttentionBackend for FlashBackend {
     }
 
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
-        Ok(self.run_layer(io)?)
+        self.run_layer(io)
     }
 }

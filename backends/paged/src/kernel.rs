@@ -282,5 +282,6 @@ mod tests {
             x += 0.0137;
         }
         assert_eq!(fast_exp(0.0), 1.0);
+        assert!(fast_exp(f32::NEG_INFINITY) < 1e-37);
     }
 }

@@ -10,7 +10,7 @@
 //!   heads is contiguous, so whole blocks stream from memory. Per-head items read
 //!   `head_dim`-sized pieces 4 KiB apart (Llama-8B shape), one page per key, which
 //!   defeats the hardware prefetchers; measured, that ran at a fifth of bandwidth.
-//! * [`AttentionBackend::run`] checks buffer sizes, runs the items in parallel (each
+//! * [`AttentionBackend::run`] checks buffer sizes ([`LayerIo::validate`]), runs the items in parallel (each
 //!   KV head serves its whole GQA group, see [`kernel`]), then merges
 //!   the partial results of each head with a log-sum-exp merge (the math of
 //!   [`pagoda_core::merge_states`], generalised to n parts). No allocation, no planning.
@@ -251,10 +251,10 @@ impl PagedBackend {
         Ok(())
     }
 
-    fn run_layer(&mut self, io: LayerIo<'_>) -> Result<(), PagedError> {
+    fn run_layer(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
         let p = &mut self.plan;
         if !p.planned {
-            return Err(PagedError::NotPlanned);
+            return Err(PagedError::NotPlanned.into());
         }
         let cfg = &self.cfg;
         let (nh, nkv, hd, bs) = (
@@ -264,28 +264,14 @@ impl PagedBackend {
             cfg.block_size,
         );
         let g = cfg.gqa_ratio();
-        let tok_elems = p.num_reqs * nh * hd;
-        check_len("q", io.q.len(), tok_elems)?;
-        check_len("out", io.out.len(), tok_elems)?;
-        if let Some(l) = &io.lse {
-            check_len("lse", l.len(), p.num_reqs * nh)?;
-        }
-        let block_elems = bs * nkv * hd;
-        if !io.k_cache.len().is_multiple_of(block_elems) {
-            return Err(PagedError::Shape {
-                name: "k_cache",
-                expected: io.k_cache.len() / block_elems * block_elems,
-                actual: io.k_cache.len(),
-            });
-        }
-        check_len("v_cache", io.v_cache.len(), io.k_cache.len())?;
-        let num_blocks = io.k_cache.len() / block_elems;
+        let num_blocks = io.validate(p.num_reqs, cfg)?;
         if let Some(mb) = p.max_block {
             if mb as usize >= num_blocks {
                 return Err(PagedError::BlockOutOfRange {
                     block: mb,
                     num_blocks,
-                });
+                }
+                .into());
             }
         }
 
@@ -335,17 +321,6 @@ impl PagedBackend {
         }
         Ok(())
     }
-}
-
-fn check_len(name: &'static str, actual: usize, expected: usize) -> Result<(), PagedError> {
-    if actual != expected {
-        return Err(PagedError::Shape {
-            name,
-            expected,
-            actual,
-        });
-    }
-    Ok(())
 }
 
 /// Log-sum-exp merge of request `r`'s splits into its output row `[nh, hd]`.
@@ -402,6 +377,6 @@ impl AttentionBackend for PagedBackend {
     }
 
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
-        Ok(self.run_layer(io)?)
+        self.run_layer(io)
     }
 }
