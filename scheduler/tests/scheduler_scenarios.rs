@@ -155,6 +155,19 @@ fn schedule_order_with_and_without_chunking() {
     }
 }
 
+/// EOS sampled as the last token `max_tokens` allows finishes with "stop" (stop
+/// tokens are checked before the length cap, as in vLLM).
+#[test]
+fn eos_at_max_tokens_is_a_stop() {
+    let mut s = Scheduler::new(config()).unwrap();
+    s.add_request(Request::new("a", vec![1, 2, 3], SamplingParams::greedy(1), vec![2]))
+        .unwrap();
+    let out = s.schedule();
+    let res = s.update_from_output(&out, &one_token("a", 2));
+    assert_eq!(res[0].finish_reason, Some(FinishReason::Stop));
+    assert_eq!(res[0].stop_reason, Some(StopReason::Eos(2)));
+}
+
 // Scenario 7 (test_stop_via_update_from_output), one sampled token per step.
 #[test]
 fn stop_reasons_from_update() {
