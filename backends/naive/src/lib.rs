@@ -103,17 +103,6 @@ fn failed(message: String) -> CoreError {
     }
 }
 
-fn check_len(name: &'static str, actual: usize, expected: usize) -> Result<(), CoreError> {
-    if actual != expected {
-        return Err(CoreError::ShapeMismatch {
-            name,
-            expected,
-            actual,
-        });
-    }
-    Ok(())
-}
-
 /// Checks the descriptor's internal consistency (the fields are public, so a
 /// hand-built descriptor may be wrong in ways `BatchDescriptor::new` would reject).
 fn validate_batch(cfg: &AttentionConfig, b: &BatchDescriptor) -> Result<(), CoreError> {
@@ -187,22 +176,8 @@ impl AttentionBackend for NaiveBackend {
             cfg.head_dim,
             cfg.block_size,
         );
-        let tokens = b.num_tokens();
-        check_len("q", io.q.len(), tokens * h * d)?;
-        check_len("out", io.out.len(), tokens * h * d)?;
+        let num_blocks = io.validate(b.num_tokens(), cfg)?;
         let mut lse = io.lse;
-        if let Some(l) = lse.as_deref() {
-            check_len("lse", l.len(), tokens * h)?;
-        }
-        let block_elems = bs * kvh * d;
-        if io.k_cache.len() % block_elems != 0 {
-            return Err(failed(format!(
-                "K pool of {} elements is not whole blocks of {block_elems}",
-                io.k_cache.len()
-            )));
-        }
-        check_len("v_cache", io.v_cache.len(), io.k_cache.len())?;
-        let num_blocks = io.k_cache.len() / block_elems;
         let group = h / kvh;
         let scale = cfg.scale as f64;
         let cap = cfg.logits_soft_cap.map(|c| c as f64);

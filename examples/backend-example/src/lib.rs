@@ -89,18 +89,6 @@ fn invalid(message: String) -> CoreError {
     CoreError::InvalidBatch { message }
 }
 
-fn expect_len(name: &'static str, actual: usize, expected: usize) -> Result<(), CoreError> {
-    if actual == expected {
-        Ok(())
-    } else {
-        Err(CoreError::ShapeMismatch {
-            name,
-            expected,
-            actual,
-        })
-    }
-}
-
 impl AttentionBackend for ExampleBackend {
     fn name(&self) -> &str {
         NAME
@@ -158,16 +146,10 @@ impl AttentionBackend for ExampleBackend {
             self.cfg.head_dim,
             self.cfg.block_size,
         );
-        let t = self.tokens.len();
-        expect_len("q", io.q.len(), t * h * d)?;
-        expect_len("out", io.out.len(), t * h * d)?;
-        expect_len("v_cache", io.v_cache.len(), io.k_cache.len())?;
+        // Buffer lengths (q, out, lse, whole-block K/V pools of equal size).
+        let pool_blocks = io.validate(self.tokens.len(), &self.cfg)?;
         let mut lse = io.lse;
-        if let Some(l) = lse.as_deref() {
-            expect_len("lse", l.len(), t * h)?;
-        }
         // Every block the batch names must exist in this layer's pool.
-        let pool_blocks = io.k_cache.len() / (bs * kvh * d);
         for r in 0..self.batch.num_reqs() {
             if let Some(b) = self
                 .batch
