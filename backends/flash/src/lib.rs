@@ -19,7 +19,7 @@
 pub mod kernel;
 
 use kernel::{Dims, Scratch, Tile};
-use pagoda_backend_paged::PagedBackend;
+use pagoda_backend_paged::{blocks::StepBlocks, PagedBackend};
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
     Capabilities, CoreError, DType, DeviceKind, InvalidReason, LayerIo, Role,
@@ -132,11 +132,8 @@ pub struct FlashBackend {
     cfg: AttentionConfig,
     planned: bool,
     num_tokens: usize,
-    block_table: Vec<u32>,
-    stride: usize,
-    seq_lens: Vec<u32>,
+    blocks: StepBlocks,
     items: Vec<Item>,
-    max_block: Option<u32>,
     scratch: Vec<Mutex<Scratch>>,
     wide: Wide,
     /// Per request: first packed token (requests are packed back to back).
@@ -170,11 +167,8 @@ impl FlashBackend {
             cfg: cfg.clone(),
             planned: false,
             num_tokens: 0,
-            block_table: Vec::new(),
-            stride: 0,
-            seq_lens: Vec::new(),
+            blocks: StepBlocks::default(),
             items: Vec::new(),
-            max_block: None,
             scratch: Vec::new(),
             pack_off: Vec::new(),
             packed_k: Vec::new(),
@@ -206,14 +200,7 @@ impl FlashBackend {
         );
         let tile_tokens = (kernel::TILE_ROWS / g).max(1);
         self.num_tokens = b.num_tokens();
-        self.stride = b.block_table_stride;
-        self.block_table.clear();
-        self.block_table.extend_from_slice(&b.block_table);
-        self.seq_lens.clear();
-        self.seq_lens.extend_from_slice(&b.seq_lens);
-        self.max_block = (0..b.num_reqs())
-            .flat_map(|r| b.blocks(r).iter().copied())
-            .max();
+        self.blocks.copy_from(b);
         self.first_req = 0;
         self.decode_tokens = 0;
         if let Some(paged) = self.decode.as_mut() {
@@ -284,14 +271,8 @@ impl FlashBackend {
             cfg.block_size,
         );
         let num_blocks = io.validate(self.num_tokens, cfg)?;
-        if let Some(mb) = self.max_block {
-            if mb as usize >= num_blocks {
-                return Err(FlashError::BlockOutOfRange {
-                    block: mb,
-                    num_blocks,
-                }
-                .into());
-            }
+        if let Some(block) = self.blocks.out_of_range(num_blocks) {
+            return Err(FlashError::BlockOutOfRange { block, num_blocks }.into());
         }
         let mut lse = io.lse;
         // Decode rows first, through the paged kernel, on the leading tokens.
@@ -316,12 +297,8 @@ impl FlashBackend {
             scale: cfg.scale,
         };
         let (q, kc, vc) = (io.q, io.k_cache, io.v_cache);
-        let (bt, stride, seq_lens, pack_off) = (
-            &self.block_table,
-            self.stride,
-            &self.seq_lens,
-            &self.pack_off,
-        );
+        let (blocks, pack_off) = (&self.blocks, &self.pack_off);
+        let seq_lens = &blocks.seq_lens;
         // Where request r's KV head h starts in the packed buffers.
         let base = |r: usize, h: usize| (pack_off[r] * nkv + h * seq_lens[r] as usize) * hd;
         let packed = OutPtr(self.packed_k.as_mut_ptr(), self.packed_v.as_mut_ptr());
@@ -334,7 +311,7 @@ impl FlashBackend {
                 let packed = packed;
                 let (r, h) = (i / nkv, i % nkv);
                 let seq = seq_lens[r] as usize;
-                let blocks = &bt[r * stride..r * stride + seq.div_ceil(bs)];
+                let blocks = blocks.blocks(r, bs);
                 // SAFETY: block ids were checked above; each (r, h) owns its packed range.
                 unsafe {
                     let (dk, dv) = (packed.0.add(base(r, h)), packed.1.add(base(r, h)));
@@ -394,34 +371,27 @@ unsafe fn run_tile(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        #[target_feature(enable = "avx512f")]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn avx512(
-            d: &Dims,
-            t: &Tile,
-            q: &[f32],
-            k: *const f32,
-            v: *const f32,
-            sc: &mut Scratch,
-            o: *mut f32,
-            l: *mut f32,
-        ) {
-            kernel::tile(d, t, q, k, v, sc, o, l)
+        /// `kernel::tile` compiled with `$features` enabled.
+        macro_rules! tile_with {
+            ($name:ident, $features:literal) => {
+                #[target_feature(enable = $features)]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn $name(
+                    d: &Dims,
+                    t: &Tile,
+                    q: &[f32],
+                    k: *const f32,
+                    v: *const f32,
+                    sc: &mut Scratch,
+                    o: *mut f32,
+                    l: *mut f32,
+                ) {
+                    kernel::tile(d, t, q, k, v, sc, o, l)
+                }
+            };
         }
-        #[target_feature(enable = "avx2,fma")]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn avx2(
-            d: &Dims,
-            t: &Tile,
-            q: &[f32],
-            k: *const f32,
-            v: *const f32,
-            sc: &mut Scratch,
-            o: *mut f32,
-            l: *mut f32,
-        ) {
-            kernel::tile(d, t, q, k, v, sc, o, l)
-        }
+        tile_with!(avx512, "avx512f");
+        tile_with!(avx2, "avx2,fma");
         match wide {
             Wide::Avx512 => return avx512(d, t, q, k, v, sc, out, lse),
             Wide::Avx2 => return avx2(d, t, q, k, v, sc, out, lse),

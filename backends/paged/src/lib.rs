@@ -15,9 +15,11 @@
 //!   the partial results of each head with a log-sum-exp merge (the math of
 //!   [`pagoda_core::merge_states`], generalised to n parts). No allocation, no planning.
 
+pub mod blocks;
 pub mod kernel;
 pub mod simd;
 
+use blocks::StepBlocks;
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
     Capabilities, CoreError, DType, DeviceKind, InvalidReason, LayerIo, Role,
@@ -137,9 +139,7 @@ pub struct WorkItem {
 struct Plan {
     planned: bool,
     num_reqs: usize,
-    block_table: Vec<u32>,
-    stride: usize,
-    seq_lens: Vec<u32>,
+    blocks: StepBlocks,
     items: Vec<WorkItem>,
     /// Index of request `r`'s first item; its items are its splits in order.
     first_item: Vec<usize>,
@@ -147,7 +147,6 @@ struct Plan {
     partial_o: Vec<f32>,
     partial_lse: Vec<f32>,
     partial_l: Vec<f32>,
-    max_block: Option<u32>,
 }
 
 /// The paged decode backend.
@@ -211,12 +210,7 @@ impl PagedBackend {
         let (bs, nh, hd) = (b.block_size, self.cfg.num_heads, self.cfg.head_dim);
         let p = &mut self.plan;
         p.num_reqs = n;
-        p.stride = b.block_table_stride;
-        p.block_table.clear();
-        p.block_table.extend_from_slice(&b.block_table);
-        p.seq_lens.clear();
-        p.seq_lens.extend_from_slice(&b.seq_lens);
-        p.max_block = (0..n).flat_map(|r| b.blocks(r).iter().copied()).max();
+        p.blocks.copy_from(b);
 
         // Split size in blocks: total key-work spread over ~ITEMS_PER_THREAD items
         // per thread, never below MIN_SPLIT_TOKENS, always whole blocks.
@@ -265,19 +259,13 @@ impl PagedBackend {
         );
         let g = cfg.gqa_ratio();
         let num_blocks = io.validate(p.num_reqs, cfg)?;
-        if let Some(mb) = p.max_block {
-            if mb as usize >= num_blocks {
-                return Err(PagedError::BlockOutOfRange {
-                    block: mb,
-                    num_blocks,
-                }
-                .into());
-            }
+        if let Some(block) = p.blocks.out_of_range(num_blocks) {
+            return Err(PagedError::BlockOutOfRange { block, num_blocks }.into());
         }
 
         let (isa, scale) = (self.isa, cfg.scale);
         let (q, kc, vc) = (io.q, io.k_cache, io.v_cache);
-        let (bt, stride, seq_lens) = (&p.block_table, p.stride, &p.seq_lens);
+        let blocks = &p.blocks;
         p.partial_o
             .par_chunks_mut(nh * hd)
             .zip(p.partial_lse.par_chunks_mut(nh))
@@ -286,12 +274,11 @@ impl PagedBackend {
             .with_max_len(1)
             .for_each(|(((o, lse), l), it)| {
                 let r = it.req as usize;
-                let nblk = (seq_lens[r] as usize).div_ceil(bs);
                 let args = kernel::ItemArgs {
                     q: &q[r * nh * hd..(r + 1) * nh * hd],
                     k_cache: kc,
                     v_cache: vc,
-                    blocks: &bt[r * stride..r * stride + nblk],
+                    blocks: blocks.blocks(r, bs),
                     block_size: bs,
                     num_kv_heads: nkv,
                     head_dim: hd,
