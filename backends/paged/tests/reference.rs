@@ -4,7 +4,9 @@
 use pagoda_backend_paged::simd::Isa;
 use pagoda_backend_paged::{PagedBackend, PagedError, NAME};
 use pagoda_backend_testkit::case::Case;
-use pagoda_backend_testkit::direct::{assert_close, misuse, reference, rows_case, run_twice};
+use pagoda_backend_testkit::direct::{
+    assert_close, misuse, reference, rows_case, run_twice, HEAD_SHAPES,
+};
 use pagoda_backend_testkit::Tolerance;
 use pagoda_core::{AttentionBackend, AttentionConfig, CoreError, InvalidReason, Role};
 use proptest::prelude::*;
@@ -44,25 +46,17 @@ fn check_here(c: &Case) {
     }
 }
 
-const SHAPES: [(usize, usize, usize); 5] = [
-    (9, 3, 64),
-    (4, 1, 16),
-    (8, 8, 32),
-    (32, 8, 128),
-    (2, 2, 256),
-];
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
     fn decode_matches_reference(
-        shape in 0usize..SHAPES.len(),
+        shape in 0usize..HEAD_SHAPES.len(),
         bs in prop::sample::select(vec![1usize, 4, 16, 32]),
         seqs in prop::collection::vec(1usize..700, 1..6),
         seed in any::<u64>(),
         threads in 1usize..24,
     ) {
-        let (nh, nkv, hd) = SHAPES[shape];
+        let (nh, nkv, hd) = HEAD_SHAPES[shape];
         let rows: Vec<(usize, usize)> = seqs.iter().map(|&s| (1, s)).collect();
         check(&make_case(AttentionConfig::cpu_f32(nh, nkv, hd, bs), &rows, seed), threads);
     }
@@ -142,13 +136,8 @@ fn unsupported_configs_are_refused() {
 fn bad_buffers_and_blocks_are_errors_not_panics() {
     let c = make_case(AttentionConfig::cpu_f32(4, 2, 32, 4), &[(1, 9)], 3);
     let m = misuse(&mut PagedBackend::new(&c.cfg).unwrap(), &c).unwrap();
-    assert!(m.before_plan.is_err(), "run before plan");
-    assert!(
-        matches!(m.short_q, Err(CoreError::ShapeMismatch { name: "q", .. })),
-        "{:?}",
-        m.short_q
-    );
-    // A pool of one block cannot hold the request's blocks.
+    m.assert_refused();
+    // A pool of one block cannot hold the request's blocks: the kernel says so.
     assert!(
         matches!(m.one_block_pool, Err(CoreError::BackendFailed { .. })),
         "{:?}",

@@ -16,6 +16,16 @@ use crate::gen::{CaseSpec, RowSpec};
 use crate::{checks, KitError, Tolerance};
 use pagoda_core::{AttentionBackend, AttentionConfig, CoreError, LayerIo};
 
+/// `(num_heads, num_kv_heads, head_dim)` worth testing a CPU kernel on: GQA 3
+/// (SmolLM2), MQA, MHA, Llama-8B, and the widest head.
+pub const HEAD_SHAPES: [(usize, usize, usize); 5] = [
+    (9, 3, 64),
+    (4, 1, 16),
+    (8, 8, 32),
+    (32, 8, 128),
+    (2, 2, 256),
+];
+
 /// Unused blocks in a [`rows_case`] pool beyond what its rows need (left NaN).
 pub const SPARE_BLOCKS: usize = 3;
 
@@ -134,6 +144,27 @@ pub struct Misuse {
     pub short_q: Result<(), CoreError>,
     /// After `plan`: a pool of one block, too small for the case's block ids.
     pub one_block_pool: Result<(), CoreError>,
+}
+
+impl Misuse {
+    /// Panics unless every misuse was refused, the short `q` as a
+    /// [`CoreError::ShapeMismatch`] naming `q` (what [`LayerIo::validate`] reports).
+    #[track_caller]
+    pub fn assert_refused(&self) {
+        assert!(self.before_plan.is_err(), "run before plan was accepted");
+        assert!(
+            matches!(
+                self.short_q,
+                Err(CoreError::ShapeMismatch { name: "q", .. })
+            ),
+            "short q: {:?}",
+            self.short_q
+        );
+        assert!(
+            self.one_block_pool.is_err(),
+            "a pool too small for the block table was accepted"
+        );
+    }
 }
 
 /// Feeds `be` (freshly created, never planned) the misuses of [`Misuse`].
