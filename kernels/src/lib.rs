@@ -7,8 +7,11 @@
 //! so callers size one pool for the whole process.
 
 pub mod act;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod error;
 pub mod matmul;
+pub mod matmul_bf16;
 pub mod norm;
 pub mod rope;
 
@@ -16,6 +19,12 @@ pub use act::{
     argmax, log_softmax, log_softmax_ref, silu_mul, silu_mul_fused, silu_mul_ref, softmax,
 };
 pub use error::KernelError;
-pub use matmul::{matmul_t, matmul_t_ref, matmul_t_with, MatmulPath, GEMV_AUTO_MAX_M, GEMV_MAX_M};
+pub use matmul::{
+    has_avx512, matmul_t, matmul_t_ref, matmul_t_with, MatmulPath, AVX512_GEMV_MAX_M,
+    GEMV_AUTO_MAX_M, GEMV_MAX_M,
+};
+pub use matmul_bf16::{
+    has_avx512_bf16, matmul_t_bf16, matmul_t_bf16_ref, matmul_t_bf16_with, to_bf16, Bf16Path,
+};
 pub use norm::{add_rms_norm, rms_norm, rms_norm_ref};
 pub use rope::{inv_freq, rope_ref, Llama3Scaling, RopeCache};

@@ -1,10 +1,11 @@
 //! `out = x · wᵀ` with `w` in PyTorch `nn.Linear` layout (`[n, k]`, row-major).
 //!
-//! Two paths: the `gemm` crate (strided, so `w` is never transposed in memory) for
-//! `m == 1` and prefill-sized `m`, and a hand-written GEMV for small `m` (2..=8) that
-//! streams each weight row once per four inputs; decode is bound by reading
-//! the weights, so that reuse is what matters. [`matmul_t_ref`] is the slow
-//! reference both are tested against.
+//! On CPUs with AVX-512 (the serving target) both decode (`m <= 8`, a GEMV that
+//! streams `w` once from DRAM on every core) and prefill (a register-tiled GEMM)
+//! run the AVX-512 kernels of `avx512.rs`. Elsewhere: the `gemm` crate (strided, so
+//! `w` is never transposed in memory) for `m == 1` and prefill-sized `m`, and a
+//! portable GEMV for small `m` (2..=8) that streams each weight row once per four
+//! inputs. [`matmul_t_ref`] is the slow reference all are tested against.
 
 use crate::error::{check_len, KernelError};
 use rayon::prelude::*;
@@ -12,8 +13,11 @@ use rayon::prelude::*;
 /// Rows of `x` the GEMV kernel handles per pass over the weights (register budget).
 pub const GEMV_MAX_M: usize = 4;
 
-/// Largest `m` that [`matmul_t`] sends to the GEMV path.
+/// Largest `m` that [`matmul_t`] sends to the portable GEMV path (CPUs without AVX-512).
 pub const GEMV_AUTO_MAX_M: usize = 8;
+
+/// Largest `m` that [`matmul_t`] sends to the AVX-512 GEMV tiles (above: GEMM tiles).
+pub const AVX512_GEMV_MAX_M: usize = 4;
 
 /// Below this many multiply-adds a call runs on the calling thread only.
 const PARALLEL_MIN_FLOPS: usize = 1 << 16;
@@ -25,8 +29,26 @@ pub enum MatmulPath {
     Auto,
     /// The `gemm` crate.
     Gemm,
-    /// The row-streaming GEMV (any `m`; fast only for small `m`).
+    /// The portable row-streaming GEMV (any `m`; fast only for small `m`).
     Gemv,
+    /// The AVX-512 GEMV tiles (any `m`, in groups of 8 rows; fast for small `m`).
+    /// Falls back to [`MatmulPath::Gemv`] without AVX-512.
+    Avx512Gemv,
+    /// The AVX-512 GEMM tiles (any `m`; fast for prefill-sized `m`). Falls back to
+    /// [`MatmulPath::Gemm`] without AVX-512.
+    Avx512Gemm,
+}
+
+/// Whether the AVX-512 f32 paths can run on this CPU.
+pub fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::avx512::has_avx512f()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 fn check(
@@ -72,19 +94,75 @@ pub fn matmul_t_with(
         out.fill(0.0);
         return Ok(());
     }
+    let avx = has_avx512();
     let path = match path {
-        // Measured (benches/matmul.rs, SmolLM2 shapes, cold weights): gemm's own
-        // m = 1 kernel is 0-30% faster than ours; for m = 2..=8 ours is 1.2-3x
-        // faster (gemm packs and re-reads the weights); at m = 32 gemm wins 1.6x.
+        // Measured (benches/matmul.rs and examples/matmul_ab.rs, SmolLM2 shapes,
+        // cold weights, shared 2-core Zen machine): at m = 1 gemm's single-thread
+        // row-by-row GEMV streams ~37 GB/s, ~20% more than our tiles on one core,
+        // and the second core added nothing there; for m = 2..=4 the AVX-512 GEMV
+        // tiles win (1.7x over gemm); from m = 5 the 4x6 GEMM tiles win (1.2-1.6x
+        // over the GEMV tiles at m = 8, 1.3-1.6x over gemm at m = 32..512).
+        MatmulPath::Auto if m == 1 => MatmulPath::Gemm,
+        MatmulPath::Auto if avx && m <= AVX512_GEMV_MAX_M => MatmulPath::Avx512Gemv,
+        MatmulPath::Auto if avx => MatmulPath::Avx512Gemm,
+        MatmulPath::Avx512Gemv if !avx => MatmulPath::Gemv,
+        MatmulPath::Avx512Gemm if !avx => MatmulPath::Gemm,
+        // Without AVX-512 (measured before the AVX-512 kernels): gemm's own m = 1
+        // kernel is 0-30% faster than ours; for m = 2..=8 ours is 1.2-3x faster
+        // (gemm packs and re-reads the weights); at m = 32 gemm wins 1.6x.
         MatmulPath::Auto if (2..=GEMV_AUTO_MAX_M).contains(&m) => MatmulPath::Gemv,
         MatmulPath::Auto => MatmulPath::Gemm,
         p => p,
     };
     match path {
         MatmulPath::Gemv => gemv(x, w, out, m, k, n),
+        #[cfg(target_arch = "x86_64")]
+        MatmulPath::Avx512Gemv => avx512_gemv(x, w, out, m, k, n),
+        #[cfg(target_arch = "x86_64")]
+        MatmulPath::Avx512Gemm => avx512_gemm(x, w, out, m, k, n),
         _ => gemm_path(x, w, out, m, k, n),
     }
     Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_gemv(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+    use crate::avx512::{drive, gemv_tiles, gemv_tiles_f32, Args};
+    // Groups of up to 8 rows of x, each streaming w once.
+    for i0 in (0..m).step_by(8) {
+        let mg = (m - i0).min(8);
+        let a = Args {
+            x: x[i0 * k..].as_ptr(),
+            w: w.as_ptr(),
+            out: out[i0 * n..].as_mut_ptr(),
+            k,
+            n,
+        };
+        let tiles = gemv_tiles(mg, gemv_tiles_f32);
+        // SAFETY: AVX-512 F was detected by the caller; x holds mg rows from i0, w
+        // n rows, out mg rows of n from i0 (lengths checked); tiles has kernels for mg.
+        unsafe { drive(a, mg, &tiles, 4, parallel(mg, k, n)) };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_gemm(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+    use crate::avx512::{drive, gemm_tiles_f32, Args};
+    let a = Args {
+        x: x.as_ptr(),
+        w: w.as_ptr(),
+        out: out.as_mut_ptr(),
+        k,
+        n,
+    };
+    // SAFETY: AVX-512 F was detected by the caller; the buffers have the checked
+    // lengths; the GEMM tiles cover every row count 1..=GEMM_MT.
+    unsafe { drive(a, m, &gemm_tiles_f32(), 4, parallel(m, k, n)) };
+}
+
+/// Whether a call of this size is worth splitting over the rayon pool.
+pub(crate) fn parallel(m: usize, k: usize, n: usize) -> bool {
+    m * k * n >= PARALLEL_MIN_FLOPS && rayon::current_num_threads() > 1
 }
 
 fn gemm_path(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {

@@ -1,0 +1,357 @@
+//! AVX-512 kernels for `out = x · wᵀ` with `w` in `nn.Linear` layout (`[n, k]`).
+//!
+//! Both operands are contiguous along `k`, so every kernel here is a tile of dot
+//! products: `M` rows of `x` against `R` rows of `w`, with `M * R` vector
+//! accumulators that are summed horizontally once at the end. Each vector of `w`
+//! loaded feeds `M` FMAs and each vector of `x` feeds `R`, and no packing is
+//! needed: decode (small `m`) streams `w` exactly once, prefill reuses a chunk of
+//! `w` held in L2 across all row tiles of `x`.
+//!
+//! The bf16 variants (`w` stored as bf16) convert `x` to bf16 once per call and
+//! use `vdpbf16ps` (pairs of bf16 products accumulated in f32), reading half the
+//! bytes of f32 weights.
+//!
+//! Callers check the CPU features (see [`has_avx512f`], [`has_avx512bf16`]) before
+//! calling anything `unsafe` here.
+
+#![cfg(target_arch = "x86_64")]
+
+use std::arch::x86_64::*;
+
+/// Whether the f32 kernels can run (AVX-512 F).
+pub fn has_avx512f() -> bool {
+    is_x86_feature_detected!("avx512f")
+}
+
+/// Whether the bf16 kernels can run (AVX-512 F, BW and BF16).
+pub fn has_avx512bf16() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512bf16")
+}
+
+/// Raw pointers of one call, shared by the parallel tasks. Tasks write disjoint
+/// output columns (`w` rows), so sharing the output pointer is sound.
+pub(crate) struct Args<T> {
+    pub x: *const T,
+    pub w: *const T,
+    pub out: *mut f32,
+    pub k: usize,
+    pub n: usize,
+}
+impl<T> Clone for Args<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Args<T> {}
+// SAFETY: only used while the owning slices are borrowed for the whole call, with
+// disjoint writes (see above).
+unsafe impl<T> Send for Args<T> {}
+unsafe impl<T> Sync for Args<T> {}
+
+/// `M` rows of `x` (from row `i0`) times `R` rows of `w` (from row `j0`), f32.
+///
+/// # Safety
+/// AVX-512 F available; `i0 + M <= m`, `j0 + R <= n` for the buffers behind `a`.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn tile_f32<const M: usize, const R: usize>(a: Args<f32>, i0: usize, j0: usize) {
+    let k = a.k;
+    let xp = a.x.add(i0 * k);
+    let wp = a.w.add(j0 * k);
+    let mut acc = [[_mm512_setzero_ps(); R]; M];
+    // Peel up to 15 elements so the loads of w's first row are 64-byte aligned (so
+    // are the other rows' when k·4 is a multiple of 64, as in every model shape):
+    // a split load costs two cache-line reads, ~10% of the streaming rate.
+    let head = ((64 - (wp as usize & 63)) & 63) / 4;
+    if head > 0 && head < k {
+        let mask: __mmask16 = (1u32 << head) as u16 - 1;
+        let mut wv = [_mm512_setzero_ps(); R];
+        for (r, v) in wv.iter_mut().enumerate() {
+            *v = _mm512_maskz_loadu_ps(mask, wp.add(r * k));
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let xv = _mm512_maskz_loadu_ps(mask, xp.add(i * k));
+            for (r, s) in row.iter_mut().enumerate() {
+                *s = _mm512_fmadd_ps(xv, wv[r], *s);
+            }
+        }
+    }
+    let mut c = if head < k { head } else { 0 };
+    while c + 16 <= k {
+        let mut wv = [_mm512_setzero_ps(); R];
+        for (r, v) in wv.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(wp.add(r * k + c));
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let xv = _mm512_loadu_ps(xp.add(i * k + c));
+            for (r, s) in row.iter_mut().enumerate() {
+                *s = _mm512_fmadd_ps(xv, wv[r], *s);
+            }
+        }
+        c += 16;
+    }
+    if c < k {
+        // Masked tail: lanes past k load as zero.
+        let mask: __mmask16 = (1u32 << (k - c)) as u16 - 1;
+        let mut wv = [_mm512_setzero_ps(); R];
+        for (r, v) in wv.iter_mut().enumerate() {
+            *v = _mm512_maskz_loadu_ps(mask, wp.add(r * k + c));
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let xv = _mm512_maskz_loadu_ps(mask, xp.add(i * k + c));
+            for (r, s) in row.iter_mut().enumerate() {
+                *s = _mm512_fmadd_ps(xv, wv[r], *s);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        for (r, s) in row.iter().enumerate() {
+            *a.out.add((i0 + i) * a.n + j0 + r) = _mm512_reduce_add_ps(*s);
+        }
+    }
+}
+
+/// `M` rows of bf16 `x` times `R` rows of bf16 `w`, accumulated in f32.
+///
+/// # Safety
+/// AVX-512 F/BW/BF16 available; `i0 + M <= m`, `j0 + R <= n`.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(crate) unsafe fn tile_bf16<const M: usize, const R: usize>(a: Args<u16>, i0: usize, j0: usize) {
+    let k = a.k;
+    let xp = a.x.add(i0 * k);
+    let wp = a.w.add(j0 * k);
+    let mut acc = [[_mm512_setzero_ps(); R]; M];
+    // Peel to a 64-byte aligned w (see tile_f32).
+    let head = ((64 - (wp as usize & 63)) & 63) / 2;
+    if head > 0 && head < k {
+        let mask: __mmask32 = ((1u64 << head) - 1) as u32;
+        let mut wv = [_mm512_setzero_si512(); R];
+        for (r, v) in wv.iter_mut().enumerate() {
+            *v = _mm512_maskz_loadu_epi16(mask, wp.add(r * k) as *const i16);
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let xv: __m512bh =
+                std::mem::transmute(_mm512_maskz_loadu_epi16(mask, xp.add(i * k) as *const i16));
+            for (r, s) in row.iter_mut().enumerate() {
+                *s = _mm512_dpbf16_ps(*s, xv, std::mem::transmute::<__m512i, __m512bh>(wv[r]));
+            }
+        }
+    }
+    let mut c = if head < k { head } else { 0 };
+    while c + 32 <= k {
+        let mut wv = [_mm512_setzero_si512(); R];
+        for (r, v) in wv.iter_mut().enumerate() {
+            *v = _mm512_loadu_si512(wp.add(r * k + c) as *const _);
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let xv: __m512bh =
+                std::mem::transmute(_mm512_loadu_si512(xp.add(i * k + c) as *const _));
+            for (r, s) in row.iter_mut().enumerate() {
+                *s = _mm512_dpbf16_ps(*s, xv, std::mem::transmute::<__m512i, __m512bh>(wv[r]));
+            }
+        }
+        c += 32;
+    }
+    if c < k {
+        // Masked tail: bf16 lanes past k load as +0.0.
+        let mask: __mmask32 = ((1u64 << (k - c)) - 1) as u32;
+        let mut wv = [_mm512_setzero_si512(); R];
+        for (r, v) in wv.iter_mut().enumerate() {
+            *v = _mm512_maskz_loadu_epi16(mask, wp.add(r * k + c) as *const i16);
+        }
+        for (i, row) in acc.iter_mut().enumerate() {
+            let xv: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi16(
+                mask,
+                xp.add(i * k + c) as *const i16,
+            ));
+            for (r, s) in row.iter_mut().enumerate() {
+                *s = _mm512_dpbf16_ps(*s, xv, std::mem::transmute::<__m512i, __m512bh>(wv[r]));
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        for (r, s) in row.iter().enumerate() {
+            *a.out.add((i0 + i) * a.n + j0 + r) = _mm512_reduce_add_ps(*s);
+        }
+    }
+}
+
+/// A tile kernel: `(args, i0, j0)`.
+pub(crate) type TileFn<T> = unsafe fn(Args<T>, usize, usize);
+
+/// The GEMV tile for `m` rows (1..=8) of `x`: as many `w` rows per tile as the 32
+/// vector registers allow (`m·R` accumulators + `R` weight vectors + one of `x`),
+/// so `x` is reused across `R` rows and each `w` vector across all `m` rows.
+/// Returns the kernel, its `R`, and the one-row kernel for the `n % R` tail.
+pub(crate) fn gemv_tiles_f32(m: usize) -> (TileFn<f32>, usize, TileFn<f32>) {
+    macro_rules! pick {
+        ($($m:literal => $r:literal),*) => {
+            match m {
+                $($m => (tile_f32::<$m, $r> as TileFn<f32>, $r, tile_f32::<$m, 1> as TileFn<f32>),)*
+                _ => unreachable!("gemv tiles are for m = 1..=8"),
+            }
+        };
+    }
+    pick!(1 => 8, 2 => 8, 3 => 6, 4 => 5, 5 => 4, 6 => 4, 7 => 3, 8 => 3)
+}
+
+/// [`gemv_tiles_f32`] for bf16.
+pub(crate) fn gemv_tiles_bf16(m: usize) -> (TileFn<u16>, usize, TileFn<u16>) {
+    macro_rules! pick {
+        ($($m:literal => $r:literal),*) => {
+            match m {
+                $($m => (tile_bf16::<$m, $r> as TileFn<u16>, $r, tile_bf16::<$m, 1> as TileFn<u16>),)*
+                _ => unreachable!("gemv tiles are for m = 1..=8"),
+            }
+        };
+    }
+    pick!(1 => 8, 2 => 8, 3 => 6, 4 => 5, 5 => 4, 6 => 4, 7 => 3, 8 => 3)
+}
+
+/// Rows of `x` per GEMM tile and the matching `w` rows: 4·6 = 24 accumulators plus
+/// 6 weight vectors and one `x` vector fit the 32 registers; per 16 (f32) or 32
+/// (bf16) `k` it loads 10 vectors for 24 FMAs.
+pub(crate) const GEMM_MT: usize = 4;
+pub(crate) const GEMM_R: usize = 6;
+
+/// Tile kernels of one call: `main[h]` is `h` rows × `r` columns, `tail[h]` is `h`
+/// rows × 1 column (for `n % r`), for `h` in `1..=mt`.
+pub(crate) struct Tiles<T> {
+    pub mt: usize,
+    pub r: usize,
+    pub main: [Option<TileFn<T>>; 9],
+    pub tail: [Option<TileFn<T>>; 9],
+}
+
+pub(crate) fn gemm_tiles_f32() -> Tiles<f32> {
+    let mut t = Tiles {
+        mt: GEMM_MT,
+        r: GEMM_R,
+        main: [None; 9],
+        tail: [None; 9],
+    };
+    t.main[1] = Some(tile_f32::<1, GEMM_R>);
+    t.main[2] = Some(tile_f32::<2, GEMM_R>);
+    t.main[3] = Some(tile_f32::<3, GEMM_R>);
+    t.main[4] = Some(tile_f32::<4, GEMM_R>);
+    t.tail[1] = Some(tile_f32::<1, 1>);
+    t.tail[2] = Some(tile_f32::<2, 1>);
+    t.tail[3] = Some(tile_f32::<3, 1>);
+    t.tail[4] = Some(tile_f32::<4, 1>);
+    t
+}
+
+pub(crate) fn gemm_tiles_bf16() -> Tiles<u16> {
+    let mut t = Tiles {
+        mt: GEMM_MT,
+        r: GEMM_R,
+        main: [None; 9],
+        tail: [None; 9],
+    };
+    t.main[1] = Some(tile_bf16::<1, GEMM_R>);
+    t.main[2] = Some(tile_bf16::<2, GEMM_R>);
+    t.main[3] = Some(tile_bf16::<3, GEMM_R>);
+    t.main[4] = Some(tile_bf16::<4, GEMM_R>);
+    t.tail[1] = Some(tile_bf16::<1, 1>);
+    t.tail[2] = Some(tile_bf16::<2, 1>);
+    t.tail[3] = Some(tile_bf16::<3, 1>);
+    t.tail[4] = Some(tile_bf16::<4, 1>);
+    t
+}
+
+pub(crate) fn gemv_tiles<T>(
+    m: usize,
+    pick: fn(usize) -> (TileFn<T>, usize, TileFn<T>),
+) -> Tiles<T> {
+    let (main, r, tail) = pick(m);
+    let mut t = Tiles {
+        mt: m,
+        r,
+        main: [None; 9],
+        tail: [None; 9],
+    };
+    t.main[m] = Some(main);
+    t.tail[m] = Some(tail);
+    t
+}
+
+/// Runs `tiles` over the whole `m × n` output: tasks own chunks of `w` rows
+/// (output columns); inside a chunk, row tiles of `x` are the outer loop so the
+/// chunk of `w` stays in L2 while each `x` tile stays in L1.
+///
+/// # Safety
+/// The CPU features of `tiles` are available; `a` describes valid `m × k`, `n × k`
+/// and `m × n` buffers; every row count `h` the loop meets (`mt`, `m % mt`) has
+/// kernels in `tiles`.
+pub(crate) unsafe fn drive<T>(
+    a: Args<T>,
+    m: usize,
+    tiles: &Tiles<T>,
+    bytes_per_elem: usize,
+    parallel: bool,
+) {
+    let (mt, r, n, k) = (tiles.mt, tiles.r, a.n, a.k);
+    let task = |j0: usize, j1: usize| {
+        let mut i = 0;
+        while i < m {
+            let h = mt.min(m - i);
+            // SAFETY (both calls): h has kernels (caller's contract); i + h <= m and
+            // the column ranges stay below j1 <= n.
+            let (main, tail) = (tiles.main[h].unwrap(), tiles.tail[h].unwrap());
+            let mut j = j0;
+            while j + r <= j1 {
+                main(a, i, j);
+                j += r;
+            }
+            while j < j1 {
+                tail(a, i, j);
+                j += 1;
+            }
+            i += h;
+        }
+    };
+    if !parallel {
+        task(0, n);
+        return;
+    }
+    // Chunk of w rows per task: at most ~256 KiB (L2-resident while all of x's row
+    // tiles pass over it), a multiple of r, and at least 8 tasks per thread when n
+    // allows, so a core slowed by other work does not hold the others up.
+    let threads = rayon::current_num_threads();
+    let by_cache = (256 << 10) / (k * bytes_per_elem).max(1);
+    let by_balance = n.div_ceil(threads * 8);
+    let chunk = (by_cache.min(by_balance) / r).max(1) * r;
+    let tasks = n.div_ceil(chunk);
+    use rayon::prelude::*;
+    (0..tasks).into_par_iter().for_each(|t| {
+        let j0 = t * chunk;
+        task(j0, (j0 + chunk).min(n));
+    });
+}
+
+/// `dst = bf16(src)` with round-to-nearest-even (`vcvtne2ps2bf16`), as raw bits.
+///
+/// # Safety
+/// AVX-512 F/BW/BF16 available; `dst.len() == src.len()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+pub(crate) unsafe fn to_bf16_bits(src: &[f32], dst: &mut [u16]) {
+    let len = src.len();
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    let mut i = 0;
+    while i + 32 <= len {
+        let lo = _mm512_loadu_ps(s.add(i));
+        let hi = _mm512_loadu_ps(s.add(i + 16));
+        // The second argument fills the low 16 lanes.
+        let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+        _mm512_storeu_si512(d.add(i) as *mut _, v);
+        i += 32;
+    }
+    while i < len {
+        let mask: __mmask16 = ((1u32 << (len - i).min(16)) - 1) as u16;
+        let v = _mm512_maskz_loadu_ps(mask, s.add(i));
+        let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
+        _mm256_mask_storeu_epi16(d.add(i) as *mut i16, mask, h);
+        i += 16;
+    }
+}
