@@ -136,26 +136,12 @@ pub unsafe fn tile(
     while k0 < num_keys {
         let n = TILE_KEYS.min(num_keys - k0);
         // S[rows, n] = Q[rows, hd] · K[n, hd]ᵀ
-        gemm(
-            rows,
-            n,
-            hd,
-            sc.s.as_mut_ptr(),
-            1,
-            TILE_KEYS as isize,
+        matmul(
+            (rows, n, hd),
+            (sc.s.as_mut_ptr(), TILE_KEYS),
             false,
-            sc.q.as_ptr(),
-            1,
-            hd as isize,
-            k.add(k0 * hd),
-            hd as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
+            Mat::rows(sc.q.as_ptr(), hd),
+            Mat::transposed(k.add(k0 * hd), hd),
         );
         // Mask, online softmax, and P in place of S.
         for i in 0..tokens {
@@ -186,26 +172,12 @@ pub unsafe fn tile(
             }
         }
         // O[rows, hd] += P[rows, n] · V[n, hd]
-        gemm(
-            rows,
-            hd,
-            n,
-            sc.o.as_mut_ptr(),
-            1,
-            hd as isize,
+        matmul(
+            (rows, hd, n),
+            (sc.o.as_mut_ptr(), hd),
             true,
-            sc.s.as_ptr(),
-            1,
-            TILE_KEYS as isize,
-            v.add(k0 * hd),
-            1,
-            hd as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
+            Mat::rows(sc.s.as_ptr(), TILE_KEYS),
+            Mat::rows(v.add(k0 * hd), hd),
         );
         k0 += n;
     }
@@ -226,6 +198,73 @@ pub unsafe fn tile(
             }
         }
     }
+}
+
+/// A read-only matrix operand as `gemm` takes it: a pointer and the element
+/// strides between columns and between rows.
+#[derive(Clone, Copy)]
+struct Mat {
+    ptr: *const f32,
+    col_stride: isize,
+    row_stride: isize,
+}
+
+impl Mat {
+    /// Row-major with `row_stride` elements per row.
+    fn rows(ptr: *const f32, row_stride: usize) -> Mat {
+        Mat {
+            ptr,
+            col_stride: 1,
+            row_stride: row_stride as isize,
+        }
+    }
+
+    /// The transpose of a row-major matrix with `row_stride` elements per row.
+    fn transposed(ptr: *const f32, row_stride: usize) -> Mat {
+        Mat {
+            ptr,
+            col_stride: row_stride as isize,
+            row_stride: 1,
+        }
+    }
+}
+
+/// `dst[m, n] = lhs[m, k] · rhs[k, n]`, or `+=` with `accumulate`, on this thread
+/// (the tiles are the parallelism). `dst` is row-major with the given row stride.
+///
+/// # Safety
+/// Every pointer must be valid for its matrix under its strides.
+#[inline(always)]
+unsafe fn matmul(
+    (m, n, k): (usize, usize, usize),
+    (dst, dst_row_stride): (*mut f32, usize),
+    accumulate: bool,
+    lhs: Mat,
+    rhs: Mat,
+) {
+    // gemm computes dst = alpha * dst + beta * lhs · rhs, reading dst only if asked.
+    let alpha = if accumulate { 1.0 } else { 0.0 };
+    gemm(
+        m,
+        n,
+        k,
+        dst,
+        1,
+        dst_row_stride as isize,
+        accumulate,
+        lhs.ptr,
+        lhs.col_stride,
+        lhs.row_stride,
+        rhs.ptr,
+        rhs.col_stride,
+        rhs.row_stride,
+        alpha,
+        1.0,
+        false,
+        false,
+        false,
+        Parallelism::None,
+    );
 }
 
 /// Maximum over 16 independent lanes, so that the loop vectorises (a plain fold

@@ -19,7 +19,7 @@
 pub mod kernel;
 
 use kernel::{Dims, Scratch, Tile};
-use pagoda_backend_paged::{blocks::StepBlocks, PagedBackend};
+use pagoda_backend_paged::{blocks::StepBlocks, simd::Isa, PagedBackend};
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
     Capabilities, CoreError, DType, DeviceKind, InvalidReason, LayerIo, Role,
@@ -135,7 +135,8 @@ pub struct FlashBackend {
     blocks: StepBlocks,
     items: Vec<Item>,
     scratch: Vec<Mutex<Scratch>>,
-    wide: Wide,
+    /// Which `#[target_feature]` instantiation of the tile kernel to call.
+    isa: Isa,
     /// Per request: first packed token (requests are packed back to back).
     pack_off: Vec<usize>,
     /// Packed K and V, `[request][kv head][position][head_dim]`.
@@ -146,14 +147,6 @@ pub struct FlashBackend {
     /// Rows `0..first_req` (decode rows) go to `decode` in this plan.
     first_req: usize,
     decode_tokens: usize,
-}
-
-/// Which `#[target_feature]` instantiation of the tile kernel to call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Wide {
-    Avx512,
-    Avx2,
-    Portable,
 }
 
 impl FlashBackend {
@@ -173,7 +166,7 @@ impl FlashBackend {
             pack_off: Vec::new(),
             packed_k: Vec::new(),
             packed_v: Vec::new(),
-            wide: detect(),
+            isa: Isa::detect(),
             decode: PagedBackend::new(cfg).ok(),
             first_req: 0,
             decode_tokens: 0,
@@ -322,7 +315,7 @@ impl FlashBackend {
             self.packed_k.as_ptr() as usize,
             self.packed_v.as_ptr() as usize,
         );
-        let (scratch, wide) = (&self.scratch, self.wide);
+        let (scratch, isa) = (&self.scratch, self.isa);
         self.items.par_iter().with_max_len(1).for_each(|it| {
             // Capture the whole Send wrapper, not its raw-pointer fields (edition 2021).
             #[allow(clippy::redundant_locals)]
@@ -336,30 +329,17 @@ impl FlashBackend {
             let idx = rayon::current_thread_index().unwrap_or(0) % scratch.len();
             let mut sc = scratch[idx].lock().unwrap_or_else(|e| e.into_inner());
             // SAFETY: buffer sizes and block ids were checked above; tiles are disjoint;
-            // `wide` was detected on this CPU.
-            unsafe { run_tile(wide, &dims, &it.tile, q, k, v, &mut sc, ptrs.0, ptrs.1) };
+            // `isa` was detected on this CPU.
+            unsafe { run_tile(isa, &dims, &it.tile, q, k, v, &mut sc, ptrs.0, ptrs.1) };
         });
         Ok(())
     }
 }
 
-fn detect() -> Wide {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
-            return Wide::Avx512;
-        }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            return Wide::Avx2;
-        }
-    }
-    Wide::Portable
-}
-
 /// Calls the tile kernel compiled for the detected ISA, so its softmax loops vectorise wide.
 #[allow(clippy::too_many_arguments)]
 unsafe fn run_tile(
-    wide: Wide,
+    isa: Isa,
     d: &Dims,
     t: &Tile,
     q: &[f32],
@@ -392,13 +372,13 @@ unsafe fn run_tile(
         }
         tile_with!(avx512, "avx512f");
         tile_with!(avx2, "avx2,fma");
-        match wide {
-            Wide::Avx512 => return avx512(d, t, q, k, v, sc, out, lse),
-            Wide::Avx2 => return avx2(d, t, q, k, v, sc, out, lse),
-            Wide::Portable => {}
+        match isa {
+            Isa::Avx512 => return avx512(d, t, q, k, v, sc, out, lse),
+            Isa::Avx2 => return avx2(d, t, q, k, v, sc, out, lse),
+            Isa::Portable => {}
         }
     }
-    let _ = wide;
+    let _ = isa;
     kernel::tile(d, t, q, k, v, sc, out, lse)
 }
 
