@@ -94,26 +94,29 @@ pub unsafe fn pack(
     }
 }
 
-/// Computes one tile. `k`/`v` point at the request's packed `[seq_len, head_dim]`
-/// rows of this KV head ([`pack`]). `out`/`lse` are the whole layer's outputs;
-/// this tile writes only its own (token, head) rows.
+/// The buffers one tile reads and writes.
+#[derive(Debug, Clone, Copy)]
+pub struct TileIo<'a> {
+    /// The layer's queries, `[tokens, heads, dim]`.
+    pub q: &'a [f32],
+    /// The request's packed `[seq_len, head_dim]` rows of this KV head ([`pack`]).
+    pub k: *const f32,
+    pub v: *const f32,
+    /// The whole layer's output, `[tokens, heads, dim]`.
+    pub out: *mut f32,
+    /// The whole layer's LSE, `[tokens, heads]`, or null.
+    pub lse: *mut f32,
+}
+
+/// Computes one tile; it writes only its own (token, head) rows of `io.out`/`io.lse`.
 ///
 /// # Safety
-/// `out` must be valid for the layer's `[tokens, heads, dim]` output (and `lse`,
-/// if not null, for `[tokens, heads]`), with no other thread writing this tile's
-/// rows; `k`/`v` must hold `context + q1` rows.
-#[allow(clippy::too_many_arguments)]
+/// `io.out` must be valid for the layer's `[tokens, heads, dim]` output (and
+/// `io.lse`, if not null, for `[tokens, heads]`), with no other thread writing this
+/// tile's rows; `io.k`/`io.v` must hold `context + q1` rows.
 #[inline(always)]
-pub unsafe fn tile(
-    d: &Dims,
-    t: &Tile,
-    q: &[f32],
-    k: *const f32,
-    v: *const f32,
-    sc: &mut Scratch,
-    out: *mut f32,
-    lse: *mut f32,
-) {
+pub unsafe fn tile(d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
+    let TileIo { q, k, v, out, lse } = *io;
     let (g_n, hd, nh) = (d.group, d.head_dim, d.num_heads);
     let tokens = t.q1 - t.q0;
     let rows = tokens * g_n;

@@ -18,7 +18,7 @@
 
 pub mod kernel;
 
-use kernel::{Dims, Scratch, Tile};
+use kernel::{Dims, Scratch, Tile, TileIo};
 use pagoda_backend_paged::{blocks::StepBlocks, simd::Isa, PagedBackend};
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
@@ -328,58 +328,41 @@ impl FlashBackend {
             // One scratch per pool thread; a tile never yields inside, so the lock is free.
             let idx = rayon::current_thread_index().unwrap_or(0) % scratch.len();
             let mut sc = scratch[idx].lock().unwrap_or_else(|e| e.into_inner());
+            let io = TileIo {
+                q,
+                k,
+                v,
+                out: ptrs.0,
+                lse: ptrs.1,
+            };
             // SAFETY: buffer sizes and block ids were checked above; tiles are disjoint;
             // `isa` was detected on this CPU.
-            unsafe { run_tile(isa, &dims, &it.tile, q, k, v, &mut sc, ptrs.0, ptrs.1) };
+            unsafe { run_tile(isa, &dims, &it.tile, &io, &mut sc) };
         });
         Ok(())
     }
 }
 
 /// Calls the tile kernel compiled for the detected ISA, so its softmax loops vectorise wide.
-#[allow(clippy::too_many_arguments)]
-unsafe fn run_tile(
-    isa: Isa,
-    d: &Dims,
-    t: &Tile,
-    q: &[f32],
-    k: *const f32,
-    v: *const f32,
-    sc: &mut Scratch,
-    out: *mut f32,
-    lse: *mut f32,
-) {
+unsafe fn run_tile(isa: Isa, d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
     #[cfg(target_arch = "x86_64")]
     {
-        /// `kernel::tile` compiled with `$features` enabled.
-        macro_rules! tile_with {
-            ($name:ident, $features:literal) => {
-                #[target_feature(enable = $features)]
-                #[allow(clippy::too_many_arguments)]
-                unsafe fn $name(
-                    d: &Dims,
-                    t: &Tile,
-                    q: &[f32],
-                    k: *const f32,
-                    v: *const f32,
-                    sc: &mut Scratch,
-                    o: *mut f32,
-                    l: *mut f32,
-                ) {
-                    kernel::tile(d, t, q, k, v, sc, o, l)
-                }
-            };
+        #[target_feature(enable = "avx512f")]
+        unsafe fn avx512(d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
+            kernel::tile(d, t, io, sc)
         }
-        tile_with!(avx512, "avx512f");
-        tile_with!(avx2, "avx2,fma");
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
+            kernel::tile(d, t, io, sc)
+        }
         match isa {
-            Isa::Avx512 => return avx512(d, t, q, k, v, sc, out, lse),
-            Isa::Avx2 => return avx2(d, t, q, k, v, sc, out, lse),
+            Isa::Avx512 => return avx512(d, t, io, sc),
+            Isa::Avx2 => return avx2(d, t, io, sc),
             Isa::Portable => {}
         }
     }
     let _ = isa;
-    kernel::tile(d, t, q, k, v, sc, out, lse)
+    kernel::tile(d, t, io, sc)
 }
 
 impl AttentionBackend for FlashBackend {
