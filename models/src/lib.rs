@@ -18,7 +18,7 @@ pub mod weights;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{LlamaConfig, RopeScaling};
 pub use error::ModelError;
-pub use llama::{ForwardScratch, Llama};
+pub use llama::{ForwardScratch, Llama, WeightDtype};
 pub use loader::{inspect_model, load_model, LoadedModel};
 pub use tokenizer::Tokenizer;
 pub use weights::{LayerWeights, LlamaWeights, Mat};

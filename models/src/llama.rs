@@ -1,6 +1,12 @@
 //! The Llama-family forward pass on CPU in f32, through the pluggable attention
 //! backend and the paged KV cache.
 //!
+//! The linear-layer weights are stored in f32 or, with [`WeightDtype::Bf16`], in
+//! bf16 (rounded to nearest even): half the bytes per decode step, which is bound
+//! by reading them. Norms stay f32; the embedding table stays f32 unless it is
+//! tied to the LM head, in which case the one bf16 copy serves both (lookups widen
+//! a row back to f32, exactly).
+//!
 //! At construction the per-layer projections are fused (`[wq; wk; wv]` and
 //! `[w_gate; w_up]`) so each is one GEMM per step. A step runs every token of the
 //! batch through the layers; the final norm and the LM head run only on the rows
@@ -11,24 +17,92 @@
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::weights::{LlamaWeights, Mat};
+use half::bf16;
 use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, LayerIo};
 use pagoda_kernels::{
-    add_rms_norm, matmul_t, rms_norm, silu_mul_fused, KernelError, Llama3Scaling, RopeCache,
+    add_rms_norm, matmul_t, matmul_t_bf16, rms_norm, silu_mul_fused, to_bf16, KernelError,
+    Llama3Scaling, RopeCache,
 };
+
+/// How [`Llama::new_with_dtype`] stores the linear-layer weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightDtype {
+    /// As loaded (exact for the reference tests).
+    #[default]
+    F32,
+    /// Rounded to bf16 (nearest even); activations stay f32, products accumulate
+    /// in f32.
+    Bf16,
+}
+
+/// A linear layer's weight matrix `[n, k]` (`nn.Linear` layout) in its storage dtype.
+#[derive(Debug, Clone)]
+enum Linear {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+}
+
+impl Linear {
+    fn new(data: Vec<f32>, dtype: WeightDtype) -> Self {
+        match dtype {
+            WeightDtype::F32 => Linear::F32(data),
+            WeightDtype::Bf16 => Linear::Bf16(to_bf16(&data)),
+        }
+    }
+
+    /// `out[m, n] = x[m, k] · selfᵀ`.
+    fn matmul(
+        &self,
+        x: &[f32],
+        out: &mut [f32],
+        m: usize,
+        k: usize,
+        n: usize,
+    ) -> Result<(), KernelError> {
+        match self {
+            Linear::F32(w) => matmul_t(x, w, out, m, k, n),
+            Linear::Bf16(w) => matmul_t_bf16(x, w, out, m, k, n),
+        }
+    }
+}
+
+/// The token embedding table `[vocab, hidden]`.
+#[derive(Debug, Clone)]
+enum Embedding {
+    F32(Mat),
+    /// Only when tied to the LM head in bf16: the head's matrix, shared.
+    Bf16 {
+        cols: usize,
+        data: Vec<bf16>,
+    },
+}
+
+impl Embedding {
+    fn row_into(&self, r: usize, dst: &mut [f32]) {
+        match self {
+            Embedding::F32(m) => dst.copy_from_slice(m.row(r)),
+            Embedding::Bf16 { cols, data } => {
+                for (d, s) in dst.iter_mut().zip(&data[r * cols..(r + 1) * cols]) {
+                    *d = s.to_f32();
+                }
+            }
+        }
+    }
+}
 
 /// One decoder layer with fused projection matrices (row-major, `nn.Linear` layout).
 #[derive(Debug, Clone)]
 struct FusedLayer {
     attn_norm: Vec<f32>,
     /// `[(num_heads + 2 * num_kv_heads) * head_dim, hidden]`: rows of wq, then wk, then wv.
-    wqkv: Vec<f32>,
+    wqkv: Linear,
     /// `[hidden, num_heads * head_dim]`
-    wo: Vec<f32>,
+    wo: Linear,
     ffn_norm: Vec<f32>,
     /// `[2 * intermediate, hidden]`: rows of w_gate, then w_up.
-    w_gate_up: Vec<f32>,
+    w_gate_up: Linear,
     /// `[hidden, intermediate]`
-    w_down: Vec<f32>,
+    w_down: Linear,
 }
 
 /// A Llama-family model ready to run.
@@ -36,12 +110,13 @@ struct FusedLayer {
 pub struct Llama {
     config: LlamaConfig,
     /// `[vocab, hidden]`
-    embed: Mat,
+    embed: Embedding,
     layers: Vec<FusedLayer>,
     norm: Vec<f32>,
     /// `None` when tied to `embed`.
-    lm_head: Option<Mat>,
+    lm_head: Option<Linear>,
     rope: RopeCache,
+    dtype: WeightDtype,
 }
 
 /// Reusable buffers for [`Llama::forward`]; they grow to the largest batch seen and
@@ -146,8 +221,19 @@ fn validate_config(c: &LlamaConfig) -> Result<(), ModelError> {
 
 impl Llama {
     /// Checks every weight shape against `config`, fuses the projections and
-    /// precomputes the RoPE tables for `max_position_embeddings` positions.
+    /// precomputes the RoPE tables for `max_position_embeddings` positions. The
+    /// weights stay f32.
     pub fn new(config: LlamaConfig, weights: LlamaWeights) -> Result<Self, ModelError> {
+        Self::new_with_dtype(config, weights, WeightDtype::F32)
+    }
+
+    /// [`Llama::new`], storing the linear layers (and a tied embedding/LM head) as
+    /// `dtype`.
+    pub fn new_with_dtype(
+        config: LlamaConfig,
+        weights: LlamaWeights,
+        dtype: WeightDtype,
+    ) -> Result<Self, ModelError> {
         validate_config(&config)?;
         let c = &config;
         let (hidden, hd) = (c.hidden_size, c.head_dim);
@@ -183,11 +269,11 @@ impl Llama {
             w_gate_up.extend_from_slice(&l.w_up.data);
             layers.push(FusedLayer {
                 attn_norm: l.attn_norm,
-                wqkv,
-                wo: l.wo.data,
+                wqkv: Linear::new(wqkv, dtype),
+                wo: Linear::new(l.wo.data, dtype),
                 ffn_norm: l.ffn_norm,
-                w_gate_up,
-                w_down: l.w_down.data,
+                w_gate_up: Linear::new(w_gate_up, dtype),
+                w_down: Linear::new(l.w_down.data, dtype),
             });
         }
         let scaling = c.rope_scaling.map(|s| Llama3Scaling {
@@ -203,13 +289,28 @@ impl Llama {
             scaling.as_ref(),
         )
         .map_err(|e| config_err(format!("rope: {e}")))?;
+        let (embed, lm_head) = match (weights.lm_head, dtype) {
+            (Some(head), _) => (
+                Embedding::F32(weights.embed),
+                Some(Linear::new(head.data, dtype)),
+            ),
+            (None, WeightDtype::F32) => (Embedding::F32(weights.embed), None),
+            (None, WeightDtype::Bf16) => (
+                Embedding::Bf16 {
+                    cols: weights.embed.cols,
+                    data: to_bf16(&weights.embed.data),
+                },
+                None,
+            ),
+        };
         Ok(Llama {
             config,
-            embed: weights.embed,
+            embed,
             layers,
             norm: weights.norm,
-            lm_head: weights.lm_head,
+            lm_head,
             rope,
+            dtype,
         })
     }
 
@@ -217,9 +318,19 @@ impl Llama {
         &self.config
     }
 
-    /// The LM head matrix `[vocab, hidden]` (the embedding when tied).
-    fn head(&self) -> &Mat {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+    /// How the linear-layer weights are stored.
+    pub fn weight_dtype(&self) -> WeightDtype {
+        self.dtype
+    }
+
+    /// `out[m, vocab] = x[m, hidden] · headᵀ` (the embedding when tied).
+    fn head_matmul(&self, x: &[f32], out: &mut [f32], m: usize) -> Result<(), KernelError> {
+        let (k, n) = (self.config.hidden_size, self.config.vocab_size);
+        match (&self.lm_head, &self.embed) {
+            (Some(head), _) => head.matmul(x, out, m, k, n),
+            (None, Embedding::F32(e)) => matmul_t(x, &e.data, out, m, k, n),
+            (None, Embedding::Bf16 { data, .. }) => matmul_t_bf16(x, data, out, m, k, n),
+        }
     }
 
     /// One engine step. `input_ids`/`positions` are the batch's tokens in
@@ -288,7 +399,8 @@ impl Llama {
         size(&mut s.act, n * inter);
 
         for (t, &id) in input_ids.iter().enumerate() {
-            s.h[t * hidden..(t + 1) * hidden].copy_from_slice(self.embed.row(id as usize));
+            self.embed
+                .row_into(id as usize, &mut s.h[t * hidden..(t + 1) * hidden]);
         }
         if n == 0 {
             logits.clear();
@@ -300,7 +412,10 @@ impl Llama {
         let mut pruned = false;
         for (l, layer) in self.layers.iter().enumerate() {
             // Attention block: xn holds rms_norm(h) with this layer's attn_norm.
-            matmul_t(&s.xn, &layer.wqkv, &mut s.qkv, n, hidden, qkv_dim).map_err(kernel)?;
+            layer
+                .wqkv
+                .matmul(&s.xn, &mut s.qkv, n, hidden, qkv_dim)
+                .map_err(kernel)?;
             for t in 0..n {
                 let row = &s.qkv[t * qkv_dim..(t + 1) * qkv_dim];
                 s.q[t * q_dim..(t + 1) * q_dim].copy_from_slice(&row[..q_dim]);
@@ -347,15 +462,10 @@ impl Llama {
                 pruned = true;
             }
             let (mh, mi) = (m * hidden, m * inter);
-            matmul_t(
-                &s.attn[..m * q_dim],
-                &layer.wo,
-                &mut s.proj[..mh],
-                m,
-                q_dim,
-                hidden,
-            )
-            .map_err(kernel)?;
+            layer
+                .wo
+                .matmul(&s.attn[..m * q_dim], &mut s.proj[..mh], m, q_dim, hidden)
+                .map_err(kernel)?;
             add_rms_norm(
                 &mut s.h[..mh],
                 &s.proj[..mh],
@@ -366,25 +476,15 @@ impl Llama {
             .map_err(kernel)?;
 
             // MLP block (SwiGLU).
-            matmul_t(
-                &s.xn[..mh],
-                &layer.w_gate_up,
-                &mut s.gate_up[..2 * mi],
-                m,
-                hidden,
-                2 * inter,
-            )
-            .map_err(kernel)?;
+            layer
+                .w_gate_up
+                .matmul(&s.xn[..mh], &mut s.gate_up[..2 * mi], m, hidden, 2 * inter)
+                .map_err(kernel)?;
             silu_mul_fused(&s.gate_up[..2 * mi], inter, &mut s.act[..mi]).map_err(kernel)?;
-            matmul_t(
-                &s.act[..mi],
-                &layer.w_down,
-                &mut s.proj[..mh],
-                m,
-                inter,
-                hidden,
-            )
-            .map_err(kernel)?;
+            layer
+                .w_down
+                .matmul(&s.act[..mi], &mut s.proj[..mh], m, inter, hidden)
+                .map_err(kernel)?;
             // Fuse this layer's residual add with the next layer's input norm; after
             // the last layer the residual is only needed on the logits rows (below).
             if let Some(next) = self.layers.get(l + 1) {
@@ -423,7 +523,7 @@ impl Llama {
                 &s.sel[..]
             };
             rms_norm(rows, &self.norm, eps, &mut s.sel_norm).map_err(kernel)?;
-            matmul_t(&s.sel_norm, &self.head().data, logits, r, hidden, vocab).map_err(kernel)?;
+            self.head_matmul(&s.sel_norm, logits, r).map_err(kernel)?;
         }
         if pruned {
             // Hand the buffers back so each keeps its capacity for the next step.
