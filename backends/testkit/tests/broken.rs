@@ -4,8 +4,7 @@
 
 use pagoda_backend_testkit::{try_run_check, Check, Subject, Tolerance};
 use pagoda_core::{
-    AttentionBackend, AttentionConfig, BatchDescriptor, Capabilities, CoreError, DType, DeviceKind,
-    LayerIo,
+    AttentionBackend, AttentionConfig, BatchDescriptor, Capabilities, CoreError, LayerIo,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -37,19 +36,14 @@ struct Mutant {
     bug: Bug,
 }
 
+/// Naive's capabilities without window or soft-cap (the mutants implement neither).
 fn caps(decode: bool, prefill: bool) -> Capabilities {
     Capabilities {
-        devices: vec![DeviceKind::Cpu],
-        q_dtypes: vec![DType::F32],
-        kv_dtypes: vec![DType::F32],
-        head_dims: None,
-        block_sizes: None,
-        max_gqa_ratio: None,
         sliding_window: false,
         logits_soft_cap: false,
         decode,
         prefill,
-        returns_lse: true,
+        ..pagoda_backend_naive::capabilities()
     }
 }
 
