@@ -98,11 +98,13 @@ pub fn matmul_t_with(
     let path = match path {
         // Measured (benches/matmul.rs and examples/matmul_ab.rs, SmolLM2 shapes,
         // cold weights, shared 2-core Zen machine): at m = 1 gemm's single-thread
-        // row-by-row GEMV streams ~37 GB/s, ~20% more than our tiles on one core,
-        // and the second core added nothing there; for m = 2..=4 the AVX-512 GEMV
+        // row-by-row GEMV streams ~37 GB/s in isolation, ~20% more than our tiles
+        // on one core, but in a real decode step (other kernels, the LM head) the
+        // parallel AVX-512 GEMV makes the step 10-14% faster (decode_step_timing,
+        // A/B interleaved), so it is the default; for m = 2..=4 the AVX-512 GEMV
         // tiles win (1.7x over gemm); from m = 5 the 4x6 GEMM tiles win (1.2-1.6x
         // over the GEMV tiles at m = 8, 1.3-1.6x over gemm at m = 32..512).
-        MatmulPath::Auto if m == 1 => MatmulPath::Gemm,
+        MatmulPath::Auto if m == 1 && !(avx && m1_avx512()) => MatmulPath::Gemm,
         MatmulPath::Auto if avx && m <= AVX512_GEMV_MAX_M => MatmulPath::Avx512Gemv,
         MatmulPath::Auto if avx => MatmulPath::Avx512Gemm,
         MatmulPath::Avx512Gemv if !avx => MatmulPath::Gemv,
@@ -158,6 +160,13 @@ fn avx512_gemm(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usi
     // SAFETY: AVX-512 F was detected by the caller; the buffers have the checked
     // lengths; the GEMM tiles cover every row count 1..=GEMM_MT.
     unsafe { drive(a, m, &gemm_tiles_f32(), 4, parallel(m, k, n)) };
+}
+
+/// `PAGODA_MATMUL_M1=gemm` (read once) sends `m = 1` to gemm's single-thread GEMV
+/// instead of the parallel AVX-512 one (for A/B measurements).
+fn m1_avx512() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("PAGODA_MATMUL_M1").map_or(true, |v| v != "gemm"))
 }
 
 /// Whether a call of this size is worth splitting over the rayon pool.
