@@ -11,7 +11,9 @@
 #   INPUT_LEN=64 OUTPUT_LEN=128 NUM_PROMPTS (default: max(2 x concurrency, 8) per level)
 #   PORT=18100 THREADS=$(nproc) PAGODA_KV_MIB=1024 LLAMA_PARALLEL=32 LLAMA_CTX_PER_SLOT=768
 #   PAGODA_SERVE_ARGS / LLAMA_SERVER_ARGS (extra flags) OUT (results dir, default
-#   target/bench/side-by-side-<UTC time>) SKIP_BUILD=1 (use existing binaries).
+#   target/bench/side-by-side-<UTC time>) SKIP_BUILD=1 (use existing binaries)
+#   NICE (default -10 as root, else 0): niceness of both servers and the load
+#   generator, to shield the measurement from other work on a shared machine.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -29,6 +31,7 @@ LLAMA_PARALLEL="${LLAMA_PARALLEL:-32}"
 LLAMA_CTX_PER_SLOT="${LLAMA_CTX_PER_SLOT:-768}"
 OUT="${OUT:-$ROOT/target/bench/side-by-side-$(date -u +%Y%m%dT%H%M%SZ)}"
 NAME=smollm2
+if [ "$(id -u)" = 0 ]; then NICE="${NICE:--10}"; else NICE="${NICE:-0}"; fi
 mkdir -p "$OUT"
 
 log() { echo "[side-by-side $(date -u +%H:%M:%S)] $*" >&2; }
@@ -46,6 +49,10 @@ PAGODA="$ROOT/target/release/pagoda"
 for f in "$LLAMA_SERVER" "$F32_MODEL" "$PAGODA"; do
     [ -e "$f" ] || { log "missing $f"; exit 1; }
 done
+# Snapshot the binary: a rebuild during the run must not change what is measured.
+mkdir -p "$OUT/bin"
+cp "$PAGODA" "$OUT/bin/pagoda"
+PAGODA="$OUT/bin/pagoda"
 
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -56,7 +63,7 @@ done
     echo "pagoda: $(git rev-parse --short HEAD) $(git status --porcelain | grep -q . && echo '(dirty tree)')"
     echo "llama-server: $("$LLAMA_SERVER" --version 2>&1 | grep -m1 version)"
     echo "model: $F32_MODEL ($(stat -c %s "$F32_MODEL") bytes)"
-    echo "workload: input=$INPUT_LEN output=$OUTPUT_LEN concurrency=$CONCURRENCY prefix=$PREFIX_LEN@$PREFIX_CONCURRENCY rounds=$ROUNDS threads=$THREADS"
+    echo "workload: input=$INPUT_LEN output=$OUTPUT_LEN concurrency=$CONCURRENCY prefix=$PREFIX_LEN@$PREFIX_CONCURRENCY rounds=$ROUNDS threads=$THREADS nice=$NICE"
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt" >&2
 
@@ -67,13 +74,13 @@ start_server() { # name logfile
     case $name in
     pagoda)
         # shellcheck disable=SC2086
-        "$PAGODA" serve --model "$F32_MODEL" --host 127.0.0.1 --port "$PORT" \
+        nice -n "$NICE" "$PAGODA" serve --model "$F32_MODEL" --host 127.0.0.1 --port "$PORT" \
             --served-model-name "$NAME" --kv-cache-memory-mib "$PAGODA_KV_MIB" \
             ${PAGODA_SERVE_ARGS:-} >"$logf" 2>&1 &
         ;;
     llama)
         # shellcheck disable=SC2086
-        "$LLAMA_SERVER" -m "$F32_MODEL" --host 127.0.0.1 --port "$PORT" --alias "$NAME" \
+        nice -n "$NICE" "$LLAMA_SERVER" -m "$F32_MODEL" --host 127.0.0.1 --port "$PORT" --alias "$NAME" \
             -np "$LLAMA_PARALLEL" -c $((LLAMA_PARALLEL * LLAMA_CTX_PER_SLOT)) --cont-batching \
             -t "$THREADS" --no-webui ${LLAMA_SERVER_ARGS:-} >"$logf" 2>&1 &
         ;;
@@ -114,7 +121,7 @@ bench() { # name round variant args...
     # llama-server closes streamed connections: dial afresh for each request.
     [ "$name" = llama ] && extra+=(--new-connection-per-request)
     [ -n "${NUM_PROMPTS:-}" ] && extra+=(--num-prompts "$NUM_PROMPTS")
-    "$PAGODA" bench serve --base-url "http://127.0.0.1:$PORT" --model "$NAME" \
+    nice -n "$NICE" "$PAGODA" bench serve --base-url "http://127.0.0.1:$PORT" --model "$NAME" \
         --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --label "$name" --quiet \
         --json "$OUT/$name-$variant-r$round.json" "${extra[@]}" "$@" \
         | tee "$OUT/$name-$variant-r$round.txt" >&2
@@ -124,7 +131,8 @@ for round in $(seq 1 "$ROUNDS"); do
     for name in pagoda llama; do
         log "round $round/$ROUNDS: $name"
         start_server "$name" "$OUT/$name-r$round.log"
-        bench "$name" "$round" main --concurrency "$CONCURRENCY" --seed "$round"
+        bench "$name" "$round" main --concurrency "$CONCURRENCY" --seed "$round" \
+            --plot "$OUT/$name-main-r$round.png"
         bench "$name" "$round" prefix --concurrency "$PREFIX_CONCURRENCY" \
             --shared-prefix-len "$PREFIX_LEN" --seed $((round + 1000))
         # Peak resident set of the server over the whole round.
