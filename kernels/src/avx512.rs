@@ -7,9 +7,10 @@
 //! needed: decode (small `m`) streams `w` exactly once, prefill reuses a chunk of
 //! `w` held in L2 across all row tiles of `x`.
 //!
-//! The bf16 variants (`w` stored as bf16) convert `x` to bf16 once per call and
-//! use `vdpbf16ps` (pairs of bf16 products accumulated in f32), reading half the
-//! bytes of f32 weights.
+//! The bf16 variants (`w` stored as bf16) round each loaded vector of `x` to bf16
+//! (`vcvtne2ps2bf16`, reused for all `R` rows of the tile, so no buffer is needed)
+//! and use `vdpbf16ps` (pairs of bf16 products accumulated in f32), reading half
+//! the bytes of f32 weights.
 //!
 //! Callers check the CPU features (see [`has_avx512f`], [`has_avx512bf16`]) before
 //! calling anything `unsafe` here.
@@ -33,7 +34,8 @@ pub fn has_avx512bf16() -> bool {
 /// Raw pointers of one call, shared by the parallel tasks. Tasks write disjoint
 /// output columns (`w` rows), so sharing the output pointer is sound.
 pub(crate) struct Args<T> {
-    pub x: *const T,
+    /// Activations are always f32 (the bf16 kernels round them as they load).
+    pub x: *const f32,
     pub w: *const T,
     pub out: *mut f32,
     pub k: usize,
@@ -112,7 +114,24 @@ pub(crate) unsafe fn tile_f32<const M: usize, const R: usize>(a: Args<f32>, i0: 
     }
 }
 
-/// `M` rows of bf16 `x` times `R` rows of bf16 `w`, accumulated in f32.
+/// `cnt` (1..=32) f32 values from `p` rounded to bf16 (nearest even); lanes past
+/// `cnt` are +0.0.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn load_x_bf16(p: *const f32, cnt: usize) -> __m512bh {
+    if cnt >= 32 {
+        return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p.add(16)), _mm512_loadu_ps(p));
+    }
+    let lo_n = cnt.min(16);
+    let hi_n = cnt - lo_n;
+    let lo = _mm512_maskz_loadu_ps(((1u32 << lo_n) - 1) as u16, p);
+    let hi = _mm512_maskz_loadu_ps(((1u32 << hi_n) - 1) as u16, p.add(lo_n));
+    // The second argument fills the low 16 lanes.
+    _mm512_cvtne2ps_pbh(hi, lo)
+}
+
+/// `M` rows of f32 `x` (rounded to bf16 as loaded, each vector reused for the `R`
+/// rows) times `R` rows of bf16 `w`, accumulated in f32.
 ///
 /// # Safety
 /// AVX-512 F/BW/BF16 available; `i0 + M <= m`, `j0 + R <= n`.
@@ -131,8 +150,7 @@ pub(crate) unsafe fn tile_bf16<const M: usize, const R: usize>(a: Args<u16>, i0:
             *v = _mm512_maskz_loadu_epi16(mask, wp.add(r * k) as *const i16);
         }
         for (i, row) in acc.iter_mut().enumerate() {
-            let xv: __m512bh =
-                std::mem::transmute(_mm512_maskz_loadu_epi16(mask, xp.add(i * k) as *const i16));
+            let xv = load_x_bf16(xp.add(i * k), head);
             for (r, s) in row.iter_mut().enumerate() {
                 *s = _mm512_dpbf16_ps(*s, xv, std::mem::transmute::<__m512i, __m512bh>(wv[r]));
             }
@@ -145,8 +163,7 @@ pub(crate) unsafe fn tile_bf16<const M: usize, const R: usize>(a: Args<u16>, i0:
             *v = _mm512_loadu_si512(wp.add(r * k + c) as *const _);
         }
         for (i, row) in acc.iter_mut().enumerate() {
-            let xv: __m512bh =
-                std::mem::transmute(_mm512_loadu_si512(xp.add(i * k + c) as *const _));
+            let xv = load_x_bf16(xp.add(i * k + c), 32);
             for (r, s) in row.iter_mut().enumerate() {
                 *s = _mm512_dpbf16_ps(*s, xv, std::mem::transmute::<__m512i, __m512bh>(wv[r]));
             }
@@ -161,10 +178,7 @@ pub(crate) unsafe fn tile_bf16<const M: usize, const R: usize>(a: Args<u16>, i0:
             *v = _mm512_maskz_loadu_epi16(mask, wp.add(r * k + c) as *const i16);
         }
         for (i, row) in acc.iter_mut().enumerate() {
-            let xv: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi16(
-                mask,
-                xp.add(i * k + c) as *const i16,
-            ));
+            let xv = load_x_bf16(xp.add(i * k + c), k - c);
             for (r, s) in row.iter_mut().enumerate() {
                 *s = _mm512_dpbf16_ps(*s, xv, std::mem::transmute::<__m512i, __m512bh>(wv[r]));
             }
@@ -328,30 +342,4 @@ pub(crate) unsafe fn drive<T>(
         let j0 = t * chunk;
         task(j0, (j0 + chunk).min(n));
     });
-}
-
-/// `dst = bf16(src)` with round-to-nearest-even (`vcvtne2ps2bf16`), as raw bits.
-///
-/// # Safety
-/// AVX-512 F/BW/BF16 available; `dst.len() == src.len()`.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-pub(crate) unsafe fn to_bf16_bits(src: &[f32], dst: &mut [u16]) {
-    let len = src.len();
-    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
-    let mut i = 0;
-    while i + 32 <= len {
-        let lo = _mm512_loadu_ps(s.add(i));
-        let hi = _mm512_loadu_ps(s.add(i + 16));
-        // The second argument fills the low 16 lanes.
-        let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
-        _mm512_storeu_si512(d.add(i) as *mut _, v);
-        i += 32;
-    }
-    while i < len {
-        let mask: __mmask16 = ((1u32 << (len - i).min(16)) - 1) as u16;
-        let v = _mm512_maskz_loadu_ps(mask, s.add(i));
-        let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
-        _mm256_mask_storeu_epi16(d.add(i) as *mut i16, mask, h);
-        i += 16;
-    }
 }

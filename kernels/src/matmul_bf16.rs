@@ -2,8 +2,8 @@
 //! activations and output: half the bytes of f32 weights for memory-bound decode,
 //! twice the multiply rate for prefill.
 //!
-//! With AVX-512 BF16 the activations are rounded to bf16 once per call (into a
-//! reused per-thread buffer) and multiplied with `vdpbf16ps`, accumulating in f32,
+//! With AVX-512 BF16 the activations are rounded to bf16 as they are loaded (no
+//! buffer, so no allocation) and multiplied with `vdpbf16ps`, accumulating in f32,
 //! through the same tiles as the f32 kernels (see `avx512.rs`). Elsewhere a
 //! portable kernel widens the weights to f32. [`matmul_t_bf16_ref`] is the f64
 //! reference (exact bf16 weights, unrounded f32 activations): the AVX-512 paths
@@ -106,52 +106,36 @@ pub fn matmul_t_bf16_with(
 }
 
 #[cfg(target_arch = "x86_64")]
-thread_local! {
-    /// `x` rounded to bf16; grows to the largest call and is then reused, so warm
-    /// steps do not allocate.
-    static XBF: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-#[cfg(target_arch = "x86_64")]
 fn avx512(gemv: bool, x: &[f32], w: &[bf16], out: &mut [f32], m: usize, k: usize, n: usize) {
-    use crate::avx512::{drive, gemm_tiles_bf16, gemv_tiles, gemv_tiles_bf16, to_bf16_bits, Args};
+    use crate::avx512::{drive, gemm_tiles_bf16, gemv_tiles, gemv_tiles_bf16, Args};
     let par = crate::matmul::parallel(m, k, n);
-    XBF.with(|buf| {
-        let mut xb = buf.borrow_mut();
-        if xb.len() < x.len() {
-            xb.resize(x.len(), 0);
-        }
-        let xb = &mut xb[..x.len()];
-        // SAFETY: AVX-512 BF16 was detected by the caller; equal lengths.
-        unsafe { to_bf16_bits(x, xb) };
-        // bf16 is a transparent u16.
-        let wp = w.as_ptr() as *const u16;
-        if gemv {
-            for i0 in (0..m).step_by(8) {
-                let mg = (m - i0).min(8);
-                let a = Args {
-                    x: xb[i0 * k..].as_ptr(),
-                    w: wp,
-                    out: out[i0 * n..].as_mut_ptr(),
-                    k,
-                    n,
-                };
-                // SAFETY: features detected; mg rows of x and out from i0, n rows of
-                // w (lengths checked); tiles has kernels for mg.
-                unsafe { drive(a, mg, &gemv_tiles(mg, gemv_tiles_bf16), 2, par) };
-            }
-        } else {
+    // bf16 is a transparent u16.
+    let wp = w.as_ptr() as *const u16;
+    if gemv {
+        for i0 in (0..m).step_by(8) {
+            let mg = (m - i0).min(8);
             let a = Args {
-                x: xb.as_ptr(),
+                x: x[i0 * k..].as_ptr(),
                 w: wp,
-                out: out.as_mut_ptr(),
+                out: out[i0 * n..].as_mut_ptr(),
                 k,
                 n,
             };
-            // SAFETY: as above; the GEMM tiles cover every row count 1..=GEMM_MT.
-            unsafe { drive(a, m, &gemm_tiles_bf16(), 2, par) };
+            // SAFETY: AVX-512 BF16 detected by the caller; mg rows of x and out
+            // from i0, n rows of w (lengths checked); tiles has kernels for mg.
+            unsafe { drive(a, mg, &gemv_tiles(mg, gemv_tiles_bf16), 2, par) };
         }
-    });
+    } else {
+        let a = Args {
+            x: x.as_ptr(),
+            w: wp,
+            out: out.as_mut_ptr(),
+            k,
+            n,
+        };
+        // SAFETY: as above; the GEMM tiles cover every row count 1..=GEMM_MT.
+        unsafe { drive(a, m, &gemm_tiles_bf16(), 2, par) };
+    }
 }
 
 /// Portable: each task owns a chunk of output columns; weights widened to f32.

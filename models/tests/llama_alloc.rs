@@ -7,7 +7,9 @@
 
 use pagoda_backend_naive::NaiveBackend;
 use pagoda_core::{AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, KvCacheSpec};
-use pagoda_models::{ForwardScratch, LayerWeights, Llama, LlamaConfig, LlamaWeights, Mat};
+use pagoda_models::{
+    ForwardScratch, LayerWeights, Llama, LlamaConfig, LlamaWeights, Mat, WeightDtype,
+};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -78,8 +80,15 @@ fn weights(c: &LlamaConfig) -> LlamaWeights {
     }
 }
 
+/// One test for both dtypes: the allocation counter is global to this binary, so
+/// two tests running at once would count each other's allocations.
 #[test]
 fn warm_decode_steps_do_not_allocate() {
+    check_no_alloc(WeightDtype::F32);
+    check_no_alloc(WeightDtype::Bf16);
+}
+
+fn check_no_alloc(dtype: WeightDtype) {
     let c = LlamaConfig {
         vocab_size: 1000,
         hidden_size: 256,
@@ -94,7 +103,7 @@ fn warm_decode_steps_do_not_allocate() {
         max_position_embeddings: 256,
         tie_word_embeddings: true,
     };
-    let model = Llama::new(c.clone(), weights(&c)).unwrap();
+    let model = Llama::new_with_dtype(c.clone(), weights(&c), dtype).unwrap();
     let bs = 16;
     let spec = KvCacheSpec {
         num_layers: 2,
@@ -141,7 +150,11 @@ fn warm_decode_steps_do_not_allocate() {
             counts.push(ALLOCS.load(Ordering::SeqCst));
         }
         if round == 1 {
-            assert_eq!(counts, [0, 0], "m = {m}: allocations per warm step");
+            assert_eq!(
+                counts,
+                [0, 0],
+                "{dtype:?} m = {m}: allocations per warm step"
+            );
         }
     }
 }
