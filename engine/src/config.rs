@@ -17,6 +17,8 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// `NAME` or `decode=NAME,prefill=NAME`; None = automatic.
     pub attention_backend: Option<String>,
+    /// Storage type of the linear-layer weights (bf16 halves the bytes a decode step reads).
+    pub weight_dtype: pagoda_models::WeightDtype,
 }
 
 impl EngineConfig {
@@ -31,6 +33,7 @@ impl EngineConfig {
             max_model_len: None,
             enable_prefix_caching: true,
             attention_backend: None,
+            weight_dtype: pagoda_models::WeightDtype::F32,
         }
     }
 }

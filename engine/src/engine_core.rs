@@ -61,7 +61,8 @@ impl EngineCore {
             num_kv_blocks: spec.num_blocks,
             block_size: spec.block_size,
         };
-        let model = Llama::new(model_config, weights)?;
+        tracing::info!("linear-layer weights: {:?}", config.weight_dtype);
+        let model = Llama::new_with_dtype(model_config, weights, config.weight_dtype)?;
         let runner = ModelRunner::new(model, KvCache::new(spec), attn, eos_token_ids);
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_seqs: config.max_num_seqs,

@@ -43,6 +43,18 @@ pub struct EngineArgs {
     /// Force attention backends: `NAME` or `decode=NAME,prefill=NAME`.
     #[arg(long, env = "PAGODA_ATTENTION_BACKEND")]
     pub attention_backend: Option<String>,
+    /// Storage type of the linear-layer weights: `f32` (exact) or `bf16` (half the
+    /// memory traffic, uses the CPU's bf16 dot products where it has them).
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    pub dtype: pagoda_models::WeightDtype,
+}
+
+fn parse_dtype(s: &str) -> Result<pagoda_models::WeightDtype, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "f32" | "float32" => Ok(pagoda_models::WeightDtype::F32),
+        "bf16" | "bfloat16" => Ok(pagoda_models::WeightDtype::Bf16),
+        other => Err(format!("unknown dtype `{other}` (use f32 or bf16)")),
+    }
 }
 
 impl EngineArgs {
@@ -87,6 +99,7 @@ impl EngineArgs {
         c.max_model_len = self.max_model_len;
         c.enable_prefix_caching = !self.no_prefix_caching;
         c.attention_backend = self.attention_backend.clone();
+        c.weight_dtype = self.dtype;
         c
     }
 }
