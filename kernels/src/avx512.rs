@@ -69,26 +69,26 @@ pub(crate) unsafe fn tile_f32<const M: usize, const R: usize>(a: Args<f32>, i0: 
     if head > 0 && head < k {
         let mask: __mmask16 = (1u32 << head) as u16 - 1;
         let mut wv = [_mm512_setzero_ps(); R];
-        for (r, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_maskz_loadu_ps(mask, wp.add(r * k));
+        for r in 0..R {
+            wv[r] = _mm512_maskz_loadu_ps(mask, wp.add(r * k));
         }
-        for (i, row) in acc.iter_mut().enumerate() {
+        for i in 0..M {
             let xv = _mm512_maskz_loadu_ps(mask, xp.add(i * k));
-            for (r, s) in row.iter_mut().enumerate() {
-                *s = _mm512_fmadd_ps(xv, wv[r], *s);
+            for r in 0..R {
+                acc[i][r] = _mm512_fmadd_ps(xv, wv[r], acc[i][r]);
             }
         }
     }
     let mut c = if head < k { head } else { 0 };
     while c + 16 <= k {
         let mut wv = [_mm512_setzero_ps(); R];
-        for (r, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_loadu_ps(wp.add(r * k + c));
+        for r in 0..R {
+            wv[r] = _mm512_loadu_ps(wp.add(r * k + c));
         }
-        for (i, row) in acc.iter_mut().enumerate() {
+        for i in 0..M {
             let xv = _mm512_loadu_ps(xp.add(i * k + c));
-            for (r, s) in row.iter_mut().enumerate() {
-                *s = _mm512_fmadd_ps(xv, wv[r], *s);
+            for r in 0..R {
+                acc[i][r] = _mm512_fmadd_ps(xv, wv[r], acc[i][r]);
             }
         }
         c += 16;
@@ -97,13 +97,13 @@ pub(crate) unsafe fn tile_f32<const M: usize, const R: usize>(a: Args<f32>, i0: 
         // Masked tail: lanes past k load as zero.
         let mask: __mmask16 = (1u32 << (k - c)) as u16 - 1;
         let mut wv = [_mm512_setzero_ps(); R];
-        for (r, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_maskz_loadu_ps(mask, wp.add(r * k + c));
+        for r in 0..R {
+            wv[r] = _mm512_maskz_loadu_ps(mask, wp.add(r * k + c));
         }
-        for (i, row) in acc.iter_mut().enumerate() {
+        for i in 0..M {
             let xv = _mm512_maskz_loadu_ps(mask, xp.add(i * k + c));
-            for (r, s) in row.iter_mut().enumerate() {
-                *s = _mm512_fmadd_ps(xv, wv[r], *s);
+            for r in 0..R {
+                acc[i][r] = _mm512_fmadd_ps(xv, wv[r], acc[i][r]);
             }
         }
     }
@@ -146,26 +146,26 @@ pub(crate) unsafe fn tile_bf16<const M: usize, const R: usize>(a: Args<u16>, i0:
     if head > 0 && head < k {
         let mask: __mmask32 = ((1u64 << head) - 1) as u32;
         let mut wv = [_mm512_setzero_si512(); R];
-        for (r, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_maskz_loadu_epi16(mask, wp.add(r * k) as *const i16);
+        for r in 0..R {
+            wv[r] = _mm512_maskz_loadu_epi16(mask, wp.add(r * k) as *const i16);
         }
-        for (i, row) in acc.iter_mut().enumerate() {
+        for i in 0..M {
             let xv = load_x_bf16(xp.add(i * k), head);
-            for (r, s) in row.iter_mut().enumerate() {
-                *s = _mm512_dpbf16_ps(*s, xv, std::mem::transmute::<__m512i, __m512bh>(wv[r]));
+            for r in 0..R {
+                acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv, std::mem::transmute(wv[r]));
             }
         }
     }
     let mut c = if head < k { head } else { 0 };
     while c + 32 <= k {
         let mut wv = [_mm512_setzero_si512(); R];
-        for (r, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_loadu_si512(wp.add(r * k + c) as *const _);
+        for r in 0..R {
+            wv[r] = _mm512_loadu_si512(wp.add(r * k + c) as *const _);
         }
-        for (i, row) in acc.iter_mut().enumerate() {
+        for i in 0..M {
             let xv = load_x_bf16(xp.add(i * k + c), 32);
-            for (r, s) in row.iter_mut().enumerate() {
-                *s = _mm512_dpbf16_ps(*s, xv, std::mem::transmute::<__m512i, __m512bh>(wv[r]));
+            for r in 0..R {
+                acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv, std::mem::transmute(wv[r]));
             }
         }
         c += 32;
@@ -174,13 +174,13 @@ pub(crate) unsafe fn tile_bf16<const M: usize, const R: usize>(a: Args<u16>, i0:
         // Masked tail: bf16 lanes past k load as +0.0.
         let mask: __mmask32 = ((1u64 << (k - c)) - 1) as u32;
         let mut wv = [_mm512_setzero_si512(); R];
-        for (r, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_maskz_loadu_epi16(mask, wp.add(r * k + c) as *const i16);
+        for r in 0..R {
+            wv[r] = _mm512_maskz_loadu_epi16(mask, wp.add(r * k + c) as *const i16);
         }
-        for (i, row) in acc.iter_mut().enumerate() {
+        for i in 0..M {
             let xv = load_x_bf16(xp.add(i * k + c), k - c);
-            for (r, s) in row.iter_mut().enumerate() {
-                *s = _mm512_dpbf16_ps(*s, xv, std::mem::transmute::<__m512i, __m512bh>(wv[r]));
+            for r in 0..R {
+                acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv, std::mem::transmute(wv[r]));
             }
         }
     }
@@ -194,9 +194,11 @@ pub(crate) unsafe fn tile_bf16<const M: usize, const R: usize>(a: Args<u16>, i0:
 /// A tile kernel: `(args, i0, j0)`.
 pub(crate) type TileFn<T> = unsafe fn(Args<T>, usize, usize);
 
-/// The GEMV tile for `m` rows (1..=8) of `x`: as many `w` rows per tile as the 32
-/// vector registers allow (`m·R` accumulators + `R` weight vectors + one of `x`),
-/// so `x` is reused across `R` rows and each `w` vector across all `m` rows.
+/// The GEMV tile for `m` rows (1..=8) of `x`: `R` rows of `w` such that `m·R <= 16`
+/// accumulators, so `x` is reused across `R` rows and each `w` vector across all
+/// `m` rows. (Measured: rustc 1.95 keeps tiles of up to 16 accumulators in
+/// registers; from 18 on they live on the stack, a load and a store per FMA, which
+/// made 4x5 and 8x3 tiles up to 1.6x slower than 4x1.)
 /// Returns the kernel, its `R`, and the one-row kernel for the `n % R` tail.
 pub(crate) fn gemv_tiles_f32(m: usize) -> (TileFn<f32>, usize, TileFn<f32>) {
     macro_rules! pick {
@@ -207,7 +209,7 @@ pub(crate) fn gemv_tiles_f32(m: usize) -> (TileFn<f32>, usize, TileFn<f32>) {
             }
         };
     }
-    pick!(1 => 8, 2 => 8, 3 => 6, 4 => 5, 5 => 4, 6 => 4, 7 => 3, 8 => 3)
+    pick!(1 => 8, 2 => 8, 3 => 5, 4 => 4, 5 => 3, 6 => 2, 7 => 2, 8 => 2)
 }
 
 /// [`gemv_tiles_f32`] for bf16.
@@ -220,14 +222,14 @@ pub(crate) fn gemv_tiles_bf16(m: usize) -> (TileFn<u16>, usize, TileFn<u16>) {
             }
         };
     }
-    pick!(1 => 8, 2 => 8, 3 => 6, 4 => 5, 5 => 4, 6 => 4, 7 => 3, 8 => 3)
+    pick!(1 => 8, 2 => 8, 3 => 5, 4 => 4, 5 => 3, 6 => 2, 7 => 2, 8 => 2)
 }
 
-/// Rows of `x` per GEMM tile and the matching `w` rows: 4·6 = 24 accumulators plus
-/// 6 weight vectors and one `x` vector fit the 32 registers; per 16 (f32) or 32
-/// (bf16) `k` it loads 10 vectors for 24 FMAs.
+/// Rows of `x` per GEMM tile and the matching `w` rows: 4·4 = 16 accumulators (the
+/// most that stay in registers, see [`gemv_tiles_f32`]); per 16 (f32) or 32 (bf16)
+/// `k` it loads 8 vectors for 16 FMAs.
 pub(crate) const GEMM_MT: usize = 4;
-pub(crate) const GEMM_R: usize = 6;
+pub(crate) const GEMM_R: usize = 4;
 
 /// Tile kernels of one call: `main[h]` is `h` rows × `r` columns, `tail[h]` is `h`
 /// rows × 1 column (for `n % r`), for `h` in `1..=mt`.

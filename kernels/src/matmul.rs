@@ -97,13 +97,13 @@ pub fn matmul_t_with(
     let avx = has_avx512();
     let path = match path {
         // Measured (benches/matmul.rs and examples/matmul_ab.rs, SmolLM2 shapes,
-        // cold weights, shared 2-core Zen machine): at m = 1 gemm's single-thread
-        // row-by-row GEMV streams ~37 GB/s in isolation, ~20% more than our tiles
-        // on one core, but in a real decode step (other kernels, the LM head) the
-        // parallel AVX-512 GEMV makes the step 10-14% faster (decode_step_timing,
-        // A/B interleaved), so it is the default; for m = 2..=4 the AVX-512 GEMV
-        // tiles win (1.7x over gemm); from m = 5 the 4x6 GEMM tiles win (1.2-1.6x
-        // over the GEMV tiles at m = 8, 1.3-1.6x over gemm at m = 32..512).
+        // cold weights, shared 2-core Zen machine, interleaved): at m = 1 gemm's
+        // single-thread GEMV streams as fast as our tiles in isolation (~25-38
+        // GB/s, the machine's read rate) but in a real decode step the parallel
+        // AVX-512 GEMV makes the step 10-14% faster (decode_step_timing, A/B), so
+        // it is the default; at m = 4 the AVX-512 tiles are 2.1-2.3x gemm; from
+        // m = 5 the 4x4 GEMM tiles beat the GEMV tiles (1.5x at m = 8) and gemm
+        // (1.9x at m = 32, 1.4-1.7x at m = 128..512).
         MatmulPath::Auto if m == 1 && !(avx && m1_avx512()) => MatmulPath::Gemm,
         MatmulPath::Auto if avx && m <= AVX512_GEMV_MAX_M => MatmulPath::Avx512Gemv,
         MatmulPath::Auto if avx => MatmulPath::Avx512Gemm,
