@@ -1,8 +1,9 @@
 //! `out = x · wᵀ` with `w` in PyTorch `nn.Linear` layout (`[n, k]`, row-major).
 //!
-//! On CPUs with AVX-512 (the serving target) both decode (`m <= 8`, a GEMV that
-//! streams `w` once from DRAM on every core) and prefill (a register-tiled GEMM)
-//! run the AVX-512 kernels of `avx512.rs`. Elsewhere: the `gemm` crate (strided, so
+//! On CPUs with AVX-512 (the serving target) both decode (`m <= 4`: GEMV tiles
+//! that stream `w` once from DRAM on every core) and larger batches and prefill
+//! (4x4 register tiles over L2-resident chunks of `w`) run the AVX-512 kernels of
+//! `avx512.rs`. Elsewhere: the `gemm` crate (strided, so
 //! `w` is never transposed in memory) for `m == 1` and prefill-sized `m`, and a
 //! portable GEMV for small `m` (2..=8) that streams each weight row once per four
 //! inputs. [`matmul_t_ref`] is the slow reference all are tested against.
