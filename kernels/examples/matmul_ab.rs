@@ -119,7 +119,7 @@ fn bandwidth() {
     let mut total = 0.0;
     for _ in 0..15 {
         let t = Instant::now();
-        total += buf.par_chunks(1 << 16).map(|c| sum(c)).sum::<f32>();
+        total += buf.par_chunks(1 << 16).map(sum).sum::<f32>();
         best = best.min(t.elapsed().as_secs_f64());
     }
     println!(

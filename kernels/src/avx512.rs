@@ -16,6 +16,9 @@
 //! calling anything `unsafe` here.
 
 #![cfg(target_arch = "x86_64")]
+// Constant-bound index loops over the accumulator tiles are what unrolls into
+// register-resident code; iterator chains kept more of them on the stack.
+#![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
@@ -152,7 +155,11 @@ pub(crate) unsafe fn tile_bf16<const M: usize, const R: usize>(a: Args<u16>, i0:
         for i in 0..M {
             let xv = load_x_bf16(xp.add(i * k), head);
             for r in 0..R {
-                acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv, std::mem::transmute(wv[r]));
+                acc[i][r] = _mm512_dpbf16_ps(
+                    acc[i][r],
+                    xv,
+                    std::mem::transmute::<__m512i, __m512bh>(wv[r]),
+                );
             }
         }
     }
@@ -165,7 +172,11 @@ pub(crate) unsafe fn tile_bf16<const M: usize, const R: usize>(a: Args<u16>, i0:
         for i in 0..M {
             let xv = load_x_bf16(xp.add(i * k + c), 32);
             for r in 0..R {
-                acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv, std::mem::transmute(wv[r]));
+                acc[i][r] = _mm512_dpbf16_ps(
+                    acc[i][r],
+                    xv,
+                    std::mem::transmute::<__m512i, __m512bh>(wv[r]),
+                );
             }
         }
         c += 32;
@@ -180,7 +191,11 @@ pub(crate) unsafe fn tile_bf16<const M: usize, const R: usize>(a: Args<u16>, i0:
         for i in 0..M {
             let xv = load_x_bf16(xp.add(i * k + c), k - c);
             for r in 0..R {
-                acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv, std::mem::transmute(wv[r]));
+                acc[i][r] = _mm512_dpbf16_ps(
+                    acc[i][r],
+                    xv,
+                    std::mem::transmute::<__m512i, __m512bh>(wv[r]),
+                );
             }
         }
     }
@@ -276,10 +291,10 @@ pub(crate) fn gemm_tiles_bf16() -> Tiles<u16> {
     t
 }
 
-pub(crate) fn gemv_tiles<T>(
-    m: usize,
-    pick: fn(usize) -> (TileFn<T>, usize, TileFn<T>),
-) -> Tiles<T> {
+/// A GEMV tile picker: `m` to (kernel, its `R`, one-row kernel).
+pub(crate) type GemvPick<T> = fn(usize) -> (TileFn<T>, usize, TileFn<T>);
+
+pub(crate) fn gemv_tiles<T>(m: usize, pick: GemvPick<T>) -> Tiles<T> {
     let (main, r, tail) = pick(m);
     let mut t = Tiles {
         mt: m,
