@@ -59,6 +59,7 @@ fn main() {
     let mut out = vec![0.0; m * n];
     let f32s = [
         MatmulPath::Gemm,
+        MatmulPath::Gemv,
         MatmulPath::Avx512Gemv,
         MatmulPath::Avx512Gemm,
     ];

@@ -1,9 +1,9 @@
 //! `out = x · wᵀ` with `w` in PyTorch `nn.Linear` layout (`[n, k]`, row-major).
 //!
-//! On CPUs with AVX-512 (the serving target) both decode (`m <= 4`: GEMV tiles
-//! that stream `w` once from DRAM on every core) and larger batches and prefill
-//! (4x4 register tiles over L2-resident chunks of `w`) run the AVX-512 kernels of
-//! `avx512.rs`. Elsewhere: the `gemm` crate (strided, so
+//! On CPUs with AVX-512 (the serving target) `m = 1` runs the parallel AVX-512
+//! GEMV of `avx512.rs` (streams `w` once on every core), `m = 2..=4` the portable
+//! row-streaming GEMV below, and `m >= 5` (batched decode, prefill) the AVX-512
+//! 4x4 register tiles over L2-resident chunks of `w`. Elsewhere: the `gemm` crate (strided, so
 //! `w` is never transposed in memory) for `m == 1` and prefill-sized `m`, and a
 //! portable GEMV for small `m` (2..=8) that streams each weight row once per four
 //! inputs. [`matmul_t_ref`] is the slow reference all are tested against.
@@ -17,7 +17,8 @@ pub const GEMV_MAX_M: usize = 4;
 /// Largest `m` that [`matmul_t`] sends to the portable GEMV path (CPUs without AVX-512).
 pub const GEMV_AUTO_MAX_M: usize = 8;
 
-/// Largest `m` that [`matmul_t`] sends to the AVX-512 GEMV tiles (above: GEMM tiles).
+/// On AVX-512 CPUs, the largest `m` that [`matmul_t`] (and `matmul_t_bf16`) send to
+/// a GEMV path; above it, the AVX-512 GEMM tiles.
 pub const AVX512_GEMV_MAX_M: usize = 4;
 
 /// Below this many multiply-adds a call runs on the calling thread only.
@@ -98,15 +99,18 @@ pub fn matmul_t_with(
     let avx = has_avx512();
     let path = match path {
         // Measured (benches/matmul.rs and examples/matmul_ab.rs, SmolLM2 shapes,
-        // cold weights, shared 2-core Zen machine, interleaved): at m = 1 gemm's
-        // single-thread GEMV streams as fast as our tiles in isolation (~25-38
-        // GB/s, the machine's read rate) but in a real decode step the parallel
-        // AVX-512 GEMV makes the step 10-14% faster (decode_step_timing, A/B), so
-        // it is the default; at m = 4 the AVX-512 tiles are 2.1-2.3x gemm; from
-        // m = 5 the 4x4 GEMM tiles beat the GEMV tiles (1.5x at m = 8) and gemm
-        // (1.9x at m = 32, 1.4-1.7x at m = 128..512).
-        MatmulPath::Auto if m == 1 && !(avx && m1_avx512()) => MatmulPath::Gemm,
-        MatmulPath::Auto if avx && m <= AVX512_GEMV_MAX_M => MatmulPath::Avx512Gemv,
+        // cold weights, shared 2-core Zen machine, interleaved). m = 1: called
+        // alone, gemm's single-thread GEMV streams fastest (~30-37 GB/s vs 22-30
+        // for the parallel AVX-512 GEMV), but inside a real decode step (run on a
+        // rayon worker) the AVX-512 GEMV makes the step 6-10% faster
+        // (decode_step_timing, A/B interleaved, 6 of 7 pairs), so it is the
+        // default. m = 2..=4: the portable GEMV (one weight row at a time against
+        // all m rows) streams 1.2-1.4x faster than the AVX-512 GEMV tiles and
+        // ~2.5x gemm. m >= 5: the AVX-512 4x4 GEMM tiles (1.3-1.9x the GEMVs at
+        // m = 8, 1.8x gemm at m = 32, 1.4-1.7x at m = 128..512).
+        MatmulPath::Auto if m == 1 && avx && m1_avx512() => MatmulPath::Avx512Gemv,
+        MatmulPath::Auto if m == 1 => MatmulPath::Gemm,
+        MatmulPath::Auto if avx && m <= AVX512_GEMV_MAX_M => MatmulPath::Gemv,
         MatmulPath::Auto if avx => MatmulPath::Avx512Gemm,
         MatmulPath::Avx512Gemv if !avx => MatmulPath::Gemv,
         MatmulPath::Avx512Gemm if !avx => MatmulPath::Gemm,
