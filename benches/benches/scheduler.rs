@@ -28,18 +28,25 @@ fn fake_output(s: &Scheduler, out: &SchedulerOutput) -> ModelRunnerOutput {
         let r = s.get_request(id).expect("scheduled");
         o.req_ids.push(id.clone());
         let done = r.num_computed_tokens == r.num_tokens();
-        o.sampled_token_ids.push(done.then_some(7 + (r.num_tokens() as u32 % 1000)));
+        o.sampled_token_ids
+            .push(done.then_some(7 + (r.num_tokens() as u32 % 1000)));
         o.logprobs.push(None);
     }
     o
 }
 
 fn prompt(seed: u32, len: usize) -> Vec<u32> {
-    (0..len as u32).map(|i| (seed.wrapping_mul(2654435761) ^ i.wrapping_mul(40503)) % 49152).collect()
+    (0..len as u32)
+        .map(|i| (seed.wrapping_mul(2654435761) ^ i.wrapping_mul(40503)) % 49152)
+        .collect()
 }
 
 fn request(id: String, seed: u32, len: usize, max_tokens: Option<usize>) -> Request {
-    let params = SamplingParams { max_tokens, ignore_eos: true, ..SamplingParams::greedy(1) };
+    let params = SamplingParams {
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::greedy(1)
+    };
     Request::new(id, prompt(seed, len), params, vec![2])
 }
 
@@ -76,7 +83,8 @@ fn decode_256() -> Scheduler {
     };
     let mut s = Scheduler::new(cfg).unwrap();
     for i in 0..256 {
-        s.add_request(request(format!("cmpl-{i:08}"), i, 128, None)).unwrap();
+        s.add_request(request(format!("cmpl-{i:08}"), i, 128, None))
+            .unwrap();
     }
     warm(&mut s);
     assert_eq!(s.num_running(), 256);
@@ -100,7 +108,8 @@ impl Mixed {
         };
         let mut s = Scheduler::new(cfg).unwrap();
         for i in 0..64 {
-            s.add_request(request(format!("cmpl-dec-{i:08}"), i, 128, None)).unwrap();
+            s.add_request(request(format!("cmpl-dec-{i:08}"), i, 128, None))
+                .unwrap();
         }
         warm(&mut s);
         assert_eq!(s.num_running(), 64);
@@ -111,7 +120,9 @@ impl Mixed {
     fn top_up(&mut self) {
         while self.s.num_waiting() < 8 {
             let id = format!("cmpl-pre-{:08}", self.next);
-            self.s.add_request(request(id, self.next, 512, Some(1))).unwrap();
+            self.s
+                .add_request(request(id, self.next, 512, Some(1)))
+                .unwrap();
             self.next += 1;
         }
     }

@@ -89,7 +89,12 @@ pub struct AttentionConfig {
 
 impl AttentionConfig {
     /// A CPU f32 configuration with the usual scale.
-    pub fn cpu_f32(num_heads: usize, num_kv_heads: usize, head_dim: usize, block_size: usize) -> Self {
+    pub fn cpu_f32(
+        num_heads: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+    ) -> Self {
         AttentionConfig {
             device: Device::Cpu,
             q_dtype: DType::F32,
@@ -145,44 +150,102 @@ impl Device {
 /// Why a backend cannot serve a configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub enum InvalidReason {
-    DeviceUnsupported { device: Device },
-    QDTypeUnsupported { dtype: DType, supported: Vec<DType> },
-    KvDTypeUnsupported { dtype: DType, supported: Vec<DType> },
-    HeadDimUnsupported { head_dim: usize, supported: Vec<usize> },
-    BlockSizeUnsupported { block_size: usize, supported: Vec<usize> },
-    GqaRatioUnsupported { ratio: usize, max: usize },
-    HeadsNotDivisible { num_heads: usize, num_kv_heads: usize },
+    DeviceUnsupported {
+        device: Device,
+    },
+    QDTypeUnsupported {
+        dtype: DType,
+        supported: Vec<DType>,
+    },
+    KvDTypeUnsupported {
+        dtype: DType,
+        supported: Vec<DType>,
+    },
+    HeadDimUnsupported {
+        head_dim: usize,
+        supported: Vec<usize>,
+    },
+    BlockSizeUnsupported {
+        block_size: usize,
+        supported: Vec<usize>,
+    },
+    GqaRatioUnsupported {
+        ratio: usize,
+        max: usize,
+    },
+    HeadsNotDivisible {
+        num_heads: usize,
+        num_kv_heads: usize,
+    },
     SlidingWindowUnsupported,
     SoftCapUnsupported,
-    RoleUnsupported { role: Role },
+    RoleUnsupported {
+        role: Role,
+    },
     /// The backend is registered but its code is behind a cargo feature that is off.
-    NotCompiled { feature: &'static str },
-    Other { message: String },
+    NotCompiled {
+        feature: &'static str,
+    },
+    Other {
+        message: String,
+    },
 }
 
 impl fmt::Display for InvalidReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            InvalidReason::DeviceUnsupported { device } => write!(f, "device {device} is not supported"),
+            InvalidReason::DeviceUnsupported { device } => {
+                write!(f, "device {device} is not supported")
+            }
             InvalidReason::QDTypeUnsupported { dtype, supported } => {
-                write!(f, "query dtype {dtype} is not supported (supported: {})", list(supported))
+                write!(
+                    f,
+                    "query dtype {dtype} is not supported (supported: {})",
+                    list(supported)
+                )
             }
             InvalidReason::KvDTypeUnsupported { dtype, supported } => {
-                write!(f, "KV cache dtype {dtype} is not supported (supported: {})", list(supported))
+                write!(
+                    f,
+                    "KV cache dtype {dtype} is not supported (supported: {})",
+                    list(supported)
+                )
             }
-            InvalidReason::HeadDimUnsupported { head_dim, supported } => {
-                write!(f, "head dim {head_dim} is not supported (supported: {})", list(supported))
+            InvalidReason::HeadDimUnsupported {
+                head_dim,
+                supported,
+            } => {
+                write!(
+                    f,
+                    "head dim {head_dim} is not supported (supported: {})",
+                    list(supported)
+                )
             }
-            InvalidReason::BlockSizeUnsupported { block_size, supported } => {
-                write!(f, "block size {block_size} is not supported (supported: {})", list(supported))
+            InvalidReason::BlockSizeUnsupported {
+                block_size,
+                supported,
+            } => {
+                write!(
+                    f,
+                    "block size {block_size} is not supported (supported: {})",
+                    list(supported)
+                )
             }
             InvalidReason::GqaRatioUnsupported { ratio, max } => {
                 write!(f, "GQA ratio {ratio} exceeds the supported maximum {max}")
             }
-            InvalidReason::HeadsNotDivisible { num_heads, num_kv_heads } => {
-                write!(f, "{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+            InvalidReason::HeadsNotDivisible {
+                num_heads,
+                num_kv_heads,
+            } => {
+                write!(
+                    f,
+                    "{num_heads} query heads are not a multiple of {num_kv_heads} KV heads"
+                )
             }
-            InvalidReason::SlidingWindowUnsupported => write!(f, "sliding-window attention is not supported"),
+            InvalidReason::SlidingWindowUnsupported => {
+                write!(f, "sliding-window attention is not supported")
+            }
             InvalidReason::SoftCapUnsupported => write!(f, "logits soft-capping is not supported"),
             InvalidReason::RoleUnsupported { role } => match role {
                 Role::Prefill => write!(f, "does not handle prefill rows (query length > 1)"),
@@ -190,7 +253,11 @@ impl fmt::Display for InvalidReason {
                 Role::Both => write!(f, "does not handle both decode and prefill rows"),
             },
             InvalidReason::NotCompiled { feature } => {
-                write!(f, "not compiled with {} (rebuild with `--features {feature}`)", feature.to_uppercase())
+                write!(
+                    f,
+                    "not compiled with {} (rebuild with `--features {feature}`)",
+                    feature.to_uppercase()
+                )
             }
             InvalidReason::Other { message } => f.write_str(message),
         }
@@ -198,7 +265,11 @@ impl fmt::Display for InvalidReason {
 }
 
 fn list<T: fmt::Display>(items: &[T]) -> String {
-    items.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+    items
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Capabilities {
@@ -209,26 +280,44 @@ impl Capabilities {
             r.push(InvalidReason::DeviceUnsupported { device: cfg.device });
         }
         if !self.q_dtypes.contains(&cfg.q_dtype) {
-            r.push(InvalidReason::QDTypeUnsupported { dtype: cfg.q_dtype, supported: self.q_dtypes.clone() });
+            r.push(InvalidReason::QDTypeUnsupported {
+                dtype: cfg.q_dtype,
+                supported: self.q_dtypes.clone(),
+            });
         }
         if !self.kv_dtypes.contains(&cfg.kv_dtype) {
-            r.push(InvalidReason::KvDTypeUnsupported { dtype: cfg.kv_dtype, supported: self.kv_dtypes.clone() });
+            r.push(InvalidReason::KvDTypeUnsupported {
+                dtype: cfg.kv_dtype,
+                supported: self.kv_dtypes.clone(),
+            });
         }
         if let Some(dims) = &self.head_dims {
             if !dims.contains(&cfg.head_dim) {
-                r.push(InvalidReason::HeadDimUnsupported { head_dim: cfg.head_dim, supported: dims.clone() });
+                r.push(InvalidReason::HeadDimUnsupported {
+                    head_dim: cfg.head_dim,
+                    supported: dims.clone(),
+                });
             }
         }
         if let Some(sizes) = &self.block_sizes {
             if !sizes.contains(&cfg.block_size) {
-                r.push(InvalidReason::BlockSizeUnsupported { block_size: cfg.block_size, supported: sizes.clone() });
+                r.push(InvalidReason::BlockSizeUnsupported {
+                    block_size: cfg.block_size,
+                    supported: sizes.clone(),
+                });
             }
         }
         if cfg.num_kv_heads == 0 || cfg.num_heads % cfg.num_kv_heads != 0 {
-            r.push(InvalidReason::HeadsNotDivisible { num_heads: cfg.num_heads, num_kv_heads: cfg.num_kv_heads });
+            r.push(InvalidReason::HeadsNotDivisible {
+                num_heads: cfg.num_heads,
+                num_kv_heads: cfg.num_kv_heads,
+            });
         } else if let Some(max) = self.max_gqa_ratio {
             if cfg.gqa_ratio() > max {
-                r.push(InvalidReason::GqaRatioUnsupported { ratio: cfg.gqa_ratio(), max });
+                r.push(InvalidReason::GqaRatioUnsupported {
+                    ratio: cfg.gqa_ratio(),
+                    max,
+                });
             }
         }
         if cfg.sliding_window.is_some() && !self.sliding_window {
@@ -240,7 +329,9 @@ impl Capabilities {
         let needs_decode = matches!(role, Role::Decode | Role::Both);
         let needs_prefill = matches!(role, Role::Prefill | Role::Both);
         if needs_prefill && !self.prefill {
-            r.push(InvalidReason::RoleUnsupported { role: Role::Prefill });
+            r.push(InvalidReason::RoleUnsupported {
+                role: Role::Prefill,
+            });
         }
         if needs_decode && !self.decode {
             r.push(InvalidReason::RoleUnsupported { role: Role::Decode });
@@ -296,11 +387,17 @@ impl BatchDescriptor {
         let n = query_lens.len();
         if seq_lens.len() != n || block_rows.len() != n {
             return Err(CoreError::InvalidBatch {
-                message: format!("{n} query lengths, {} seq lens, {} block rows", seq_lens.len(), block_rows.len()),
+                message: format!(
+                    "{n} query lengths, {} seq lens, {} block rows",
+                    seq_lens.len(),
+                    block_rows.len()
+                ),
             });
         }
         if block_size == 0 {
-            return Err(CoreError::InvalidBatch { message: "block size 0".into() });
+            return Err(CoreError::InvalidBatch {
+                message: "block size 0".into(),
+            });
         }
         self.block_size = block_size;
         self.query_start_loc.clear();
@@ -320,12 +417,18 @@ impl BatchDescriptor {
             }
             if s.div_ceil(block_size) > block_rows[r].len() {
                 return Err(CoreError::InvalidBatch {
-                    message: format!("request {r}: {s} tokens need {} blocks, has {}", s.div_ceil(block_size), block_rows[r].len()),
+                    message: format!(
+                        "request {r}: {s} tokens need {} blocks, has {}",
+                        s.div_ceil(block_size),
+                        block_rows[r].len()
+                    ),
                 });
             }
             if q == 1 {
                 if seen_prefill {
-                    return Err(CoreError::InvalidBatch { message: "decode rows must come before prefill rows".into() });
+                    return Err(CoreError::InvalidBatch {
+                        message: "decode rows must come before prefill rows".into(),
+                    });
                 }
                 self.num_decode_reqs += 1;
             } else {
@@ -335,10 +438,13 @@ impl BatchDescriptor {
             self.query_start_loc.push(start + q as u32);
             self.seq_lens.push(s as u32);
             self.block_table.extend_from_slice(block_rows[r]);
-            self.block_table.resize((r + 1) * self.block_table_stride, u32::MAX);
+            self.block_table
+                .resize((r + 1) * self.block_table_stride, u32::MAX);
             let row = &block_rows[r];
             for pos in s - q..s {
-                self.slot_mapping.push((row[pos / block_size] as i64) * block_size as i64 + (pos % block_size) as i64);
+                self.slot_mapping.push(
+                    (row[pos / block_size] as i64) * block_size as i64 + (pos % block_size) as i64,
+                );
             }
         }
         self.num_decode_tokens = self.num_decode_reqs;
@@ -377,12 +483,21 @@ impl BatchDescriptor {
     pub fn slice_rows(&self, rows: std::ops::Range<usize>) -> BatchDescriptor {
         let t0 = self.query_start_loc[rows.start];
         let t1 = self.query_start_loc[rows.end];
-        let query_start_loc: Vec<u32> = self.query_start_loc[rows.start..=rows.end].iter().map(|x| x - t0).collect();
+        let query_start_loc: Vec<u32> = self.query_start_loc[rows.start..=rows.end]
+            .iter()
+            .map(|x| x - t0)
+            .collect();
         let seq_lens = self.seq_lens[rows.clone()].to_vec();
         let stride = self.block_table_stride;
         let block_table = self.block_table[rows.start * stride..rows.end * stride].to_vec();
-        let num_decode_reqs = self.num_decode_reqs.saturating_sub(rows.start).min(rows.len());
-        let max_query_len = (0..query_start_loc.len() - 1).map(|i| (query_start_loc[i + 1] - query_start_loc[i]) as usize).max().unwrap_or(0);
+        let num_decode_reqs = self
+            .num_decode_reqs
+            .saturating_sub(rows.start)
+            .min(rows.len());
+        let max_query_len = (0..query_start_loc.len() - 1)
+            .map(|i| (query_start_loc[i + 1] - query_start_loc[i]) as usize)
+            .max()
+            .unwrap_or(0);
         BatchDescriptor {
             block_size: self.block_size,
             max_seq_len: seq_lens.iter().copied().max().unwrap_or(0) as usize,
@@ -399,7 +514,10 @@ impl BatchDescriptor {
 
     /// Splits into (decode rows, prefill rows).
     pub fn split_decode_prefill(&self) -> (BatchDescriptor, BatchDescriptor) {
-        (self.slice_rows(0..self.num_decode_reqs), self.slice_rows(self.num_decode_reqs..self.num_reqs()))
+        (
+            self.slice_rows(0..self.num_decode_reqs),
+            self.slice_rows(self.num_decode_reqs..self.num_reqs()),
+        )
     }
 }
 
@@ -430,7 +548,11 @@ impl LayerIo<'_> {
             if actual == expected {
                 Ok(())
             } else {
-                Err(CoreError::ShapeMismatch { name, expected, actual })
+                Err(CoreError::ShapeMismatch {
+                    name,
+                    expected,
+                    actual,
+                })
             }
         };
         let tok_elems = num_tokens * cfg.num_heads * cfg.head_dim;
@@ -578,11 +700,18 @@ mod tests {
         let mut cfg = AttentionConfig::cpu_f32(9, 3, 80, 16);
         cfg.sliding_window = Some(4);
         let r = caps().reasons(&cfg, Role::Both);
-        assert!(r.contains(&InvalidReason::HeadDimUnsupported { head_dim: 80, supported: vec![64, 128] }));
+        assert!(r.contains(&InvalidReason::HeadDimUnsupported {
+            head_dim: 80,
+            supported: vec![64, 128]
+        }));
         assert!(r.contains(&InvalidReason::SlidingWindowUnsupported));
-        assert!(r.contains(&InvalidReason::RoleUnsupported { role: Role::Prefill }));
+        assert!(r.contains(&InvalidReason::RoleUnsupported {
+            role: Role::Prefill
+        }));
         assert!(r.iter().any(|x| x.to_string().contains("prefill")));
-        assert!(caps().reasons(&AttentionConfig::cpu_f32(9, 3, 64, 16), Role::Decode).is_empty());
+        assert!(caps()
+            .reasons(&AttentionConfig::cpu_f32(9, 3, 64, 16), Role::Decode)
+            .is_empty());
     }
 
     #[test]
@@ -608,7 +737,15 @@ mod tests {
         let o = [1.0, 2.0];
         let mut out = [0.0; 2];
         let mut lse = [0.0];
-        merge_states(&o, &[0.5], &[9.0, 9.0], &[f32::NEG_INFINITY], 2, &mut out, &mut lse);
+        merge_states(
+            &o,
+            &[0.5],
+            &[9.0, 9.0],
+            &[f32::NEG_INFINITY],
+            2,
+            &mut out,
+            &mut lse,
+        );
         assert_eq!(out, o);
         assert_eq!(lse[0], 0.5);
     }
@@ -620,21 +757,47 @@ mod tests {
         let (q, kv) = (vec![0.0; 16], vec![0.0; 36]);
         let (mut out, mut lse) = (vec![0.0; 16], vec![0.0; 8]);
         let run = |q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], lse: Option<&mut [f32]>| {
-            LayerIo { q, k_cache: k, v_cache: v, out, lse }.validate(2, &cfg)
+            LayerIo {
+                q,
+                k_cache: k,
+                v_cache: v,
+                out,
+                lse,
+            }
+            .validate(2, &cfg)
         };
         assert_eq!(run(&q, &kv, &kv, &mut out, Some(&mut lse)), Ok(3));
         assert_eq!(run(&q, &kv, &kv, &mut out, None), Ok(3));
         assert_eq!(run(&q, &[], &[], &mut out, None), Ok(0));
         let name = |r: Result<usize, CoreError>| match r {
-            Err(CoreError::ShapeMismatch { name, expected, actual }) => (name, expected, actual),
+            Err(CoreError::ShapeMismatch {
+                name,
+                expected,
+                actual,
+            }) => (name, expected, actual),
             other => panic!("expected a shape mismatch, got {other:?}"),
         };
         assert_eq!(name(run(&q[1..], &kv, &kv, &mut out, None)), ("q", 16, 15));
-        assert_eq!(name(run(&q, &kv, &kv, &mut out[1..], None)), ("out", 16, 15));
-        assert_eq!(name(run(&q, &kv, &kv, &mut out, Some(&mut lse[1..]))), ("lse", 8, 7));
-        assert_eq!(name(run(&q, &kv[1..], &kv[1..], &mut out, None)), ("k_cache", 24, 35));
-        assert_eq!(name(run(&q, &kv, &kv[12..], &mut out, None)), ("v_cache", 36, 24));
+        assert_eq!(
+            name(run(&q, &kv, &kv, &mut out[1..], None)),
+            ("out", 16, 15)
+        );
+        assert_eq!(
+            name(run(&q, &kv, &kv, &mut out, Some(&mut lse[1..]))),
+            ("lse", 8, 7)
+        );
+        assert_eq!(
+            name(run(&q, &kv[1..], &kv[1..], &mut out, None)),
+            ("k_cache", 24, 35)
+        );
+        assert_eq!(
+            name(run(&q, &kv, &kv[12..], &mut out, None)),
+            ("v_cache", 36, 24)
+        );
         // The first bad buffer wins.
-        assert_eq!(name(run(&q[1..], &kv[1..], &kv, &mut out[1..], None)).0, "q");
+        assert_eq!(
+            name(run(&q[1..], &kv[1..], &kv, &mut out[1..], None)).0,
+            "q"
+        );
     }
 }

@@ -7,17 +7,31 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum CoreError {
     #[error("invalid sampling parameter `{param}`: {message}")]
-    InvalidSamplingParam { param: &'static str, message: String },
+    InvalidSamplingParam {
+        param: &'static str,
+        message: String,
+    },
     #[error("invalid batch descriptor: {message}")]
     InvalidBatch { message: String },
     #[error("attention backend `{backend}` cannot serve this configuration: {}", join_reasons(.reasons))]
-    BackendInvalid { backend: String, reasons: Vec<super::InvalidReason> },
+    BackendInvalid {
+        backend: String,
+        reasons: Vec<super::InvalidReason>,
+    },
     #[error("attention backend `{backend}` failed: {message}")]
     BackendFailed { backend: String, message: String },
     #[error("buffer `{name}` has {actual} elements, expected {expected}")]
-    ShapeMismatch { name: &'static str, expected: usize, actual: usize },
+    ShapeMismatch {
+        name: &'static str,
+        expected: usize,
+        actual: usize,
+    },
 }
 
 fn join_reasons(reasons: &[super::InvalidReason]) -> String {
-    reasons.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("; ")
+    reasons
+        .iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
 }

@@ -62,7 +62,10 @@ impl KvCache {
     pub fn filled(spec: KvCacheSpec, value: f32) -> Self {
         let n = spec.pool_elems();
         let layers = (0..spec.num_layers)
-            .map(|_| LayerKv { k: vec![value; n], v: vec![value; n] })
+            .map(|_| LayerKv {
+                k: vec![value; n],
+                v: vec![value; n],
+            })
             .collect();
         KvCache { spec, layers }
     }
@@ -80,10 +83,18 @@ pub fn write_kv(
 ) -> Result<(), CoreError> {
     let n = slot_mapping.len();
     if k.len() != n * slot_elems {
-        return Err(CoreError::ShapeMismatch { name: "k", expected: n * slot_elems, actual: k.len() });
+        return Err(CoreError::ShapeMismatch {
+            name: "k",
+            expected: n * slot_elems,
+            actual: k.len(),
+        });
     }
     if v.len() != n * slot_elems {
-        return Err(CoreError::ShapeMismatch { name: "v", expected: n * slot_elems, actual: v.len() });
+        return Err(CoreError::ShapeMismatch {
+            name: "v",
+            expected: n * slot_elems,
+            actual: v.len(),
+        });
     }
     let num_slots = k_pool.len() / slot_elems.max(1);
     for (t, &slot) in slot_mapping.iter().enumerate() {

@@ -140,7 +140,11 @@ pub const MAX_LOGPROBS: usize = 20;
 impl SamplingParams {
     /// Greedy decoding with a token limit.
     pub fn greedy(max_tokens: usize) -> Self {
-        SamplingParams { temperature: 0.0, max_tokens: Some(max_tokens), ..Default::default() }
+        SamplingParams {
+            temperature: 0.0,
+            max_tokens: Some(max_tokens),
+            ..Default::default()
+        }
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -153,7 +157,10 @@ impl SamplingParams {
             Err(CoreError::InvalidSamplingParam { param, message })
         }
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return bad("temperature", format!("must be >= 0, got {}", self.temperature));
+            return bad(
+                "temperature",
+                format!("must be >= 0, got {}", self.temperature),
+            );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad("top_p", format!("must be in (0, 1], got {}", self.top_p));
@@ -162,25 +169,40 @@ impl SamplingParams {
             return bad("min_p", format!("must be in [0, 1], got {}", self.min_p));
         }
         if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return bad("presence_penalty", format!("must be in [-2, 2], got {}", self.presence_penalty));
+            return bad(
+                "presence_penalty",
+                format!("must be in [-2, 2], got {}", self.presence_penalty),
+            );
         }
         if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return bad("frequency_penalty", format!("must be in [-2, 2], got {}", self.frequency_penalty));
+            return bad(
+                "frequency_penalty",
+                format!("must be in [-2, 2], got {}", self.frequency_penalty),
+            );
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return bad("repetition_penalty", format!("must be > 0, got {}", self.repetition_penalty));
+            return bad(
+                "repetition_penalty",
+                format!("must be > 0, got {}", self.repetition_penalty),
+            );
         }
         if self.max_tokens == Some(0) {
             return bad("max_tokens", "must be at least 1".into());
         }
         if let Some(max) = self.max_tokens {
             if self.min_tokens > max {
-                return bad("min_tokens", format!("{} exceeds max_tokens {}", self.min_tokens, max));
+                return bad(
+                    "min_tokens",
+                    format!("{} exceeds max_tokens {}", self.min_tokens, max),
+                );
             }
         }
         if let Some(n) = self.logprobs {
             if n > MAX_LOGPROBS {
-                return bad("logprobs", format!("must be at most {MAX_LOGPROBS}, got {n}"));
+                return bad(
+                    "logprobs",
+                    format!("must be at most {MAX_LOGPROBS}, got {n}"),
+                );
             }
         }
         if self.stop.iter().any(|s| s.is_empty()) {
@@ -292,12 +314,18 @@ mod tests {
 
     #[test]
     fn validate_names_the_bad_field() {
-        let p = SamplingParams { top_p: 0.0, ..Default::default() };
+        let p = SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        };
         match p.validate() {
             Err(CoreError::InvalidSamplingParam { param, .. }) => assert_eq!(param, "top_p"),
             other => panic!("unexpected {other:?}"),
         }
-        let p = SamplingParams { temperature: -1.0, ..Default::default() };
+        let p = SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        };
         assert!(p.validate().is_err());
         assert!(SamplingParams::greedy(4).validate().is_ok());
     }

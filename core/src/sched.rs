@@ -55,7 +55,10 @@ impl SchedulerOutput {
     }
 
     pub fn num_scheduled_tokens_of(&self, req_id: &str) -> Option<usize> {
-        self.num_scheduled_tokens.iter().find(|(id, _)| id == req_id).map(|(_, n)| *n)
+        self.num_scheduled_tokens
+            .iter()
+            .find(|(id, _)| id == req_id)
+            .map(|(_, n)| *n)
     }
 }
 

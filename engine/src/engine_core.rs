@@ -5,7 +5,9 @@
 
 use crate::runner::ModelRunner;
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
-use pagoda_core::{AttentionConfig, EngineCoreOutput, KvCache, KvCacheSpec, Request, RequestStatus};
+use pagoda_core::{
+    AttentionConfig, EngineCoreOutput, KvCache, KvCacheSpec, Request, RequestStatus,
+};
 use pagoda_models::{llama::Llama, LlamaConfig, LlamaWeights};
 use pagoda_scheduler::{Scheduler, SchedulerConfig};
 use pagoda_selector::{select, BackendOverride};
@@ -27,13 +29,26 @@ impl EngineCore {
     ) -> Result<(Self, ModelInfo), EngineError> {
         let max_model_len = config
             .max_model_len
-            .map_or(model_config.max_position_embeddings, |m| m.min(model_config.max_position_embeddings));
-        let acfg = AttentionConfig::cpu_f32(model_config.num_heads, model_config.num_kv_heads, model_config.head_dim, config.block_size);
+            .map_or(model_config.max_position_embeddings, |m| {
+                m.min(model_config.max_position_embeddings)
+            });
+        let acfg = AttentionConfig::cpu_f32(
+            model_config.num_heads,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+            config.block_size,
+        );
         let over = BackendOverride::parse(config.attention_backend.as_deref().unwrap_or(""))
-            .map_err(|e| EngineError::Selector { message: e.to_string() })?;
-        let selection = select(&acfg, &over).map_err(|e| EngineError::Selector { message: e.to_string() })?;
+            .map_err(|e| EngineError::Selector {
+                message: e.to_string(),
+            })?;
+        let selection = select(&acfg, &over).map_err(|e| EngineError::Selector {
+            message: e.to_string(),
+        })?;
         tracing::info!("attention backend: {selection}");
-        let attn = selection.build(&acfg).map_err(|e| EngineError::Selector { message: e.to_string() })?;
+        let attn = selection.build(&acfg).map_err(|e| EngineError::Selector {
+            message: e.to_string(),
+        })?;
         let mut spec = KvCacheSpec {
             num_layers: model_config.num_layers,
             num_blocks: 0,
@@ -41,9 +56,14 @@ impl EngineCore {
             num_kv_heads: model_config.num_kv_heads,
             head_dim: model_config.head_dim,
         };
-        spec.num_blocks = config.num_kv_blocks.unwrap_or_else(|| spec.num_blocks_for_bytes(config.kv_cache_bytes));
+        spec.num_blocks = config
+            .num_kv_blocks
+            .unwrap_or_else(|| spec.num_blocks_for_bytes(config.kv_cache_bytes));
         if spec.num_blocks == 0 {
-            return Err(EngineError::invalid("num_kv_blocks", "the KV cache must have at least one block"));
+            return Err(EngineError::invalid(
+                "num_kv_blocks",
+                "the KV cache must have at least one block",
+            ));
         }
         tracing::info!(
             "KV cache: {} blocks of {} tokens ({} tokens, {:.1} MiB)",
@@ -80,7 +100,10 @@ impl EngineCore {
     pub fn add_request(&mut self, request: Request) -> Result<(), EngineError> {
         self.scheduler
             .add_request(request)
-            .map_err(|e| EngineError::InvalidRequest { param: Some("prompt".into()), message: e.to_string() })
+            .map_err(|e| EngineError::InvalidRequest {
+                param: Some("prompt".into()),
+                message: e.to_string(),
+            })
     }
 
     pub fn abort_request(&mut self, request_id: &str) {
@@ -90,7 +113,9 @@ impl EngineCore {
     /// Ends a request whose text hit a stop string.
     pub fn finish_stopped(&mut self, request_id: &str) {
         // Only a finished status is passed, which is the one error finish_requests reports.
-        let _ = self.scheduler.finish_requests([request_id], RequestStatus::FinishedStopped);
+        let _ = self
+            .scheduler
+            .finish_requests([request_id], RequestStatus::FinishedStopped);
     }
 
     pub fn has_unfinished_requests(&self) -> bool {

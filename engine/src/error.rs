@@ -7,7 +7,10 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone)]
 pub enum EngineError {
     #[error("{message}")]
-    InvalidRequest { param: Option<String>, message: String },
+    InvalidRequest {
+        param: Option<String>,
+        message: String,
+    },
     #[error("request id `{request_id}` is already in use")]
     DuplicateRequest { request_id: String },
     #[error("the waiting queue is full ({max_waiting} requests); retry later")]
@@ -24,11 +27,19 @@ pub enum EngineError {
 
 impl EngineError {
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
-        EngineError::InvalidRequest { param: Some(param.into()), message: message.into() }
+        EngineError::InvalidRequest {
+            param: Some(param.into()),
+            message: message.into(),
+        }
     }
     /// Whether the caller, not the engine, is at fault.
     pub fn is_client_error(&self) -> bool {
-        matches!(self, EngineError::InvalidRequest { .. } | EngineError::DuplicateRequest { .. } | EngineError::QueueFull { .. })
+        matches!(
+            self,
+            EngineError::InvalidRequest { .. }
+                | EngineError::DuplicateRequest { .. }
+                | EngineError::QueueFull { .. }
+        )
     }
 }
 
@@ -36,15 +47,22 @@ impl From<pagoda_core::CoreError> for EngineError {
     fn from(e: pagoda_core::CoreError) -> Self {
         match e {
             pagoda_core::CoreError::InvalidSamplingParam { param, message } => {
-                EngineError::InvalidRequest { param: Some(param.to_string()), message: format!("{param}: {message}") }
+                EngineError::InvalidRequest {
+                    param: Some(param.to_string()),
+                    message: format!("{param}: {message}"),
+                }
             }
-            other => EngineError::Fault { message: other.to_string() },
+            other => EngineError::Fault {
+                message: other.to_string(),
+            },
         }
     }
 }
 
 impl From<pagoda_models::ModelError> for EngineError {
     fn from(e: pagoda_models::ModelError) -> Self {
-        EngineError::Model { message: e.to_string() }
+        EngineError::Model {
+            message: e.to_string(),
+        }
     }
 }

@@ -27,9 +27,17 @@ pub struct SubmitRequest {
 type OutputSender = tmpsc::UnboundedSender<Result<RequestOutput, EngineError>>;
 
 enum Command {
-    Add { request_id: String, prompt_ids: Vec<u32>, params: SamplingParams, cache_salt: Option<String>, tx: OutputSender },
+    Add {
+        request_id: String,
+        prompt_ids: Vec<u32>,
+        params: SamplingParams,
+        cache_salt: Option<String>,
+        tx: OutputSender,
+    },
     Abort(String),
-    Shutdown { abort_running: bool },
+    Shutdown {
+        abort_running: bool,
+    },
 }
 
 struct Shared {
@@ -145,7 +153,11 @@ impl EngineHandle {
         &self.info
     }
     pub fn stats(&self) -> EngineStats {
-        self.shared.stats.lock().map(|s| s.clone()).unwrap_or_default()
+        self.shared
+            .stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
     }
     /// Ok while the engine loop is alive and has not faulted.
     pub fn health(&self) -> Result<(), String> {
@@ -160,16 +172,20 @@ impl EngineHandle {
 
     /// Tokenizes and validates on the caller's thread, then queues the request.
     pub fn submit(&self, req: SubmitRequest) -> Result<RequestStream, EngineError> {
-        self.health().map_err(|message| EngineError::Fault { message })?;
+        self.health()
+            .map_err(|message| EngineError::Fault { message })?;
         req.params.validate()?;
         let prompt_ids = match req.prompt {
             PromptInput::Tokens(ids) => ids,
             PromptInput::Text(t) => self.tokenizer.encode(&t, true)?,
         };
         crate::llm_engine::validate_prompt(&prompt_ids, &req.params, &self.info)?;
-        let waiting = self.shared.num_waiting.load(Ordering::Acquire) + self.shared.num_pending.load(Ordering::Acquire);
+        let waiting = self.shared.num_waiting.load(Ordering::Acquire)
+            + self.shared.num_pending.load(Ordering::Acquire);
         if waiting >= self.max_waiting {
-            return Err(EngineError::QueueFull { max_waiting: self.max_waiting });
+            return Err(EngineError::QueueFull {
+                max_waiting: self.max_waiting,
+            });
         }
         let (otx, orx) = tmpsc::unbounded_channel();
         self.shared.num_pending.fetch_add(1, Ordering::AcqRel);
@@ -182,7 +198,12 @@ impl EngineHandle {
                 tx: otx,
             })
             .map_err(|_| EngineError::Shutdown)?;
-        Ok(RequestStream { request_id: req.request_id, rx: orx, tx: self.tx.clone(), finished: false })
+        Ok(RequestStream {
+            request_id: req.request_id,
+            rx: orx,
+            tx: self.tx.clone(),
+            finished: false,
+        })
     }
 
     pub fn abort(&self, request_id: &str) {
@@ -224,13 +245,24 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
         cmds.extend(rx.try_iter());
         for cmd in cmds {
             match cmd {
-                Command::Add { request_id, prompt_ids, params, cache_salt, tx } => {
+                Command::Add {
+                    request_id,
+                    prompt_ids,
+                    params,
+                    cache_salt,
+                    tx,
+                } => {
                     shared.num_pending.fetch_sub(1, Ordering::AcqRel);
                     if draining {
                         let _ = tx.send(Err(EngineError::Shutdown));
                         continue;
                     }
-                    match engine.add_request(request_id.clone(), PromptInput::Tokens(prompt_ids), params, cache_salt) {
+                    match engine.add_request(
+                        request_id.clone(),
+                        PromptInput::Tokens(prompt_ids),
+                        params,
+                        cache_salt,
+                    ) {
                         Ok(()) => {
                             senders.insert(request_id, tx);
                         }
@@ -286,8 +318,12 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
             }
         }
         let stats = engine.stats();
-        shared.num_waiting.store(stats.num_waiting, Ordering::Release);
-        if last_log.elapsed() >= Duration::from_secs(5) && (stats.num_running + stats.num_waiting) > 0 {
+        shared
+            .num_waiting
+            .store(stats.num_waiting, Ordering::Release);
+        if last_log.elapsed() >= Duration::from_secs(5)
+            && (stats.num_running + stats.num_waiting) > 0
+        {
             engine.log_stats(last_log.elapsed());
             last_log = std::time::Instant::now();
         }

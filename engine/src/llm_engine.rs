@@ -47,7 +47,11 @@ pub struct LLMEngine {
 }
 
 /// Checks a tokenized prompt against the model before it is queued.
-pub fn validate_prompt(prompt_ids: &[u32], params: &SamplingParams, info: &ModelInfo) -> Result<(), EngineError> {
+pub fn validate_prompt(
+    prompt_ids: &[u32],
+    params: &SamplingParams,
+    info: &ModelInfo,
+) -> Result<(), EngineError> {
     if prompt_ids.is_empty() {
         return Err(EngineError::invalid("prompt", "the prompt is empty"));
     }
@@ -62,13 +66,22 @@ pub fn validate_prompt(prompt_ids: &[u32], params: &SamplingParams, info: &Model
         ));
     }
     if let Some(bad) = prompt_ids.iter().find(|&&t| t as usize >= info.vocab_size) {
-        return Err(EngineError::invalid("prompt", format!("token id {bad} is out of the vocabulary (size {})", info.vocab_size)));
+        return Err(EngineError::invalid(
+            "prompt",
+            format!(
+                "token id {bad} is out of the vocabulary (size {})",
+                info.vocab_size
+            ),
+        ));
     }
     let kv_tokens = info.num_kv_blocks * info.block_size;
     if prompt_ids.len() + 1 > kv_tokens {
         return Err(EngineError::invalid(
             "prompt",
-            format!("the prompt has {} tokens but the whole KV cache holds {kv_tokens}", prompt_ids.len()),
+            format!(
+                "the prompt has {} tokens but the whole KV cache holds {kv_tokens}",
+                prompt_ids.len()
+            ),
         ));
     }
     params.validate()?;
@@ -81,12 +94,22 @@ impl LLMEngine {
         let t0 = Instant::now();
         tracing::info!("loading model from {}", config.model_path.display());
         let loaded = pagoda_models::load_model(&config.model_path)?;
-        tracing::info!("model {} loaded in {:.1}s", loaded.name, t0.elapsed().as_secs_f32());
+        tracing::info!(
+            "model {} loaded in {:.1}s",
+            loaded.name,
+            t0.elapsed().as_secs_f32()
+        );
         let tokenizer = Arc::new(loaded.tokenizer);
         let hf_tokenizer = Arc::new(tokenizer.hf().clone());
         let chat_template = loaded.chat_template.map(Arc::new);
         let eos_token_ids = loaded.eos_token_ids.clone();
-        let (core, info) = EngineCore::new(&config, loaded.config, loaded.weights, eos_token_ids.clone(), loaded.name)?;
+        let (core, info) = EngineCore::new(
+            &config,
+            loaded.config,
+            loaded.weights,
+            eos_token_ids.clone(),
+            loaded.name,
+        )?;
         Ok(LLMEngine {
             core,
             tokenizer,
@@ -136,7 +159,10 @@ impl LLMEngine {
         validate_prompt(&prompt_ids, &params, &self.info)?;
         if params.seed.is_none() {
             self.seed_counter += 1;
-            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
             params.seed = Some(nanos ^ self.seed_counter.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         }
         let room = self.info.max_model_len - prompt_ids.len();
@@ -150,10 +176,23 @@ impl LLMEngine {
             params.include_stop_str_in_output,
         );
         let num_prompt_tokens = prompt_ids.len();
-        let request = Request::new(request_id.clone(), prompt_ids, params, self.eos_token_ids.clone()).with_cache_salt(cache_salt);
+        let request = Request::new(
+            request_id.clone(),
+            prompt_ids,
+            params,
+            self.eos_token_ids.clone(),
+        )
+        .with_cache_salt(cache_salt);
         self.core.add_request(request)?;
         self.prompt_tokens += num_prompt_tokens as u64;
-        self.texts.insert(request_id, TextState { detok, num_prompt_tokens, num_output_tokens: 0 });
+        self.texts.insert(
+            request_id,
+            TextState {
+                detok,
+                num_prompt_tokens,
+                num_output_tokens: 0,
+            },
+        );
         Ok(())
     }
 
@@ -178,10 +217,17 @@ impl LLMEngine {
         let mut outputs = Vec::with_capacity(core_outputs.len());
         let mut stopped = Vec::new();
         for co in core_outputs {
-            let Some(st) = self.texts.get_mut(&co.req_id) else { continue };
+            let Some(st) = self.texts.get_mut(&co.req_id) else {
+                continue;
+            };
             st.num_output_tokens += co.new_token_ids.len();
             self.generation_tokens += co.new_token_ids.len() as u64;
-            let delta = st.detok.push(&co.new_token_ids).map_err(|e| EngineError::Fault { message: format!("detokenizer: {e}") })?;
+            let delta = st
+                .detok
+                .push(&co.new_token_ids)
+                .map_err(|e| EngineError::Fault {
+                    message: format!("detokenizer: {e}"),
+                })?;
             let mut text = delta.text;
             let mut finish_reason = co.finish_reason;
             let mut stop_reason = co.stop_reason.clone();
@@ -219,7 +265,11 @@ impl LLMEngine {
     }
 
     /// Runs every prompt to completion, all submitted at once (continuous batching).
-    pub fn generate(&mut self, prompts: &[PromptInput], params: &SamplingParams) -> Result<Vec<GenerateOutput>, EngineError> {
+    pub fn generate(
+        &mut self,
+        prompts: &[PromptInput],
+        params: &SamplingParams,
+    ) -> Result<Vec<GenerateOutput>, EngineError> {
         let mut results: Vec<GenerateOutput> = Vec::with_capacity(prompts.len());
         let mut index = HashMap::new();
         for (i, p) in prompts.iter().enumerate() {
@@ -228,7 +278,12 @@ impl LLMEngine {
                 PromptInput::Text(t) => (t.clone(), self.tokenizer.encode(t, true)?),
                 PromptInput::Tokens(ids) => (self.tokenizer.decode(ids, false)?, ids.clone()),
             };
-            self.add_request(id.clone(), PromptInput::Tokens(ids.clone()), params.clone(), None)?;
+            self.add_request(
+                id.clone(),
+                PromptInput::Tokens(ids.clone()),
+                params.clone(),
+                None,
+            )?;
             index.insert(id, i);
             results.push(GenerateOutput {
                 prompt,
@@ -271,7 +326,11 @@ impl LLMEngine {
         let prompt = (s.prompt_tokens - self.logged_prompt_tokens) as f64 / secs;
         self.logged_generation_tokens = s.generation_tokens;
         self.logged_prompt_tokens = s.prompt_tokens;
-        let hit = if s.prefix_cache_queries > 0 { 100.0 * s.prefix_cache_hits as f64 / s.prefix_cache_queries as f64 } else { 0.0 };
+        let hit = if s.prefix_cache_queries > 0 {
+            100.0 * s.prefix_cache_hits as f64 / s.prefix_cache_queries as f64
+        } else {
+            0.0
+        };
         tracing::info!(
             "throughput: prompt {prompt:.1} tok/s, generation {gen:.1} tok/s | running {} waiting {} | KV usage {:.1}% | prefix hit rate {hit:.1}% | preemptions {}",
             s.num_running,

@@ -10,7 +10,9 @@
 
 use crate::sampler::{SampleInput, Sampler};
 use crate::EngineError;
-use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, ModelRunnerOutput, SamplingParams, SchedulerOutput};
+use pagoda_core::{
+    AttentionBackend, BatchDescriptor, KvCache, ModelRunnerOutput, SamplingParams, SchedulerOutput,
+};
 use pagoda_models::llama::{ForwardScratch, Llama};
 use std::collections::HashMap;
 
@@ -45,7 +47,12 @@ pub struct ModelRunner {
 }
 
 impl ModelRunner {
-    pub fn new(model: Llama, kv: KvCache, attn: Box<dyn AttentionBackend>, eos_ids: Vec<u32>) -> Self {
+    pub fn new(
+        model: Llama,
+        kv: KvCache,
+        attn: Box<dyn AttentionBackend>,
+        eos_ids: Vec<u32>,
+    ) -> Self {
         let vocab = model.config().vocab_size;
         ModelRunner {
             model,
@@ -94,9 +101,12 @@ impl ModelRunner {
             );
         }
         for r in &so.scheduled_cached_reqs {
-            let st = self.requests.get_mut(&r.req_id).ok_or_else(|| EngineError::Fault {
-                message: format!("model runner has no state for running request {}", r.req_id),
-            })?;
+            let st = self
+                .requests
+                .get_mut(&r.req_id)
+                .ok_or_else(|| EngineError::Fault {
+                    message: format!("model runner has no state for running request {}", r.req_id),
+                })?;
             st.block_ids.extend_from_slice(&r.new_block_ids);
             st.num_computed_tokens = r.num_computed_tokens;
         }
@@ -112,7 +122,12 @@ impl ModelRunner {
         }
         // Decode rows (one token) first, as backends expect; stable otherwise.
         self.order.clear();
-        self.order.extend(so.num_scheduled_tokens.iter().enumerate().map(|(i, (_, n))| (i, *n)));
+        self.order.extend(
+            so.num_scheduled_tokens
+                .iter()
+                .enumerate()
+                .map(|(i, (_, n))| (i, *n)),
+        );
         self.order.sort_by_key(|&(_, n)| (n != 1) as u8);
 
         self.input_ids.clear();
@@ -131,7 +146,10 @@ impl ModelRunner {
             let end = start + n;
             if end > st.token_ids.len() {
                 return Err(EngineError::Fault {
-                    message: format!("request {id}: scheduled up to token {end} but only {} are known", st.token_ids.len()),
+                    message: format!(
+                        "request {id}: scheduled up to token {end} but only {} are known",
+                        st.token_ids.len()
+                    ),
                 });
             }
             self.input_ids.extend_from_slice(&st.token_ids[start..end]);
@@ -146,7 +164,12 @@ impl ModelRunner {
             rows.push(&st.block_ids);
         }
         self.batch
-            .rebuild(self.kv.spec.block_size, &self.query_lens, &self.seq_lens, &rows)
+            .rebuild(
+                self.kv.spec.block_size,
+                &self.query_lens,
+                &self.seq_lens,
+                &rows,
+            )
             .map_err(EngineError::from)?;
         drop(rows);
         self.attn.plan(&self.batch)?;
@@ -176,10 +199,16 @@ impl ModelRunner {
         let sampled = self
             .sampler
             .sample_batch(&mut self.logits, &inputs)
-            .map_err(|e| EngineError::Fault { message: format!("sampler: {e}") })?;
+            .map_err(|e| EngineError::Fault {
+                message: format!("sampler: {e}"),
+            })?;
         drop(inputs);
 
-        out.req_ids = so.num_scheduled_tokens.iter().map(|(id, _)| id.clone()).collect();
+        out.req_ids = so
+            .num_scheduled_tokens
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect();
         out.sampled_token_ids = vec![None; out.req_ids.len()];
         out.logprobs = vec![None; out.req_ids.len()];
         for (&i, (tok, lp)) in self.sample_rows.iter().zip(sampled) {

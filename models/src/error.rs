@@ -7,7 +7,11 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ModelError {
     #[error("model file {path}: {source}")]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("model path {path} does not exist")]
     NotFound { path: PathBuf },
     #[error("{path} is not a GGUF file or HF model directory ({reason})")]
@@ -19,7 +23,11 @@ pub enum ModelError {
     #[error("missing tensor `{name}`")]
     MissingTensor { name: String },
     #[error("tensor `{name}` has shape {actual:?}, expected {expected:?}")]
-    TensorShape { name: String, expected: Vec<usize>, actual: Vec<usize> },
+    TensorShape {
+        name: String,
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
     #[error("missing or invalid metadata `{key}`: {reason}")]
     Metadata { key: String, reason: String },
     #[error("unsupported architecture `{arch}` (supported: llama)")]

@@ -14,7 +14,11 @@ pub struct Mat {
 
 impl Mat {
     pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Self {
-        assert_eq!(data.len(), rows * cols, "Mat::new: data length must be rows * cols");
+        assert_eq!(
+            data.len(),
+            rows * cols,
+            "Mat::new: data length must be rows * cols"
+        );
         Mat { rows, cols, data }
     }
     pub fn row(&self, r: usize) -> &[f32] {

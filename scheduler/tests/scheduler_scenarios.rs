@@ -160,8 +160,13 @@ fn schedule_order_with_and_without_chunking() {
 #[test]
 fn eos_at_max_tokens_is_a_stop() {
     let mut s = Scheduler::new(config()).unwrap();
-    s.add_request(Request::new("a", vec![1, 2, 3], SamplingParams::greedy(1), vec![2]))
-        .unwrap();
+    s.add_request(Request::new(
+        "a",
+        vec![1, 2, 3],
+        SamplingParams::greedy(1),
+        vec![2],
+    ))
+    .unwrap();
     let out = s.schedule();
     let res = s.update_from_output(&out, &one_token("a", 2));
     assert_eq!(res[0].finish_reason, Some(FinishReason::Stop));

@@ -20,7 +20,15 @@ pub struct HybridBackend {
 impl HybridBackend {
     pub fn new(decode: Box<dyn AttentionBackend>, prefill: Box<dyn AttentionBackend>) -> Self {
         let name = format!("decode={},prefill={}", decode.name(), prefill.name());
-        HybridBackend { decode, prefill, name, num_decode_tokens: 0, num_tokens: 0, has_decode: false, has_prefill: false }
+        HybridBackend {
+            decode,
+            prefill,
+            name,
+            num_decode_tokens: 0,
+            num_tokens: 0,
+            has_decode: false,
+            has_prefill: false,
+        }
     }
 }
 
@@ -45,14 +53,24 @@ impl AttentionBackend for HybridBackend {
     }
 
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
-        let LayerIo { q, k_cache, v_cache, out, lse } = io;
+        let LayerIo {
+            q,
+            k_cache,
+            v_cache,
+            out,
+            lse,
+        } = io;
         if self.num_tokens == 0 {
             return Ok(());
         }
         let row = q.len() / self.num_tokens;
         let split = self.num_decode_tokens * row;
         if out.len() != q.len() || split > q.len() {
-            return Err(CoreError::ShapeMismatch { name: "out", expected: q.len(), actual: out.len() });
+            return Err(CoreError::ShapeMismatch {
+                name: "out",
+                expected: q.len(),
+                actual: out.len(),
+            });
         }
         let (q_d, q_p) = q.split_at(split);
         let (o_d, o_p) = out.split_at_mut(split);
@@ -65,10 +83,22 @@ impl AttentionBackend for HybridBackend {
             None => (None, None),
         };
         if self.has_decode {
-            self.decode.run(LayerIo { q: q_d, k_cache, v_cache, out: o_d, lse: l_d })?;
+            self.decode.run(LayerIo {
+                q: q_d,
+                k_cache,
+                v_cache,
+                out: o_d,
+                lse: l_d,
+            })?;
         }
         if self.has_prefill {
-            self.prefill.run(LayerIo { q: q_p, k_cache, v_cache, out: o_p, lse: l_p })?;
+            self.prefill.run(LayerIo {
+                q: q_p,
+                k_cache,
+                v_cache,
+                out: o_p,
+                lse: l_p,
+            })?;
         }
         Ok(())
     }

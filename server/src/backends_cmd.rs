@@ -24,24 +24,40 @@ pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
     let all = pagoda_core::registered_backends();
     println!("registered attention backends ({}):", all.len());
     for r in &all {
-        println!("  {:<12} priority {:>4}  {}", r.name, r.priority, r.description);
+        println!(
+            "  {:<12} priority {:>4}  {}",
+            r.name, r.priority, r.description
+        );
     }
     let Some(path) = args.model else {
         println!("\n(pass --model PATH to see each backend's verdict for a model)");
         return Ok(());
     };
-    let (cfg, name) = pagoda_models::inspect_model(&path).with_context(|| format!("reading {}", path.display()))?;
-    let acfg = AttentionConfig::cpu_f32(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, args.block_size);
+    let (cfg, name) = pagoda_models::inspect_model(&path)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let acfg = AttentionConfig::cpu_f32(
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        args.block_size,
+    );
     println!(
         "\nmodel {name}: {} q heads, {} kv heads, head dim {}, block size {}, device cpu, f32",
         cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, args.block_size
     );
     for v in verdicts(&acfg) {
-        for (role, reasons) in [(Role::Decode, &v.decode_reasons), (Role::Prefill, &v.prefill_reasons)] {
+        for (role, reasons) in [
+            (Role::Decode, &v.decode_reasons),
+            (Role::Prefill, &v.prefill_reasons),
+        ] {
             let verdict = if reasons.is_empty() {
                 "ok".to_string()
             } else {
-                reasons.iter().map(|r| r.to_string()).collect::<Vec<_>>().join("; ")
+                reasons
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
             };
             println!("  {:<12} {:<8} {}", v.name, role.to_string(), verdict);
         }

@@ -46,7 +46,12 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         ..SamplingParams::default()
     };
     params.validate().context("invalid sampling flags")?;
-    let prompts: Vec<PromptInput> = args.prompts.iter().cloned().map(PromptInput::Text).collect();
+    let prompts: Vec<PromptInput> = args
+        .prompts
+        .iter()
+        .cloned()
+        .map(PromptInput::Text)
+        .collect();
     let t0 = std::time::Instant::now();
     let results = engine.generate(&prompts, &params)?;
     let secs = t0.elapsed().as_secs_f64();
@@ -61,7 +66,14 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             });
             println!("{obj}");
         } else {
-            println!("=== {:?}\n{}{}\n[{} tokens, finish: {}]", r.prompt, r.prompt, r.text, r.token_ids.len(), r.finish_reason.map_or("none", |f| f.as_str()));
+            println!(
+                "=== {:?}\n{}{}\n[{} tokens, finish: {}]",
+                r.prompt,
+                r.prompt,
+                r.text,
+                r.token_ids.len(),
+                r.finish_reason.map_or("none", |f| f.as_str())
+            );
         }
     }
     let stats = engine.stats();

@@ -11,7 +11,11 @@ use pagoda_backend_naive as _;
 use pagoda_backend_paged as _;
 
 #[derive(Parser)]
-#[command(name = "pagoda", version, about = "Pagoda: an LLM serving engine with pluggable attention backends")]
+#[command(
+    name = "pagoda",
+    version,
+    about = "Pagoda: an LLM serving engine with pluggable attention backends"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -16,11 +16,19 @@ pub fn model_path() -> PathBuf {
     if let Some(p) = std::env::var_os("PAGODA_MODEL") {
         return PathBuf::from(p);
     }
-    let cache = std::env::var_os("PAGODA_CACHE").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache").join("pagoda")
-    });
+    let cache = std::env::var_os("PAGODA_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is not set"))
+                .join(".cache")
+                .join("pagoda")
+        });
     let p = cache.join("models").join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "the model file {} is missing: run scripts/fetch-model.sh", p.display());
+    assert!(
+        p.exists(),
+        "the model file {} is missing: run scripts/fetch-model.sh",
+        p.display()
+    );
     p
 }
 
@@ -43,9 +51,13 @@ struct ReferenceFile {
 
 /// The reference greedy continuations (HF transformers, f32, same weights).
 pub fn reference_cases() -> Vec<ReferenceCase> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/smollm2-greedy.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_json::from_str::<ReferenceFile>(&text).expect("parsing the reference file").cases
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/reference/smollm2-greedy.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str::<ReferenceFile>(&text)
+        .expect("parsing the reference file")
+        .cases
 }
 
 /// An engine config on the real model with small, test-friendly defaults.

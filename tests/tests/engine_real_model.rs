@@ -7,13 +7,32 @@ use pagoda_tests::{engine, reference_cases, test_config};
 
 fn check_reference(engine: &mut LLMEngine, label: &str) {
     let cases = reference_cases();
-    let prompts: Vec<PromptInput> = cases.iter().map(|c| PromptInput::Text(c.prompt.clone())).collect();
-    let outs = engine.generate(&prompts, &SamplingParams::greedy(48)).expect("generate");
+    let prompts: Vec<PromptInput> = cases
+        .iter()
+        .map(|c| PromptInput::Text(c.prompt.clone()))
+        .collect();
+    let outs = engine
+        .generate(&prompts, &SamplingParams::greedy(48))
+        .expect("generate");
     for (c, o) in cases.iter().zip(&outs) {
-        assert_eq!(o.prompt_token_ids, c.prompt_ids, "[{label}] prompt ids of {:?}", c.prompt);
+        assert_eq!(
+            o.prompt_token_ids, c.prompt_ids,
+            "[{label}] prompt ids of {:?}",
+            c.prompt
+        );
         let n = c.safe_len.min(o.token_ids.len());
-        assert!(o.token_ids.len() >= c.safe_len, "[{label}] {:?}: only {} tokens", c.prompt, o.token_ids.len());
-        assert_eq!(&o.token_ids[..n], &c.greedy_ids[..n], "[{label}] greedy ids of {:?}", c.prompt);
+        assert!(
+            o.token_ids.len() >= c.safe_len,
+            "[{label}] {:?}: only {} tokens",
+            c.prompt,
+            o.token_ids.len()
+        );
+        assert_eq!(
+            &o.token_ids[..n],
+            &c.greedy_ids[..n],
+            "[{label}] greedy ids of {:?}",
+            c.prompt
+        );
     }
     assert_all_blocks_free(engine, label);
 }
@@ -22,7 +41,11 @@ fn assert_all_blocks_free(engine: &LLMEngine, label: &str) {
     assert!(!engine.has_unfinished_requests(), "[{label}] requests left");
     let s = engine.stats();
     assert_eq!(s.kv_cache_usage, 0.0, "[{label}] KV blocks still in use");
-    assert_eq!(s.num_running + s.num_waiting, 0, "[{label}] requests still queued");
+    assert_eq!(
+        s.num_running + s.num_waiting,
+        0,
+        "[{label}] requests still queued"
+    );
 }
 
 #[test]
@@ -43,7 +66,10 @@ fn greedy_matches_reference_under_preemption() {
     c.block_size = 4;
     let mut e = engine(c);
     check_reference(&mut e, "num_kv_blocks=24 block_size=4");
-    assert!(e.stats().num_preemptions > 0, "24 blocks of 4 tokens should force preemption");
+    assert!(
+        e.stats().num_preemptions > 0,
+        "24 blocks of 4 tokens should force preemption"
+    );
 }
 
 #[test]
@@ -73,11 +99,17 @@ fn greedy_matches_reference_on_every_cpu_backend() {
 fn forced_backend_errors_are_explained() {
     let mut c = test_config();
     c.attention_backend = Some("paged".into());
-    let err = LLMEngine::new(c).err().expect("paged alone cannot prefill").to_string();
+    let err = LLMEngine::new(c)
+        .err()
+        .expect("paged alone cannot prefill")
+        .to_string();
     assert!(err.contains("prefill"), "{err}");
     let mut c = test_config();
     c.attention_backend = Some("no-such-backend".into());
-    let err = LLMEngine::new(c).err().expect("unknown backend").to_string();
+    let err = LLMEngine::new(c)
+        .err()
+        .expect("unknown backend")
+        .to_string();
     for name in ["naive", "paged", "flash"] {
         assert!(err.contains(name), "error should list `{name}`: {err}");
     }
@@ -87,15 +119,31 @@ fn forced_backend_errors_are_explained() {
 #[test]
 fn concurrent_requests_equal_solo_runs() {
     let prompts: Vec<String> = (0..32)
-        .map(|i| format!("Request {i}: write a short note about the number {} and the colour {}.", i * 7 + 3, ["red", "green", "blue", "gold"][i % 4]))
+        .map(|i| {
+            format!(
+                "Request {i}: write a short note about the number {} and the colour {}.",
+                i * 7 + 3,
+                ["red", "green", "blue", "gold"][i % 4]
+            )
+        })
         .collect();
-    let params = SamplingParams { max_tokens: Some(12), temperature: 0.8, seed: Some(1234), ..SamplingParams::default() };
+    let params = SamplingParams {
+        max_tokens: Some(12),
+        temperature: 0.8,
+        seed: Some(1234),
+        ..SamplingParams::default()
+    };
     let mut e = engine(test_config());
     let inputs: Vec<PromptInput> = prompts.iter().cloned().map(PromptInput::Text).collect();
     let together = e.generate(&inputs, &params).unwrap();
     for (i, p) in prompts.iter().enumerate() {
-        let alone = e.generate(&[PromptInput::Text(p.clone())], &params).unwrap();
-        assert_eq!(alone[0].token_ids, together[i].token_ids, "request {i} differs when batched");
+        let alone = e
+            .generate(&[PromptInput::Text(p.clone())], &params)
+            .unwrap();
+        assert_eq!(
+            alone[0].token_ids, together[i].token_ids,
+            "request {i} differs when batched"
+        );
     }
     assert_all_blocks_free(&e, "concurrent");
 }
@@ -112,15 +160,25 @@ fn prefix_cache_hit_gives_same_output() {
     let params = SamplingParams::greedy(8);
 
     let mut cached = engine(test_config());
-    cached.generate(&[PromptInput::Tokens(first)], &params).unwrap();
-    let hit = cached.generate(&[PromptInput::Tokens(second.clone())], &params).unwrap();
-    assert!(hit[0].num_cached_tokens >= 48, "only {} cached prompt tokens", hit[0].num_cached_tokens);
+    cached
+        .generate(&[PromptInput::Tokens(first)], &params)
+        .unwrap();
+    let hit = cached
+        .generate(&[PromptInput::Tokens(second.clone())], &params)
+        .unwrap();
+    assert!(
+        hit[0].num_cached_tokens >= 48,
+        "only {} cached prompt tokens",
+        hit[0].num_cached_tokens
+    );
     assert_all_blocks_free(&cached, "prefix cached");
 
     let mut c = test_config();
     c.enable_prefix_caching = false;
     let mut uncached = engine(c);
-    let miss = uncached.generate(&[PromptInput::Tokens(second)], &params).unwrap();
+    let miss = uncached
+        .generate(&[PromptInput::Tokens(second)], &params)
+        .unwrap();
     assert_eq!(miss[0].num_cached_tokens, 0);
     assert_eq!(hit[0].token_ids, miss[0].token_ids);
 }
@@ -129,9 +187,19 @@ fn prefix_cache_hit_gives_same_output() {
 #[test]
 fn aborts_free_all_blocks() {
     let mut e = engine(test_config());
-    let params = SamplingParams { max_tokens: Some(64), ignore_eos: true, ..SamplingParams::greedy(64) };
+    let params = SamplingParams {
+        max_tokens: Some(64),
+        ignore_eos: true,
+        ..SamplingParams::greedy(64)
+    };
     for i in 0..6 {
-        e.add_request(format!("r{i}"), PromptInput::Text(format!("Count slowly from {i}:")), params.clone(), None).unwrap();
+        e.add_request(
+            format!("r{i}"),
+            PromptInput::Text(format!("Count slowly from {i}:")),
+            params.clone(),
+            None,
+        )
+        .unwrap();
     }
     for _ in 0..3 {
         e.step().unwrap();
@@ -151,11 +219,32 @@ fn bad_inputs_get_clear_errors() {
     c.max_model_len = Some(64);
     let mut e = engine(c);
     let long = "word ".repeat(200);
-    let err = e.add_request("long".into(), PromptInput::Text(long), SamplingParams::greedy(4), None).unwrap_err();
+    let err = e
+        .add_request(
+            "long".into(),
+            PromptInput::Text(long),
+            SamplingParams::greedy(4),
+            None,
+        )
+        .unwrap_err();
     assert!(err.to_string().contains("context length"), "{err}");
-    let err = e.add_request("empty".into(), PromptInput::Tokens(vec![]), SamplingParams::greedy(4), None).unwrap_err();
+    let err = e
+        .add_request(
+            "empty".into(),
+            PromptInput::Tokens(vec![]),
+            SamplingParams::greedy(4),
+            None,
+        )
+        .unwrap_err();
     assert!(err.to_string().contains("empty"), "{err}");
-    let err = e.add_request("oov".into(), PromptInput::Tokens(vec![999_999]), SamplingParams::greedy(4), None).unwrap_err();
+    let err = e
+        .add_request(
+            "oov".into(),
+            PromptInput::Tokens(vec![999_999]),
+            SamplingParams::greedy(4),
+            None,
+        )
+        .unwrap_err();
     assert!(err.to_string().contains("vocabulary"), "{err}");
 
     let mut c = test_config();
