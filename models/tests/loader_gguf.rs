@@ -29,7 +29,10 @@ fn model() -> &'static LoadedModel {
 }
 
 fn reference() -> Value {
-    let text = std::fs::read_to_string("/work/shared/reference/smollm2-greedy.json")
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/reference/smollm2-greedy.json"
+    ))
         .or_else(|_| {
             std::fs::read_to_string(concat!(
                 env!("CARGO_MANIFEST_DIR"),
