@@ -8,5 +8,5 @@ python3 -m pip install --quiet --disable-pip-version-check openai==1.* pytest re
 cargo build --release -p pagoda-server --bin pagoda
 cargo test --workspace --no-fail-fast
 if [ -d tests/python ] && ls tests/python/test_*.py >/dev/null 2>&1; then
-  PAGODA_BIN="$PWD/target/release/pagoda" python3 -m pytest -q tests/python
+  PAGODA_BIN="${CARGO_TARGET_DIR:-$PWD/target}/release/pagoda" python3 -m pytest -q tests/python
 fi
