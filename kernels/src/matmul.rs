@@ -53,9 +53,10 @@ pub fn has_avx512() -> bool {
     }
 }
 
-fn check(
+/// Buffer lengths of `x[m, k]`, `w[n, k]` (any weight element type) and `out[m, n]`.
+pub(crate) fn check<W>(
     x: &[f32],
-    w: &[f32],
+    w: &[W],
     out: &[f32],
     m: usize,
     k: usize,
@@ -64,6 +65,18 @@ fn check(
     check_len("x", x.len(), m * k)?;
     check_len("w", w.len(), n * k)?;
     check_len("out", out.len(), m * n)
+}
+
+/// Handles the empty shapes (an empty `k` gives zeros); true when nothing is left to do.
+pub(crate) fn trivial(out: &mut [f32], m: usize, k: usize, n: usize) -> bool {
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if k == 0 {
+        out.fill(0.0);
+        return true;
+    }
+    false
 }
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ`, choosing the faster path for the shape.
@@ -89,11 +102,7 @@ pub fn matmul_t_with(
     n: usize,
 ) -> Result<(), KernelError> {
     check(x, w, out, m, k, n)?;
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
-    if k == 0 {
-        out.fill(0.0);
+    if trivial(out, m, k, n) {
         return Ok(());
     }
     let avx = has_avx512();

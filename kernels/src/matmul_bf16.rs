@@ -9,7 +9,8 @@
 //! reference (exact bf16 weights, unrounded f32 activations): the AVX-512 paths
 //! differ from it by the rounding of `x` to bf16, at most 2⁻⁸ of Σ|x·w|.
 
-use crate::error::{check_len, KernelError};
+use crate::error::KernelError;
+use crate::matmul::{check, trivial};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -43,19 +44,6 @@ pub fn to_bf16(x: &[f32]) -> Vec<bf16> {
     x.iter().map(|&v| bf16::from_f32(v)).collect()
 }
 
-fn check(
-    x: &[f32],
-    w: &[bf16],
-    out: &[f32],
-    m: usize,
-    k: usize,
-    n: usize,
-) -> Result<(), KernelError> {
-    check_len("x", x.len(), m * k)?;
-    check_len("w", w.len(), n * k)?;
-    check_len("out", out.len(), m * n)
-}
-
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` with bf16 `w`, choosing the path.
 pub fn matmul_t_bf16(
     x: &[f32],
@@ -79,11 +67,7 @@ pub fn matmul_t_bf16_with(
     n: usize,
 ) -> Result<(), KernelError> {
     check(x, w, out, m, k, n)?;
-    if m == 0 || n == 0 {
-        return Ok(());
-    }
-    if k == 0 {
-        out.fill(0.0);
+    if trivial(out, m, k, n) {
         return Ok(());
     }
     let avx = has_avx512_bf16();
