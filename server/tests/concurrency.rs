@@ -60,26 +60,11 @@ fn many_streams_with_disconnects() {
     }
     assert_eq!(completed, CLIENTS - CLIENTS.div_ceil(3));
     // Aborts land at the next engine step; poll (bounded) until the engine is idle.
-    let text = s.wait_metrics(|m| {
-        metric(m, "vllm:num_requests_running") == Some(0.0)
-            && metric(m, "vllm:num_requests_waiting") == Some(0.0)
-            && metric(m, "vllm:kv_cache_usage_perc") == Some(0.0)
-    });
-    assert_eq!(
-        metric(&text, "vllm:num_requests_running"),
-        Some(0.0),
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "vllm:num_requests_waiting"),
-        Some(0.0),
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "vllm:kv_cache_usage_perc"),
-        Some(0.0),
-        "{text}"
-    );
+    let text = s.expect_metrics(&[
+        ("vllm:num_requests_running", 0.0),
+        ("vllm:num_requests_waiting", 0.0),
+        ("vllm:kv_cache_usage_perc", 0.0),
+    ]);
     // The hung-up requests were cut short, not run to their max_tokens.
     let generated = metric(&text, "vllm:generation_tokens_total").unwrap();
     eprintln!("generated {generated} tokens in all");

@@ -15,12 +15,7 @@ fn full_queue_answers_503() {
     assert!(running.next_event().is_some());
     // A second waits: poll until the engine reports it waiting.
     let waiting = s.open_stream("/v1/completions", &long);
-    let text = s.wait_metrics(|m| metric(m, "vllm:num_requests_waiting") == Some(1.0));
-    assert_eq!(
-        metric(&text, "vllm:num_requests_waiting"),
-        Some(1.0),
-        "{text}"
-    );
+    s.expect_metrics(&[("vllm:num_requests_waiting", 1.0)]);
     // The queue (1) is full: the third is refused.
     let (st, body) = s.post_raw(
         "/v1/completions",
@@ -32,37 +27,20 @@ fn full_queue_answers_503() {
     // A client that hangs up while queued is noticed (keep-alives) and dequeued,
     // while the running request goes on.
     drop(waiting);
-    let text = s.wait_metrics(|m| metric(m, "vllm:num_requests_waiting") == Some(0.0));
-    assert_eq!(
-        metric(&text, "vllm:num_requests_waiting"),
-        Some(0.0),
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "vllm:num_requests_running"),
-        Some(1.0),
-        "{text}"
-    );
+    s.expect_metrics(&[
+        ("vllm:num_requests_waiting", 0.0),
+        ("vllm:num_requests_running", 1.0),
+    ]);
     assert!(
         running.next_event().is_some(),
         "the running request goes on"
     );
     // Hanging up the running one leaves the engine idle; then requests are served again.
     drop(running);
-    let text = s.wait_metrics(|m| {
-        metric(m, "vllm:num_requests_running") == Some(0.0)
-            && metric(m, "vllm:kv_cache_usage_perc") == Some(0.0)
-    });
-    assert_eq!(
-        metric(&text, "vllm:num_requests_running"),
-        Some(0.0),
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "vllm:kv_cache_usage_perc"),
-        Some(0.0),
-        "{text}"
-    );
+    s.expect_metrics(&[
+        ("vllm:num_requests_running", 0.0),
+        ("vllm:kv_cache_usage_perc", 0.0),
+    ]);
     let v = s.post_ok("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}));
     assert_eq!(v["usage"]["completion_tokens"], 2);
 }
@@ -79,17 +57,10 @@ fn non_streaming_disconnect_aborts() {
         .post(&s.url("/v1/completions"))
         .send_string(&body.to_string());
     assert!(r.is_err(), "the client times out first");
-    let text = s.wait_metrics(|m| metric(m, "vllm:num_requests_running") == Some(0.0));
-    assert_eq!(
-        metric(&text, "vllm:num_requests_running"),
-        Some(0.0),
-        "{text}"
-    );
-    assert_eq!(
-        metric(&text, "vllm:kv_cache_usage_perc"),
-        Some(0.0),
-        "{text}"
-    );
+    let text = s.expect_metrics(&[
+        ("vllm:num_requests_running", 0.0),
+        ("vllm:kv_cache_usage_perc", 0.0),
+    ]);
     let generated = metric(&text, "vllm:generation_tokens_total").unwrap();
     assert!(
         generated < 1500.0,

@@ -238,6 +238,15 @@ impl Server {
         text
     }
 
+    /// Waits (bounded) until every `(metric, value)` pair holds, then asserts them all.
+    pub fn expect_metrics(&self, want: &[(&str, f64)]) -> String {
+        let text = self.wait_metrics(|m| want.iter().all(|&(n, v)| metric(m, n) == Some(v)));
+        for &(n, v) in want {
+            assert_eq!(metric(&text, n), Some(v), "{n}\n{text}");
+        }
+        text
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
