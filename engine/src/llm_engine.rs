@@ -39,6 +39,8 @@ pub struct LLMEngine {
     eos_token_ids: Vec<u32>,
     texts: HashMap<String, TextState>,
     seed_counter: u64,
+    /// Makes request ids of successive `generate` calls distinct.
+    num_generate_calls: u64,
     prompt_tokens: u64,
     generation_tokens: u64,
     num_steps: u64,
@@ -119,6 +121,7 @@ impl LLMEngine {
             eos_token_ids,
             texts: HashMap::new(),
             seed_counter: 0,
+            num_generate_calls: 0,
             prompt_tokens: 0,
             generation_tokens: 0,
             num_steps: 0,
@@ -271,9 +274,10 @@ impl LLMEngine {
         params: &SamplingParams,
     ) -> Result<Vec<GenerateOutput>, EngineError> {
         let mut results: Vec<GenerateOutput> = Vec::with_capacity(prompts.len());
+        self.num_generate_calls += 1;
         let mut index = HashMap::new();
         for (i, p) in prompts.iter().enumerate() {
-            let id = format!("generate-{}-{i}", self.num_steps);
+            let id = format!("generate-{}-{i}", self.num_generate_calls);
             let (prompt, ids) = match p {
                 PromptInput::Text(t) => (t.clone(), self.tokenizer.encode(t, true)?),
                 PromptInput::Tokens(ids) => (self.tokenizer.decode(ids, false)?, ids.clone()),
