@@ -84,6 +84,7 @@ impl EngineCore {
         tracing::info!("linear-layer weights: {:?}", config.weight_dtype);
         let model = Llama::new_with_dtype(model_config, weights, config.weight_dtype)?;
         let runner = ModelRunner::new(model, KvCache::new(spec), attn, eos_token_ids);
+        release_freed_memory();
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_seqs: config.max_num_seqs,
             max_num_batched_tokens: config.max_num_batched_tokens,
@@ -154,5 +155,17 @@ impl EngineCore {
             num_preemptions: s.num_preemptions(),
             ..Default::default()
         }
+    }
+}
+
+/// Hands the pages freed while loading (dequantized tensors, unfused copies) back
+/// to the OS. glibc keeps freed heap memory mapped, so without this ~150 MiB of
+/// dead load-time buffers stay resident for the life of the server (measured on
+/// SmolLM2-135M F32: 664 -> ~520 MiB resident after load).
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory; it is safe at any time.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
