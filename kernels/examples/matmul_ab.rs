@@ -4,7 +4,9 @@
 //! `cargo run --release -p pagoda-kernels --example matmul_ab -- k n m [rounds]`
 
 use half::bf16;
-use pagoda_kernels::{matmul_t_bf16_with, matmul_t_with, to_bf16, Bf16Path, MatmulPath};
+use pagoda_kernels::{
+    matmul_packed, matmul_t_bf16_with, matmul_t_with, to_bf16, Bf16Path, MatmulPath, PackedMatrix,
+};
 use std::time::Instant;
 
 fn main() {
@@ -64,7 +66,13 @@ fn main() {
         MatmulPath::Avx512Gemm,
     ];
     let b16s = [Bf16Path::Avx512Gemv, Bf16Path::Avx512Gemm];
-    let nv = f32s.len() + b16s.len();
+    let packed: Vec<PackedMatrix> = ws
+        .iter()
+        .zip(&offs)
+        .map(|(w, &o)| PackedMatrix::pack(&w[o..o + n * k], n, k).unwrap())
+        .collect();
+    // The last variant is the packed f32 GEMM.
+    let nv = f32s.len() + b16s.len() + 1;
     let mut times = vec![Vec::new(); nv];
     let reps = (4_000_000 / (n * k)).clamp(1, 200);
     let mut ci = 0;
@@ -73,7 +81,9 @@ fn main() {
             let t = Instant::now();
             for _ in 0..reps {
                 ci = (ci + 1) % copies;
-                if v < f32s.len() {
+                if v == nv - 1 {
+                    matmul_packed(&x, &packed[ci], &mut out, m).unwrap();
+                } else if v < f32s.len() {
                     matmul_t_with(
                         f32s[v],
                         &x,
@@ -97,12 +107,14 @@ fn main() {
         // The fastest round: on a shared machine the others mostly measure the
         // neighbours' memory traffic.
         let t = times[v][0];
-        let name = if v < f32s.len() {
+        let name = if v == nv - 1 {
+            "packed".to_string()
+        } else if v < f32s.len() {
             format!("{:?}", f32s[v])
         } else {
             format!("bf16-{:?}", b16s[v - f32s.len()])
         };
-        let bytes = (n * k * if v < f32s.len() { 4 } else { 2 }) as f64;
+        let bytes = (n * k * if v < f32s.len() || v == nv - 1 { 4 } else { 2 }) as f64;
         println!(
             "k={k} n={n} m={m} {name:18} {:9.1} us  {:6.1} GB/s  {:7.1} GFLOP/s",
             t * 1e6,

@@ -13,6 +13,7 @@ pub mod error;
 pub mod matmul;
 pub mod matmul_bf16;
 pub mod norm;
+pub mod packed;
 pub mod rope;
 
 pub use act::{
@@ -27,4 +28,5 @@ pub use matmul_bf16::{
     has_avx512_bf16, matmul_t_bf16, matmul_t_bf16_ref, matmul_t_bf16_with, to_bf16, Bf16Path,
 };
 pub use norm::{add_rms_norm, rms_norm, rms_norm_ref};
+pub use packed::{matmul_packed, PackedMatrix, PANEL};
 pub use rope::{inv_freq, rope_ref, Llama3Scaling, RopeCache};

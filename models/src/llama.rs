@@ -20,8 +20,8 @@ use crate::weights::{LlamaWeights, Mat};
 use half::bf16;
 use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, LayerIo};
 use pagoda_kernels::{
-    add_rms_norm, matmul_t, matmul_t_bf16, rms_norm, silu_mul_fused, to_bf16, KernelError,
-    Llama3Scaling, RopeCache,
+    add_rms_norm, matmul_packed, matmul_t_bf16, rms_norm, silu_mul_fused, to_bf16, KernelError,
+    Llama3Scaling, PackedMatrix, RopeCache,
 };
 
 /// How [`Llama::new_with_dtype`] stores the linear-layer weights.
@@ -38,16 +38,19 @@ pub enum WeightDtype {
 /// A linear layer's weight matrix `[n, k]` (`nn.Linear` layout) in its storage dtype.
 #[derive(Debug, Clone)]
 enum Linear {
-    F32(Vec<f32>),
+    /// Packed into column panels for the broadcast-form GEMM (see
+    /// `pagoda_kernels::packed`).
+    F32(PackedMatrix),
     Bf16(Vec<bf16>),
 }
 
 impl Linear {
-    fn new(data: Vec<f32>, dtype: WeightDtype) -> Self {
-        match dtype {
-            WeightDtype::F32 => Linear::F32(data),
+    /// `data` is `[n, k]`.
+    fn new(data: Vec<f32>, n: usize, k: usize, dtype: WeightDtype) -> Result<Self, ModelError> {
+        Ok(match dtype {
+            WeightDtype::F32 => Linear::F32(PackedMatrix::pack(&data, n, k).map_err(kernel)?),
             WeightDtype::Bf16 => Linear::Bf16(to_bf16(&data)),
-        }
+        })
     }
 
     /// `out[m, n] = x[m, k] · selfᵀ`.
@@ -60,7 +63,10 @@ impl Linear {
         n: usize,
     ) -> Result<(), KernelError> {
         match self {
-            Linear::F32(w) => matmul_t(x, w, out, m, k, n),
+            Linear::F32(w) => {
+                debug_assert_eq!((w.k(), w.n()), (k, n));
+                matmul_packed(x, w, out, m)
+            }
             Linear::Bf16(w) => matmul_t_bf16(x, w, out, m, k, n),
         }
     }
@@ -69,18 +75,23 @@ impl Linear {
 /// The token embedding table `[vocab, hidden]`.
 #[derive(Debug, Clone)]
 enum Embedding {
+    /// Untied: the table as loaded.
     F32(Mat),
+    /// Tied to the LM head in f32: the head's packed matrix, shared (lookups
+    /// gather a row back out of the panels, exactly).
+    Packed(PackedMatrix),
     /// Only when tied to the LM head in bf16: the head's matrix, shared.
-    Bf16 {
-        cols: usize,
-        data: Vec<bf16>,
-    },
+    Bf16 { cols: usize, data: Vec<bf16> },
 }
 
 impl Embedding {
     fn row_into(&self, r: usize, dst: &mut [f32]) {
         match self {
             Embedding::F32(m) => dst.copy_from_slice(m.row(r)),
+            // r < vocab (checked by forward's input validation), dst has k elements.
+            Embedding::Packed(p) => {
+                let _ = p.row_into(r, dst);
+            }
             Embedding::Bf16 { cols, data } => {
                 for (d, s) in dst.iter_mut().zip(&data[r * cols..(r + 1) * cols]) {
                     *d = s.to_f32();
@@ -269,11 +280,11 @@ impl Llama {
             w_gate_up.extend_from_slice(&l.w_up.data);
             layers.push(FusedLayer {
                 attn_norm: l.attn_norm,
-                wqkv: Linear::new(wqkv, dtype),
-                wo: Linear::new(l.wo.data, dtype),
+                wqkv: Linear::new(wqkv, q_dim + 2 * kv_dim, hidden, dtype)?,
+                wo: Linear::new(l.wo.data, hidden, q_dim, dtype)?,
                 ffn_norm: l.ffn_norm,
-                w_gate_up: Linear::new(w_gate_up, dtype),
-                w_down: Linear::new(l.w_down.data, dtype),
+                w_gate_up: Linear::new(w_gate_up, 2 * c.intermediate_size, hidden, dtype)?,
+                w_down: Linear::new(l.w_down.data, hidden, c.intermediate_size, dtype)?,
             });
         }
         let scaling = c.rope_scaling.map(|s| Llama3Scaling {
@@ -292,9 +303,15 @@ impl Llama {
         let (embed, lm_head) = match (weights.lm_head, dtype) {
             (Some(head), _) => (
                 Embedding::F32(weights.embed),
-                Some(Linear::new(head.data, dtype)),
+                Some(Linear::new(head.data, c.vocab_size, hidden, dtype)?),
             ),
-            (None, WeightDtype::F32) => (Embedding::F32(weights.embed), None),
+            (None, WeightDtype::F32) => (
+                Embedding::Packed(
+                    PackedMatrix::pack(&weights.embed.data, c.vocab_size, hidden)
+                        .map_err(kernel)?,
+                ),
+                None,
+            ),
             (None, WeightDtype::Bf16) => (
                 Embedding::Bf16 {
                     cols: weights.embed.cols,
@@ -328,7 +345,8 @@ impl Llama {
         let (k, n) = (self.config.hidden_size, self.config.vocab_size);
         match (&self.lm_head, &self.embed) {
             (Some(head), _) => head.matmul(x, out, m, k, n),
-            (None, Embedding::F32(e)) => matmul_t(x, &e.data, out, m, k, n),
+            (None, Embedding::Packed(e)) => matmul_packed(x, e, out, m),
+            (None, Embedding::F32(e)) => pagoda_kernels::matmul_t(x, &e.data, out, m, k, n),
             (None, Embedding::Bf16 { data, .. }) => matmul_t_bf16(x, data, out, m, k, n),
         }
     }

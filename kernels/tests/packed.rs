@@ -1,0 +1,108 @@
+//! The packed GEMM against the reference, its batch invariance (a row's output is
+//! bit-identical whatever rows share its call), packing round trips and bad input.
+//!
+//! Tolerance: within 1e-4 relative to Σ|x·w| plus 1e-6 (as for the other matmuls
+//! in props.rs: elementwise relative error is meaningless under cancellation).
+
+use pagoda_kernels::*;
+use proptest::prelude::*;
+
+fn vals(n: usize) -> impl Strategy<Value = Vec<f32>> {
+    proptest::collection::vec(-2.0f32..2.0, n)
+}
+
+/// m spans the micro-kernel's ragged tails (1..=6) and several row blocks; n
+/// spans partial and several panels.
+fn case() -> impl Strategy<Value = (usize, usize, usize, Vec<f32>, Vec<f32>)> {
+    (
+        prop_oneof![1usize..=7, 1usize..70],
+        1usize..90,
+        prop_oneof![1usize..=64, 1usize..300],
+    )
+        .prop_flat_map(|(m, k, n)| (Just(m), Just(k), Just(n), vals(m * k), vals(n * k)))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn packed_matches_reference((m, k, n, x, w) in case()) {
+        let pw = PackedMatrix::pack(&w, n, k).unwrap();
+        let mut out = vec![f32::NAN; m * n];
+        matmul_packed(&x, &pw, &mut out, m).unwrap();
+        let mut reference = vec![0.0; m * n];
+        matmul_t_ref(&x, &w, &mut reference, m, k, n).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let scale: f64 = (0..k)
+                    .map(|c| (x[i * k + c] as f64 * w[j * k + c] as f64).abs())
+                    .sum();
+                let (a, b) = (out[i * n + j], reference[i * n + j]);
+                prop_assert!(
+                    ((a - b) as f64).abs() <= 1e-4 * scale + 1e-6,
+                    "m={m} k={k} n={n} at ({i},{j}): {a} vs {b} (scale {scale})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn packed_rows_do_not_depend_on_the_batch((m, k, n, x, w) in case()) {
+        let pw = PackedMatrix::pack(&w, n, k).unwrap();
+        let mut out = vec![0.0; m * n];
+        matmul_packed(&x, &pw, &mut out, m).unwrap();
+        for i in 0..m {
+            let mut alone = vec![0.0; n];
+            matmul_packed(&x[i * k..(i + 1) * k], &pw, &mut alone, 1).unwrap();
+            prop_assert_eq!(&out[i * n..(i + 1) * n], &alone[..], "row {} of {}", i, m);
+        }
+    }
+
+    #[test]
+    fn pack_round_trips((_m, k, n, _x, w) in case()) {
+        let pw = PackedMatrix::pack(&w, n, k).unwrap();
+        prop_assert_eq!(pw.unpack(), w.clone());
+        let mut row = vec![0.0; k];
+        for r in [0, n / 2, n - 1] {
+            pw.row_into(r, &mut row).unwrap();
+            prop_assert_eq!(&row[..], &w[r * k..(r + 1) * k]);
+        }
+    }
+}
+
+#[test]
+fn big_shapes_match_reference() {
+    // Several row blocks and panels at once, as the model runs them.
+    let (m, k, n) = (37, 576, 200);
+    let x: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
+        .collect();
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 3) % 17) as f32 * 0.01 - 0.08)
+        .collect();
+    let pw = PackedMatrix::pack(&w, n, k).unwrap();
+    let mut out = vec![0.0; m * n];
+    matmul_packed(&x, &pw, &mut out, m).unwrap();
+    let mut reference = vec![0.0; m * n];
+    matmul_t_ref(&x, &w, &mut reference, m, k, n).unwrap();
+    for (a, b) in out.iter().zip(&reference) {
+        assert!((a - b).abs() <= 1e-3, "{a} vs {b}");
+    }
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    assert!(PackedMatrix::pack(&[0.0; 5], 2, 3).is_err());
+    let pw = PackedMatrix::pack(&[1.0; 6], 2, 3).unwrap();
+    let mut out = vec![0.0; 4];
+    assert!(matmul_packed(&[0.0; 5], &pw, &mut out, 2).is_err());
+    assert!(matmul_packed(&[0.0; 6], &pw, &mut out[..3], 2).is_err());
+    assert!(pw.row_into(2, &mut [0.0; 3]).is_err());
+    assert!(pw.row_into(1, &mut [0.0; 2]).is_err());
+    // Empty shapes: nothing to do, zeros for an empty k.
+    let empty = PackedMatrix::pack(&[], 3, 0).unwrap();
+    let mut z = vec![f32::NAN; 6];
+    matmul_packed(&[], &empty, &mut z, 2).unwrap();
+    assert_eq!(z, vec![0.0; 6]);
+    matmul_packed(&[], &pw, &mut [], 0).unwrap();
+}
