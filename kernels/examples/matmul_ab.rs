@@ -5,7 +5,8 @@
 
 use half::bf16;
 use pagoda_kernels::{
-    matmul_packed, matmul_t_bf16_with, matmul_t_with, to_bf16, Bf16Path, MatmulPath, PackedMatrix,
+    matmul_packed, matmul_packed_bf16, matmul_t_bf16_with, matmul_t_with, to_bf16, Bf16Path,
+    MatmulPath, PackedMatrix, PackedMatrixBf16,
 };
 use std::time::Instant;
 
@@ -71,8 +72,13 @@ fn main() {
         .zip(&offs)
         .map(|(w, &o)| PackedMatrix::pack(&w[o..o + n * k], n, k).unwrap())
         .collect();
-    // The last variant is the packed f32 GEMM.
-    let nv = f32s.len() + b16s.len() + 1;
+    let packed16: Vec<PackedMatrixBf16> = ws
+        .iter()
+        .zip(&offs)
+        .map(|(w, &o)| PackedMatrixBf16::pack(&w[o..o + n * k], n, k).unwrap())
+        .collect();
+    // The last two variants are the packed f32 and bf16 GEMMs.
+    let nv = f32s.len() + b16s.len() + 2;
     let mut times = vec![Vec::new(); nv];
     let reps = (4_000_000 / (n * k)).clamp(1, 200);
     let mut ci = 0;
@@ -82,6 +88,8 @@ fn main() {
             for _ in 0..reps {
                 ci = (ci + 1) % copies;
                 if v == nv - 1 {
+                    matmul_packed_bf16(&x, &packed16[ci], &mut out, m).unwrap();
+                } else if v == nv - 2 {
                     matmul_packed(&x, &packed[ci], &mut out, m).unwrap();
                 } else if v < f32s.len() {
                     matmul_t_with(
@@ -108,13 +116,15 @@ fn main() {
         // neighbours' memory traffic.
         let t = times[v][0];
         let name = if v == nv - 1 {
+            "bf16-packed".to_string()
+        } else if v == nv - 2 {
             "packed".to_string()
         } else if v < f32s.len() {
             format!("{:?}", f32s[v])
         } else {
             format!("bf16-{:?}", b16s[v - f32s.len()])
         };
-        let bytes = (n * k * if v < f32s.len() || v == nv - 1 { 4 } else { 2 }) as f64;
+        let bytes = (n * k * if v < f32s.len() || v == nv - 2 { 4 } else { 2 }) as f64;
         println!(
             "k={k} n={n} m={m} {name:18} {:9.1} us  {:6.1} GB/s  {:7.1} GFLOP/s",
             t * 1e6,

@@ -14,6 +14,7 @@ pub mod matmul;
 pub mod matmul_bf16;
 pub mod norm;
 pub mod packed;
+pub mod packed_bf16;
 pub mod rope;
 
 pub use act::{
@@ -29,4 +30,5 @@ pub use matmul_bf16::{
 };
 pub use norm::{add_rms_norm, rms_norm, rms_norm_ref};
 pub use packed::{matmul_packed, PackedMatrix, PANEL};
+pub use packed_bf16::{matmul_packed_bf16, PackedMatrixBf16};
 pub use rope::{inv_freq, rope_ref, Llama3Scaling, RopeCache};

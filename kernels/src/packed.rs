@@ -22,7 +22,7 @@ use crate::matmul::trivial;
 pub const PANEL: usize = 64;
 
 /// Rows of `x` per AVX-512 micro-kernel call (6 × 4 = 24 accumulators).
-const MR: usize = 6;
+pub(crate) const MR: usize = 6;
 
 /// Below this many multiply-adds a call runs on the calling thread only.
 const PARALLEL_MIN_FLOPS: usize = 1 << 16;
@@ -107,10 +107,6 @@ impl PackedMatrix {
         }
         w
     }
-
-    fn panels(&self) -> usize {
-        self.n.div_ceil(PANEL)
-    }
 }
 
 /// `out[m, n] = x[m, k] · wᵀ` for a packed `w`.
@@ -127,10 +123,27 @@ pub fn matmul_packed(
         return Ok(());
     }
     let avx512 = crate::matmul::has_avx512();
-    let panels = w.panels();
-    // Tasks are (row block, panel) pairs; a row block is a multiple of MR rows so
-    // only the last block has a ragged tile. Few panels (o_proj, down_proj: 9 at
-    // SmolLM2's 576) get split along m too, so both cores have work.
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    drive(m, k, n, |r0, r1, panel| {
+        let lines = &w.lines[panel * k..(panel + 1) * k];
+        let cols = PANEL.min(n - panel * PANEL);
+        // SAFETY: drive hands out disjoint (row range, panel) blocks of out, which
+        // outlives it; rows r0..r1 < m of x exist.
+        unsafe {
+            let o = out_ptr.get().add(r0 * n + panel * PANEL);
+            block_rows(avx512, &x[r0 * k..r1 * k], r1 - r0, lines, k, o, n, cols);
+        }
+    });
+    Ok(())
+}
+
+/// Runs `block(r0, r1, panel)` over every (row block, panel) pair of an
+/// `m × n` output, in parallel when the call is big enough. Row blocks are
+/// multiples of [`MR`] rows so only the last one has a ragged tile; few panels
+/// (o_proj, down_proj: 9 at SmolLM2's 576) get split along `m` too, so every core
+/// has work.
+pub(crate) fn drive(m: usize, k: usize, n: usize, block: impl Fn(usize, usize, usize) + Sync) {
+    let panels = n.div_ceil(PANEL);
     let threads = rayon::current_num_threads();
     let parallel = threads > 1 && m * k * n >= PARALLEL_MIN_FLOPS;
     let row_tiles = m.div_ceil(MR);
@@ -140,22 +153,12 @@ pub fn matmul_packed(
         1
     };
     let rows_per_block = row_tiles.div_ceil(row_blocks) * MR;
-    let out_ptr = SendPtr(out.as_mut_ptr());
     let task = |t: usize| {
-        let (block, panel) = (t / panels, t % panels);
-        let r0 = block * rows_per_block;
+        let (rb, panel) = (t / panels, t % panels);
+        let r0 = rb * rows_per_block;
         let r1 = (r0 + rows_per_block).min(m);
-        if r0 >= r1 {
-            return;
-        }
-        let lines = &w.lines[panel * k..(panel + 1) * k];
-        let cols = PANEL.min(n - panel * PANEL);
-        // SAFETY: tasks write disjoint (row range, panel columns) blocks of out,
-        // which outlives the parallel loop; rows r0..r1 < m of x exist.
-        unsafe {
-            let o = out_ptr.get().add(r0 * n + panel * PANEL);
-            let xr = &x[r0 * k..r1 * k];
-            block_rows(avx512, xr, r1 - r0, lines, k, o, n, cols);
+        if r0 < r1 {
+            block(r0, r1, panel);
         }
     };
     let tasks = row_blocks * panels;
@@ -165,16 +168,15 @@ pub fn matmul_packed(
     } else {
         (0..tasks).for_each(task);
     }
-    Ok(())
 }
 
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(crate) struct SendPtr(pub(crate) *mut f32);
 // SAFETY: used only for the disjoint writes described in matmul_packed.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 impl SendPtr {
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }

@@ -106,3 +106,73 @@ fn bad_shapes_are_errors() {
     assert_eq!(z, vec![0.0; 6]);
     matmul_packed(&[], &pw, &mut [], 0).unwrap();
 }
+
+/// bf16 rounding as the kernels do it (nearest even).
+fn round_bf16(v: &[f32]) -> Vec<f32> {
+    v.iter()
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// Against the f64 product of the bf16-rounded operands: what remains is the
+    /// f32 accumulation error.
+    #[test]
+    fn packed_bf16_matches_reference((m, k, n, x, w) in case()) {
+        let pw = PackedMatrixBf16::pack(&w, n, k).unwrap();
+        let mut out = vec![f32::NAN; m * n];
+        matmul_packed_bf16(&x, &pw, &mut out, m).unwrap();
+        let (xr, wr) = (round_bf16(&x), round_bf16(&w));
+        let mut reference = vec![0.0; m * n];
+        matmul_t_ref(&xr, &wr, &mut reference, m, k, n).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let scale: f64 = (0..k)
+                    .map(|c| (xr[i * k + c] as f64 * wr[j * k + c] as f64).abs())
+                    .sum();
+                let (a, b) = (out[i * n + j], reference[i * n + j]);
+                prop_assert!(
+                    ((a - b) as f64).abs() <= 1e-4 * scale + 1e-6,
+                    "m={m} k={k} n={n} at ({i},{j}): {a} vs {b} (scale {scale})"
+                );
+            }
+        }
+        let mut row = vec![0.0; k];
+        pw.row_into(n - 1, &mut row).unwrap();
+        prop_assert_eq!(&row[..], &wr[(n - 1) * k..]);
+    }
+
+    #[test]
+    fn packed_bf16_rows_do_not_depend_on_the_batch((m, k, n, x, w) in case()) {
+        let pw = PackedMatrixBf16::pack(&w, n, k).unwrap();
+        let mut out = vec![0.0; m * n];
+        matmul_packed_bf16(&x, &pw, &mut out, m).unwrap();
+        for i in 0..m {
+            let mut alone = vec![0.0; n];
+            matmul_packed_bf16(&x[i * k..(i + 1) * k], &pw, &mut alone, 1).unwrap();
+            prop_assert_eq!(&out[i * n..(i + 1) * n], &alone[..], "row {} of {}", i, m);
+        }
+    }
+}
+
+#[test]
+fn bf16_long_k_crosses_conversion_chunks() {
+    // k = 1537: several 256-pair chunks and an odd tail.
+    let (m, k, n) = (7, 1537, 70);
+    let x: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
+        .collect();
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 3) % 17) as f32 * 0.01 - 0.08)
+        .collect();
+    let pw = PackedMatrixBf16::pack(&w, n, k).unwrap();
+    let mut out = vec![0.0; m * n];
+    matmul_packed_bf16(&x, &pw, &mut out, m).unwrap();
+    let mut reference = vec![0.0; m * n];
+    matmul_t_ref(&round_bf16(&x), &round_bf16(&w), &mut reference, m, k, n).unwrap();
+    for (a, b) in out.iter().zip(&reference) {
+        assert!((a - b).abs() <= 1e-3, "{a} vs {b}");
+    }
+}

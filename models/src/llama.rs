@@ -1,11 +1,12 @@
 //! The Llama-family forward pass on CPU in f32, through the pluggable attention
 //! backend and the paged KV cache.
 //!
-//! The linear-layer weights are stored in f32 or, with [`WeightDtype::Bf16`], in
-//! bf16 (rounded to nearest even): half the bytes per decode step, which is bound
-//! by reading them. Norms stay f32; the embedding table stays f32 unless it is
-//! tied to the LM head, in which case the one bf16 copy serves both (lookups widen
-//! a row back to f32, exactly).
+//! The linear-layer weights are packed at construction into the column panels of
+//! `pagoda_kernels::packed` (the broadcast-form GEMM), in f32 or, with
+//! [`WeightDtype::Bf16`], in bf16 (rounded to nearest even: half the bytes per
+//! decode step and twice the multiply-adds per instruction). Norms stay f32; the
+//! embedding table stays as loaded unless it is tied to the LM head, in which case
+//! the head's one packed copy serves both (a lookup gathers the row back out).
 //!
 //! At construction the per-layer projections are fused (`[wq; wk; wv]` and
 //! `[w_gate; w_up]`) so each is one GEMM per step. A step runs every token of the
@@ -17,11 +18,10 @@
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::weights::{LlamaWeights, Mat};
-use half::bf16;
 use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, LayerIo};
 use pagoda_kernels::{
-    add_rms_norm, matmul_packed, matmul_t_bf16, rms_norm, silu_mul_fused, to_bf16, KernelError,
-    Llama3Scaling, PackedMatrix, RopeCache,
+    add_rms_norm, matmul_packed, matmul_packed_bf16, rms_norm, silu_mul_fused, KernelError,
+    Llama3Scaling, PackedMatrix, PackedMatrixBf16, RopeCache,
 };
 
 /// How [`Llama::new_with_dtype`] stores the linear-layer weights.
@@ -41,7 +41,8 @@ enum Linear {
     /// Packed into column panels for the broadcast-form GEMM (see
     /// `pagoda_kernels::packed`).
     F32(PackedMatrix),
-    Bf16(Vec<bf16>),
+    /// Rounded to bf16 and packed the same way, for `vdpbf16ps`.
+    Bf16(PackedMatrixBf16),
 }
 
 impl Linear {
@@ -49,7 +50,7 @@ impl Linear {
     fn new(data: Vec<f32>, n: usize, k: usize, dtype: WeightDtype) -> Result<Self, ModelError> {
         Ok(match dtype {
             WeightDtype::F32 => Linear::F32(PackedMatrix::pack(&data, n, k).map_err(kernel)?),
-            WeightDtype::Bf16 => Linear::Bf16(to_bf16(&data)),
+            WeightDtype::Bf16 => Linear::Bf16(PackedMatrixBf16::pack(&data, n, k).map_err(kernel)?),
         })
     }
 
@@ -67,7 +68,10 @@ impl Linear {
                 debug_assert_eq!((w.k(), w.n()), (k, n));
                 matmul_packed(x, w, out, m)
             }
-            Linear::Bf16(w) => matmul_t_bf16(x, w, out, m, k, n),
+            Linear::Bf16(w) => {
+                debug_assert_eq!((w.k(), w.n()), (k, n));
+                matmul_packed_bf16(x, w, out, m)
+            }
         }
     }
 }
@@ -77,11 +81,9 @@ impl Linear {
 enum Embedding {
     /// Untied: the table as loaded.
     F32(Mat),
-    /// Tied to the LM head in f32: the head's packed matrix, shared (lookups
-    /// gather a row back out of the panels, exactly).
-    Packed(PackedMatrix),
-    /// Only when tied to the LM head in bf16: the head's matrix, shared.
-    Bf16 { cols: usize, data: Vec<bf16> },
+    /// Tied to the LM head: the head's packed matrix, shared (lookups gather a
+    /// row back out of the panels, exactly as stored).
+    Tied(Linear),
 }
 
 impl Embedding {
@@ -89,13 +91,11 @@ impl Embedding {
         match self {
             Embedding::F32(m) => dst.copy_from_slice(m.row(r)),
             // r < vocab (checked by forward's input validation), dst has k elements.
-            Embedding::Packed(p) => {
+            Embedding::Tied(Linear::F32(p)) => {
                 let _ = p.row_into(r, dst);
             }
-            Embedding::Bf16 { cols, data } => {
-                for (d, s) in dst.iter_mut().zip(&data[r * cols..(r + 1) * cols]) {
-                    *d = s.to_f32();
-                }
+            Embedding::Tied(Linear::Bf16(p)) => {
+                let _ = p.row_into(r, dst);
             }
         }
     }
@@ -305,18 +305,13 @@ impl Llama {
                 Embedding::F32(weights.embed),
                 Some(Linear::new(head.data, c.vocab_size, hidden, dtype)?),
             ),
-            (None, WeightDtype::F32) => (
-                Embedding::Packed(
-                    PackedMatrix::pack(&weights.embed.data, c.vocab_size, hidden)
-                        .map_err(kernel)?,
-                ),
-                None,
-            ),
-            (None, WeightDtype::Bf16) => (
-                Embedding::Bf16 {
-                    cols: weights.embed.cols,
-                    data: to_bf16(&weights.embed.data),
-                },
+            (None, _) => (
+                Embedding::Tied(Linear::new(
+                    weights.embed.data,
+                    c.vocab_size,
+                    hidden,
+                    dtype,
+                )?),
                 None,
             ),
         };
@@ -345,9 +340,9 @@ impl Llama {
         let (k, n) = (self.config.hidden_size, self.config.vocab_size);
         match (&self.lm_head, &self.embed) {
             (Some(head), _) => head.matmul(x, out, m, k, n),
-            (None, Embedding::Packed(e)) => matmul_packed(x, e, out, m),
+            (None, Embedding::Tied(head)) => head.matmul(x, out, m, k, n),
+            // Not built: an untied embedding always comes with its own head.
             (None, Embedding::F32(e)) => pagoda_kernels::matmul_t(x, &e.data, out, m, k, n),
-            (None, Embedding::Bf16 { data, .. }) => matmul_t_bf16(x, data, out, m, k, n),
         }
     }
 

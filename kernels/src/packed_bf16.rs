@@ -1,0 +1,254 @@
+//! `out = x · wᵀ` with bf16 weights packed into column panels: the `--dtype bf16`
+//! serving path, the broadcast-form GEMM of [`crate::packed`] on `vdpbf16ps`.
+//!
+//! Panels hold [`PANEL`] rows of `w` (output columns); line `q` of a panel holds,
+//! per column `c`, the pair `(w[c][2q], w[c][2q+1])` as two bf16 in one 32-bit
+//! lane (zero past `k` and past `n`). `vdpbf16ps` multiplies such a line with a
+//! broadcast pair `(x[i][2q], x[i][2q+1])` (rounded to bf16, nearest even) and adds
+//! both products to the f32 accumulator lane: twice the multiply-adds per
+//! instruction of f32 and half the bytes per weight. Lines are as long as the f32
+//! kernel's (256 bytes), so the same 6 × 64 register tile and driver serve both.
+//!
+//! As in the f32 kernel, each output is one lane accumulated over `q` in order,
+//! so a row's result does not depend on the rows it is batched with.
+
+use crate::error::{check_len, KernelError};
+use crate::matmul::trivial;
+use crate::packed::{drive, SendPtr, MR, PANEL};
+use half::bf16;
+
+/// One panel line: `PANEL` pairs of bf16, cache-line aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u32; PANEL]);
+
+/// A weight matrix `[n, k]` rounded to bf16 and packed for [`matmul_packed_bf16`].
+#[derive(Clone)]
+pub struct PackedMatrixBf16 {
+    n: usize,
+    k: usize,
+    /// `panels * k.div_ceil(2)` lines.
+    lines: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedMatrixBf16 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedMatrixBf16")
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PackedMatrixBf16 {
+    /// Rounds `w[n, k]` (row-major f32) to bf16 (nearest even) and packs it.
+    pub fn pack(w: &[f32], n: usize, k: usize) -> Result<Self, KernelError> {
+        check_len("w", w.len(), n * k)?;
+        let (panels, pairs) = (n.div_ceil(PANEL), k.div_ceil(2));
+        let mut lines = vec![Line([0; PANEL]); panels * pairs];
+        for (j, row) in w.chunks_exact(k.max(1)).enumerate().take(n) {
+            let (panel, col) = (j / PANEL, j % PANEL);
+            for (p, &v) in row.iter().enumerate() {
+                let bits = bf16::from_f32(v).to_bits() as u32;
+                lines[panel * pairs + p / 2].0[col] |= bits << (16 * (p % 2));
+            }
+        }
+        Ok(PackedMatrixBf16 { n, k, lines })
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Row `r` of `w` as stored (bf16 widened to f32, exactly) into `dst` (`k`
+    /// elements): the embedding lookup of a table tied to a packed LM head.
+    pub fn row_into(&self, r: usize, dst: &mut [f32]) -> Result<(), KernelError> {
+        if r >= self.n {
+            return Err(KernelError::InvalidArgument {
+                name: "r",
+                message: format!("row {r} of a matrix with {} rows", self.n),
+            });
+        }
+        check_len("dst", dst.len(), self.k)?;
+        let pairs = self.k.div_ceil(2);
+        let (panel, col) = (r / PANEL, r % PANEL);
+        for (p, d) in dst.iter_mut().enumerate() {
+            let lane = self.lines[panel * pairs + p / 2].0[col];
+            *d = bf16::from_bits((lane >> (16 * (p % 2))) as u16).to_f32();
+        }
+        Ok(())
+    }
+}
+
+/// `out[m, n] = x[m, k] · wᵀ` for a packed bf16 `w`; `x` is rounded to bf16 as it
+/// is used, products accumulate in f32.
+pub fn matmul_packed_bf16(
+    x: &[f32],
+    w: &PackedMatrixBf16,
+    out: &mut [f32],
+    m: usize,
+) -> Result<(), KernelError> {
+    let (k, n) = (w.k, w.n);
+    check_len("x", x.len(), m * k)?;
+    check_len("out", out.len(), m * n)?;
+    if trivial(out, m, k, n) {
+        return Ok(());
+    }
+    let fast = crate::matmul_bf16::has_avx512_bf16();
+    let pairs = k.div_ceil(2);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    drive(m, k, n, |r0, r1, panel| {
+        let lines = &w.lines[panel * pairs..(panel + 1) * pairs];
+        let cols = PANEL.min(n - panel * PANEL);
+        // SAFETY: drive hands out disjoint (row range, panel) blocks of out.
+        unsafe {
+            let o = out_ptr.get().add(r0 * n + panel * PANEL);
+            block_rows(fast, &x[r0 * k..r1 * k], r1 - r0, lines, k, o, n, cols);
+        }
+    });
+    Ok(())
+}
+
+/// Pairs of `x` converted per chunk (a stack buffer of `MR` rows).
+const CHUNK_PAIRS: usize = 256;
+
+/// # Safety
+/// `out` is valid for `rows` rows of `cols` elements at stride `ldo`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_rows(
+    fast: bool,
+    x: &[f32],
+    rows: usize,
+    lines: &[Line],
+    k: usize,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if fast {
+        let mut i = 0;
+        while i < rows {
+            let h = MR.min(rows - i);
+            let xr = &x[i * k..(i + h) * k];
+            let (lp, o) = (lines.as_ptr() as *const u32, out.add(i * ldo));
+            // SAFETY: AVX-512 BF16 detected; h rows of x, k.div_ceil(2) lines.
+            match h {
+                6 => ukr::<6>(xr, k, lp, o, ldo, cols),
+                5 => ukr::<5>(xr, k, lp, o, ldo, cols),
+                4 => ukr::<4>(xr, k, lp, o, ldo, cols),
+                3 => ukr::<3>(xr, k, lp, o, ldo, cols),
+                2 => ukr::<2>(xr, k, lp, o, ldo, cols),
+                _ => ukr::<1>(xr, k, lp, o, ldo, cols),
+            }
+            i += h;
+        }
+        return;
+    }
+    let _ = fast;
+    // Portable: widen both to f32 (x rounded to bf16 first, as the fast path does).
+    for i in 0..rows {
+        let mut acc = [0.0f32; PANEL];
+        for (q, line) in lines.iter().enumerate() {
+            for half in 0..2 {
+                let p = 2 * q + half;
+                if p >= k {
+                    break;
+                }
+                let a = bf16::from_f32(x[i * k + p]).to_f32();
+                for (s, &lane) in acc.iter_mut().zip(&line.0) {
+                    *s += a * bf16::from_bits((lane >> (16 * half)) as u16).to_f32();
+                }
+            }
+        }
+        std::ptr::copy_nonoverlapping(acc.as_ptr(), out.add(i * ldo), cols);
+    }
+}
+
+/// `H` rows of `x` (row stride `k`) times one panel (`k.div_ceil(2)` lines at `lp`).
+///
+/// # Safety
+/// AVX-512 F/BW/BF16 available; `x` holds `H` rows of `k`; `lp` has the panel's
+/// 64-byte aligned lines; `out` has `H` rows of `cols` at stride `ldo`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn ukr<const H: usize>(
+    x: &[f32],
+    k: usize,
+    lp: *const u32,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    use std::arch::x86_64::*;
+    const NV: usize = PANEL / 16;
+    let pairs = k.div_ceil(2);
+    let mut acc = [[_mm512_setzero_ps(); NV]; H];
+    // x rows as bf16 pairs (u32 lanes), a chunk at a time.
+    let mut xb = [[0u32; CHUNK_PAIRS]; H];
+    let mut q0 = 0;
+    while q0 < pairs {
+        let qn = CHUNK_PAIRS.min(pairs - q0);
+        for i in 0..H {
+            let row = &x[i * k..(i + 1) * k];
+            let (p0, p1) = (2 * q0, (2 * (q0 + qn)).min(k));
+            convert_pairs(&row[p0..p1], &mut xb[i][..qn]);
+        }
+        for q in 0..qn {
+            let line = lp.add((q0 + q) * PANEL);
+            let mut b = [_mm512_setzero_si512(); NV];
+            for v in 0..NV {
+                b[v] = _mm512_load_si512(line.add(v * 16) as *const _);
+            }
+            for i in 0..H {
+                let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(xb[i][q] as i32));
+                for v in 0..NV {
+                    acc[i][v] = _mm512_dpbf16_ps(acc[i][v], a, std::mem::transmute(b[v]));
+                }
+            }
+        }
+        q0 += qn;
+    }
+    for i in 0..H {
+        let o = out.add(i * ldo);
+        for v in 0..NV {
+            let c0 = v * 16;
+            if c0 + 16 <= cols {
+                _mm512_storeu_ps(o.add(c0), acc[i][v]);
+            } else if c0 < cols {
+                let mask = ((1u32 << (cols - c0)) - 1) as u16;
+                _mm512_mask_storeu_ps(o.add(c0), mask, acc[i][v]);
+            }
+        }
+    }
+}
+
+/// `src` (up to `2 * dst.len()` floats, an odd tail padded with 0) to bf16 pairs,
+/// nearest even: 32 floats per `vcvtne2ps2bf16`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn convert_pairs(src: &[f32], dst: &mut [u32]) {
+    use std::arch::x86_64::*;
+    let mut p = 0;
+    while p + 32 <= src.len() {
+        let lo = _mm512_loadu_ps(src.as_ptr().add(p));
+        let hi = _mm512_loadu_ps(src.as_ptr().add(p + 16));
+        // The second argument fills the low 16 bf16 lanes: pairs stay in order.
+        let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+        _mm512_storeu_si512(dst.as_mut_ptr().add(p / 2) as *mut _, v);
+        p += 32;
+    }
+    while p < src.len() {
+        let lo = half::bf16::from_f32(src[p]).to_bits() as u32;
+        let hi = src
+            .get(p + 1)
+            .map_or(0, |&v| half::bf16::from_f32(v).to_bits() as u32);
+        dst[p / 2] = lo | (hi << 16);
+        p += 2;
+    }
+}
