@@ -206,9 +206,14 @@ unsafe fn ukr<const H: usize>(
                 b[v] = _mm512_load_si512(line.add(v * 16) as *const _);
             }
             for i in 0..H {
-                let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(xb[i][q] as i32));
+                let a =
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(xb[i][q] as i32));
                 for v in 0..NV {
-                    acc[i][v] = _mm512_dpbf16_ps(acc[i][v], a, std::mem::transmute(b[v]));
+                    acc[i][v] = _mm512_dpbf16_ps(
+                        acc[i][v],
+                        a,
+                        std::mem::transmute::<__m512i, __m512bh>(b[v]),
+                    );
                 }
             }
         }
@@ -239,7 +244,7 @@ unsafe fn convert_pairs(src: &[f32], dst: &mut [u32]) {
         let lo = _mm512_loadu_ps(src.as_ptr().add(p));
         let hi = _mm512_loadu_ps(src.as_ptr().add(p + 16));
         // The second argument fills the low 16 bf16 lanes: pairs stay in order.
-        let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+        let v = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
         _mm512_storeu_si512(dst.as_mut_ptr().add(p / 2) as *mut _, v);
         p += 32;
     }
