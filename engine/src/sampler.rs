@@ -39,6 +39,7 @@ use std::sync::Mutex;
 
 use pagoda_core::request::MAX_LOGPROBS;
 use pagoda_core::{SamplingParams, TokenLogprobs};
+use pagoda_kernels::{first_nan_or_inf, max_index};
 use rayon::prelude::*;
 
 /// Rows times vocabulary above which the rows of a batch are sampled in parallel;
@@ -291,11 +292,8 @@ fn sample_row(
     let vocab = logits.len();
     let p = input.params;
     validate_params(row, p)?;
-    if let Some((token, &value)) = logits
-        .iter()
-        .enumerate()
-        .find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
-    {
+    if let Some(token) = first_nan_or_inf(logits) {
+        let value = logits[token];
         return Err(SamplerError::NonFiniteLogit { row, token, value });
     }
     check_ids(row, "prompt_ids", input.prompt_ids, vocab)?;
@@ -311,11 +309,8 @@ fn sample_row(
 
     process_logits(logits, input, scratch);
     // Huge biases or tiny repetition penalties can overflow to +inf.
-    if let Some((token, &value)) = logits
-        .iter()
-        .enumerate()
-        .find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
-    {
+    if let Some(token) = first_nan_or_inf(logits) {
+        let value = logits[token];
         return Err(SamplerError::NonFiniteLogit { row, token, value });
     }
 
@@ -387,13 +382,8 @@ fn process_logits(logits: &mut [f32], input: &SampleInput<'_>, scratch: &mut Scr
 
 /// Largest logit and its lowest index.
 fn argmax(logits: &[f32]) -> (u32, f32) {
-    let mut best = (0u32, f32::NEG_INFINITY);
-    for (i, &l) in logits.iter().enumerate() {
-        if l > best.1 {
-            best = (i as u32, l);
-        }
-    }
-    best
+    let (i, v) = max_index(logits);
+    (i as u32, v)
 }
 
 /// Orders `(weight, id)` by weight descending, then id ascending: a total order.

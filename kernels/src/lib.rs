@@ -18,7 +18,8 @@ pub mod packed_bf16;
 pub mod rope;
 
 pub use act::{
-    argmax, log_softmax, log_softmax_ref, silu_mul, silu_mul_fused, silu_mul_ref, softmax,
+    argmax, exp_fast, first_nan_or_inf, log_softmax, log_softmax_ref, max_index, silu_mul,
+    silu_mul_fused, silu_mul_ref, softmax,
 };
 pub use error::KernelError;
 pub use matmul::{

@@ -148,7 +148,7 @@ pub(crate) fn drive(m: usize, k: usize, n: usize, block: impl Fn(usize, usize, u
     let parallel = threads > 1 && m * k * n >= PARALLEL_MIN_FLOPS;
     let row_tiles = m.div_ceil(MR);
     let row_blocks = if parallel {
-        (threads * 4).div_ceil(panels).clamp(1, row_tiles)
+        (threads * 8).div_ceil(panels).clamp(1, row_tiles)
     } else {
         1
     };

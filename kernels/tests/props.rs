@@ -104,6 +104,43 @@ proptest! {
         }
     }
 
+    /// Against the plain loop (first maximum, `(0, -inf)` when nothing beats -inf),
+    /// with ties and -inf planted.
+    #[test]
+    fn max_index_matches_plain_loop(mut row in proptest::collection::vec(-4.0f32..4.0, 0..300), ties in 0usize..5, masked in 0usize..300) {
+        for i in 0..row.len() {
+            if i % 7 == ties { row[i] = 3.99; }
+            if i < masked { row[i] = f32::NEG_INFINITY; }
+        }
+        let mut want = (0usize, f32::NEG_INFINITY);
+        for (i, &v) in row.iter().enumerate() {
+            if v > want.1 { want = (i, v); }
+        }
+        prop_assert_eq!(max_index(&row), want);
+    }
+
+    #[test]
+    fn first_nan_or_inf_finds_the_first(len in 0usize..700, a in 0usize..700, b in 0usize..700, kind in 0usize..3) {
+        let mut row: Vec<f32> = (0..len).map(|i| i as f32 * 0.5 - 100.0).collect();
+        if len > 0 { row[len / 2] = f32::NEG_INFINITY; }
+        let bad = [f32::NAN, f32::INFINITY, f32::NAN][kind];
+        let mut want = None;
+        for p in [a, b] {
+            if p < len && p != len / 2 {
+                row[p] = bad;
+                want = Some(want.map_or(p, |w: usize| w.min(p)));
+            }
+        }
+        prop_assert_eq!(first_nan_or_inf(&row), want);
+    }
+
+    /// Within 2.5 ulp (3e-7 relative) of e^x over the clamped range [-87, 88].
+    #[test]
+    fn exp_fast_matches_exp(x in -87.0f32..88.0) {
+        let (a, b) = (exp_fast(x) as f64, (x as f64).exp());
+        prop_assert!((a - b).abs() <= 3e-7 * b, "exp({x}): {a} vs {b}");
+    }
+
     #[test]
     fn silu_mul_matches_reference(g in vals(40), u in vals(40)) {
         let mut a = vec![0.0; 40];

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's `llama-server` and `llama-quantize` (CPU only) from the llama.cpp sources
 # vendored in the PyPI sdist of llama-cpp-python, then makes the F32 GGUF of SmolLM2-135M from
-# the shipped Q4_1 file (exactly the weights Pagoda dequantizes to f32).
+# the shipped Q4_1 file (exactly the weights Pagoda dequantizes to f32), and the BF16 GGUF
+# (the same weights rounded to bf16, for comparing `pagoda serve --dtype bf16`).
 #
 # Everything goes into a cache dir outside git: $PAGODA_CACHE/llama.cpp (default
 # ~/.cache/pagoda/llama.cpp). Re-running skips the steps already done.
@@ -14,6 +15,7 @@ CACHE="${PAGODA_CACHE:-$HOME/.cache/pagoda}"
 DIR="$CACHE/llama.cpp"
 SRC_MODEL="${PAGODA_MODEL:-$HOME/.cache/pagoda/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 F32_MODEL="$CACHE/models/SmolLM2-135M-Instruct.F32.gguf"
+BF16_MODEL="$CACHE/models/SmolLM2-135M-Instruct.BF16.gguf"
 JOBS="${JOBS:-2}"
 mkdir -p "$DIR" "$CACHE/models"
 
@@ -73,5 +75,12 @@ if [ ! -s "$F32_MODEL" ]; then
     "$BIN/llama-quantize" --allow-requantize "$SRC_MODEL" "$F32_MODEL.tmp" F32 >&2
     mv "$F32_MODEL.tmp" "$F32_MODEL"
 fi
+# 4. The BF16 GGUF (Q4_1 -> BF16 rounds each dequantized weight to nearest even).
+if [ ! -s "$BF16_MODEL" ]; then
+    log "making $BF16_MODEL"
+    "$BIN/llama-quantize" --allow-requantize "$SRC_MODEL" "$BF16_MODEL.tmp" BF16 >&2
+    mv "$BF16_MODEL.tmp" "$BF16_MODEL"
+fi
 echo "LLAMA_SERVER=$BIN/llama-server"
 echo "F32_MODEL=$F32_MODEL"
+echo "BF16_MODEL=$BF16_MODEL"

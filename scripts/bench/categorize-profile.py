@@ -10,7 +10,7 @@ from collections import defaultdict
 # First match wins: order matters (e.g. attention before generic softmax).
 CATEGORIES = [
     ("attention", r"paged|flash|attention|attn|attend|merge_states|write_kv|online_softmax"),
-    ("GEMM / GEMV (incl. LM head)", r"gemm|matmul|gemv|sgemm|microkernel|dot_f32|dot_product|tile_f32|tile_bf16|kernels::avx512"),
+    ("GEMM / GEMV (incl. LM head)", r"gemm|matmul|gemv|sgemm|microkernel|dot_f32|dot_product|tile_f32|tile_bf16|kernels::avx512|kernels::packed"),
     ("libm exp (softmax in attention or sampler)", r"expf"),
     ("elementwise (norm, RoPE, SiLU, residual)", r"rms_norm|rope|silu|swiglu|residual|add_assign|embed"),
     ("sampling / logits", r"sampl|argmax|top_k|top_p|logit|penalt|softmax"),
