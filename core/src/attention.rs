@@ -307,7 +307,7 @@ impl Capabilities {
                 });
             }
         }
-        if cfg.num_kv_heads == 0 || cfg.num_heads % cfg.num_kv_heads != 0 {
+        if cfg.num_kv_heads == 0 || !cfg.num_heads.is_multiple_of(cfg.num_kv_heads) {
             r.push(InvalidReason::HeadsNotDivisible {
                 num_heads: cfg.num_heads,
                 num_kv_heads: cfg.num_kv_heads,

@@ -58,7 +58,7 @@ pub fn exp_fast(x: f32) -> f32 {
     let p = p * r + 8.333_452e-3;
     let p = p * r + 4.166_579_6e-2;
     let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5.000_000_1e-1;
+    let p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
     y * f32::from_bits(((n as i32 + 127) << 23) as u32)
 }
@@ -172,6 +172,8 @@ fn max_index_generic(row: &[f32]) -> (usize, f32) {
 }
 
 /// The first index holding NaN or `+inf`, if any (`-inf` is a valid masked logit).
+// `!(v < inf)` is the point: true for NaN and +inf alike.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub fn first_nan_or_inf(row: &[f32]) -> Option<usize> {
     // Branch-free per chunk so the common all-finite case vectorises.
     const CHUNK: usize = 256;

@@ -14,7 +14,7 @@ fn check(x_len: usize, weight: &[f32], out_len: usize) -> Result<usize, KernelEr
             message: "empty norm weight".into(),
         });
     }
-    if x_len % dim != 0 {
+    if !x_len.is_multiple_of(dim) {
         return Err(KernelError::ShapeMismatch {
             name: "x",
             expected: x_len / dim * dim,

@@ -72,7 +72,7 @@ impl RopeCache {
         theta: f32,
         scaling: Option<&Llama3Scaling>,
     ) -> Result<Self, KernelError> {
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(KernelError::InvalidArgument {
                 name: "head_dim",
                 message: format!("{head_dim} must be even and > 0"),

@@ -108,9 +108,9 @@ proptest! {
     /// with ties and -inf planted.
     #[test]
     fn max_index_matches_plain_loop(mut row in proptest::collection::vec(-4.0f32..4.0, 0..300), ties in 0usize..5, masked in 0usize..300) {
-        for i in 0..row.len() {
-            if i % 7 == ties { row[i] = 3.99; }
-            if i < masked { row[i] = f32::NEG_INFINITY; }
+        for (i, v) in row.iter_mut().enumerate() {
+            if i % 7 == ties { *v = 3.99; }
+            if i < masked { *v = f32::NEG_INFINITY; }
         }
         let mut want = (0usize, f32::NEG_INFINITY);
         for (i, &v) in row.iter().enumerate() {

@@ -209,13 +209,13 @@ fn validate_config(c: &LlamaConfig) -> Result<(), ModelError> {
             return Err(config_err(format!("{name} must be > 0")));
         }
     }
-    if c.num_heads % c.num_kv_heads != 0 {
+    if !c.num_heads.is_multiple_of(c.num_kv_heads) {
         return Err(config_err(format!(
             "{} heads are not a multiple of {} KV heads",
             c.num_heads, c.num_kv_heads
         )));
     }
-    if c.head_dim % 2 != 0 {
+    if !c.head_dim.is_multiple_of(2) {
         return Err(config_err(format!(
             "head_dim {} must be even for RoPE",
             c.head_dim
