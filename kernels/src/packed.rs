@@ -124,14 +124,28 @@ pub fn matmul_packed(
     }
     let avx512 = crate::matmul::has_avx512();
     let out_ptr = SendPtr(out.as_mut_ptr());
+    let panels = n.div_ceil(PANEL);
     drive(m, k, n, |r0, r1, panel| {
         let lines = &w.lines[panel * k..(panel + 1) * k];
+        // The panel this thread most likely takes next (tasks run in index order
+        // within a thread): prefetched while this one computes.
+        let next = &w.lines[(panel + 1) % panels * k..][..k];
         let cols = PANEL.min(n - panel * PANEL);
         // SAFETY: drive hands out disjoint (row range, panel) blocks of out, which
         // outlives it; rows r0..r1 < m of x exist.
         unsafe {
             let o = out_ptr.get().add(r0 * n + panel * PANEL);
-            block_rows(avx512, &x[r0 * k..r1 * k], r1 - r0, lines, k, o, n, cols);
+            block_rows(
+                avx512,
+                &x[r0 * k..r1 * k],
+                r1 - r0,
+                lines,
+                next,
+                k,
+                o,
+                n,
+                cols,
+            );
         }
     });
     Ok(())
@@ -192,6 +206,7 @@ unsafe fn block_rows(
     x: &[f32],
     rows: usize,
     lines: &[Line],
+    next: &[Line],
     k: usize,
     out: *mut f32,
     ldo: usize,
@@ -199,25 +214,37 @@ unsafe fn block_rows(
 ) {
     #[cfg(target_arch = "x86_64")]
     if avx512 {
+        // Each row tile prefetches its share of the next panel into L2, so memory
+        // streams while the later row tiles run from cache (at decode sizes a
+        // step reads all weights from DRAM, and the first row tile of a panel
+        // would otherwise wait for it).
+        let tiles = rows.div_ceil(MR);
+        let share = k.div_ceil(tiles);
         let mut i = 0;
         while i < rows {
             let h = MR.min(rows - i);
             let (xp, o) = (x.as_ptr().add(i * k), out.add(i * ldo));
             let lp = lines.as_ptr() as *const f32;
-            // SAFETY: AVX-512 F detected; h rows of x from i, k lines, out rows.
+            let p0 = (i / MR) * share;
+            let pf = Prefetch {
+                ptr: next.as_ptr().add(p0.min(k)) as *const f32,
+                lines: share.min(k - p0.min(k)),
+            };
+            // SAFETY: AVX-512 F detected; h rows of x from i, k lines, out rows;
+            // the prefetch range lies inside `next`.
             match h {
-                6 => ukr::<6>(xp, k, lp, o, ldo, cols),
-                5 => ukr::<5>(xp, k, lp, o, ldo, cols),
-                4 => ukr::<4>(xp, k, lp, o, ldo, cols),
-                3 => ukr::<3>(xp, k, lp, o, ldo, cols),
-                2 => ukr::<2>(xp, k, lp, o, ldo, cols),
-                _ => ukr::<1>(xp, k, lp, o, ldo, cols),
+                6 => ukr::<6>(xp, k, lp, o, ldo, cols, pf),
+                5 => ukr::<5>(xp, k, lp, o, ldo, cols, pf),
+                4 => ukr::<4>(xp, k, lp, o, ldo, cols, pf),
+                3 => ukr::<3>(xp, k, lp, o, ldo, cols, pf),
+                2 => ukr::<2>(xp, k, lp, o, ldo, cols, pf),
+                _ => ukr::<1>(xp, k, lp, o, ldo, cols, pf),
             }
             i += h;
         }
         return;
     }
-    let _ = avx512;
+    let _ = (avx512, next);
     portable_rows(x, rows, lines, k, out, ldo, cols);
 }
 
@@ -247,6 +274,13 @@ unsafe fn portable_rows(
     }
 }
 
+/// Lines of another panel to pull into L2 during a micro-kernel call.
+#[derive(Clone, Copy)]
+struct Prefetch {
+    ptr: *const f32,
+    lines: usize,
+}
+
 /// The AVX-512 micro-kernel: `H` rows of `x` times one panel (`k` lines at `lp`).
 ///
 /// # Safety
@@ -262,12 +296,20 @@ unsafe fn ukr<const H: usize>(
     out: *mut f32,
     ldo: usize,
     cols: usize,
+    pf: Prefetch,
 ) {
     use std::arch::x86_64::*;
     const NV: usize = PANEL / 16;
     let k = ldx;
     let mut acc = [[_mm512_setzero_ps(); NV]; H];
+    // The prefetch range's 64-byte lines, spread evenly over the k iterations.
+    let pf_count = pf.lines * PANEL * 4 / 64;
+    let mut pf_next = 0usize;
     for p in 0..k {
+        while pf_next < pf_count && pf_next * k <= p * pf_count {
+            _mm_prefetch::<_MM_HINT_T1>((pf.ptr as *const i8).add(pf_next * 64));
+            pf_next += 1;
+        }
         let line = lp.add(p * PANEL);
         let mut b = [_mm512_setzero_ps(); NV];
         for v in 0..NV {
