@@ -28,7 +28,7 @@ impl EngineConfig {
             block_size: 16,
             num_kv_blocks: None,
             kv_cache_bytes: 1 << 30,
-            max_num_batched_tokens: 512,
+            max_num_batched_tokens: 256,
             max_num_seqs: 64,
             max_model_len: None,
             enable_prefix_caching: true,

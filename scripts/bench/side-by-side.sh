@@ -14,6 +14,8 @@
 #   target/bench/side-by-side-<UTC time>) SKIP_BUILD=1 (use existing binaries)
 #   NICE (default -10 as root, else 0): niceness of both servers and the load
 #   generator, to shield the measurement from other work on a shared machine.
+#   WEIGHTS=bf16: both servers load the BF16 GGUF instead (the same weights rounded to
+#   bf16) and Pagoda runs with `--dtype bf16` (its bf16 GEMMs on vdpbf16ps).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -44,9 +46,19 @@ else
     CACHE="${PAGODA_CACHE:-$HOME/.cache/pagoda}"
     LLAMA_SERVER="$CACHE/llama.cpp/bin/llama-server"
     F32_MODEL="$CACHE/models/SmolLM2-135M-Instruct.F32.gguf"
+    BF16_MODEL="$CACHE/models/SmolLM2-135M-Instruct.BF16.gguf"
 fi
+WEIGHTS="${WEIGHTS:-f32}"
+case $WEIGHTS in
+f32) MODEL="$F32_MODEL" ;;
+bf16)
+    MODEL="$BF16_MODEL"
+    PAGODA_SERVE_ARGS="--dtype bf16 ${PAGODA_SERVE_ARGS:-}"
+    ;;
+*) log "WEIGHTS must be f32 or bf16"; exit 1 ;;
+esac
 PAGODA="$ROOT/target/release/pagoda"
-for f in "$LLAMA_SERVER" "$F32_MODEL" "$PAGODA"; do
+for f in "$LLAMA_SERVER" "$MODEL" "$PAGODA"; do
     [ -e "$f" ] || { log "missing $f"; exit 1; }
 done
 # Snapshot the binary: a rebuild during the run must not change what is measured.
@@ -62,7 +74,8 @@ PAGODA="$OUT/bin/pagoda"
     echo "mem: $(free -g | awk '/^Mem:/{print $2 " GiB"}')"
     echo "pagoda: $(git rev-parse --short HEAD) $(git status --porcelain | grep -q . && echo '(dirty tree)')"
     echo "llama-server: $("$LLAMA_SERVER" --version 2>&1 | grep -m1 version)"
-    echo "model: $F32_MODEL ($(stat -c %s "$F32_MODEL") bytes)"
+    echo "model: $MODEL ($(stat -c %s "$MODEL") bytes)"
+    echo "weights: $WEIGHTS; pagoda serve args: ${PAGODA_SERVE_ARGS:-}"
     echo "workload: input=$INPUT_LEN output=$OUTPUT_LEN concurrency=$CONCURRENCY prefix=$PREFIX_LEN@$PREFIX_CONCURRENCY rounds=$ROUNDS threads=$THREADS nice=$NICE"
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt" >&2
@@ -74,13 +87,13 @@ start_server() { # name logfile
     case $name in
     pagoda)
         # shellcheck disable=SC2086
-        nice -n "$NICE" "$PAGODA" serve --model "$F32_MODEL" --host 127.0.0.1 --port "$PORT" \
+        nice -n "$NICE" "$PAGODA" serve --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
             --served-model-name "$NAME" --kv-cache-memory-mib "$PAGODA_KV_MIB" \
             ${PAGODA_SERVE_ARGS:-} >"$logf" 2>&1 &
         ;;
     llama)
         # shellcheck disable=SC2086
-        nice -n "$NICE" "$LLAMA_SERVER" -m "$F32_MODEL" --host 127.0.0.1 --port "$PORT" --alias "$NAME" \
+        nice -n "$NICE" "$LLAMA_SERVER" -m "$MODEL" --host 127.0.0.1 --port "$PORT" --alias "$NAME" \
             -np "$LLAMA_PARALLEL" -c $((LLAMA_PARALLEL * LLAMA_CTX_PER_SLOT)) --cont-batching \
             -t "$THREADS" --no-webui ${LLAMA_SERVER_ARGS:-} >"$logf" 2>&1 &
         ;;
