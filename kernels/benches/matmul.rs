@@ -1,4 +1,5 @@
-//! Matmul paths for SmolLM2-135M's projection shapes at decode (`m` = 1..8) and
+//! Matmul paths (the packed GEMMs the model runs, and the unpacked `matmul_t`
+//! paths they replaced) for SmolLM2-135M's projection shapes at decode (`m` = 1..8) and
 //! prefill (`m` = 32..512) sizes, plus the machine's read bandwidth (a parallel sum
 //! over 1 GiB) as the ceiling of the memory-bound decode shapes.
 //!
@@ -12,7 +13,10 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::bf16;
-use pagoda_kernels::{matmul_t_bf16_with, matmul_t_with, to_bf16, Bf16Path, MatmulPath};
+use pagoda_kernels::{
+    matmul_packed, matmul_packed_bf16, matmul_t_bf16_with, matmul_t_with, to_bf16, Bf16Path,
+    MatmulPath, PackedMatrix, PackedMatrixBf16,
+};
 use rayon::prelude::*;
 use std::time::Duration;
 
@@ -38,6 +42,9 @@ fn bandwidth(c: &mut Criterion) {
 enum Variant {
     F32(MatmulPath),
     Bf16(Bf16Path),
+    /// The packed GEMMs the model runs (`kernels::packed`, `kernels::packed_bf16`).
+    Packed,
+    PackedBf16,
 }
 
 fn bench(c: &mut Criterion) {
@@ -64,6 +71,14 @@ fn bench(c: &mut Criterion) {
             })
             .collect();
         let ws16: Vec<Vec<bf16>> = ws.iter().map(|w| to_bf16(w)).collect();
+        let packed: Vec<PackedMatrix> = ws
+            .iter()
+            .map(|w| PackedMatrix::pack(w, n, k).unwrap())
+            .collect();
+        let packed16: Vec<PackedMatrixBf16> = ws
+            .iter()
+            .map(|w| PackedMatrixBf16::pack(w, n, k).unwrap())
+            .collect();
         for m in [1usize, 4, 8, 32, 128, 512]
             .into_iter()
             .filter(|&m| m <= max_m)
@@ -77,18 +92,22 @@ fn bench(c: &mut Criterion) {
                     Variant::F32(MatmulPath::Avx512Gemv),
                     Variant::F32(MatmulPath::Avx512Gemm),
                     Variant::Bf16(Bf16Path::Avx512Gemv),
+                    Variant::Packed,
+                    Variant::PackedBf16,
                 ]
             } else {
                 vec![
                     Variant::F32(MatmulPath::Gemm),
                     Variant::F32(MatmulPath::Avx512Gemm),
                     Variant::Bf16(Bf16Path::Avx512Gemm),
+                    Variant::Packed,
+                    Variant::PackedBf16,
                 ]
             };
             for v in variants {
                 let bytes = match v {
-                    Variant::F32(_) => n * k * 4,
-                    Variant::Bf16(_) => n * k * 2,
+                    Variant::F32(_) | Variant::Packed => n * k * 4,
+                    Variant::Bf16(_) | Variant::PackedBf16 => n * k * 2,
                 };
                 g.throughput(if m <= 8 {
                     Throughput::Bytes(bytes as u64)
@@ -99,6 +118,8 @@ fn bench(c: &mut Criterion) {
                 let id = match v {
                     Variant::F32(p) => format!("{name}/{p:?}"),
                     Variant::Bf16(p) => format!("{name}/bf16-{p:?}"),
+                    Variant::Packed => format!("{name}/Packed"),
+                    Variant::PackedBf16 => format!("{name}/bf16-Packed"),
                 };
                 g.bench_with_input(BenchmarkId::new(id, m), &m, |b, &m| {
                     b.iter(|| {
@@ -109,6 +130,10 @@ fn bench(c: &mut Criterion) {
                             }
                             Variant::Bf16(p) => {
                                 matmul_t_bf16_with(p, &x, &ws16[i], &mut out, m, k, n).unwrap()
+                            }
+                            Variant::Packed => matmul_packed(&x, &packed[i], &mut out, m).unwrap(),
+                            Variant::PackedBf16 => {
+                                matmul_packed_bf16(&x, &packed16[i], &mut out, m).unwrap()
                             }
                         }
                     })

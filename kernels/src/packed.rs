@@ -226,9 +226,15 @@ unsafe fn block_rows(
             let (xp, o) = (x.as_ptr().add(i * k), out.add(i * ldo));
             let lp = lines.as_ptr() as *const f32;
             let p0 = (i / MR) * share;
+            // A single row tile (decode of a few requests) is a pure stream, which
+            // the hardware prefetcher follows on its own.
             let pf = Prefetch {
                 ptr: next.as_ptr().add(p0.min(k)) as *const f32,
-                lines: share.min(k - p0.min(k)),
+                lines: if tiles > 1 {
+                    share.min(k - p0.min(k))
+                } else {
+                    0
+                },
             };
             // SAFETY: AVX-512 F detected; h rows of x from i, k lines, out rows;
             // the prefetch range lies inside `next`.
