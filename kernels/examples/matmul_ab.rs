@@ -1,7 +1,9 @@
 //! Quick interleaved A/B timing of matmul paths (rounds of every variant in turn,
 //! median per variant), for tuning on a shared machine; criterion's
 //! `benches/matmul.rs` gives the reported numbers.
-//! `cargo run --release -p pagoda-kernels --example matmul_ab -- k n m [rounds]`
+//! `cargo run --release -p pagoda-kernels --example matmul_ab -- k n m [rounds]`;
+//! without arguments it prints the machine's ceilings: one core's f32 FMA peak and
+//! the parallel read bandwidth.
 
 use half::bf16;
 use pagoda_kernels::{
@@ -16,6 +18,7 @@ fn main() {
         .map(|s| s.parse().unwrap())
         .collect();
     if a.is_empty() {
+        fma_peak();
         return bandwidth();
     }
     let (k, n, m) = (a[0], a[1], a[2]);
@@ -132,6 +135,39 @@ fn main() {
             2.0 * (m * n * k) as f64 / t / 1e9
         );
     }
+}
+
+/// The core's f32 FMA peak: 12 independent chains of `vfmadd` on registers (no
+/// memory), one thread, best of 3.
+fn fma_peak() {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") {
+        let iters = 20_000_000usize;
+        let mut best = 0.0f64;
+        for _ in 0..3 {
+            let t = Instant::now();
+            // SAFETY: AVX-512 F detected.
+            let r = unsafe { fma_chains(iters) };
+            let gflops = (iters * 12 * 32) as f64 / t.elapsed().as_secs_f64() / 1e9;
+            std::hint::black_box(r);
+            best = best.max(gflops);
+        }
+        println!("f32 FMA peak, 1 thread: {best:.1} GFLOP/s");
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_chains(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let mut a = [_mm512_set1_ps(1.0); 12];
+    let (b, c) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(1e-7));
+    for _ in 0..iters {
+        for v in a.iter_mut() {
+            *v = _mm512_fmadd_ps(*v, b, c);
+        }
+    }
+    a.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
 }
 
 /// Read bandwidth: a parallel sum over 1 GiB, fastest of 15 rounds.

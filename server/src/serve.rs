@@ -94,6 +94,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(
             state.clone(),
+            reject_declared_oversize,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
             require_api_key,
         ))
         .with_state(state)
@@ -129,6 +133,43 @@ async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next: Ne
         }
     }
     next.run(req).await
+}
+
+/// Most bytes of an oversized body read and discarded before its 413 is sent.
+const DRAIN_MAX_BYTES: u64 = 64 << 20;
+/// Longest wait for that drain.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Answers a body whose declared `Content-Length` is over the limit with 413 after
+/// reading (and discarding) what the client sends, as nginx's lingering close does:
+/// answering first and closing would reset a client that is still writing, which
+/// then sees a broken pipe instead of the error. Bodies too big even to drain, and
+/// chunked ones, get the 413 from the body limit as they are read.
+async fn reject_declared_oversize(
+    State(st): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > st.max_body_bytes as u64 => {
+            if n <= DRAIN_MAX_BYTES {
+                use futures::StreamExt;
+                let mut data = req.into_body().into_data_stream();
+                let drain = async { while let Some(Ok(_)) = data.next().await {} };
+                let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+            }
+            ApiError::PayloadTooLarge {
+                limit: st.max_body_bytes,
+            }
+            .into_response()
+        }
+        _ => next.run(req).await,
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.
