@@ -50,8 +50,13 @@ pub fn exp_fast(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     // 1.5 * 2^23: adding and subtracting it rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let x = x.max(-87.0).min(88.0);
+    // t holds round(x log2 e) in its low mantissa bits: n as a float and as an
+    // integer without a float-to-int conversion (whose saturating semantics keep
+    // the loop from vectorising).
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
+    let ni = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.987_569_1e-4;
     let p = p * r + 1.398_199_9e-3;
@@ -60,7 +65,7 @@ pub fn exp_fast(x: f32) -> f32 {
     let p = p * r + 1.666_666_5e-1;
     let p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+    y * f32::from_bits((ni + 127).wrapping_shl(23) as u32)
 }
 
 /// [`silu_mul`] on a fused `[rows, 2 * inter]` buffer whose rows are `[gate | up]`
@@ -175,11 +180,32 @@ fn max_index_generic(row: &[f32]) -> (usize, f32) {
 // `!(v < inf)` is the point: true for NaN and +inf alike.
 #[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub fn first_nan_or_inf(row: &[f32]) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::matmul::has_avx512() {
+        // SAFETY: AVX-512 F detected.
+        return unsafe { first_nan_or_inf_avx512(row) };
+    }
+    first_nan_or_inf_generic(row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn first_nan_or_inf_avx512(row: &[f32]) -> Option<usize> {
+    first_nan_or_inf_generic(row)
+}
+
+#[inline(always)]
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
+fn first_nan_or_inf_generic(row: &[f32]) -> Option<usize> {
     // Branch-free per chunk so the common all-finite case vectorises.
     const CHUNK: usize = 256;
     for (c, ch) in row.chunks(CHUNK).enumerate() {
-        let bad = ch.iter().fold(false, |b, &v| b | !(v < f32::INFINITY));
-        if bad {
+        // NaN: magnitude bits above +inf's; +inf: exactly its bits (-inf passes).
+        let bad = ch.iter().fold(0u32, |b, &v| {
+            let bits = v.to_bits();
+            b | (((bits & 0x7fff_ffff) > 0x7f80_0000) | (bits == 0x7f80_0000)) as u32
+        });
+        if bad != 0 {
             return ch
                 .iter()
                 .position(|&v| !(v < f32::INFINITY))
