@@ -50,6 +50,9 @@ pub fn exp_fast(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     // 1.5 * 2^23: adding and subtracting it rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
+    // max/min rather than clamp: clamp keeps a NaN, max/min map it into range
+    // (SiLU's result is NaN either way, through `g`); both vectorise.
+    #[allow(clippy::manual_clamp)]
     let x = x.max(-87.0).min(88.0);
     // t holds round(x log2 e) in its low mantissa bits: n as a float and as an
     // integer without a float-to-int conversion (whose saturating semantics keep
