@@ -22,6 +22,42 @@ fn case() -> impl Strategy<Value = (usize, usize, usize, Vec<f32>, Vec<f32>)> {
         .prop_flat_map(|(m, k, n)| (Just(m), Just(k), Just(n), vals(m * k), vals(n * k)))
 }
 
+/// `out` against the f64 product of `x` and `w` (pass the bf16-rounded operands for
+/// the bf16 kernel), within 1e-4 of Σ|x·w| + 1e-6 per element.
+fn check_ref(
+    out: &[f32],
+    x: &[f32],
+    w: &[f32],
+    (m, k, n): (usize, usize, usize),
+) -> Result<(), TestCaseError> {
+    let mut reference = vec![0.0; m * n];
+    matmul_t_ref(x, w, &mut reference, m, k, n).unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let scale: f64 = (0..k)
+                .map(|c| (x[i * k + c] as f64 * w[j * k + c] as f64).abs())
+                .sum();
+            let (a, b) = (out[i * n + j], reference[i * n + j]);
+            prop_assert!(
+                ((a - b) as f64).abs() <= 1e-4 * scale + 1e-6,
+                "m={m} k={k} n={n} at ({i},{j}): {a} vs {b} (scale {scale})"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Deterministic operands for the fixed-shape tests.
+fn fixed(m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    let x = (0..m * k)
+        .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
+        .collect();
+    let w = (0..n * k)
+        .map(|i| ((i * 3) % 17) as f32 * 0.01 - 0.08)
+        .collect();
+    (x, w)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
@@ -30,20 +66,7 @@ proptest! {
         let pw = PackedMatrix::pack(&w, n, k).unwrap();
         let mut out = vec![f32::NAN; m * n];
         matmul_packed(&x, &pw, &mut out, m).unwrap();
-        let mut reference = vec![0.0; m * n];
-        matmul_t_ref(&x, &w, &mut reference, m, k, n).unwrap();
-        for i in 0..m {
-            for j in 0..n {
-                let scale: f64 = (0..k)
-                    .map(|c| (x[i * k + c] as f64 * w[j * k + c] as f64).abs())
-                    .sum();
-                let (a, b) = (out[i * n + j], reference[i * n + j]);
-                prop_assert!(
-                    ((a - b) as f64).abs() <= 1e-4 * scale + 1e-6,
-                    "m={m} k={k} n={n} at ({i},{j}): {a} vs {b} (scale {scale})"
-                );
-            }
-        }
+        check_ref(&out, &x, &w, (m, k, n))?;
     }
 
     #[test]
@@ -74,20 +97,11 @@ proptest! {
 fn big_shapes_match_reference() {
     // Several row blocks and panels at once, as the model runs them.
     let (m, k, n) = (37, 576, 200);
-    let x: Vec<f32> = (0..m * k)
-        .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
-        .collect();
-    let w: Vec<f32> = (0..n * k)
-        .map(|i| ((i * 3) % 17) as f32 * 0.01 - 0.08)
-        .collect();
+    let (x, w) = fixed(m, k, n);
     let pw = PackedMatrix::pack(&w, n, k).unwrap();
     let mut out = vec![0.0; m * n];
     matmul_packed(&x, &pw, &mut out, m).unwrap();
-    let mut reference = vec![0.0; m * n];
-    matmul_t_ref(&x, &w, &mut reference, m, k, n).unwrap();
-    for (a, b) in out.iter().zip(&reference) {
-        assert!((a - b).abs() <= 1e-3, "{a} vs {b}");
-    }
+    check_ref(&out, &x, &w, (m, k, n)).unwrap();
 }
 
 #[test]
@@ -125,20 +139,7 @@ proptest! {
         let mut out = vec![f32::NAN; m * n];
         matmul_packed_bf16(&x, &pw, &mut out, m).unwrap();
         let (xr, wr) = (round_bf16(&x), round_bf16(&w));
-        let mut reference = vec![0.0; m * n];
-        matmul_t_ref(&xr, &wr, &mut reference, m, k, n).unwrap();
-        for i in 0..m {
-            for j in 0..n {
-                let scale: f64 = (0..k)
-                    .map(|c| (xr[i * k + c] as f64 * wr[j * k + c] as f64).abs())
-                    .sum();
-                let (a, b) = (out[i * n + j], reference[i * n + j]);
-                prop_assert!(
-                    ((a - b) as f64).abs() <= 1e-4 * scale + 1e-6,
-                    "m={m} k={k} n={n} at ({i},{j}): {a} vs {b} (scale {scale})"
-                );
-            }
-        }
+        check_ref(&out, &xr, &wr, (m, k, n))?;
         let mut row = vec![0.0; k];
         pw.row_into(n - 1, &mut row).unwrap();
         prop_assert_eq!(&row[..], &wr[(n - 1) * k..]);
@@ -161,18 +162,9 @@ proptest! {
 fn bf16_long_k_crosses_conversion_chunks() {
     // k = 1537: several 256-pair chunks and an odd tail.
     let (m, k, n) = (7, 1537, 70);
-    let x: Vec<f32> = (0..m * k)
-        .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
-        .collect();
-    let w: Vec<f32> = (0..n * k)
-        .map(|i| ((i * 3) % 17) as f32 * 0.01 - 0.08)
-        .collect();
+    let (x, w) = fixed(m, k, n);
     let pw = PackedMatrixBf16::pack(&w, n, k).unwrap();
     let mut out = vec![0.0; m * n];
     matmul_packed_bf16(&x, &pw, &mut out, m).unwrap();
-    let mut reference = vec![0.0; m * n];
-    matmul_t_ref(&round_bf16(&x), &round_bf16(&w), &mut reference, m, k, n).unwrap();
-    for (a, b) in out.iter().zip(&reference) {
-        assert!((a - b).abs() <= 1e-3, "{a} vs {b}");
-    }
+    check_ref(&out, &round_bf16(&x), &round_bf16(&w), (m, k, n)).unwrap();
 }
