@@ -83,13 +83,7 @@ impl PackedMatrix {
     /// Copies row `r` of the original `w` into `dst` (`k` elements): the embedding
     /// lookup when the table is tied to a packed LM head.
     pub fn row_into(&self, r: usize, dst: &mut [f32]) -> Result<(), KernelError> {
-        if r >= self.n {
-            return Err(KernelError::InvalidArgument {
-                name: "r",
-                message: format!("row {r} of a matrix with {} rows", self.n),
-            });
-        }
-        check_len("dst", dst.len(), self.k)?;
+        check_row(r, self.n, self.k, dst)?;
         let (panel, col) = (r / PANEL, r % PANEL);
         let lines = &self.lines[panel * self.k..(panel + 1) * self.k];
         for (d, line) in dst.iter_mut().zip(lines) {
@@ -107,6 +101,17 @@ impl PackedMatrix {
         }
         w
     }
+}
+
+/// Arguments of a `row_into`: row `r` of `n`, into `dst` of `k` elements.
+pub(crate) fn check_row(r: usize, n: usize, k: usize, dst: &[f32]) -> Result<(), KernelError> {
+    if r >= n {
+        return Err(KernelError::InvalidArgument {
+            name: "r",
+            message: format!("row {r} of a matrix with {n} rows"),
+        });
+    }
+    check_len("dst", dst.len(), k)
 }
 
 /// `out[m, n] = x[m, k] · wᵀ` for a packed `w`.

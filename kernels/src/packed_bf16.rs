@@ -14,7 +14,7 @@
 
 use crate::error::{check_len, KernelError};
 use crate::matmul::trivial;
-use crate::packed::{drive, SendPtr, MR, PANEL};
+use crate::packed::{check_row, drive, SendPtr, MR, PANEL};
 use half::bf16;
 
 /// One panel line: `PANEL` pairs of bf16, cache-line aligned.
@@ -67,13 +67,7 @@ impl PackedMatrixBf16 {
     /// Row `r` of `w` as stored (bf16 widened to f32, exactly) into `dst` (`k`
     /// elements): the embedding lookup of a table tied to a packed LM head.
     pub fn row_into(&self, r: usize, dst: &mut [f32]) -> Result<(), KernelError> {
-        if r >= self.n {
-            return Err(KernelError::InvalidArgument {
-                name: "r",
-                message: format!("row {r} of a matrix with {} rows", self.n),
-            });
-        }
-        check_len("dst", dst.len(), self.k)?;
+        check_row(r, self.n, self.k, dst)?;
         let pairs = self.k.div_ceil(2);
         let (panel, col) = (r / PANEL, r % PANEL);
         for (p, d) in dst.iter_mut().enumerate() {
