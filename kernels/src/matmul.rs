@@ -41,16 +41,24 @@ pub enum MatmulPath {
     Avx512Gemm,
 }
 
-/// Whether the AVX-512 f32 paths can run on this CPU.
+/// Whether the AVX-512 f32 paths can run on this CPU. `PAGODA_DISABLE_AVX512=1`
+/// (read once) turns them off, so the portable paths can be tested and compared on
+/// an AVX-512 machine.
 pub fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        crate::avx512::has_avx512f()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        if std::env::var_os("PAGODA_DISABLE_AVX512").is_some_and(|v| v == "1") {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            crate::avx512::has_avx512f()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
 }
 
 /// Buffer lengths of `x[m, k]`, `w[n, k]` (any weight element type) and `out[m, n]`.

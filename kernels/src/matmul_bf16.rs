@@ -31,7 +31,8 @@ pub enum Bf16Path {
 pub fn has_avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        crate::avx512::has_avx512bf16()
+        // Off with the f32 kernels (PAGODA_DISABLE_AVX512).
+        crate::matmul::has_avx512() && crate::avx512::has_avx512bf16()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -1,0 +1,82 @@
+//! The portable (non-AVX-512) paths, forced on with `PAGODA_DISABLE_AVX512=1`, so
+//! they are tested on the AVX-512 machines too: packed GEMMs against the
+//! reference and batch-invariant, SiLU, argmax and the NaN scan against plain
+//! loops. One test per binary: the switch is read once per process.
+
+use pagoda_kernels::*;
+
+fn fixed(m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    let x = (0..m * k)
+        .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
+        .collect();
+    let w = (0..n * k)
+        .map(|i| ((i * 3) % 17) as f32 * 0.01 - 0.08)
+        .collect();
+    (x, w)
+}
+
+fn round_bf16(v: &[f32]) -> Vec<f32> {
+    v.iter()
+        .map(|&x| half::bf16::from_f32(x).to_f32())
+        .collect()
+}
+
+/// Within 1e-4 of Σ|x·w| + 1e-6 per element (as in packed.rs).
+fn assert_ref(out: &[f32], x: &[f32], w: &[f32], (m, k, n): (usize, usize, usize)) {
+    let mut reference = vec![0.0; m * n];
+    matmul_t_ref(x, w, &mut reference, m, k, n).unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let scale: f64 = (0..k)
+                .map(|c| (x[i * k + c] as f64 * w[j * k + c] as f64).abs())
+                .sum();
+            let (a, b) = (out[i * n + j], reference[i * n + j]);
+            assert!(
+                ((a - b) as f64).abs() <= 1e-4 * scale + 1e-6,
+                "m={m} k={k} n={n} at ({i},{j}): {a} vs {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn portable_paths_match_references() {
+    std::env::set_var("PAGODA_DISABLE_AVX512", "1");
+    assert!(!has_avx512() && !has_avx512_bf16());
+    for (m, k, n) in [(1, 5, 3), (7, 33, 70), (13, 576, 130)] {
+        let (x, w) = fixed(m, k, n);
+        let pw = PackedMatrix::pack(&w, n, k).unwrap();
+        let mut out = vec![f32::NAN; m * n];
+        matmul_packed(&x, &pw, &mut out, m).unwrap();
+        assert_ref(&out, &x, &w, (m, k, n));
+        let pb = PackedMatrixBf16::pack(&w, n, k).unwrap();
+        let mut outb = vec![f32::NAN; m * n];
+        matmul_packed_bf16(&x, &pb, &mut outb, m).unwrap();
+        assert_ref(&outb, &round_bf16(&x), &round_bf16(&w), (m, k, n));
+        for i in 0..m {
+            let mut alone = vec![0.0; n];
+            matmul_packed(&x[i * k..(i + 1) * k], &pw, &mut alone, 1).unwrap();
+            assert_eq!(&out[i * n..(i + 1) * n], &alone[..], "f32 row {i} of {m}");
+            matmul_packed_bf16(&x[i * k..(i + 1) * k], &pb, &mut alone, 1).unwrap();
+            assert_eq!(&outb[i * n..(i + 1) * n], &alone[..], "bf16 row {i} of {m}");
+        }
+    }
+
+    let g: Vec<f32> = (0..300).map(|i| i as f32 * 0.37 - 60.0).collect();
+    let u: Vec<f32> = (0..300).map(|i| (i % 7) as f32 - 3.0).collect();
+    let (mut a, mut b) = (vec![0.0; 300], vec![0.0; 300]);
+    silu_mul(&g, &u, &mut a).unwrap();
+    silu_mul_ref(&g, &u, &mut b).unwrap();
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * y.abs() + 1e-6, "{x} vs {y}");
+    }
+
+    let mut row: Vec<f32> = (0..1000).map(|i| ((i * 31) % 997) as f32).collect();
+    row[3] = f32::NEG_INFINITY;
+    // 31 i = 996 (mod 997) first at i = 804.
+    assert_eq!(max_index(&row), (804, 996.0));
+    assert_eq!(first_nan_or_inf(&row), None);
+    row[600] = f32::INFINITY;
+    row[700] = f32::NAN;
+    assert_eq!(first_nan_or_inf(&row), Some(600));
+}
