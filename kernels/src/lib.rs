@@ -1,6 +1,7 @@
-//! CPU math kernels for the Llama forward pass: GEMM/GEMV (`out = x · wᵀ`), RMS
-//! norm, rotary embeddings, SwiGLU, argmax and softmax. Behind the `cuda` feature
-//! (reserved, empty for now) CUDA kernels will live.
+//! CPU math kernels for the Llama forward pass: GEMM/GEMV (`out = x · wᵀ`; the
+//! model runs the packed GEMMs of [`packed`] and [`packed_bf16`], [`matmul`] is the
+//! unpacked API), RMS norm, rotary embeddings, SwiGLU, argmax and softmax. Behind
+//! the `cuda` feature (reserved, empty for now) CUDA kernels will live.
 //!
 //! Every fast kernel has a slow, obviously correct `*_ref` twin that the property
 //! tests in `tests/` compare against. Parallel kernels use rayon's global pool only,

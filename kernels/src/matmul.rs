@@ -1,4 +1,6 @@
-//! `out = x · wᵀ` with `w` in PyTorch `nn.Linear` layout (`[n, k]`, row-major).
+//! `out = x · wᵀ` with `w` in PyTorch `nn.Linear` layout (`[n, k]`, row-major),
+//! unpacked: for callers that cannot pack `w` once (the model packs its weights and
+//! uses [`crate::packed`], which is faster at every size).
 //!
 //! On CPUs with AVX-512 (the serving target) `m = 1` runs the parallel AVX-512
 //! GEMV of `avx512.rs` (streams `w` once on every core), `m = 2..=4` the portable
