@@ -4,8 +4,21 @@
 //! Tolerance: within 1e-4 relative to Σ|x·w| plus 1e-6 (as for the other matmuls
 //! in props.rs: elementwise relative error is meaningless under cancellation).
 
+mod common;
+
+use common::{fixed, round_bf16};
 use pagoda_kernels::*;
 use proptest::prelude::*;
+
+/// [`common::check_ref`] as a proptest failure.
+fn check_ref(
+    out: &[f32],
+    x: &[f32],
+    w: &[f32],
+    shape: (usize, usize, usize),
+) -> Result<(), TestCaseError> {
+    common::check_ref(out, x, w, shape).map_err(TestCaseError::fail)
+}
 
 fn vals(n: usize) -> impl Strategy<Value = Vec<f32>> {
     proptest::collection::vec(-2.0f32..2.0, n)
@@ -20,42 +33,6 @@ fn case() -> impl Strategy<Value = (usize, usize, usize, Vec<f32>, Vec<f32>)> {
         prop_oneof![1usize..=64, 1usize..300],
     )
         .prop_flat_map(|(m, k, n)| (Just(m), Just(k), Just(n), vals(m * k), vals(n * k)))
-}
-
-/// `out` against the f64 product of `x` and `w` (pass the bf16-rounded operands for
-/// the bf16 kernel), within 1e-4 of Σ|x·w| + 1e-6 per element.
-fn check_ref(
-    out: &[f32],
-    x: &[f32],
-    w: &[f32],
-    (m, k, n): (usize, usize, usize),
-) -> Result<(), TestCaseError> {
-    let mut reference = vec![0.0; m * n];
-    matmul_t_ref(x, w, &mut reference, m, k, n).unwrap();
-    for i in 0..m {
-        for j in 0..n {
-            let scale: f64 = (0..k)
-                .map(|c| (x[i * k + c] as f64 * w[j * k + c] as f64).abs())
-                .sum();
-            let (a, b) = (out[i * n + j], reference[i * n + j]);
-            prop_assert!(
-                ((a - b) as f64).abs() <= 1e-4 * scale + 1e-6,
-                "m={m} k={k} n={n} at ({i},{j}): {a} vs {b} (scale {scale})"
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Deterministic operands for the fixed-shape tests.
-fn fixed(m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
-    let x = (0..m * k)
-        .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
-        .collect();
-    let w = (0..n * k)
-        .map(|i| ((i * 3) % 17) as f32 * 0.01 - 0.08)
-        .collect();
-    (x, w)
 }
 
 proptest! {
@@ -101,7 +78,7 @@ fn big_shapes_match_reference() {
     let pw = PackedMatrix::pack(&w, n, k).unwrap();
     let mut out = vec![0.0; m * n];
     matmul_packed(&x, &pw, &mut out, m).unwrap();
-    check_ref(&out, &x, &w, (m, k, n)).unwrap();
+    common::check_ref(&out, &x, &w, (m, k, n)).unwrap();
 }
 
 #[test]
@@ -119,13 +96,6 @@ fn bad_shapes_are_errors() {
     matmul_packed(&[], &empty, &mut z, 2).unwrap();
     assert_eq!(z, vec![0.0; 6]);
     matmul_packed(&[], &pw, &mut [], 0).unwrap();
-}
-
-/// bf16 rounding as the kernels do it (nearest even).
-fn round_bf16(v: &[f32]) -> Vec<f32> {
-    v.iter()
-        .map(|&x| half::bf16::from_f32(x).to_f32())
-        .collect()
 }
 
 proptest! {
@@ -166,5 +136,5 @@ fn bf16_long_k_crosses_conversion_chunks() {
     let pw = PackedMatrixBf16::pack(&w, n, k).unwrap();
     let mut out = vec![0.0; m * n];
     matmul_packed_bf16(&x, &pw, &mut out, m).unwrap();
-    check_ref(&out, &round_bf16(&x), &round_bf16(&w), (m, k, n)).unwrap();
+    common::check_ref(&out, &round_bf16(&x), &round_bf16(&w), (m, k, n)).unwrap();
 }

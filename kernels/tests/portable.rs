@@ -3,40 +3,13 @@
 //! reference and batch-invariant, SiLU, argmax and the NaN scan against plain
 //! loops. One test per binary: the switch is read once per process.
 
+mod common;
+
+use common::{fixed, round_bf16};
 use pagoda_kernels::*;
 
-fn fixed(m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
-    let x = (0..m * k)
-        .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
-        .collect();
-    let w = (0..n * k)
-        .map(|i| ((i * 3) % 17) as f32 * 0.01 - 0.08)
-        .collect();
-    (x, w)
-}
-
-fn round_bf16(v: &[f32]) -> Vec<f32> {
-    v.iter()
-        .map(|&x| half::bf16::from_f32(x).to_f32())
-        .collect()
-}
-
-/// Within 1e-4 of Σ|x·w| + 1e-6 per element (as in packed.rs).
-fn assert_ref(out: &[f32], x: &[f32], w: &[f32], (m, k, n): (usize, usize, usize)) {
-    let mut reference = vec![0.0; m * n];
-    matmul_t_ref(x, w, &mut reference, m, k, n).unwrap();
-    for i in 0..m {
-        for j in 0..n {
-            let scale: f64 = (0..k)
-                .map(|c| (x[i * k + c] as f64 * w[j * k + c] as f64).abs())
-                .sum();
-            let (a, b) = (out[i * n + j], reference[i * n + j]);
-            assert!(
-                ((a - b) as f64).abs() <= 1e-4 * scale + 1e-6,
-                "m={m} k={k} n={n} at ({i},{j}): {a} vs {b}"
-            );
-        }
-    }
+fn assert_ref(out: &[f32], x: &[f32], w: &[f32], shape: (usize, usize, usize)) {
+    common::check_ref(out, x, w, shape).unwrap();
 }
 
 #[test]

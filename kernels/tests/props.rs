@@ -4,6 +4,8 @@
 //! — elementwise relative error is meaningless under cancellation); norms, RoPE,
 //! SwiGLU and log-softmax within 1e-5 relative + 1e-6 absolute.
 
+mod common;
+
 use pagoda_kernels::*;
 use proptest::prelude::*;
 
@@ -30,21 +32,8 @@ fn check_matmul(
 ) -> Result<(), TestCaseError> {
     let mut out = vec![f32::NAN; m * n];
     matmul_t_with(path, x, w, &mut out, m, k, n).unwrap();
-    let mut reference = vec![0.0; m * n];
-    matmul_t_ref(x, w, &mut reference, m, k, n).unwrap();
-    for i in 0..m {
-        for j in 0..n {
-            let scale: f64 = (0..k)
-                .map(|c| (x[i * k + c] as f64 * w[j * k + c] as f64).abs())
-                .sum();
-            let (a, b) = (out[i * n + j], reference[i * n + j]);
-            prop_assert!(
-                ((a - b) as f64).abs() <= 1e-4 * scale + 1e-6,
-                "{path:?} m={m} k={k} n={n} at ({i},{j}): {a} vs {b} (scale {scale})"
-            );
-        }
-    }
-    Ok(())
+    common::check_ref(&out, x, w, (m, k, n))
+        .map_err(|e| TestCaseError::fail(format!("{path:?}: {e}")))
 }
 
 proptest! {
