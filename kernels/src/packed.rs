@@ -224,23 +224,12 @@ unsafe fn block_rows(
         // step reads all weights from DRAM, and the first row tile of a panel
         // would otherwise wait for it).
         let tiles = rows.div_ceil(MR);
-        let share = k.div_ceil(tiles);
         let mut i = 0;
         while i < rows {
             let h = MR.min(rows - i);
             let (xp, o) = (x.as_ptr().add(i * k), out.add(i * ldo));
             let lp = lines.as_ptr() as *const f32;
-            let p0 = (i / MR) * share;
-            // A single row tile (decode of a few requests) is a pure stream, which
-            // the hardware prefetcher follows on its own.
-            let pf = Prefetch {
-                ptr: next.as_ptr().add(p0.min(k)) as *const f32,
-                lines: if tiles > 1 {
-                    share.min(k - p0.min(k))
-                } else {
-                    0
-                },
-            };
+            let pf = Prefetch::share(next, i / MR, tiles);
             // SAFETY: AVX-512 F detected; h rows of x from i, k lines, out rows;
             // the prefetch range lies inside `next`.
             match h {
@@ -323,11 +312,45 @@ unsafe fn portable_rows_generic<const FMA: bool>(
     }
 }
 
-/// Lines of another panel to pull into L2 during a micro-kernel call.
+/// Panel lines (256 bytes each, f32 or bf16 pairs) of another panel to pull into
+/// L2 during a micro-kernel call.
 #[derive(Clone, Copy)]
-struct Prefetch {
-    ptr: *const f32,
-    lines: usize,
+pub(crate) struct Prefetch {
+    pub ptr: *const u8,
+    pub lines: usize,
+}
+
+impl Prefetch {
+    /// Row tile `tile` of `tiles` over a panel of `total` lines: its share of the
+    /// next panel at `next` (nothing for a lone tile: a pure stream, which the
+    /// hardware prefetcher follows on its own; software prefetch there cost ~30 %
+    /// of 1-stream decode).
+    pub(crate) fn share<L>(next: &[L], tile: usize, tiles: usize) -> Prefetch {
+        let total = next.len();
+        let share = total.div_ceil(tiles.max(1));
+        let p0 = (tile * share).min(total);
+        Prefetch {
+            // In bounds: p0 <= total.
+            ptr: next[p0..].as_ptr() as *const u8,
+            lines: if tiles > 1 { share.min(total - p0) } else { 0 },
+        }
+    }
+
+    /// At step `p` of `steps`: issues the range's 64-byte cache lines up to an even
+    /// share of the steps so far (`issued` counts them across calls).
+    ///
+    /// # Safety
+    /// `ptr` is valid for `lines` panel lines.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub(crate) unsafe fn step(&self, p: usize, steps: usize, issued: &mut usize) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let count = self.lines * PANEL * 4 / 64;
+        while *issued < count && *issued * steps <= p * count {
+            _mm_prefetch::<_MM_HINT_T1>(self.ptr.add(*issued * 64) as *const i8);
+            *issued += 1;
+        }
+    }
 }
 
 /// The AVX-512 micro-kernel: `H` rows of `x` times one panel (`k` lines at `lp`).
@@ -352,13 +375,9 @@ unsafe fn ukr<const H: usize>(
     let k = ldx;
     let mut acc = [[_mm512_setzero_ps(); NV]; H];
     // The prefetch range's 64-byte lines, spread evenly over the k iterations.
-    let pf_count = pf.lines * PANEL * 4 / 64;
-    let mut pf_next = 0usize;
+    let mut pf_issued = 0usize;
     for p in 0..k {
-        while pf_next < pf_count && pf_next * k <= p * pf_count {
-            _mm_prefetch::<_MM_HINT_T1>((pf.ptr as *const i8).add(pf_next * 64));
-            pf_next += 1;
-        }
+        pf.step(p, k, &mut pf_issued);
         let line = lp.add(p * PANEL);
         let mut b = [_mm512_setzero_ps(); NV];
         for v in 0..NV {

@@ -14,7 +14,7 @@
 
 use crate::error::{check_len, KernelError};
 use crate::matmul::trivial;
-use crate::packed::{check_row, drive, SendPtr, MR, PANEL};
+use crate::packed::{check_row, drive, Prefetch, SendPtr, MR, PANEL};
 use half::bf16;
 
 /// One panel line: `PANEL` pairs of bf16, cache-line aligned.
@@ -95,13 +95,26 @@ pub fn matmul_packed_bf16(
     let fast = crate::matmul_bf16::has_avx512_bf16();
     let pairs = k.div_ceil(2);
     let out_ptr = SendPtr(out.as_mut_ptr());
+    let panels = n.div_ceil(PANEL);
     drive(m, k, n, |r0, r1, panel| {
         let lines = &w.lines[panel * pairs..(panel + 1) * pairs];
+        // Prefetched while this one computes, as in the f32 kernel.
+        let next = &w.lines[(panel + 1) % panels * pairs..][..pairs];
         let cols = PANEL.min(n - panel * PANEL);
         // SAFETY: drive hands out disjoint (row range, panel) blocks of out.
         unsafe {
             let o = out_ptr.get().add(r0 * n + panel * PANEL);
-            block_rows(fast, &x[r0 * k..r1 * k], r1 - r0, lines, k, o, n, cols);
+            block_rows(
+                fast,
+                &x[r0 * k..r1 * k],
+                r1 - r0,
+                lines,
+                next,
+                k,
+                o,
+                n,
+                cols,
+            );
         }
     });
     Ok(())
@@ -118,6 +131,7 @@ unsafe fn block_rows(
     x: &[f32],
     rows: usize,
     lines: &[Line],
+    next: &[Line],
     k: usize,
     out: *mut f32,
     ldo: usize,
@@ -125,25 +139,28 @@ unsafe fn block_rows(
 ) {
     #[cfg(target_arch = "x86_64")]
     if fast {
+        let tiles = rows.div_ceil(MR);
         let mut i = 0;
         while i < rows {
             let h = MR.min(rows - i);
             let xr = &x[i * k..(i + h) * k];
             let (lp, o) = (lines.as_ptr() as *const u32, out.add(i * ldo));
-            // SAFETY: AVX-512 BF16 detected; h rows of x, k.div_ceil(2) lines.
+            let pf = Prefetch::share(next, i / MR, tiles);
+            // SAFETY: AVX-512 BF16 detected; h rows of x, k.div_ceil(2) lines;
+            // the prefetch range lies inside `next`.
             match h {
-                6 => ukr::<6>(xr, k, lp, o, ldo, cols),
-                5 => ukr::<5>(xr, k, lp, o, ldo, cols),
-                4 => ukr::<4>(xr, k, lp, o, ldo, cols),
-                3 => ukr::<3>(xr, k, lp, o, ldo, cols),
-                2 => ukr::<2>(xr, k, lp, o, ldo, cols),
-                _ => ukr::<1>(xr, k, lp, o, ldo, cols),
+                6 => ukr::<6>(xr, k, lp, o, ldo, cols, pf),
+                5 => ukr::<5>(xr, k, lp, o, ldo, cols, pf),
+                4 => ukr::<4>(xr, k, lp, o, ldo, cols, pf),
+                3 => ukr::<3>(xr, k, lp, o, ldo, cols, pf),
+                2 => ukr::<2>(xr, k, lp, o, ldo, cols, pf),
+                _ => ukr::<1>(xr, k, lp, o, ldo, cols, pf),
             }
             i += h;
         }
         return;
     }
-    let _ = fast;
+    let _ = (fast, next);
     // Portable: widen both to f32 (x rounded to bf16 first, as the fast path does).
     for i in 0..rows {
         let mut acc = [0.0f32; PANEL];
@@ -178,10 +195,12 @@ unsafe fn ukr<const H: usize>(
     out: *mut f32,
     ldo: usize,
     cols: usize,
+    pf: Prefetch,
 ) {
     use std::arch::x86_64::*;
     const NV: usize = PANEL / 16;
     let pairs = k.div_ceil(2);
+    let mut pf_issued = 0usize;
     let mut acc = [[_mm512_setzero_ps(); NV]; H];
     // x rows as bf16 pairs (u32 lanes), a chunk at a time.
     let mut xb = [[0u32; CHUNK_PAIRS]; H];
@@ -194,6 +213,7 @@ unsafe fn ukr<const H: usize>(
             convert_pairs(&row[p0..p1], &mut xb[i][..qn]);
         }
         for q in 0..qn {
+            pf.step(q0 + q, pairs, &mut pf_issued);
             let line = lp.add((q0 + q) * PANEL);
             let mut b = [_mm512_setzero_si512(); NV];
             for v in 0..NV {
