@@ -121,47 +121,51 @@ pub fn matmul_packed(
     out: &mut [f32],
     m: usize,
 ) -> Result<(), KernelError> {
-    let (k, n) = (w.k, w.n);
+    let avx512 = crate::matmul::has_avx512();
+    // SAFETY (of the call in the closure): AVX-512 only when detected; run_panels
+    // hands out valid, disjoint tasks.
+    run_panels(x, out, m, w.k, w.n, &w.lines, w.k, |t| unsafe {
+        block_rows(avx512, t)
+    })
+}
+
+/// One task of [`run_panels`]: `rows` rows of `x` (row stride `k`) times one
+/// panel (`lines`), into `out` (row stride `ldo`, `cols` valid columns); `next` is
+/// the panel this thread most likely takes next (tasks run in index order within
+/// a thread), to prefetch while this one computes.
+#[derive(Clone, Copy)]
+pub(crate) struct PanelTask<'a, L> {
+    pub x: &'a [f32],
+    pub rows: usize,
+    pub k: usize,
+    pub lines: &'a [L],
+    pub next: &'a [L],
+    pub out: *mut f32,
+    pub ldo: usize,
+    pub cols: usize,
+}
+
+/// `out[m, n] = x[m, k] · wᵀ` for `w` packed as `n.div_ceil(PANEL)` panels of
+/// `per_panel` lines: checks the shapes, then runs `block` over every (row block,
+/// panel) pair, in parallel when the call is big enough. Row blocks are multiples
+/// of [`MR`] rows so only the last one has a ragged tile; few panels (o_proj,
+/// down_proj: 9 at SmolLM2's 576) get split along `m` too, so every core has work.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_panels<L: Sync>(
+    x: &[f32],
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    all_lines: &[L],
+    per_panel: usize,
+    block: impl Fn(PanelTask<'_, L>) + Sync,
+) -> Result<(), KernelError> {
     check_len("x", x.len(), m * k)?;
     check_len("out", out.len(), m * n)?;
     if trivial(out, m, k, n) {
         return Ok(());
     }
-    let avx512 = crate::matmul::has_avx512();
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    let panels = n.div_ceil(PANEL);
-    drive(m, k, n, |r0, r1, panel| {
-        let lines = &w.lines[panel * k..(panel + 1) * k];
-        // The panel this thread most likely takes next (tasks run in index order
-        // within a thread): prefetched while this one computes.
-        let next = &w.lines[(panel + 1) % panels * k..][..k];
-        let cols = PANEL.min(n - panel * PANEL);
-        // SAFETY: drive hands out disjoint (row range, panel) blocks of out, which
-        // outlives it; rows r0..r1 < m of x exist.
-        unsafe {
-            let o = out_ptr.get().add(r0 * n + panel * PANEL);
-            block_rows(
-                avx512,
-                &x[r0 * k..r1 * k],
-                r1 - r0,
-                lines,
-                next,
-                k,
-                o,
-                n,
-                cols,
-            );
-        }
-    });
-    Ok(())
-}
-
-/// Runs `block(r0, r1, panel)` over every (row block, panel) pair of an
-/// `m × n` output, in parallel when the call is big enough. Row blocks are
-/// multiples of [`MR`] rows so only the last one has a ragged tile; few panels
-/// (o_proj, down_proj: 9 at SmolLM2's 576) get split along `m` too, so every core
-/// has work.
-pub(crate) fn drive(m: usize, k: usize, n: usize, block: impl Fn(usize, usize, usize) + Sync) {
     let panels = n.div_ceil(PANEL);
     let threads = rayon::current_num_threads();
     let parallel = threads > 1 && m * k * n >= PARALLEL_MIN_FLOPS;
@@ -172,13 +176,28 @@ pub(crate) fn drive(m: usize, k: usize, n: usize, block: impl Fn(usize, usize, u
         1
     };
     let rows_per_block = row_tiles.div_ceil(row_blocks) * MR;
+    let out_ptr = SendPtr(out.as_mut_ptr());
     let task = |t: usize| {
         let (rb, panel) = (t / panels, t % panels);
         let r0 = rb * rows_per_block;
         let r1 = (r0 + rows_per_block).min(m);
-        if r0 < r1 {
-            block(r0, r1, panel);
+        if r0 >= r1 {
+            return;
         }
+        let lines = &all_lines[panel * per_panel..(panel + 1) * per_panel];
+        let next = &all_lines[(panel + 1) % panels * per_panel..][..per_panel];
+        block(PanelTask {
+            x: &x[r0 * k..r1 * k],
+            rows: r1 - r0,
+            k,
+            lines,
+            next,
+            // SAFETY: in bounds (r0 < m, panel < panels); tasks write disjoint
+            // (row range, panel columns) blocks of out, which outlives the loop.
+            out: unsafe { out_ptr.get().add(r0 * n + panel * PANEL) },
+            ldo: n,
+            cols: PANEL.min(n - panel * PANEL),
+        });
     };
     let tasks = row_blocks * panels;
     if parallel {
@@ -187,49 +206,40 @@ pub(crate) fn drive(m: usize, k: usize, n: usize, block: impl Fn(usize, usize, u
     } else {
         (0..tasks).for_each(task);
     }
+    Ok(())
 }
 
 #[derive(Clone, Copy)]
-pub(crate) struct SendPtr(pub(crate) *mut f32);
-// SAFETY: used only for the disjoint writes described in matmul_packed.
+struct SendPtr(*mut f32);
+// SAFETY: used only for the disjoint writes described in run_panels.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 impl SendPtr {
-    pub(crate) fn get(self) -> *mut f32 {
+    fn get(self) -> *mut f32 {
         self.0
     }
 }
 
-/// `rows` rows of `x` (row stride `k`) times one panel, into `out` (row stride
-/// `ldo`, `cols` valid columns).
+/// One [`PanelTask`].
 ///
 /// # Safety
-/// `out` is valid for `rows` rows of `cols` elements at stride `ldo`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_rows(
-    avx512: bool,
-    x: &[f32],
-    rows: usize,
-    lines: &[Line],
-    next: &[Line],
-    k: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
+/// AVX-512 F available when `avx512`; the task's `out` is valid for `rows` rows of
+/// `cols` elements at stride `ldo`.
+unsafe fn block_rows(avx512: bool, t: PanelTask<'_, Line>) {
     #[cfg(target_arch = "x86_64")]
     if avx512 {
         // Each row tile prefetches its share of the next panel into L2, so memory
         // streams while the later row tiles run from cache (at decode sizes a
         // step reads all weights from DRAM, and the first row tile of a panel
         // would otherwise wait for it).
-        let tiles = rows.div_ceil(MR);
+        let (k, ldo, cols) = (t.k, t.ldo, t.cols);
+        let tiles = t.rows.div_ceil(MR);
+        let lp = t.lines.as_ptr() as *const f32;
         let mut i = 0;
-        while i < rows {
-            let h = MR.min(rows - i);
-            let (xp, o) = (x.as_ptr().add(i * k), out.add(i * ldo));
-            let lp = lines.as_ptr() as *const f32;
-            let pf = Prefetch::share(next, i / MR, tiles);
+        while i < t.rows {
+            let h = MR.min(t.rows - i);
+            let (xp, o) = (t.x.as_ptr().add(i * k), t.out.add(i * ldo));
+            let pf = Prefetch::share(t.next, i / MR, tiles);
             // SAFETY: AVX-512 F detected; h rows of x from i, k lines, out rows;
             // the prefetch range lies inside `next`.
             match h {
@@ -244,8 +254,8 @@ unsafe fn block_rows(
         }
         return;
     }
-    let _ = (avx512, next);
-    portable_rows(x, rows, lines, k, out, ldo, cols);
+    let _ = avx512;
+    portable_rows(t);
 }
 
 /// Without AVX-512: the same loop order (one accumulator per output, summed over
@@ -253,36 +263,20 @@ unsafe fn block_rows(
 ///
 /// # Safety
 /// As [`block_rows`].
-unsafe fn portable_rows(
-    x: &[f32],
-    rows: usize,
-    lines: &[Line],
-    k: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
+unsafe fn portable_rows(t: PanelTask<'_, Line>) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-        return portable_rows_avx2(x, rows, lines, k, out, ldo, cols);
+        return portable_rows_avx2(t);
     }
-    portable_rows_generic::<false>(x, rows, lines, k, out, ldo, cols)
+    portable_rows_generic::<false>(t)
 }
 
 /// # Safety
 /// As [`block_rows`], and AVX2 + FMA available.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn portable_rows_avx2(
-    x: &[f32],
-    rows: usize,
-    lines: &[Line],
-    k: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
-    portable_rows_generic::<true>(x, rows, lines, k, out, ldo, cols)
+unsafe fn portable_rows_avx2(t: PanelTask<'_, Line>) {
+    portable_rows_generic::<true>(t)
 }
 
 /// `FMA`: fused multiply-adds (only where the CPU has them: otherwise `mul_add`
@@ -291,24 +285,16 @@ unsafe fn portable_rows_avx2(
 /// # Safety
 /// As [`block_rows`].
 #[inline(always)]
-unsafe fn portable_rows_generic<const FMA: bool>(
-    x: &[f32],
-    rows: usize,
-    lines: &[Line],
-    k: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
-    for i in 0..rows {
+unsafe fn portable_rows_generic<const FMA: bool>(t: PanelTask<'_, Line>) {
+    for i in 0..t.rows {
         let mut acc = [0.0f32; PANEL];
-        for (p, line) in lines.iter().enumerate() {
-            let a = x[i * k + p];
+        for (p, line) in t.lines.iter().enumerate() {
+            let a = t.x[i * t.k + p];
             for (s, &b) in acc.iter_mut().zip(&line.0) {
                 *s = if FMA { a.mul_add(b, *s) } else { *s + a * b };
             }
         }
-        std::ptr::copy_nonoverlapping(acc.as_ptr(), out.add(i * ldo), cols);
+        std::ptr::copy_nonoverlapping(acc.as_ptr(), t.out.add(i * t.ldo), t.cols);
     }
 }
 

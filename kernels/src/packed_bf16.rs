@@ -13,8 +13,7 @@
 //! so a row's result does not depend on the rows it is batched with.
 
 use crate::error::{check_len, KernelError};
-use crate::matmul::trivial;
-use crate::packed::{check_row, drive, Prefetch, SendPtr, MR, PANEL};
+use crate::packed::{check_row, run_panels, PanelTask, Prefetch, MR, PANEL};
 use half::bf16;
 
 /// One panel line: `PANEL` pairs of bf16, cache-line aligned.
@@ -86,65 +85,42 @@ pub fn matmul_packed_bf16(
     out: &mut [f32],
     m: usize,
 ) -> Result<(), KernelError> {
-    let (k, n) = (w.k, w.n);
-    check_len("x", x.len(), m * k)?;
-    check_len("out", out.len(), m * n)?;
-    if trivial(out, m, k, n) {
-        return Ok(());
-    }
     let fast = crate::matmul_bf16::has_avx512_bf16();
-    let pairs = k.div_ceil(2);
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    let panels = n.div_ceil(PANEL);
-    drive(m, k, n, |r0, r1, panel| {
-        let lines = &w.lines[panel * pairs..(panel + 1) * pairs];
-        // Prefetched while this one computes, as in the f32 kernel.
-        let next = &w.lines[(panel + 1) % panels * pairs..][..pairs];
-        let cols = PANEL.min(n - panel * PANEL);
-        // SAFETY: drive hands out disjoint (row range, panel) blocks of out.
-        unsafe {
-            let o = out_ptr.get().add(r0 * n + panel * PANEL);
-            block_rows(
-                fast,
-                &x[r0 * k..r1 * k],
-                r1 - r0,
-                lines,
-                next,
-                k,
-                o,
-                n,
-                cols,
-            );
-        }
-    });
-    Ok(())
+    // SAFETY (of the call in the closure): AVX-512 BF16 only when detected;
+    // run_panels hands out valid, disjoint tasks.
+    run_panels(x, out, m, w.k, w.n, &w.lines, w.k.div_ceil(2), |t| unsafe {
+        block_rows(fast, t)
+    })
 }
 
 /// Pairs of `x` converted per chunk (a stack buffer of `MR` rows).
 const CHUNK_PAIRS: usize = 256;
 
+/// One [`PanelTask`] of bf16 lines.
+///
 /// # Safety
-/// `out` is valid for `rows` rows of `cols` elements at stride `ldo`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_rows(
-    fast: bool,
-    x: &[f32],
-    rows: usize,
-    lines: &[Line],
-    next: &[Line],
-    k: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
+/// AVX-512 BF16 available when `fast`; the task's `out` is valid for `rows` rows
+/// of `cols` elements at stride `ldo`.
+unsafe fn block_rows(fast: bool, t: PanelTask<'_, Line>) {
+    let PanelTask {
+        x,
+        rows,
+        k,
+        lines,
+        next,
+        out,
+        ldo,
+        cols,
+    } = t;
     #[cfg(target_arch = "x86_64")]
     if fast {
         let tiles = rows.div_ceil(MR);
+        let lp = lines.as_ptr() as *const u32;
         let mut i = 0;
         while i < rows {
             let h = MR.min(rows - i);
             let xr = &x[i * k..(i + h) * k];
-            let (lp, o) = (lines.as_ptr() as *const u32, out.add(i * ldo));
+            let o = out.add(i * ldo);
             let pf = Prefetch::share(next, i / MR, tiles);
             // SAFETY: AVX-512 BF16 detected; h rows of x, k.div_ceil(2) lines;
             // the prefetch range lies inside `next`.
