@@ -273,15 +273,16 @@ fn gemv_group(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usiz
     }
 }
 
-/// The output pointer shared by GEMV tasks that write disjoint columns.
+/// The output pointer shared by parallel tasks that write disjoint parts of it
+/// (GEMV columns here, panel blocks in `packed`).
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: only used for disjoint writes while the owning `&mut [f32]` is borrowed.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 impl OutPtr {
     // A method (not field access) so closures capture the whole Sync wrapper.
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }

@@ -16,7 +16,7 @@
 //! depend on the batch it came in (the engine's "batched = solo" guarantee).
 
 use crate::error::{check_len, KernelError};
-use crate::matmul::trivial;
+use crate::matmul::{trivial, OutPtr};
 
 /// Output columns (rows of `w`) per panel: four 16-lane vectors.
 pub const PANEL: usize = 64;
@@ -176,7 +176,7 @@ pub(crate) fn run_panels<L: Sync>(
         1
     };
     let rows_per_block = row_tiles.div_ceil(row_blocks) * MR;
-    let out_ptr = SendPtr(out.as_mut_ptr());
+    let out_ptr = OutPtr(out.as_mut_ptr());
     let task = |t: usize| {
         let (rb, panel) = (t / panels, t % panels);
         let r0 = rb * rows_per_block;
@@ -207,17 +207,6 @@ pub(crate) fn run_panels<L: Sync>(
         (0..tasks).for_each(task);
     }
     Ok(())
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: used only for the disjoint writes described in run_panels.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// One [`PanelTask`].
