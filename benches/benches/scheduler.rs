@@ -23,6 +23,7 @@ fn fake_output(s: &Scheduler, out: &SchedulerOutput) -> ModelRunnerOutput {
         req_ids: Vec::with_capacity(out.num_scheduled_tokens.len()),
         sampled_token_ids: Vec::with_capacity(out.num_scheduled_tokens.len()),
         logprobs: Vec::with_capacity(out.num_scheduled_tokens.len()),
+        failed: Vec::new(),
     };
     for (id, _) in &out.num_scheduled_tokens {
         let r = s.get_request(id).expect("scheduled");

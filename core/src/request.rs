@@ -25,6 +25,9 @@ pub enum RequestStatus {
     /// Refused at admission: the request can never fit (prompt longer than the
     /// model length or than the whole KV cache).
     FinishedIgnored,
+    /// Ended by a fault of this request alone (a row that could not be sampled);
+    /// the engine goes on with the others.
+    FinishedError,
 }
 
 impl RequestStatus {
@@ -35,6 +38,7 @@ impl RequestStatus {
                 | RequestStatus::FinishedLengthCapped
                 | RequestStatus::FinishedAborted
                 | RequestStatus::FinishedIgnored
+                | RequestStatus::FinishedError
         )
     }
 
@@ -45,6 +49,7 @@ impl RequestStatus {
             RequestStatus::FinishedLengthCapped => Some(FinishReason::Length),
             RequestStatus::FinishedAborted => Some(FinishReason::Abort),
             RequestStatus::FinishedIgnored => Some(FinishReason::Length),
+            RequestStatus::FinishedError => Some(FinishReason::Error),
             _ => None,
         }
     }
@@ -57,6 +62,8 @@ pub enum FinishReason {
     Stop,
     Length,
     Abort,
+    /// This request failed on its own (vLLM's `FinishReason.ERROR`).
+    Error,
 }
 
 impl FinishReason {
@@ -65,6 +72,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
         }
     }
 }
@@ -137,6 +145,16 @@ impl Default for SamplingParams {
 /// Largest `logprobs` a request may ask for (OpenAI allows 20 for chat).
 pub const MAX_LOGPROBS: usize = 20;
 
+/// Bounds on `repetition_penalty`. vLLM only asks for `> 0`; a penalty of 1e-38
+/// divides a positive logit past `f32::MAX`, so Pagoda bounds it where it enters:
+/// within `[0.01, 100]` a penalized logit stays within 100x of the model's, which
+/// is finite, and every useful setting (vLLM's docs use 1.0-2.0) is kept.
+pub const REPETITION_PENALTY_RANGE: (f32, f32) = (0.01, 100.0);
+/// Bound on each `logit_bias` value, as OpenAI and vLLM (which clamps to it).
+pub const MAX_ABS_LOGIT_BIAS: f32 = 100.0;
+/// Bound on presence and frequency penalties (OpenAI's and vLLM's `[-2, 2]`).
+pub const MAX_ABS_PENALTY: f32 = 2.0;
+
 impl SamplingParams {
     /// Greedy decoding with a token limit.
     pub fn greedy(max_tokens: usize) -> Self {
@@ -168,22 +186,27 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad("min_p", format!("must be in [0, 1], got {}", self.min_p));
         }
-        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+        let pen = -MAX_ABS_PENALTY..=MAX_ABS_PENALTY;
+        if !pen.contains(&self.presence_penalty) {
             return bad(
                 "presence_penalty",
                 format!("must be in [-2, 2], got {}", self.presence_penalty),
             );
         }
-        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+        if !pen.contains(&self.frequency_penalty) {
             return bad(
                 "frequency_penalty",
                 format!("must be in [-2, 2], got {}", self.frequency_penalty),
             );
         }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+        let (lo, hi) = REPETITION_PENALTY_RANGE;
+        if !(lo..=hi).contains(&self.repetition_penalty) {
             return bad(
                 "repetition_penalty",
-                format!("must be > 0, got {}", self.repetition_penalty),
+                format!(
+                    "must be in [{lo}, {hi}] (1 disables it), got {}",
+                    self.repetition_penalty
+                ),
             );
         }
         if self.max_tokens == Some(0) {
@@ -208,8 +231,15 @@ impl SamplingParams {
         if self.stop.iter().any(|s| s.is_empty()) {
             return bad("stop", "stop strings must not be empty".into());
         }
-        if self.logit_bias.iter().any(|(_, b)| !b.is_finite()) {
-            return bad("logit_bias", "biases must be finite".into());
+        if let Some((t, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(b.abs() <= MAX_ABS_LOGIT_BIAS))
+        {
+            return bad(
+                "logit_bias",
+                format!("the bias of token {t} must be in [-100, 100], got {b}"),
+            );
         }
         Ok(())
     }

@@ -80,6 +80,10 @@ pub struct ModelRunnerOutput {
     pub req_ids: Vec<RequestId>,
     pub sampled_token_ids: Vec<Option<u32>>,
     pub logprobs: Vec<Option<TokenLogprobs>>,
+    /// Requests whose row could not be sampled (non-finite logits, every token
+    /// masked...), with why. The scheduler finishes each with
+    /// [`crate::FinishReason::Error`]; the rest of the batch goes on.
+    pub failed: Vec<(RequestId, String)>,
 }
 
 /// What the scheduler reports per request after a step: new tokens and, if it
@@ -94,4 +98,6 @@ pub struct EngineCoreOutput {
     pub num_prompt_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub num_cached_tokens: usize,
+    /// Why the request failed, when `finish_reason` is `Error`.
+    pub error: Option<String>,
 }

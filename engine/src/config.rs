@@ -19,6 +19,20 @@ pub struct EngineConfig {
     pub attention_backend: Option<String>,
     /// Storage type of the linear-layer weights (bf16 halves the bytes a decode step reads).
     pub weight_dtype: pagoda_models::WeightDtype,
+    /// FCFS, or by each request's priority (vLLM's `--scheduling-policy`).
+    pub scheduling_policy: pagoda_scheduler::SchedulingPolicy,
+    /// Test-only fault injection (`--debug-inject-fault`, debug builds only).
+    pub fault_injection: Option<FaultInjectionConfig>,
+}
+
+/// Prompts that trigger the runner's test-only faults (see
+/// [`crate::runner::FaultInjection`]): a request whose prompt starts with the text.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FaultInjectionConfig {
+    /// Such requests fail in the sampler: a per-request fault.
+    pub sampler_error_prompt: Option<String>,
+    /// Such requests panic the runner: an engine-wide fault.
+    pub panic_prompt: Option<String>,
 }
 
 impl EngineConfig {
@@ -34,6 +48,8 @@ impl EngineConfig {
             enable_prefix_caching: true,
             attention_backend: None,
             weight_dtype: pagoda_models::WeightDtype::F32,
+            scheduling_policy: pagoda_scheduler::SchedulingPolicy::Fcfs,
+            fault_injection: None,
         }
     }
 }
@@ -48,6 +64,14 @@ pub struct ModelInfo {
     pub eos_token_ids: Vec<u32>,
     /// The attention backend choice, explained.
     pub attention: String,
+    /// KV blocks allocated, including the reserved null block 0.
     pub num_kv_blocks: usize,
     pub block_size: usize,
+}
+
+impl ModelInfo {
+    /// Tokens the KV cache can hold for requests: every block but the null block.
+    pub fn kv_capacity_tokens(&self) -> usize {
+        self.num_kv_blocks.saturating_sub(1) * self.block_size
+    }
 }

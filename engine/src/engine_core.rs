@@ -27,11 +27,8 @@ impl EngineCore {
         eos_token_ids: Vec<u32>,
         name: String,
     ) -> Result<(Self, ModelInfo), EngineError> {
-        let max_model_len = config
-            .max_model_len
-            .map_or(model_config.max_position_embeddings, |m| {
-                m.min(model_config.max_position_embeddings)
-            });
+        let model_max = model_config.max_position_embeddings;
+        let requested_len = check_max_model_len(config.max_model_len, model_max)?;
         let acfg = AttentionConfig::cpu_f32(
             model_config.num_heads,
             model_config.num_kv_heads,
@@ -59,19 +56,26 @@ impl EngineCore {
         spec.num_blocks = config
             .num_kv_blocks
             .unwrap_or_else(|| spec.num_blocks_for_bytes(config.kv_cache_bytes));
-        if spec.num_blocks == 0 {
+        if spec.num_blocks < 2 {
             return Err(EngineError::invalid(
                 "num_kv_blocks",
-                "the KV cache must have at least one block",
+                format!(
+                    "the KV cache must have at least two blocks (block 0 is reserved), got {}",
+                    spec.num_blocks
+                ),
             ));
         }
+        // Block 0 is the null block (vLLM's too): it never holds a request's tokens.
+        let capacity = (spec.num_blocks - 1) * spec.block_size;
         tracing::info!(
-            "KV cache: {} blocks of {} tokens ({} tokens, {:.1} MiB)",
+            "KV cache: {} blocks of {} tokens ({} usable tokens, block 0 reserved; {:.1} MiB)",
             spec.num_blocks,
             spec.block_size,
-            spec.num_blocks * spec.block_size,
+            capacity,
             (spec.num_blocks * spec.bytes_per_block()) as f64 / (1 << 20) as f64
         );
+        let max_model_len =
+            fit_max_model_len(requested_len, config.max_model_len.is_some(), capacity)?;
         let info = ModelInfo {
             name,
             max_model_len,
@@ -92,10 +96,16 @@ impl EngineCore {
             block_size: config.block_size,
             num_blocks: spec.num_blocks,
             enable_prefix_caching: config.enable_prefix_caching,
+            policy: config.scheduling_policy,
             ..SchedulerConfig::default()
         })
         .map_err(|e| EngineError::invalid("scheduler", e.to_string()))?;
         Ok((EngineCore { scheduler, runner }, info))
+    }
+
+    /// Arms (or disarms) the runner's test-only fault injection.
+    pub fn set_fault_injection(&mut self, faults: Option<crate::runner::FaultInjection>) {
+        self.runner.set_fault_injection(faults);
     }
 
     pub fn add_request(&mut self, request: Request) -> Result<(), EngineError> {
@@ -158,11 +168,81 @@ impl EngineCore {
     }
 }
 
+/// The environment variable that lets `--max-model-len` exceed the model's own
+/// context length (vLLM's `VLLM_ALLOW_LONG_MAX_MODEL_LEN`, also honoured).
+pub const ALLOW_LONG_MAX_MODEL_LEN: &str = "PAGODA_ALLOW_LONG_MAX_MODEL_LEN";
+
+/// The context length asked for: the model's when none is given; a larger one is
+/// refused unless explicitly allowed, as vLLM does (positions past the model's
+/// training length give garbage with most RoPE settings).
+fn check_max_model_len(requested: Option<usize>, model_max: usize) -> Result<usize, EngineError> {
+    let Some(m) = requested else {
+        return Ok(model_max);
+    };
+    if m == 0 {
+        return Err(EngineError::invalid(
+            "max_model_len",
+            "--max-model-len must be positive",
+        ));
+    }
+    if m <= model_max {
+        return Ok(m);
+    }
+    let allowed = [ALLOW_LONG_MAX_MODEL_LEN, "VLLM_ALLOW_LONG_MAX_MODEL_LEN"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true")));
+    if !allowed {
+        return Err(EngineError::invalid(
+            "max_model_len",
+            format!(
+                "--max-model-len {m} is greater than the model's context length {model_max} \
+                 (max_position_embeddings). Lower it, or set {ALLOW_LONG_MAX_MODEL_LEN}=1 to \
+                 allow it at your own risk (outputs may be wrong past {model_max} tokens)."
+            ),
+        ));
+    }
+    tracing::warn!(
+        "--max-model-len {m} exceeds the model's context length {model_max}; allowed by \
+         {ALLOW_LONG_MAX_MODEL_LEN}, outputs past {model_max} tokens may be wrong"
+    );
+    Ok(m)
+}
+
+/// The context length the KV cache can honour: one sequence of `max_model_len`
+/// tokens must fit in `capacity` tokens. An explicit `--max-model-len` that does
+/// not fit refuses to start (naming the flags); the model's default is lowered to
+/// the capacity with a warning.
+fn fit_max_model_len(
+    max_model_len: usize,
+    explicit: bool,
+    capacity: usize,
+) -> Result<usize, EngineError> {
+    if max_model_len <= capacity {
+        return Ok(max_model_len);
+    }
+    if explicit || capacity < 2 {
+        return Err(EngineError::invalid(
+            "max_model_len",
+            format!(
+                "the max seq len ({max_model_len}) is larger than the maximum number of tokens \
+                 that can be stored in the KV cache ({capacity}). Try increasing \
+                 --kv-cache-memory-mib or --num-kv-blocks, or decreasing --max-model-len."
+            ),
+        ));
+    }
+    tracing::warn!(
+        "the KV cache holds {capacity} tokens, fewer than the model's context length \
+         {max_model_len}: max_model_len lowered to {capacity} (raise --kv-cache-memory-mib or \
+         --num-kv-blocks to serve longer sequences)"
+    );
+    Ok(capacity)
+}
+
 /// Hands the pages freed while loading (dequantized tensors, unfused copies) back
 /// to the OS. glibc keeps freed heap memory mapped, so without this ~150 MiB of
 /// dead load-time buffers stay resident for the life of the server (measured on
 /// SmolLM2-135M F32: 664 -> ~520 MiB resident after load).
-fn release_freed_memory() {
+pub fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free memory; it is safe at any time.
     unsafe {

@@ -21,6 +21,10 @@ pub enum EngineError {
     Selector { message: String },
     #[error("engine fault: {message}")]
     Fault { message: String },
+    /// One request failed on its own (e.g. its logits could not be sampled); the
+    /// engine and every other request go on.
+    #[error("request `{request_id}` failed: {message}")]
+    RequestFailed { request_id: String, message: String },
     #[error("the engine has shut down")]
     Shutdown,
 }

@@ -22,6 +22,8 @@ pub struct SubmitRequest {
     pub prompt: PromptInput,
     pub params: SamplingParams,
     pub cache_salt: Option<String>,
+    /// Lower runs first under the priority policy; 0 otherwise.
+    pub priority: i32,
 }
 
 type OutputSender = tmpsc::UnboundedSender<Result<RequestOutput, EngineError>>;
@@ -32,6 +34,7 @@ enum Command {
         prompt_ids: Vec<u32>,
         params: SamplingParams,
         cache_salt: Option<String>,
+        priority: i32,
         tx: OutputSender,
     },
     Abort(String),
@@ -43,7 +46,7 @@ enum Command {
 struct Shared {
     stats: Mutex<EngineStats>,
     /// Set when the loop died on an engine fault; `/health` reports it.
-    fault: Mutex<Option<String>>,
+    fault: Mutex<Option<EngineError>>,
     /// Adds sent but not yet seen by the loop, plus the scheduler's waiting count.
     num_pending: AtomicUsize,
     num_waiting: AtomicUsize,
@@ -159,21 +162,27 @@ impl EngineHandle {
             .map(|s| s.clone())
             .unwrap_or_default()
     }
-    /// Ok while the engine loop is alive and has not faulted.
-    pub fn health(&self) -> Result<(), String> {
-        if let Some(f) = self.shared.fault.lock().ok().and_then(|f| f.clone()) {
+    /// Ok while the engine loop is alive and has not faulted: the fault itself
+    /// otherwise ([`EngineError::Fault`]), or [`EngineError::Shutdown`].
+    pub fn health(&self) -> Result<(), EngineError> {
+        let fault = self
+            .shared
+            .fault
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(f) = fault {
             return Err(f);
         }
         if self.shared.stopped.load(Ordering::Acquire) {
-            return Err("engine stopped".into());
+            return Err(EngineError::Shutdown);
         }
         Ok(())
     }
 
     /// Tokenizes and validates on the caller's thread, then queues the request.
     pub fn submit(&self, req: SubmitRequest) -> Result<RequestStream, EngineError> {
-        self.health()
-            .map_err(|message| EngineError::Fault { message })?;
+        self.health()?;
         req.params.validate()?;
         let prompt_ids = match req.prompt {
             PromptInput::Tokens(ids) => ids,
@@ -195,6 +204,7 @@ impl EngineHandle {
                 prompt_ids,
                 params: req.params,
                 cache_salt: req.cache_salt,
+                priority: req.priority,
                 tx: otx,
             })
             .map_err(|_| EngineError::Shutdown)?;
@@ -250,6 +260,7 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
                     prompt_ids,
                     params,
                     cache_salt,
+                    priority,
                     tx,
                 } => {
                     shared.num_pending.fetch_sub(1, Ordering::AcqRel);
@@ -257,11 +268,12 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
                         let _ = tx.send(Err(EngineError::Shutdown));
                         continue;
                     }
-                    match engine.add_request(
+                    match engine.add_request_with_priority(
                         request_id.clone(),
                         PromptInput::Tokens(prompt_ids),
                         params,
                         cache_salt,
+                        priority,
                     ) {
                         Ok(()) => {
                             senders.insert(request_id, tx);
@@ -280,8 +292,9 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
                     if abort_running {
                         for id in engine.unfinished_request_ids() {
                             engine.abort_request(&id);
+                            // Cut short by shutdown: an error (503), not a partial answer.
                             if let Some(tx) = senders.remove(&id) {
-                                let _ = tx.send(Ok(RequestOutput::aborted(&id)));
+                                let _ = tx.send(Err(EngineError::Shutdown));
                             }
                         }
                     }
@@ -289,13 +302,29 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
             }
         }
         if engine.has_unfinished_requests() {
-            match engine.step() {
+            // A panic inside a step (a kernel, the allocator) leaves the engine's state
+            // unknown: it is an engine-wide fault, reported like any other.
+            let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step()))
+                .unwrap_or_else(|panic| {
+                    Err(EngineError::Fault {
+                        message: format!("panic in an engine step: {}", panic_message(&panic)),
+                    })
+                });
+            match step {
                 Ok(outputs) => {
                     for out in outputs {
                         let finished = out.finished;
                         let id = out.request_id.clone();
+                        // A request that failed alone gets its error; the loop goes on.
+                        let item = match out.error {
+                            Some(message) => Err(EngineError::RequestFailed {
+                                request_id: id.clone(),
+                                message,
+                            }),
+                            None => Ok(out),
+                        };
                         let gone = match senders.get(&id) {
-                            Some(tx) => tx.send(Ok(out)).is_err(),
+                            Some(tx) => tx.send(item).is_err(),
                             None => false,
                         };
                         if finished {
@@ -308,8 +337,14 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
                     }
                 }
                 Err(e) => {
-                    tracing::error!("engine fault: {e}");
-                    *shared.fault.lock().unwrap() = Some(e.to_string());
+                    tracing::error!("{e}");
+                    let e = match e {
+                        e @ EngineError::Fault { .. } => e,
+                        other => EngineError::Fault {
+                            message: other.to_string(),
+                        },
+                    };
+                    *shared.fault.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
                     for (_, tx) in senders.drain() {
                         let _ = tx.send(Err(e.clone()));
                     }
@@ -335,4 +370,13 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
     for (_, tx) in senders.drain() {
         let _ = tx.send(Err(EngineError::Shutdown));
     }
+}
+
+/// The text of a caught panic's payload.
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
 }

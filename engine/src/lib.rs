@@ -15,9 +15,10 @@ pub mod output;
 pub mod runner;
 pub mod sampler;
 
-pub use config::{EngineConfig, ModelInfo};
-pub use engine_core::EngineCore;
+pub use config::{EngineConfig, FaultInjectionConfig, ModelInfo};
+pub use engine_core::{release_freed_memory, EngineCore, ALLOW_LONG_MAX_MODEL_LEN};
 pub use error::EngineError;
 pub use handle::{EngineHandle, RequestStream, SubmitRequest};
 pub use llm_engine::{GenerateOutput, LLMEngine};
 pub use output::{EngineStats, PromptInput, RequestOutput};
+pub use pagoda_scheduler::SchedulingPolicy;

@@ -76,7 +76,7 @@ pub fn validate_prompt(
             ),
         ));
     }
-    let kv_tokens = info.num_kv_blocks * info.block_size;
+    let kv_tokens = info.kv_capacity_tokens();
     if prompt_ids.len() + 1 > kv_tokens {
         return Err(EngineError::invalid(
             "prompt",
@@ -87,6 +87,39 @@ pub fn validate_prompt(
         ));
     }
     params.validate()?;
+    check_something_samplable(params, info)?;
+    Ok(())
+}
+
+/// While `min_tokens` holds back EOS and `stop_token_ids`, those must leave at least
+/// one token that can be sampled; a request masking the whole vocabulary is
+/// refused here rather than failing in the sampler.
+fn check_something_samplable(params: &SamplingParams, info: &ModelInfo) -> Result<(), EngineError> {
+    let eos: &[u32] = if params.ignore_eos {
+        &[]
+    } else {
+        &info.eos_token_ids
+    };
+    let vocab = info.vocab_size;
+    if params.min_tokens == 0 || params.stop_token_ids.len() + eos.len() < vocab {
+        return Ok(());
+    }
+    let mut masked = vec![false; vocab];
+    for &t in params.stop_token_ids.iter().chain(eos) {
+        if let Some(m) = masked.get_mut(t as usize) {
+            *m = true;
+        }
+    }
+    if masked.iter().all(|&m| m) {
+        return Err(EngineError::invalid(
+            "stop_token_ids",
+            format!(
+                "with min_tokens = {}, stop_token_ids and the EOS tokens mask all {vocab} tokens \
+                 of the vocabulary: nothing could be generated",
+                params.min_tokens
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -105,13 +138,26 @@ impl LLMEngine {
         let hf_tokenizer = Arc::new(tokenizer.hf().clone());
         let chat_template = loaded.chat_template.map(Arc::new);
         let eos_token_ids = loaded.eos_token_ids.clone();
-        let (core, info) = EngineCore::new(
+        let (mut core, info) = EngineCore::new(
             &config,
             loaded.config,
             loaded.weights,
             eos_token_ids.clone(),
             loaded.name,
         )?;
+        if let Some(f) = &config.fault_injection {
+            tracing::warn!("fault injection armed (testing only): {f:?}");
+            let prefix = |t: &Option<String>| -> Result<Option<Vec<u32>>, EngineError> {
+                t.as_deref()
+                    .map(|t| tokenizer.encode(t, true))
+                    .transpose()
+                    .map_err(EngineError::from)
+            };
+            core.set_fault_injection(Some(crate::runner::FaultInjection {
+                sampler_error: prefix(&f.sampler_error_prompt)?,
+                panic: prefix(&f.panic_prompt)?,
+            }));
+        }
         Ok(LLMEngine {
             core,
             tokenizer,
@@ -149,8 +195,21 @@ impl LLMEngine {
         &mut self,
         request_id: String,
         prompt: PromptInput,
+        params: SamplingParams,
+        cache_salt: Option<String>,
+    ) -> Result<(), EngineError> {
+        self.add_request_with_priority(request_id, prompt, params, cache_salt, 0)
+    }
+
+    /// [`LLMEngine::add_request`] with a scheduling priority (lower runs first under
+    /// the priority policy; ignored under FCFS).
+    pub fn add_request_with_priority(
+        &mut self,
+        request_id: String,
+        prompt: PromptInput,
         mut params: SamplingParams,
         cache_salt: Option<String>,
+        priority: i32,
     ) -> Result<(), EngineError> {
         if self.texts.contains_key(&request_id) {
             return Err(EngineError::DuplicateRequest { request_id });
@@ -185,7 +244,8 @@ impl LLMEngine {
             params,
             self.eos_token_ids.clone(),
         )
-        .with_cache_salt(cache_salt);
+        .with_cache_salt(cache_salt)
+        .with_priority(priority);
         self.core.add_request(request)?;
         self.prompt_tokens += num_prompt_tokens as u64;
         self.texts.insert(
@@ -240,7 +300,7 @@ impl LLMEngine {
                 }
                 finish_reason = Some(FinishReason::Stop);
                 stop_reason = Some(StopReason::StopString(s));
-            } else if finish_reason.is_some() {
+            } else if finish_reason.is_some() && co.error.is_none() {
                 text.push_str(&st.detok.finish());
             }
             outputs.push(RequestOutput {
@@ -254,6 +314,7 @@ impl LLMEngine {
                 num_prompt_tokens: st.num_prompt_tokens,
                 num_cached_tokens: co.num_cached_tokens,
                 num_output_tokens: st.num_output_tokens,
+                error: co.error,
             });
         }
         for id in stopped {

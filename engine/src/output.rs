@@ -24,6 +24,9 @@ pub struct RequestOutput {
     pub num_prompt_tokens: usize,
     pub num_cached_tokens: usize,
     pub num_output_tokens: usize,
+    /// Why the request failed, when `finish_reason` is `Error` (a fault of this
+    /// request alone; the engine goes on).
+    pub error: Option<String>,
 }
 
 /// Counters for logs and `/metrics`.
@@ -55,6 +58,7 @@ impl RequestOutput {
             num_prompt_tokens: 0,
             num_cached_tokens: 0,
             num_output_tokens: 0,
+            error: None,
         }
     }
 }

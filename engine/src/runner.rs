@@ -8,13 +8,42 @@
 //! running ones only bring new block ids, finished and preempted ones are dropped.
 //! Batch buffers are reused across steps so the hot path does not allocate once warm.
 
-use crate::sampler::{SampleInput, Sampler};
+use crate::sampler::{RowResult, SampleInput, Sampler, SamplerError};
 use crate::EngineError;
 use pagoda_core::{
     AttentionBackend, BatchDescriptor, KvCache, ModelRunnerOutput, SamplingParams, SchedulerOutput,
 };
 use pagoda_models::llama::{ForwardScratch, Llama};
 use std::collections::HashMap;
+
+/// Test-only fault injection, armed by `pagoda serve --debug-inject-fault` in
+/// debug builds: a request whose prompt starts with one of these token sequences
+/// has its row fail in the sampler (a per-request fault) or makes the runner panic
+/// (an engine-wide fault), so tests can prove each is contained as it should be.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FaultInjection {
+    /// Prompt prefix whose rows fail to sample.
+    pub sampler_error: Option<Vec<u32>>,
+    /// Prompt prefix that panics the runner.
+    pub panic: Option<Vec<u32>>,
+}
+
+impl FaultInjection {
+    fn apply(&self, tokens: &[u32], row: RowResult) -> RowResult {
+        let hit = |p: &Option<Vec<u32>>| p.as_ref().is_some_and(|p| tokens.starts_with(p));
+        if hit(&self.panic) {
+            panic!("injected fault: the runner panics");
+        }
+        if hit(&self.sampler_error) {
+            return Err(SamplerError::InvalidParam {
+                row: 0,
+                param: "fault_injection",
+                message: "injected sampler fault".into(),
+            });
+        }
+        row
+    }
+}
 
 struct ReqState {
     token_ids: Vec<u32>,
@@ -44,6 +73,7 @@ pub struct ModelRunner {
     logits: Vec<f32>,
     batch: BatchDescriptor,
     scratch: ForwardScratch,
+    faults: Option<FaultInjection>,
 }
 
 impl ModelRunner {
@@ -71,7 +101,13 @@ impl ModelRunner {
             logits: Vec::new(),
             batch: BatchDescriptor::default(),
             scratch: ForwardScratch::default(),
+            faults: None,
         }
+    }
+
+    /// Arms the test-only fault injection (see [`FaultInjection`]).
+    pub fn set_fault_injection(&mut self, faults: Option<FaultInjection>) {
+        self.faults = faults;
     }
 
     pub fn attention_name(&self) -> &str {
@@ -211,11 +247,25 @@ impl ModelRunner {
             .collect();
         out.sampled_token_ids = vec![None; out.req_ids.len()];
         out.logprobs = vec![None; out.req_ids.len()];
-        for (&i, (tok, lp)) in self.sample_rows.iter().zip(sampled) {
-            out.sampled_token_ids[i] = Some(tok);
-            out.logprobs[i] = lp;
-            if let Some(st) = self.requests.get_mut(&so.num_scheduled_tokens[i].0) {
-                st.token_ids.push(tok);
+        for (&i, row) in self.sample_rows.iter().zip(sampled) {
+            let id = &so.num_scheduled_tokens[i].0;
+            let row = match &self.faults {
+                Some(f) => f.apply(&self.requests[id].token_ids, row),
+                None => row,
+            };
+            match row {
+                Ok((tok, lp)) => {
+                    out.sampled_token_ids[i] = Some(tok);
+                    out.logprobs[i] = lp;
+                    if let Some(st) = self.requests.get_mut(id) {
+                        st.token_ids.push(tok);
+                    }
+                }
+                Err(e) => {
+                    // This request alone fails; the scheduler finishes it with an error.
+                    tracing::warn!("request {id}: cannot sample: {e}");
+                    out.failed.push((id.clone(), format!("cannot sample: {e}")));
+                }
             }
         }
         for &(i, n) in &self.order {

@@ -37,7 +37,6 @@
 
 use std::sync::Mutex;
 
-use pagoda_core::request::MAX_LOGPROBS;
 use pagoda_core::{SamplingParams, TokenLogprobs};
 use pagoda_kernels::{first_nan_or_inf, max_index};
 use rayon::prelude::*;
@@ -80,6 +79,10 @@ pub enum SamplerError {
     #[error("row {row}: every token is masked (-inf), nothing can be sampled")]
     AllMasked { row: usize },
 }
+
+/// One row's outcome: the sampled token and its log-probabilities, or the reason
+/// the row could not be sampled.
+pub type RowResult = Result<(u32, Option<TokenLogprobs>), SamplerError>;
 
 /// What the sampler needs to know about one request for one row of logits.
 #[derive(Debug, Clone, Copy)]
@@ -161,14 +164,14 @@ impl Sampler {
 
     /// Samples one token per row. `logits` is `[inputs.len(), vocab]` row-major and
     /// is modified in place (it ends holding the processed logits, see the module
-    /// doc). Returns one `(token, logprobs)` per row, logprobs only when
-    /// `params.logprobs` is set. Any bad row fails the whole call, reporting the
-    /// lowest such row.
+    /// doc). Returns one result per row: `(token, logprobs)`, logprobs only when
+    /// `params.logprobs` is set, or why that row (and only that row) could not be
+    /// sampled. Only a logits buffer of the wrong shape fails the whole call.
     pub fn sample_batch(
         &mut self,
         logits: &mut [f32],
         inputs: &[SampleInput<'_>],
-    ) -> Result<Vec<(u32, Option<TokenLogprobs>)>, SamplerError> {
+    ) -> Result<Vec<RowResult>, SamplerError> {
         let vocab = self.vocab_size;
         let rows = inputs.len();
         if vocab == 0 || logits.len() != rows * vocab {
@@ -179,28 +182,26 @@ impl Sampler {
             });
         }
         let pool = &self.pool;
-        let results: Vec<Result<_, SamplerError>> =
-            if rows > 1 && logits.len() >= PARALLEL_MIN_ELEMENTS {
-                logits
-                    .par_chunks_mut(vocab)
-                    .zip(inputs.par_iter())
-                    .enumerate()
-                    .map_init(
-                        || PooledScratch::take(pool),
-                        |scratch, (row, (l, input))| sample_row(row, l, input, scratch.get()),
-                    )
-                    .collect()
-            } else {
-                let mut scratch = PooledScratch::take(pool);
-                logits
-                    .chunks_mut(vocab)
-                    .zip(inputs)
-                    .enumerate()
-                    .map(|(row, (l, input))| sample_row(row, l, input, scratch.get()))
-                    .collect()
-            };
-        // Sequential collection keeps the reported error deterministic (lowest row).
-        results.into_iter().collect()
+        let results: Vec<RowResult> = if rows > 1 && logits.len() >= PARALLEL_MIN_ELEMENTS {
+            logits
+                .par_chunks_mut(vocab)
+                .zip(inputs.par_iter())
+                .enumerate()
+                .map_init(
+                    || PooledScratch::take(pool),
+                    |scratch, (row, (l, input))| sample_row(row, l, input, scratch.get()),
+                )
+                .collect()
+        } else {
+            let mut scratch = PooledScratch::take(pool);
+            logits
+                .chunks_mut(vocab)
+                .zip(inputs)
+                .enumerate()
+                .map(|(row, (l, input))| sample_row(row, l, input, scratch.get()))
+                .collect()
+        };
+        Ok(results)
     }
 }
 
@@ -220,50 +221,23 @@ fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The same rules as where the request entered ([`SamplingParams::validate`]), so
+/// a row can never be sampled under looser bounds than the API promised.
 fn validate_params(row: usize, p: &SamplingParams) -> Result<(), SamplerError> {
-    let bad = |param: &'static str, message: String| {
-        Err(SamplerError::InvalidParam {
-            row,
-            param,
-            message,
-        })
-    };
-    if !(p.temperature >= 0.0 && p.temperature.is_finite()) {
-        return bad(
-            "temperature",
-            format!("must be finite and >= 0, got {}", p.temperature),
-        );
-    }
-    if !(p.top_p > 0.0 && p.top_p <= 1.0) {
-        return bad("top_p", format!("must be in (0, 1], got {}", p.top_p));
-    }
-    if !(0.0..=1.0).contains(&p.min_p) {
-        return bad("min_p", format!("must be in [0, 1], got {}", p.min_p));
-    }
-    if !(p.repetition_penalty > 0.0 && p.repetition_penalty.is_finite()) {
-        return bad(
-            "repetition_penalty",
-            format!("must be finite and > 0, got {}", p.repetition_penalty),
-        );
-    }
-    if !p.frequency_penalty.is_finite() || !p.presence_penalty.is_finite() {
-        return bad(
-            "frequency_penalty/presence_penalty",
-            "must be finite".into(),
-        );
-    }
-    if let Some(n) = p.logprobs {
-        if n > MAX_LOGPROBS {
-            return bad(
-                "logprobs",
-                format!("must be at most {MAX_LOGPROBS}, got {n}"),
-            );
+    p.validate().map_err(|e| match e {
+        pagoda_core::CoreError::InvalidSamplingParam { param, message } => {
+            SamplerError::InvalidParam {
+                row,
+                param,
+                message,
+            }
         }
-    }
-    if let Some((_, b)) = p.logit_bias.iter().find(|(_, b)| !b.is_finite()) {
-        return bad("logit_bias", format!("biases must be finite, got {b}"));
-    }
-    Ok(())
+        other => SamplerError::InvalidParam {
+            row,
+            param: "sampling_params",
+            message: other.to_string(),
+        },
+    })
 }
 
 fn check_ids(

@@ -155,7 +155,7 @@ fn sample_one(logits: &[f32], case: &Case) -> (u32, Vec<f32>, Option<TokenLogpro
     let out = sampler
         .sample_batch(&mut buf, &[case.input()])
         .expect("sample");
-    let (t, lp) = out.into_iter().next().unwrap();
+    let (t, lp) = out.into_iter().next().unwrap().expect("row samples");
     (t, buf, lp)
 }
 
@@ -367,8 +367,9 @@ proptest! {
         batch.extend(tail);
         let inputs: Vec<SampleInput> = cases.iter().map(|c| c.input()).collect();
         let out = Sampler::new(v).sample_batch(&mut batch, &inputs).unwrap();
-        prop_assert_eq!(out[pos].0, alone);
-        prop_assert_eq!(&out[pos].1, &alone_lp);
+        let (tok, lp) = out[pos].clone().expect("row samples");
+        prop_assert_eq!(tok, alone);
+        prop_assert_eq!(&lp, &alone_lp);
     }
 
     /// With n covering the whole (tiny) vocabulary, probabilities sum to 1 and the
@@ -421,7 +422,10 @@ fn frequencies_match_softmax() {
                 eos_ids: &[],
             };
             let mut row = logits.to_vec();
-            counts[sampler.sample_batch(&mut row, &[input]).unwrap()[0].0 as usize] += 1;
+            counts[sampler.sample_batch(&mut row, &[input]).unwrap()[0]
+                .as_ref()
+                .unwrap()
+                .0 as usize] += 1;
         }
         let chi2: f64 = counts
             .iter()
@@ -455,7 +459,10 @@ fn min_tokens_masks_eos_and_stop_ids_until_reached() {
             seed: 0,
             eos_ids: &eos,
         };
-        Sampler::new(4).sample_batch(&mut row, &[input]).unwrap()[0].0
+        Sampler::new(4).sample_batch(&mut row, &[input]).unwrap()[0]
+            .as_ref()
+            .unwrap()
+            .0
     };
     assert_eq!(
         run(&params, &[3]),
@@ -495,9 +502,12 @@ fn bad_input_is_an_error_not_a_panic() {
             vocab: 4
         })
     ));
+    // A bad row fails alone: the row beside it is still sampled.
     let mut nan = vec![0.0f32, 1.0, 2.0, 3.0, 0.0, f32::NAN, 0.0, 0.0];
+    let rows = s.sample_batch(&mut nan, &[input, input]).unwrap();
+    assert!(rows[0].is_ok());
     assert!(matches!(
-        s.sample_batch(&mut nan, &[input, input]),
+        rows[1],
         Err(SamplerError::NonFiniteLogit {
             row: 1,
             token: 1,
@@ -506,7 +516,7 @@ fn bad_input_is_an_error_not_a_panic() {
     ));
     let mut inf = vec![f32::INFINITY, 0.0, 0.0, 0.0];
     assert!(matches!(
-        s.sample_batch(&mut inf, &[input]),
+        s.sample_batch(&mut inf, &[input]).unwrap()[0],
         Err(SamplerError::NonFiniteLogit {
             row: 0,
             token: 0,
@@ -515,7 +525,7 @@ fn bad_input_is_an_error_not_a_panic() {
     ));
     let mut masked = vec![f32::NEG_INFINITY; 4];
     assert!(matches!(
-        s.sample_batch(&mut masked, &[input]),
+        s.sample_batch(&mut masked, &[input]).unwrap()[0],
         Err(SamplerError::AllMasked { row: 0 })
     ));
     let bad_prompt = SampleInput {
@@ -523,7 +533,7 @@ fn bad_input_is_an_error_not_a_panic() {
         ..input
     };
     assert!(matches!(
-        s.sample_batch(&mut [0.0; 4], &[bad_prompt]),
+        s.sample_batch(&mut [0.0; 4], &[bad_prompt]).unwrap()[0],
         Err(SamplerError::TokenOutOfRange {
             field: "prompt_ids",
             token: 9,
@@ -541,7 +551,8 @@ fn bad_input_is_an_error_not_a_panic() {
                 params: &bias,
                 ..input
             }]
-        ),
+        )
+        .unwrap()[0],
         Err(SamplerError::TokenOutOfRange {
             field: "logit_bias",
             ..
@@ -558,7 +569,8 @@ fn bad_input_is_an_error_not_a_panic() {
                 params: &top_p,
                 ..input
             }]
-        ),
+        )
+        .unwrap()[0],
         Err(SamplerError::InvalidParam { param: "top_p", .. })
     ));
     let mut empty: Vec<f32> = vec![];

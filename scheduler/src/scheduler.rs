@@ -558,14 +558,39 @@ impl Scheduler {
                 },
                 num_prompt_tokens: req.num_prompt_tokens(),
                 num_cached_tokens: req.num_cached_tokens,
+                error: None,
             });
             if finished {
                 self.finished_scratch.push(slot);
             }
         }
+        for (req_id, message) in &runner.failed {
+            // A request aborted since `schedule` is gone already: nothing to report.
+            let Some(&slot) = self.index.get(req_id) else {
+                continue;
+            };
+            let req = self.slots[slot as usize].as_mut().expect("live");
+            if req.is_finished() {
+                continue;
+            }
+            req.status = RequestStatus::FinishedError;
+            outputs.push(EngineCoreOutput {
+                req_id: req_id.clone(),
+                new_token_ids: Vec::new(),
+                new_logprobs: Vec::new(),
+                finish_reason: req.status.finish_reason(),
+                stop_reason: None,
+                num_prompt_tokens: req.num_prompt_tokens(),
+                num_cached_tokens: req.num_cached_tokens,
+                error: Some(message.clone()),
+            });
+            self.finished_scratch.push(slot);
+        }
         if !self.finished_scratch.is_empty() {
             let slots = &self.slots;
             self.running
+                .retain(|&s| !slots[s as usize].as_ref().is_some_and(|r| r.is_finished()));
+            self.waiting
                 .retain(|&s| !slots[s as usize].as_ref().is_some_and(|r| r.is_finished()));
             let finished = std::mem::take(&mut self.finished_scratch);
             for &slot in &finished {

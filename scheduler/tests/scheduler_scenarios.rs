@@ -48,6 +48,7 @@ fn one_token(id: &str, tok: u32) -> ModelRunnerOutput {
         req_ids: vec![id.into()],
         sampled_token_ids: vec![Some(tok)],
         logprobs: vec![None],
+        failed: Vec::new(),
     }
 }
 
@@ -323,6 +324,7 @@ fn growing_request_preempts_the_latest() {
         req_ids: vec!["0".into(), "1".into()],
         sampled_token_ids: vec![Some(6), Some(42)],
         logprobs: vec![None, None],
+        failed: Vec::new(),
     };
     let res = s.update_from_output(&out, &stale);
     assert_eq!(res.len(), 1);

@@ -54,6 +54,22 @@ pub struct EngineArgs {
     /// memory traffic, uses the CPU's bf16 dot products where it has them).
     #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     pub dtype: pagoda_models::WeightDtype,
+    /// `fcfs`: first come, first served; `priority`: requests' `priority` field
+    /// decides (lower first, then arrival), as vLLM's `--scheduling-policy`.
+    #[arg(long, value_enum, default_value_t = SchedulingPolicyArg::Fcfs)]
+    pub scheduling_policy: SchedulingPolicyArg,
+    /// Test-only (debug builds): `sampler-error=TEXT` fails the sampling of requests
+    /// whose prompt starts with TEXT; `panic=TEXT` panics the engine on them.
+    #[cfg(debug_assertions)]
+    #[arg(long, hide = true)]
+    pub debug_inject_fault: Vec<String>,
+}
+
+/// `--scheduling-policy` values.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchedulingPolicyArg {
+    Fcfs,
+    Priority,
 }
 
 fn parse_dtype(s: &str) -> Result<pagoda_models::WeightDtype, String> {
@@ -92,6 +108,54 @@ pub struct ServeArgs {
     /// Largest request body in bytes (413 above it).
     #[arg(long, default_value_t = 8 * 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// Most sequences (prompts x `n`) in one request; 400 above it (default:
+    /// --max-num-seqs, so one request fills at most one batch).
+    #[arg(long)]
+    pub max_seqs_per_request: Option<usize>,
+    /// Seconds an idle keep-alive connection (or a socket that never sends) stays
+    /// open (uvicorn's `--timeout-keep-alive`).
+    #[arg(long, default_value_t = 5.0)]
+    pub timeout_keep_alive: f64,
+    /// Seconds a client has to send a request's headers once it starts.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_read_timeout: f64,
+    /// Seconds a client has to send a whole request body (408 after).
+    #[arg(long, default_value_t = 60.0)]
+    pub body_read_timeout: f64,
+    /// Most open client connections (default: the open-file limit, raised to its
+    /// hard maximum at start, less a reserve). At the cap the longest-idle
+    /// connection is closed for a new one; when all are busy, a few more are let in
+    /// to answer /health and /metrics, others get 503.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+}
+
+impl ServeArgs {
+    /// The connection limits these flags describe (raises the open-file limit).
+    pub fn conn_limits(&self) -> crate::serve::conn::ConnLimits {
+        use crate::serve::conn::{raise_open_file_limit, FD_RESERVE};
+        let headroom = 16;
+        let by_fds = raise_open_file_limit()
+            .map(|n| n.saturating_sub(FD_RESERVE + headroom).max(16))
+            .unwrap_or(4096);
+        let max_connections = match self.max_connections {
+            Some(m) if m > by_fds => {
+                tracing::warn!(
+                    "--max-connections {m} is above what the open-file limit allows; using {by_fds}"
+                );
+                by_fds
+            }
+            Some(m) => m.max(1),
+            None => by_fds,
+        };
+        crate::serve::conn::ConnLimits {
+            keep_alive: crate::serve::secs(self.timeout_keep_alive),
+            header_read: crate::serve::secs(self.header_read_timeout),
+            body_read: crate::serve::secs(self.body_read_timeout),
+            max_connections,
+            probe_headroom: headroom,
+        }
+    }
 }
 
 impl EngineArgs {
@@ -107,6 +171,19 @@ impl EngineArgs {
         c.enable_prefix_caching = !self.no_prefix_caching;
         c.attention_backend = self.attention_backend.clone();
         c.weight_dtype = self.dtype;
+        c.scheduling_policy = match self.scheduling_policy {
+            SchedulingPolicyArg::Fcfs => pagoda_engine::SchedulingPolicy::Fcfs,
+            SchedulingPolicyArg::Priority => pagoda_engine::SchedulingPolicy::Priority,
+        };
+        #[cfg(debug_assertions)]
+        for f in &self.debug_inject_fault {
+            let spec = c.fault_injection.get_or_insert_with(Default::default);
+            match f.split_once('=') {
+                Some(("sampler-error", t)) => spec.sampler_error_prompt = Some(t.to_string()),
+                Some(("panic", t)) => spec.panic_prompt = Some(t.to_string()),
+                _ => tracing::warn!("ignoring --debug-inject-fault {f:?}"),
+            }
+        }
         c
     }
 }

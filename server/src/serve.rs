@@ -6,8 +6,14 @@
 //! `/version`, `/metrics`, `/tokenize`, `/detokenize`.
 //!
 //! Shutdown on SIGINT/SIGTERM: stop accepting, let in-flight requests finish for
-//! up to [`SHUTDOWN_GRACE`], then abort what is left and exit cleanly.
+//! up to [`SHUTDOWN_GRACE`], then abort what is left and exit cleanly; a second
+//! signal ends the grace period at once.
+//!
+//! Connections are served by [`conn`] (timeouts, a connection cap); handlers parse
+//! and tokenize on a bounded blocking pool ([`AppState::offload`]), never on the
+//! async worker threads that also answer `/health`.
 
+pub mod conn;
 pub mod error;
 pub mod format;
 pub mod handlers;
@@ -15,7 +21,7 @@ pub mod metrics;
 pub mod protocol;
 pub mod stream;
 
-use crate::args::ServeArgs;
+use crate::args::{SchedulingPolicyArg, ServeArgs};
 use anyhow::Context;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::header::AUTHORIZATION;
@@ -55,7 +61,25 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Server start, reported as the model's `created`.
     pub created: u64,
+    /// Most sequences (prompts x `n`) one request may ask for.
+    pub max_seqs_per_request: usize,
+    /// Whether requests may set `priority` (`--scheduling-policy priority`).
+    pub priority_scheduling: bool,
+    /// Bounds the blocking pool that parses and tokenizes request bodies.
+    pub cpu_pool: Arc<tokio::sync::Semaphore>,
+    /// Set after a large body was handled; the idle trimmer then returns freed
+    /// heap pages to the OS.
+    pub needs_trim: std::sync::atomic::AtomicBool,
+    /// The whole body must arrive within this (`--body-read-timeout`).
+    pub body_read_timeout: Duration,
+    /// Longest text worth tokenizing: `max_model_len` tokens of the vocabulary's
+    /// longest token, twice over for slack (normalizers may shrink text). Longer
+    /// prompts cannot fit and are refused before tokenization.
+    pub max_prompt_bytes: usize,
 }
+
+/// Bodies at least this large mark the heap for trimming once the server is idle.
+pub const TRIM_AFTER_BODY_BYTES: usize = 1 << 20;
 
 impl AppState {
     pub fn new(
@@ -65,6 +89,7 @@ impl AppState {
         max_body_bytes: usize,
     ) -> Self {
         let model_name = served_model_name.unwrap_or_else(|| engine.model_info().name.clone());
+        let engine_for_len = engine.clone();
         AppState {
             engine,
             model_name,
@@ -73,8 +98,64 @@ impl AppState {
             max_body_bytes,
             metrics: Arc::new(Metrics::default()),
             created: handlers::unix_now(),
+            max_seqs_per_request: usize::MAX,
+            priority_scheduling: false,
+            cpu_pool: Arc::new(tokio::sync::Semaphore::new(cpu_pool_size())),
+            needs_trim: std::sync::atomic::AtomicBool::new(false),
+            body_read_timeout: Duration::from_secs(60),
+            max_prompt_bytes: max_prompt_bytes(&engine_for_len),
         }
     }
+
+    /// Runs CPU-heavy request preparation (JSON parsing, chat templates,
+    /// tokenization) on tokio's blocking threads, at most [`cpu_pool_size`] at a
+    /// time, so that neither the async workers nor memory are swamped by many large
+    /// prompts at once.
+    pub async fn offload<T, F>(&self, f: F) -> Result<T, ApiError>
+    where
+        F: FnOnce() -> Result<T, ApiError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let _permit =
+            self.cpu_pool
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| ApiError::Unavailable {
+                    message: "the server is shutting down".into(),
+                })?;
+        tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+            Err(ApiError::Internal {
+                message: format!("request preparation failed: {e}"),
+            })
+        })
+    }
+}
+
+/// See [`AppState::max_prompt_bytes`].
+fn max_prompt_bytes(engine: &EngineHandle) -> usize {
+    let longest = engine
+        .tokenizer()
+        .hf()
+        .get_vocab(true)
+        .keys()
+        .map(|k| k.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    engine
+        .model_info()
+        .max_model_len
+        .saturating_mul(longest)
+        .saturating_mul(2)
+}
+
+/// Workers of the tokenization pool: the cores, at least two.
+fn cpu_pool_size() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .max(2)
 }
 
 /// The full router over a started engine.
@@ -92,6 +173,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            conn::read_body_with_timeout,
+        ))
+        .layer(middleware::from_fn(require_json))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             reject_declared_oversize,
@@ -135,6 +221,30 @@ async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next: Ne
     next.run(req).await
 }
 
+/// A POST body labelled as anything but JSON is refused (415), as vLLM does; an
+/// unlabelled one is parsed as JSON.
+async fn require_json(req: Request, next: Next) -> Response {
+    if req.method() == axum::http::Method::POST {
+        if let Some(ct) = req.headers().get(axum::http::header::CONTENT_TYPE) {
+            let media = ct
+                .to_str()
+                .unwrap_or("")
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            if media != "application/json" && !media.ends_with("+json") {
+                return ApiError::UnsupportedMediaType {
+                    message: "Unsupported Media Type: Only 'application/json' is allowed".into(),
+                }
+                .into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
 /// Most bytes of an oversized body read and discarded before its 413 is sent.
 const DRAIN_MAX_BYTES: u64 = 64 << 20;
 /// Longest wait for that drain.
@@ -172,25 +282,32 @@ async fn reject_declared_oversize(
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Counts SIGINT/SIGTERM into `tx`: 1 after the first (drain), 2 after the
+/// second (stop now).
+async fn count_signals(tx: tokio::sync::watch::Sender<u8>) {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    loop {
+        #[cfg(unix)]
+        let term_recv = async {
+            match term.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        #[cfg(not(unix))]
+        let term_recv = std::future::pending::<()>();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term_recv => {},
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+        let n = (*tx.borrow()).saturating_add(1).min(2);
+        let _ = tx.send(n);
+        if n >= 2 {
+            return;
+        }
     }
 }
 
@@ -220,8 +337,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             }
         }
     }
+    state.max_seqs_per_request = args
+        .max_seqs_per_request
+        .unwrap_or(args.engine.max_num_seqs);
+    state.priority_scheduling = args.engine.scheduling_policy == SchedulingPolicyArg::Priority;
+    state.body_read_timeout = secs(args.body_read_timeout);
+    let limits = args.conn_limits();
+    tracing::info!(
+        "connections: at most {} (+{} for probes), keep-alive {:?}, header read {:?}, body read {:?}",
+        limits.max_connections,
+        limits.probe_headroom,
+        limits.keep_alive,
+        limits.header_read,
+        limits.body_read
+    );
     let state = Arc::new(state);
-    let result = runtime.block_on(serve(args.host.clone(), args.port, state));
+    let result = runtime.block_on(serve(args.host.clone(), args.port, state, limits));
     // Whatever is still running (after the grace period) is aborted here.
     handle.shutdown(true);
     runtime.shutdown_timeout(Duration::from_secs(1));
@@ -231,8 +362,34 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     result
 }
 
+/// Seconds from a flag (negative or NaN count as zero).
+pub fn secs(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO)
+}
+
+/// Returns freed heap pages to the OS once the server is idle after a large body
+/// (glibc keeps them otherwise: an 8 MB prompt left ~1 GB resident).
+async fn trim_when_idle(state: Arc<AppState>) {
+    use std::sync::atomic::Ordering;
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        let s = state.engine.stats();
+        let idle = s.num_running + s.num_waiting == 0
+            && state.cpu_pool.available_permits() == cpu_pool_size();
+        if idle && state.needs_trim.swap(false, Ordering::AcqRel) {
+            let _ = tokio::task::spawn_blocking(pagoda_engine::release_freed_memory).await;
+        }
+    }
+}
+
 /// Binds, serves, and on a signal drains gracefully (see [`SHUTDOWN_GRACE`]).
-pub async fn serve(host: String, port: u16, state: Arc<AppState>) -> anyhow::Result<()> {
+pub async fn serve(
+    host: String,
+    port: u16,
+    state: Arc<AppState>,
+    limits: conn::ConnLimits,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind((host.as_str(), port))
         .await
         .with_context(|| format!("binding {host}:{port}"))?;
@@ -243,31 +400,38 @@ pub async fn serve(host: String, port: u16, state: Arc<AppState>) -> anyhow::Res
         state.engine.model_info().attention
     );
     let grace = shutdown_grace();
-    let (sig_tx, sig_rx) = tokio::sync::watch::channel(false);
+    let (sig_tx, sig_rx) = tokio::sync::watch::channel(0u8);
+    let mut log_rx = sig_rx.clone();
+    tokio::spawn(count_signals(sig_tx));
     tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!(
-            "shutdown signal: no new connections; finishing in-flight requests (up to {grace:?})"
-        );
-        let _ = sig_tx.send(true);
+        if log_rx.wait_for(|&s| s >= 1).await.is_ok() {
+            tracing::info!(
+                "shutdown signal: no new connections; finishing in-flight requests (up to {grace:?}; a second signal stops at once)"
+            );
+        }
     });
-    let mut graceful_rx = sig_rx.clone();
+    let trimmer = tokio::spawn(trim_when_idle(state.clone()));
     let app = router(state.clone());
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        let _ = graceful_rx.wait_for(|&s| s).await;
-    });
-    let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
+    let server = conn::serve(listener, app, limits, sig_rx.clone());
+    let mut server = std::pin::pin!(server);
     let mut grace_rx = sig_rx;
     tokio::select! {
-        r = &mut server => r.context("serving")?,
-        _ = async { let _ = grace_rx.wait_for(|&s| s).await; tokio::time::sleep(grace).await } => {
+        _ = &mut server => {},
+        _ = async {
+            let _ = grace_rx.wait_for(|&s| s >= 1).await;
+            tokio::select! {
+                _ = tokio::time::sleep(grace) => {},
+                _ = grace_rx.wait_for(|&s| s >= 2) => {},
+            }
+        } => {
             tracing::warn!("grace period over: aborting in-flight requests");
             let engine = state.engine.clone();
-            // Aborted requests end their streams, so connections can close.
+            // Aborted requests end their streams (503 / an error event), so connections close.
             let _ = tokio::task::spawn_blocking(move || engine.shutdown(true)).await;
             let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         }
     }
+    trimmer.abort();
     Ok(())
 }
 

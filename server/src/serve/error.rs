@@ -27,6 +27,12 @@ pub enum ApiError {
     /// 413: the body is larger than `--max-body-bytes`.
     #[error("request body too large (limit {limit} bytes)")]
     PayloadTooLarge { limit: usize },
+    /// 408: the request body did not arrive within `--body-read-timeout`.
+    #[error("{message}")]
+    Timeout { message: String },
+    /// 415: the body is not JSON.
+    #[error("{message}")]
+    UnsupportedMediaType { message: String },
     /// 503: the waiting queue is full or the engine is shutting down.
     #[error("{message}")]
     Unavailable { message: String },
@@ -50,6 +56,8 @@ impl ApiError {
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Timeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -60,6 +68,8 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. }
             | ApiError::PayloadTooLarge { .. }
+            | ApiError::Timeout { .. }
+            | ApiError::UnsupportedMediaType { .. }
             | ApiError::MethodNotAllowed => "invalid_request_error",
             ApiError::Unauthorized => "authentication_error",
             ApiError::NotFound { .. } => "not_found_error",
@@ -126,7 +136,8 @@ impl From<EngineError> for ApiError {
             },
             EngineError::Model { .. }
             | EngineError::Selector { .. }
-            | EngineError::Fault { .. } => ApiError::Internal {
+            | EngineError::Fault { .. }
+            | EngineError::RequestFailed { .. } => ApiError::Internal {
                 message: e.to_string(),
             },
         }

@@ -6,7 +6,8 @@ use super::error::ApiError;
 use super::format::{Api, ChoiceState, Ctx};
 use super::protocol::{
     check_prompt_len, params_for_sample, parse_body, sampling_params, ChatMessageIn, ChatRequest,
-    CommonFields, CompletionRequest, DetokenizeRequest, PromptField, TokenizeRequest,
+    CommonFields, CompletionRequest, DetokenizeRequest, MessageContent, PromptField,
+    TokenizeRequest,
 };
 use super::stream::{collect, sse_response, Sample};
 use super::AppState;
@@ -80,7 +81,25 @@ impl AppState {
         }
     }
 
+    /// Refuses text that could not fit in the context even at the longest token
+    /// (see [`AppState::max_prompt_bytes`]) before spending time tokenizing it.
+    fn check_text_len(&self, param: &str, bytes: usize) -> Result<(), ApiError> {
+        let limit = self.max_prompt_bytes;
+        if bytes > limit {
+            let max_len = self.engine.model_info().max_model_len;
+            return Err(ApiError::bad(
+                param,
+                format!(
+                    "the text is {bytes} bytes long; this model's maximum context length is {max_len} tokens, \
+                     which no text over {limit} bytes fits in"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
+        self.check_text_len("prompt", text.len())?;
         self.engine
             .tokenizer()
             .encode(text, add_special_tokens)
@@ -99,18 +118,31 @@ impl AppState {
     }
 
     /// Submits `n` samples per prompt (seeds offset per sample) and answers.
-    async fn run(
-        &self,
-        ctx: Ctx,
-        prompts: Vec<Prompt>,
-        params: SamplingParams,
-        n: usize,
-        c: &CommonFields,
-        arrival: Instant,
-    ) -> Result<Response, ApiError> {
+    async fn run(&self, prep: Prepared, arrival: Instant) -> Result<Response, ApiError> {
+        let Prepared {
+            ctx,
+            prompts,
+            params,
+            n,
+            common: c,
+            priority,
+        } = prep;
+        let c = &c;
         let max_len = self.engine.model_info().max_model_len;
         for (ids, _) in &prompts {
             check_prompt_len(ids.len(), params.max_tokens, max_len)?;
+        }
+        let num_seqs = prompts.len().saturating_mul(n);
+        if num_seqs > self.max_seqs_per_request {
+            return Err(ApiError::bad(
+                "n",
+                format!(
+                    "this request asks for {num_seqs} sequences ({} prompts x n = {n}); the limit is {} \
+                     (--max-seqs-per-request)",
+                    prompts.len(),
+                    self.max_seqs_per_request
+                ),
+            ));
         }
         let mut samples = Vec::with_capacity(prompts.len() * n);
         for (p, (ids, echo)) in prompts.into_iter().enumerate() {
@@ -123,6 +155,7 @@ impl AppState {
                     prompt: PromptInput::Tokens(ids.clone()),
                     params: params_for_sample(&params, i),
                     cache_salt: c.cache_salt.clone(),
+                    priority,
                 })?;
                 samples.push(Sample {
                     state: ChoiceState::new(index, i == 0, ids.len(), arrival),
@@ -150,6 +183,18 @@ impl AppState {
                 "this model has no chat template; use /v1/completions",
             )
         })?;
+        let total: usize = messages
+            .iter()
+            .map(|m| match &m.content {
+                Some(MessageContent::Text(t)) => t.len(),
+                Some(MessageContent::Parts(p)) => p
+                    .iter()
+                    .map(|p| p.text.as_ref().map_or(0, |t| t.len()))
+                    .sum(),
+                None => 0,
+            })
+            .sum();
+        self.check_text_len("messages", total)?;
         let msgs = messages
             .iter()
             .map(|m| {
@@ -168,14 +213,33 @@ fn respond(r: Result<Response, ApiError>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// `POST /v1/completions`.
-pub async fn completions(State(st): State<Arc<AppState>>, body: Body) -> Response {
-    respond(completions_inner(&st, body).await)
+/// A parsed, tokenized and checked generation request, ready to submit.
+struct Prepared {
+    ctx: Ctx,
+    prompts: Vec<Prompt>,
+    params: SamplingParams,
+    n: usize,
+    common: CommonFields,
+    priority: i32,
 }
 
-async fn completions_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
+/// `POST /v1/completions`.
+pub async fn completions(State(st): State<Arc<AppState>>, body: Body) -> Response {
     let arrival = Instant::now();
-    let req: CompletionRequest = parse_body(&st.read_body(body)?)?;
+    respond(
+        async {
+            let bytes = st.read_body(body)?;
+            let st2 = st.clone();
+            let prep = st.offload(move || prepare_completion(&st2, &bytes)).await?;
+            st.run(prep, arrival).await
+        }
+        .await,
+    )
+}
+
+/// Parses, tokenizes and checks a completions body (on the blocking pool).
+fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+    let req: CompletionRequest = parse_body(body)?;
     st.check_model(req.common.model.as_deref())?;
     let logprobs = req.logprobs()?;
     let params = sampling_params(
@@ -211,17 +275,34 @@ async fn completions_inner(st: &AppState, body: Body) -> Result<Response, ApiErr
         }
     }
     let ctx = st.ctx(Api::Completion, &req.common, logprobs.is_some());
-    st.run(ctx, prompts, params, n, &req.common, arrival).await
+    let priority = req.common.priority(st.priority_scheduling)?;
+    Ok(Prepared {
+        ctx,
+        prompts,
+        params,
+        n,
+        common: req.common,
+        priority,
+    })
 }
 
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(State(st): State<Arc<AppState>>, body: Body) -> Response {
-    respond(chat_inner(&st, body).await)
+    let arrival = Instant::now();
+    respond(
+        async {
+            let bytes = st.read_body(body)?;
+            let st2 = st.clone();
+            let prep = st.offload(move || prepare_chat(&st2, &bytes)).await?;
+            st.run(prep, arrival).await
+        }
+        .await,
+    )
 }
 
-async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
-    let arrival = Instant::now();
-    let req: ChatRequest = parse_body(&st.read_body(body)?)?;
+/// Parses, renders, tokenizes and checks a chat body (on the blocking pool).
+fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+    let req: ChatRequest = parse_body(body)?;
     st.check_model(req.common.model.as_deref())?;
     let logprobs = req.logprobs()?;
     let params = sampling_params(
@@ -244,8 +325,15 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
     // The template already wrote any special tokens it wants.
     let ids = st.encode(&prompt, false)?;
     let ctx = st.ctx(Api::Chat, &req.common, logprobs.is_some());
-    st.run(ctx, vec![(ids, None)], params, n, &req.common, arrival)
-        .await
+    let priority = req.common.priority(st.priority_scheduling)?;
+    Ok(Prepared {
+        ctx,
+        prompts: vec![(ids, None)],
+        params,
+        n,
+        common: req.common,
+        priority,
+    })
 }
 
 /// `GET /v1/models`.
@@ -271,7 +359,11 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Response {
 pub async fn health(State(st): State<Arc<AppState>>) -> Response {
     match st.engine.health() {
         Ok(()) => StatusCode::OK.into_response(),
-        Err(message) => ApiError::Internal { message }.into_response(),
+        // A stopped engine is as unhealthy as a faulted one: probes must see 500.
+        Err(e) => ApiError::Internal {
+            message: e.to_string(),
+        }
+        .into_response(),
     }
 }
 
@@ -295,11 +387,18 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 
 /// `POST /tokenize`: a prompt, or chat messages rendered by the template.
 pub async fn tokenize(State(st): State<Arc<AppState>>, body: Body) -> Response {
-    respond(tokenize_inner(&st, body))
+    respond(
+        async {
+            let bytes = st.read_body(body)?;
+            let st2 = st.clone();
+            st.offload(move || tokenize_inner(&st2, &bytes)).await
+        }
+        .await,
+    )
 }
 
-fn tokenize_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
-    let req: TokenizeRequest = parse_body(&st.read_body(body)?)?;
+fn tokenize_inner(st: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+    let req: TokenizeRequest = parse_body(body)?;
     st.check_model(req.model.as_deref())?;
     let ids = match (&req.prompt, &req.messages) {
         (Some(p), None) => st.encode(p, req.add_special_tokens.unwrap_or(true))?,
@@ -331,11 +430,18 @@ fn tokenize_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
 
 /// `POST /detokenize`.
 pub async fn detokenize(State(st): State<Arc<AppState>>, body: Body) -> Response {
-    respond(detokenize_inner(&st, body))
+    respond(
+        async {
+            let bytes = st.read_body(body)?;
+            let st2 = st.clone();
+            st.offload(move || detokenize_inner(&st2, &bytes)).await
+        }
+        .await,
+    )
 }
 
-fn detokenize_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
-    let req: DetokenizeRequest = parse_body(&st.read_body(body)?)?;
+fn detokenize_inner(st: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+    let req: DetokenizeRequest = parse_body(body)?;
     st.check_model(req.model.as_deref())?;
     let ids = req
         .tokens

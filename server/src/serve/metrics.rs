@@ -90,8 +90,8 @@ pub struct Metrics {
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
     e2e: Mutex<Histogram>,
-    /// Finished requests by reason: stop, length, abort.
-    finished: Mutex<[u64; 3]>,
+    /// Finished requests by reason: stop, length, abort, error.
+    finished: Mutex<[u64; 4]>,
 }
 
 impl Default for Metrics {
@@ -100,7 +100,7 @@ impl Default for Metrics {
             ttft: Mutex::new(Histogram::new(TTFT_BUCKETS)),
             itl: Mutex::new(Histogram::new(ITL_BUCKETS)),
             e2e: Mutex::new(Histogram::new(E2E_BUCKETS)),
-            finished: Mutex::new([0; 3]),
+            finished: Mutex::new([0; 4]),
         }
     }
 }
@@ -127,6 +127,7 @@ impl Metrics {
             pagoda_core::FinishReason::Stop => 0,
             pagoda_core::FinishReason::Length => 1,
             pagoda_core::FinishReason::Abort => 2,
+            pagoda_core::FinishReason::Error => 3,
         };
         self.finished.lock().unwrap_or_else(|e| e.into_inner())[i] += 1;
     }
@@ -201,7 +202,7 @@ impl Metrics {
             "# HELP vllm:request_success Count of successfully processed requests."
         );
         let _ = writeln!(out, "# TYPE vllm:request_success counter");
-        for (reason, v) in ["stop", "length", "abort"].iter().zip(finished) {
+        for (reason, v) in ["stop", "length", "abort", "error"].iter().zip(finished) {
             let _ = writeln!(
                 out,
                 "vllm:request_success_total{{{labels},finished_reason=\"{reason}\"}} {v}"

@@ -66,6 +66,8 @@ pub struct CommonFields {
     pub skip_special_tokens: Option<bool>,
     /// vLLM extension: logprob tokens as `token_id:N` instead of text.
     pub return_tokens_as_token_ids: Option<bool>,
+    /// vLLM extension: lower is scheduled first (`--scheduling-policy priority`).
+    pub priority: Option<i64>,
 }
 
 impl CommonFields {
@@ -78,6 +80,21 @@ impl CommonFields {
             .and_then(|o| o.include_usage)
             .unwrap_or(false)
     }
+    /// The scheduling priority, checked: any value needs priority scheduling on,
+    /// except 0 (the default), as in vLLM.
+    pub fn priority(&self, enabled: bool) -> Result<i32, ApiError> {
+        match self.priority {
+            None | Some(0) => Ok(0),
+            Some(p) if !enabled => Err(ApiError::bad(
+                "priority",
+                format!("Got priority {p} but Priority scheduling is not enabled (start the server with --scheduling-policy priority)."),
+            )),
+            Some(p) => i32::try_from(p).map_err(|_| {
+                ApiError::bad("priority", format!("priority must fit in 32 bits, got {p}"))
+            }),
+        }
+    }
+
     /// Number of samples, checked.
     pub fn n(&self) -> Result<usize, ApiError> {
         match self.n {
