@@ -176,6 +176,23 @@ impl SseState {
                                 first && ctx.api == super::format::Api::Chat,
                             )));
                         }
+                        Ok(Some((i, Err(EngineError::Shutdown)))) => {
+                            // Cut by shutdown after the 200 went out: the choice ends
+                            // as aborted (non-streaming requests get a 503 instead).
+                            let ctx = &self.ctx;
+                            let st = &mut self.states[i];
+                            st.finish_reason = Some(pagoda_core::FinishReason::Abort);
+                            let first = !st.started;
+                            st.started = true;
+                            return Some(sse_event(&ctx.chunk(
+                                st.index,
+                                "",
+                                None,
+                                st.finish_reason,
+                                serde_json::Value::Null,
+                                first && ctx.api == super::format::Api::Chat,
+                            )));
+                        }
                         Ok(Some((_, Err(e)))) => {
                             // Drop every stream: aborts the remaining samples.
                             self.merged = SelectAll::new();

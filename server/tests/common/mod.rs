@@ -70,6 +70,15 @@ impl Server {
 
     /// [`Server::start`] with extra environment variables.
     pub fn start_with_env(extra: &[&str], envs: &[(&str, &str)]) -> Server {
+        Self::start_full(extra, envs, None)
+    }
+
+    /// [`Server::start`] with the server's open-file limit (soft and hard) set to `nofile`.
+    pub fn start_with_nofile(extra: &[&str], nofile: u32) -> Server {
+        Self::start_full(extra, &[], Some(nofile))
+    }
+
+    fn start_full(extra: &[&str], envs: &[(&str, &str)], nofile: Option<u32>) -> Server {
         let model = model_path();
         let key = extra
             .windows(2)
@@ -80,7 +89,17 @@ impl Server {
             let log =
                 std::env::temp_dir().join(format!("pagoda-test-{}-{port}.log", std::process::id()));
             let logf = std::fs::File::create(&log).expect("creating the server log");
-            let child = Command::new(env!("CARGO_BIN_EXE_pagoda"))
+            let bin = env!("CARGO_BIN_EXE_pagoda");
+            let mut cmd = match nofile {
+                // `ulimit -n` in sh sets the soft and the hard limit.
+                Some(n) => {
+                    let mut c = Command::new("sh");
+                    c.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\""), bin]);
+                    c
+                }
+                None => Command::new(bin),
+            };
+            let child = cmd
                 .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
                 .arg("--model")
                 .arg(&model)

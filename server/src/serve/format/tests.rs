@@ -36,6 +36,7 @@ fn out(ids: &[u32], text: &str, finished: bool) -> RequestOutput {
         num_prompt_tokens: 5,
         num_cached_tokens: 2,
         num_output_tokens: 0,
+        error: None,
     }
 }
 
