@@ -399,7 +399,7 @@ fn shutdown_cuts_non_streaming_with_503_and_second_signal_is_immediate() {
         let r = ureq::post(&url)
             .set("Content-Type", "application/json")
             .send_string(
-                &json!({"prompt": "Tell me a story:", "max_tokens": 4000, "ignore_eos": true})
+                &json!({"prompt": "Tell me a story:", "max_tokens": 2000, "ignore_eos": true})
                     .to_string(),
             );
         match r {

@@ -132,6 +132,11 @@ impl Metrics {
         self.finished.lock().unwrap_or_else(|e| e.into_inner())[i] += 1;
     }
 
+    /// Counts a request that failed on its own (`finished_reason="error"`).
+    pub fn count_error(&self) {
+        self.finished.lock().unwrap_or_else(|e| e.into_inner())[3] += 1;
+    }
+
     /// The whole exposition: engine gauges and counters, then server histograms.
     pub fn render(&self, stats: &EngineStats, model_name: &str) -> String {
         let labels = format!("model_name=\"{}\"", escape_label(model_name));

@@ -76,6 +76,9 @@ pub async fn collect(ctx: &Ctx, samples: Vec<Sample>) -> Result<Vec<ChoiceState>
     let mut merged = merge(streams);
     while let Some((i, r)) = merged.next().await {
         // On error, returning drops `merged` and so aborts the other samples.
+        if let Err(EngineError::RequestFailed { .. }) = &r {
+            ctx.metrics.count_error();
+        }
         let out = r.map_err(ApiError::from)?;
         let st = &mut states[i];
         if let Some(lp) = st.absorb(ctx, &out) {
@@ -194,6 +197,9 @@ impl SseState {
                             )));
                         }
                         Ok(Some((_, Err(e)))) => {
+                            if let EngineError::RequestFailed { .. } = e {
+                                self.ctx.metrics.count_error();
+                            }
                             // Drop every stream: aborts the remaining samples.
                             self.merged = SelectAll::new();
                             self.phase = Phase::Done;
