@@ -43,7 +43,7 @@ impl Isa {
 
     /// The level for the CPU features `(avx2 + fma, avx512f, avx512bw + avx512bf16)`,
     /// capped below AVX-512 with `disable_avx512`.
-    pub fn from_features(
+    pub(crate) fn from_features(
         (avx2_fma, avx512f, avx512_bf16): (bool, bool, bool),
         disable_avx512: bool,
     ) -> Isa {
