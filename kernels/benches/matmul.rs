@@ -151,7 +151,7 @@ criterion_main!(benches);
 /// lanes without AVX-512.
 fn sum(c: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512f") {
+    if pagoda_kernels::Isa::detect().avx512() {
         // SAFETY: AVX-512 F detected.
         return unsafe { sum512(c) };
     }

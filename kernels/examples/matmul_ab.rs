@@ -141,7 +141,7 @@ fn main() {
 /// memory), one thread, best of 3.
 fn fma_peak() {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512f") {
+    if pagoda_kernels::Isa::detect().avx512() {
         let iters = 20_000_000usize;
         let mut best = 0.0f64;
         for _ in 0..3 {
@@ -192,7 +192,7 @@ fn bandwidth() {
 /// lanes without AVX-512.
 fn sum(c: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512f") {
+    if pagoda_kernels::Isa::detect().avx512() {
         // SAFETY: AVX-512 F detected.
         return unsafe { sum512(c) };
     }

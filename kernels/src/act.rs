@@ -15,7 +15,7 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), KernelE
 /// `o = silu(g) * u` over equal-length slices, 16 lanes wide on AVX-512 CPUs.
 fn silu_mul_row(g: &[f32], u: &[f32], o: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::matmul::has_avx512() {
+    if crate::Isa::detect().avx512() {
         // SAFETY: AVX-512 F detected.
         unsafe { silu_mul_row_avx512(g, u, o) };
         return;
@@ -43,6 +43,10 @@ fn silu_mul_row_generic(g: &[f32], u: &[f32], o: &mut [f32]) {
 /// a degree-5 polynomial for `e^r`, and `2^n` built in the exponent bits. Within
 /// 2 ulp of `expf` on `[-87, 88]`; inputs are clamped there (beyond it `e^x` is
 /// below the normal range or overflows, and SiLU's result is then `0` or `x`).
+///
+/// The one vectorised exp of the tree: the CPU attention backends' online softmax
+/// (`paged`, `flash`) uses it too, on arguments `<= 0` (a `-inf` maximum difference
+/// gives about `1e-38`, never NaN).
 #[inline(always)]
 pub fn exp_fast(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -136,7 +140,7 @@ const LANES: usize = 16;
 /// vectorises (the plain loop was ~1 % of a 32-stream serving profile).
 pub fn max_index(row: &[f32]) -> (usize, f32) {
     #[cfg(target_arch = "x86_64")]
-    if crate::matmul::has_avx512() {
+    if crate::Isa::detect().avx512() {
         // SAFETY: AVX-512 F detected.
         return unsafe { max_index_avx512(row) };
     }
@@ -184,7 +188,7 @@ fn max_index_generic(row: &[f32]) -> (usize, f32) {
 #[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub fn first_nan_or_inf(row: &[f32]) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
-    if crate::matmul::has_avx512() {
+    if crate::Isa::detect().avx512() {
         // SAFETY: AVX-512 F detected.
         return unsafe { first_nan_or_inf_avx512(row) };
     }

@@ -12,8 +12,8 @@
 //! and use `vdpbf16ps` (pairs of bf16 products accumulated in f32), reading half
 //! the bytes of f32 weights.
 //!
-//! Callers check the CPU features (see [`has_avx512f`], [`has_avx512bf16`]) before
-//! calling anything `unsafe` here.
+//! Callers check the CPU features ([`crate::Isa::detect`]: `avx512()` for the f32
+//! kernels, `avx512_bf16()` for the bf16 ones) before calling anything `unsafe` here.
 
 #![cfg(target_arch = "x86_64")]
 // Constant-bound index loops over the accumulator tiles are what unrolls into
@@ -21,18 +21,6 @@
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
-
-/// Whether the f32 kernels can run (AVX-512 F).
-pub fn has_avx512f() -> bool {
-    is_x86_feature_detected!("avx512f")
-}
-
-/// Whether the bf16 kernels can run (AVX-512 F, BW and BF16).
-pub fn has_avx512bf16() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512bf16")
-}
 
 /// Raw pointers of one call, shared by the parallel tasks. Tasks write disjoint
 /// output columns (`w` rows), so sharing the output pointer is sound.

@@ -3,6 +3,11 @@
 //! unpacked API), RMS norm, rotary embeddings, SwiGLU, argmax and softmax. Behind
 //! the `cuda` feature (reserved, empty for now) CUDA kernels will live.
 //!
+//! It is also the one place for the CPU helpers the attention backends share:
+//! [`Isa`] (the only CPU-feature probe, honouring `PAGODA_DISABLE_AVX512=1`),
+//! [`exp_fast`] (the one vectorised exp), the [`simd`] vector types, and the
+//! paged-cache walk of [`blocks`].
+//!
 //! Every fast kernel has a slow, obviously correct `*_ref` twin that the property
 //! tests in `tests/` compare against. Parallel kernels use rayon's global pool only,
 //! so callers size one pool for the whole process.
@@ -10,26 +15,29 @@
 pub mod act;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod blocks;
 pub mod error;
+pub mod isa;
 pub mod matmul;
 pub mod matmul_bf16;
 pub mod norm;
 pub mod packed;
 pub mod packed_bf16;
 pub mod rope;
+pub mod simd;
 
 pub use act::{
     argmax, exp_fast, first_nan_or_inf, log_softmax, log_softmax_ref, max_index, silu_mul,
     silu_mul_fused, silu_mul_ref, softmax,
 };
+pub use blocks::StepBlocks;
 pub use error::KernelError;
+pub use isa::Isa;
 pub use matmul::{
-    has_avx512, matmul_t, matmul_t_ref, matmul_t_with, MatmulPath, AVX512_GEMV_MAX_M,
-    GEMV_AUTO_MAX_M, GEMV_MAX_M,
+    matmul_t, matmul_t_ref, matmul_t_with, MatmulPath, AVX512_GEMV_MAX_M, GEMV_AUTO_MAX_M,
+    GEMV_MAX_M,
 };
-pub use matmul_bf16::{
-    has_avx512_bf16, matmul_t_bf16, matmul_t_bf16_ref, matmul_t_bf16_with, to_bf16, Bf16Path,
-};
+pub use matmul_bf16::{matmul_t_bf16, matmul_t_bf16_ref, matmul_t_bf16_with, to_bf16, Bf16Path};
 pub use norm::{add_rms_norm, rms_norm, rms_norm_ref};
 pub use packed::{matmul_packed, PackedMatrix, PANEL};
 pub use packed_bf16::{matmul_packed_bf16, PackedMatrixBf16};

@@ -11,6 +11,7 @@
 //! inputs. [`matmul_t_ref`] is the slow reference all are tested against.
 
 use crate::error::{check_len, KernelError};
+use crate::isa::Isa;
 use rayon::prelude::*;
 
 /// Rows of `x` the GEMV kernel handles per pass over the weights (register budget).
@@ -41,26 +42,6 @@ pub enum MatmulPath {
     /// The AVX-512 GEMM tiles (any `m`; fast for prefill-sized `m`). Falls back to
     /// [`MatmulPath::Gemm`] without AVX-512.
     Avx512Gemm,
-}
-
-/// Whether the AVX-512 f32 paths can run on this CPU. `PAGODA_DISABLE_AVX512=1`
-/// (read once) turns them off, so the portable paths can be tested and compared on
-/// an AVX-512 machine.
-pub fn has_avx512() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        if std::env::var_os("PAGODA_DISABLE_AVX512").is_some_and(|v| v == "1") {
-            return false;
-        }
-        #[cfg(target_arch = "x86_64")]
-        {
-            crate::avx512::has_avx512f()
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    })
 }
 
 /// Buffer lengths of `x[m, k]`, `w[n, k]` (any weight element type) and `out[m, n]`.
@@ -115,7 +96,7 @@ pub fn matmul_t_with(
     if trivial(out, m, k, n) {
         return Ok(());
     }
-    let avx = has_avx512();
+    let avx = Isa::detect().avx512();
     let path = match path {
         // Measured (benches/matmul.rs and examples/matmul_ab.rs, SmolLM2 shapes,
         // cold weights, shared 2-core Zen machine, interleaved). m = 1: called
@@ -248,7 +229,7 @@ fn gemv(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
 
 fn gemv_group(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
     let parallel = m * k * n >= PARALLEL_MIN_FLOPS && rayon::current_num_threads() > 1;
-    let fma = has_fma();
+    let fma = Isa::detect().avx2_fma();
     let dst = OutPtr(out.as_mut_ptr());
     // Each task owns the output columns j0..j0+len of every one of the m rows, so
     // the writes of different tasks never overlap.
@@ -287,20 +268,10 @@ impl OutPtr {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-fn has_fma() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn has_fma() -> bool {
-    false
-}
-
 fn dot_rows_dispatch(fma: bool, x: &[f32], row: &[f32], m: usize, k: usize) -> [f32; GEMV_MAX_M] {
     #[cfg(target_arch = "x86_64")]
     if fma {
-        // SAFETY: the CPU supports AVX2 and FMA (checked by has_fma).
+        // SAFETY: the CPU supports AVX2 and FMA (checked by the caller through `Isa`).
         return unsafe { dot_rows_avx2(x, row, m, k) };
     }
     let _ = fma;

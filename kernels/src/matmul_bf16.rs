@@ -27,19 +27,6 @@ pub enum Bf16Path {
     Avx512Gemm,
 }
 
-/// Whether the AVX-512 BF16 paths can run on this CPU.
-pub fn has_avx512_bf16() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // Off with the f32 kernels (PAGODA_DISABLE_AVX512).
-        crate::matmul::has_avx512() && crate::avx512::has_avx512bf16()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// Rounds to bf16, to nearest even (what the model stores as weights).
 pub fn to_bf16(x: &[f32]) -> Vec<bf16> {
     x.iter().map(|&v| bf16::from_f32(v)).collect()
@@ -71,7 +58,7 @@ pub fn matmul_t_bf16_with(
     if trivial(out, m, k, n) {
         return Ok(());
     }
-    let avx = has_avx512_bf16();
+    let avx = crate::Isa::detect().avx512_bf16();
     let path = match path {
         // As for f32 (see matmul.rs): GEMV tiles up to m = 4, GEMM tiles above.
         Bf16Path::Auto if avx && m <= crate::matmul::AVX512_GEMV_MAX_M => Bf16Path::Avx512Gemv,

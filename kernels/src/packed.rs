@@ -121,7 +121,7 @@ pub fn matmul_packed(
     out: &mut [f32],
     m: usize,
 ) -> Result<(), KernelError> {
-    let avx512 = crate::matmul::has_avx512();
+    let avx512 = crate::Isa::detect().avx512();
     // SAFETY (of the call in the closure): AVX-512 only when detected; run_panels
     // hands out valid, disjoint tasks.
     run_panels(x, out, m, w.k, w.n, &w.lines, w.k, |t| unsafe {
@@ -254,7 +254,7 @@ unsafe fn block_rows(avx512: bool, t: PanelTask<'_, Line>) {
 /// As [`block_rows`].
 unsafe fn portable_rows(t: PanelTask<'_, Line>) {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+    if crate::Isa::detect().avx2_fma() {
         return portable_rows_avx2(t);
     }
     portable_rows_generic::<false>(t)

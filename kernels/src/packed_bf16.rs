@@ -85,7 +85,7 @@ pub fn matmul_packed_bf16(
     out: &mut [f32],
     m: usize,
 ) -> Result<(), KernelError> {
-    let fast = crate::matmul_bf16::has_avx512_bf16();
+    let fast = crate::Isa::detect().avx512_bf16();
     // SAFETY (of the call in the closure): AVX-512 BF16 only when detected;
     // run_panels hands out valid, disjoint tasks.
     run_panels(x, out, m, w.k, w.n, &w.lines, w.k.div_ceil(2), |t| unsafe {

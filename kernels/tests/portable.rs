@@ -15,7 +15,7 @@ fn assert_ref(out: &[f32], x: &[f32], w: &[f32], shape: (usize, usize, usize)) {
 #[test]
 fn portable_paths_match_references() {
     std::env::set_var("PAGODA_DISABLE_AVX512", "1");
-    assert!(!has_avx512() && !has_avx512_bf16());
+    assert!(!Isa::detect().avx512() && !Isa::detect().avx512_bf16());
     for (m, k, n) in [(1, 5, 3), (7, 33, 70), (13, 576, 130)] {
         let (x, w) = fixed(m, k, n);
         let pw = PackedMatrix::pack(&w, n, k).unwrap();

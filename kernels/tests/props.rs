@@ -303,3 +303,15 @@ fn bf16_large_shapes_take_the_parallel_paths() {
         Err(KernelError::ShapeMismatch { name: "x", .. })
     ));
 }
+
+/// Below the clamp `exp_fast` gives a tiny positive value, never NaN: the attention
+/// softmax feeds it `-inf` (a row's first chunk) and very negative differences.
+#[test]
+fn exp_fast_at_the_edges() {
+    assert_eq!(exp_fast(0.0), 1.0);
+    for x in [-87.5, -90.0, -1e30, f32::NEG_INFINITY] {
+        let e = exp_fast(x);
+        assert!((0.0..1e-37).contains(&e), "exp_fast({x}) = {e}");
+    }
+    assert!(exp_fast(f32::NAN).is_finite());
+}

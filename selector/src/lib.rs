@@ -31,11 +31,13 @@ pub enum SelectorError {
         name: String,
         registered: Vec<String>,
     },
-    #[error("attention backend `{name}` cannot serve {role} rows of this model: {}", join(.reasons))]
+    #[error("attention backend `{name}` cannot serve {role} rows of this model: {}{}", join(.reasons), suffix(.hint))]
     ForcedInvalid {
         name: String,
         role: Role,
         reasons: Vec<InvalidReason>,
+        /// What to pass instead, when the backend serves one kind of rows only.
+        hint: Option<String>,
     },
     #[error("no valid attention backend for {role} rows: {}", .verdicts.iter().map(|(n, r)| format!("{n}: {}", join(r))).collect::<Vec<_>>().join(" | "))]
     NoValidBackend {
@@ -46,6 +48,10 @@ pub enum SelectorError {
     BadOverride { value: String, message: String },
     #[error("creating attention backend `{name}`: {message}")]
     Create { name: String, message: String },
+}
+
+fn suffix(hint: &Option<String>) -> String {
+    hint.as_ref().map(|h| format!(". {h}")).unwrap_or_default()
 }
 
 fn join(r: &[InvalidReason]) -> String {
@@ -216,6 +222,7 @@ fn pick(
                 name: name.into(),
                 role,
                 reasons,
+                hint: None,
             });
         }
         return Ok(r);
@@ -233,6 +240,35 @@ fn pick(
     })
 }
 
+/// For a backend forced alone that serves only one kind of rows of `cfg`: how to
+/// compose it with the best backend for the other kind (`None` otherwise).
+fn one_role_hint(cfg: &AttentionConfig, r: &BackendRegistration) -> Option<String> {
+    let serves = |role| r.reasons(cfg, role).is_empty();
+    let (has, lacks) = match (serves(Role::Decode), serves(Role::Prefill)) {
+        (true, false) => (Role::Decode, Role::Prefill),
+        (false, true) => (Role::Prefill, Role::Decode),
+        _ => return None,
+    };
+    let name = r.name;
+    let Some(other) = registered_backends()
+        .into_iter()
+        .find(|o| o.reasons(cfg, lacks).is_empty())
+    else {
+        return Some(format!(
+            "`{name}` serves {has} rows only, and no linked backend serves {lacks} rows of this model"
+        ));
+    };
+    let (decode, prefill) = match has {
+        Role::Decode => (name, other.name),
+        _ => (other.name, name),
+    };
+    Some(format!(
+        "`{name}` serves {has} rows only; compose it with a {lacks} backend: \
+         `--attention-backend decode={decode},prefill={prefill}` (or `{has}={name}` \
+         to pick the {lacks} backend by priority)"
+    ))
+}
+
 /// Chooses the decode and prefill backends for `cfg`. With a single forced name, that
 /// backend must serve both kinds of rows.
 pub fn select(
@@ -248,6 +284,7 @@ pub fn select(
                     name: d.clone(),
                     role: Role::Both,
                     reasons,
+                    hint: one_role_hint(cfg, r),
                 });
             }
             return Ok(Selection {

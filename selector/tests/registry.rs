@@ -112,3 +112,51 @@ fn override_parsing() {
     assert!(BackendOverride::parse("decode=").is_err());
     assert!(BackendOverride::parse("middle=paged").is_err());
 }
+
+#[test]
+fn one_role_backend_forced_alone_says_how_to_compose_it() {
+    // `flash` is prefill-only: alone it is refused, and the error names why and
+    // what to pass instead.
+    let err = select(&smollm2(), &BackendOverride::parse("flash").unwrap())
+        .err()
+        .unwrap();
+    match &err {
+        SelectorError::ForcedInvalid {
+            name,
+            role,
+            reasons,
+            hint,
+        } => {
+            assert_eq!((name.as_str(), *role), ("flash", Role::Both));
+            assert_eq!(
+                reasons,
+                &vec![pagoda_core::InvalidReason::RoleUnsupported { role: Role::Decode }]
+            );
+            assert!(hint.is_some());
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let msg = err.to_string();
+    for needle in [
+        "`flash`",
+        "does not handle decode rows",
+        "prefill rows only",
+        "--attention-backend decode=paged,prefill=flash",
+        "`prefill=flash`",
+    ] {
+        assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
+    }
+    let msg = select(&smollm2(), &BackendOverride::parse("paged").unwrap())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("decode=paged,prefill=flash") && msg.contains("`decode=paged`"),
+        "{msg}"
+    );
+    // Composed explicitly, or with the decode side by priority, it is accepted.
+    for o in ["decode=paged,prefill=flash", "prefill=flash"] {
+        let sel = select(&smollm2(), &BackendOverride::parse(o).unwrap()).unwrap();
+        assert_eq!(sel.name(), "decode=paged,prefill=flash");
+    }
+}

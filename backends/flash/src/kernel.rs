@@ -10,8 +10,8 @@
 //! keys `0..=c+i`), and the softmax is online (running max `m`, sum `l`).
 
 use gemm::{gemm, Parallelism};
-/// The decode kernel's exp: both CPU kernels share one softmax arithmetic.
-pub use pagoda_backend_paged::kernel::fast_exp;
+// The one vectorised exp: both CPU attention kernels share one softmax arithmetic.
+use pagoda_kernels::{blocks::slot, exp_fast};
 
 /// Query rows per tile (tokens × group heads), about.
 pub const TILE_ROWS: usize = 128;
@@ -86,8 +86,7 @@ pub unsafe fn pack(
 ) {
     let row_stride = num_kv_heads * head_dim;
     for p in 0..seq_len {
-        let slot = blocks[p / block_size] as usize * block_size + p % block_size;
-        let src = slot * row_stride + kv_head * head_dim;
+        let src = slot(blocks, block_size, p) * row_stride + kv_head * head_dim;
         let (ks, vs) = (&k_cache[src..src + head_dim], &v_cache[src..src + head_dim]);
         std::ptr::copy_nonoverlapping(ks.as_ptr(), dk.add(p * head_dim), head_dim);
         std::ptr::copy_nonoverlapping(vs.as_ptr(), dv.add(p * head_dim), head_dim);
@@ -160,7 +159,7 @@ pub unsafe fn tile(d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
                 let cm = max16(&srow[..limit]);
                 let m_new = sc.m[r].max(cm);
                 if m_new > sc.m[r] {
-                    let corr = fast_exp(sc.m[r] - m_new);
+                    let corr = exp_fast(sc.m[r] - m_new);
                     sc.l[r] *= corr;
                     sc.o[r * hd..(r + 1) * hd]
                         .iter_mut()
@@ -168,7 +167,7 @@ pub unsafe fn tile(d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
                     sc.m[r] = m_new;
                 }
                 for x in srow[..limit].iter_mut() {
-                    *x = fast_exp(*x - m_new);
+                    *x = exp_fast(*x - m_new);
                 }
                 srow[limit..].fill(0.0);
                 sc.l[r] += sum16(&srow[..limit]);

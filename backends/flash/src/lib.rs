@@ -1,11 +1,13 @@
 //! Flash-style prefill attention on CPU: tiled online softmax over the paged cache.
 //!
-//! Registered as `"flash"`. Serves prefill rows (query length > 1, variable
-//! lengths, with or without cached context) and decode rows, so it can run a whole
-//! mixed batch. Decode rows go through the `paged` crate's split-KV kernel (an
-//! inner [`PagedBackend`] planned on the decode rows) whenever it supports the
-//! head dim: as a GEMM tile a decode row is only `group` rows tall, and packing
-//! its whole context costs as much again (measured 3-4x slower).
+//! Registered as `"flash"`. Serves prefill rows only (query length > 1, variable
+//! lengths, with or without cached context) and declares so in its
+//! [`capabilities`]: as a GEMM tile a decode row is only `group` rows tall, and
+//! packing its whole context costs as much again (measured 3-4x slower than the
+//! `paged` split-KV kernel). Mixed batches run through the selector's
+//! `HybridBackend` (`decode=paged,prefill=flash`, the automatic choice), which hands
+//! this backend the prefill rows only; `--attention-backend flash` alone is refused
+//! by the selector with that reason.
 //!
 //! * [`AttentionBackend::plan`] cuts every request into tiles of
 //!   `(kv head, query tokens)` with about [`kernel::TILE_ROWS`] rows, and sizes one
@@ -19,11 +21,11 @@
 pub mod kernel;
 
 use kernel::{Dims, Scratch, Tile, TileIo};
-use pagoda_backend_paged::{blocks::StepBlocks, simd::Isa, PagedBackend};
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
     Capabilities, CoreError, DType, DeviceKind, InvalidReason, LayerIo, Role,
 };
+use pagoda_kernels::{Isa, StepBlocks};
 use rayon::prelude::*;
 use std::sync::Mutex;
 use thiserror::Error;
@@ -38,6 +40,10 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub enum FlashError {
     #[error("flash backend cannot serve this configuration: {reasons:?}")]
     Unsupported { reasons: Vec<InvalidReason> },
+    #[error(
+        "flash backend serves prefill rows only; request {request} has query length 1 (a decode row)"
+    )]
+    DecodeRow { request: usize },
     #[error("batch block size {batch} differs from the configured block size {config}")]
     BlockSizeMismatch { batch: usize, config: usize },
     #[error("run called before plan")]
@@ -50,8 +56,6 @@ pub enum FlashError {
         expected: usize,
         actual: usize,
     },
-    #[error("decode rows (paged kernel): {0}")]
-    Decode(#[from] CoreError),
     #[error("block id {block} is out of range for a pool of {num_blocks} blocks")]
     BlockOutOfRange { block: u32, num_blocks: usize },
 }
@@ -72,7 +76,10 @@ impl From<FlashError> for CoreError {
                 expected,
                 actual,
             },
-            FlashError::Decode(e) => e,
+            FlashError::DecodeRow { .. } => CoreError::BackendInvalid {
+                backend: NAME.into(),
+                reasons: vec![InvalidReason::RoleUnsupported { role: Role::Decode }],
+            },
             other => CoreError::BackendFailed {
                 backend: NAME.into(),
                 message: other.to_string(),
@@ -81,7 +88,7 @@ impl From<FlashError> for CoreError {
     }
 }
 
-/// What `flash` serves: CPU, f32, prefill and decode, head dims 1..=256, any block
+/// What `flash` serves: CPU, f32, prefill rows only, head dims 1..=256, any block
 /// size, LSE output.
 pub fn capabilities() -> Capabilities {
     Capabilities {
@@ -93,7 +100,7 @@ pub fn capabilities() -> Capabilities {
         max_gqa_ratio: Some(kernel::TILE_ROWS),
         sliding_window: false,
         logits_soft_cap: false,
-        decode: true,
+        decode: false,
         prefill: true,
         returns_lse: true,
     }
@@ -135,24 +142,20 @@ pub struct FlashBackend {
     blocks: StepBlocks,
     items: Vec<Item>,
     scratch: Vec<Mutex<Scratch>>,
-    /// Which `#[target_feature]` instantiation of the tile kernel to call.
+    /// Which `#[target_feature]` instantiation of the tile kernel to call
+    /// ([`Isa::detect`], so `PAGODA_DISABLE_AVX512=1` reaches it).
     isa: Isa,
     /// Per request: first packed token (requests are packed back to back).
     pack_off: Vec<usize>,
     /// Packed K and V, `[request][kv head][position][head_dim]`.
     packed_k: Vec<f32>,
     packed_v: Vec<f32>,
-    /// The decode-row kernel, if it supports this configuration.
-    decode: Option<PagedBackend>,
-    /// Rows `0..first_req` (decode rows) go to `decode` in this plan.
-    first_req: usize,
-    decode_tokens: usize,
 }
 
 impl FlashBackend {
     /// A backend for `cfg`, or the reasons it cannot serve it.
     pub fn new(cfg: &AttentionConfig) -> Result<Self, FlashError> {
-        let reasons = capabilities().reasons(cfg, Role::Both);
+        let reasons = capabilities().reasons(cfg, Role::Prefill);
         if !reasons.is_empty() {
             return Err(FlashError::Unsupported { reasons });
         }
@@ -167,10 +170,12 @@ impl FlashBackend {
             packed_k: Vec::new(),
             packed_v: Vec::new(),
             isa: Isa::detect(),
-            decode: PagedBackend::new(cfg).ok(),
-            first_req: 0,
-            decode_tokens: 0,
         })
+    }
+
+    /// The instruction set the tile kernel is compiled for ([`Isa::detect`]).
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 
     /// Number of tiles in the last plan.
@@ -191,21 +196,20 @@ impl FlashBackend {
             self.cfg.num_kv_heads,
             self.cfg.head_dim,
         );
+        if let Some(request) = (0..b.num_reqs()).find(|&r| b.query_len(r) == 1) {
+            return Err(FlashError::DecodeRow { request });
+        }
         let tile_tokens = (kernel::TILE_ROWS / g).max(1);
         self.num_tokens = b.num_tokens();
-        self.blocks.copy_from(b);
-        self.first_req = 0;
-        self.decode_tokens = 0;
-        if let Some(paged) = self.decode.as_mut() {
-            if b.num_decode_reqs > 0 {
-                paged.plan(&b.slice_rows(0..b.num_decode_reqs))?;
-                self.first_req = b.num_decode_reqs;
-                self.decode_tokens = b.num_decode_tokens;
-            }
-        }
+        self.blocks.copy_from(
+            b.block_size,
+            &b.block_table,
+            b.block_table_stride,
+            &b.seq_lens,
+        );
         self.items.clear();
         // Longest tiles (most keys) first, so that rayon's stealing ends balanced.
-        for r in (self.first_req..b.num_reqs()).rev() {
+        for r in (0..b.num_reqs()).rev() {
             let ql = b.query_len(r);
             let mut q1 = ql;
             while q1 > 0 {
@@ -227,11 +231,9 @@ impl FlashBackend {
             .sort_by_key(|it| std::cmp::Reverse(it.tile.context + it.tile.q1));
         self.pack_off.clear();
         let mut total = 0;
-        for (r, &s) in b.seq_lens.iter().enumerate() {
+        for &s in &b.seq_lens {
             self.pack_off.push(total);
-            if r >= self.first_req {
-                total += s as usize;
-            }
+            total += s as usize;
         }
         self.packed_k.resize(total * nkv * hd, 0.0);
         self.packed_v.resize(total * nkv * hd, 0.0);
@@ -267,19 +269,7 @@ impl FlashBackend {
         if let Some(block) = self.blocks.out_of_range(num_blocks) {
             return Err(FlashError::BlockOutOfRange { block, num_blocks }.into());
         }
-        let mut lse = io.lse;
-        // Decode rows first, through the paged kernel, on the leading tokens.
-        if let (Some(paged), true) = (self.decode.as_mut(), self.first_req > 0) {
-            let n = self.decode_tokens;
-            paged.run(LayerIo {
-                q: &io.q[..n * nh * hd],
-                k_cache: io.k_cache,
-                v_cache: io.v_cache,
-                out: &mut io.out[..n * nh * hd],
-                lse: lse.as_deref_mut().map(|l| &mut l[..n * nh]),
-            })?;
-        }
-        let lse_ptr = lse.map_or(std::ptr::null_mut(), |l| l.as_mut_ptr());
+        let lse_ptr = io.lse.map_or(std::ptr::null_mut(), |l| l.as_mut_ptr());
         let ptrs = OutPtr(io.out.as_mut_ptr(), lse_ptr);
         let dims = Dims {
             num_heads: nh,
@@ -295,22 +285,19 @@ impl FlashBackend {
         // Where request r's KV head h starts in the packed buffers.
         let base = |r: usize, h: usize| (pack_off[r] * nkv + h * seq_lens[r] as usize) * hd;
         let packed = OutPtr(self.packed_k.as_mut_ptr(), self.packed_v.as_mut_ptr());
-        let first_req = self.first_req;
-        ((first_req * nkv)..seq_lens.len() * nkv)
-            .into_par_iter()
-            .for_each(|i| {
-                // Capture the whole Send wrapper, not its raw-pointer fields (edition 2021).
-                #[allow(clippy::redundant_locals)]
-                let packed = packed;
-                let (r, h) = (i / nkv, i % nkv);
-                let seq = seq_lens[r] as usize;
-                let blocks = blocks.blocks(r, bs);
-                // SAFETY: block ids were checked above; each (r, h) owns its packed range.
-                unsafe {
-                    let (dk, dv) = (packed.0.add(base(r, h)), packed.1.add(base(r, h)));
-                    kernel::pack(kc, vc, blocks, bs, nkv, h, hd, seq, dk, dv);
-                }
-            });
+        (0..seq_lens.len() * nkv).into_par_iter().for_each(|i| {
+            // Capture the whole Send wrapper, not its raw-pointer fields (edition 2021).
+            #[allow(clippy::redundant_locals)]
+            let packed = packed;
+            let (r, h) = (i / nkv, i % nkv);
+            let seq = seq_lens[r] as usize;
+            let blocks = blocks.blocks(r, bs);
+            // SAFETY: block ids were checked above; each (r, h) owns its packed range.
+            unsafe {
+                let (dk, dv) = (packed.0.add(base(r, h)), packed.1.add(base(r, h)));
+                kernel::pack(kc, vc, blocks, bs, nkv, h, hd, seq, dk, dv);
+            }
+        });
         let (pk, pv) = (
             self.packed_k.as_ptr() as usize,
             self.packed_v.as_ptr() as usize,
@@ -356,7 +343,7 @@ unsafe fn run_tile(isa: Isa, d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scrat
             kernel::tile(d, t, io, sc)
         }
         match isa {
-            Isa::Avx512 => return avx512(d, t, io, sc),
+            Isa::Avx512 | Isa::Avx512Bf16 => return avx512(d, t, io, sc),
             Isa::Avx2 => return avx2(d, t, io, sc),
             Isa::Portable => {}
         }

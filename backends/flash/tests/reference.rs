@@ -1,7 +1,8 @@
 //! `flash` against the naive f64 reference (through the testkit's `direct` helpers)
-//! on random mixed batches (decode rows, then prefill rows with and without cached
-//! context; shuffled blocks, NaN in unused slots) and one long prefill, plus its
-//! refusals.
+//! on random prefill batches (rows with and without cached context; shuffled
+//! blocks, NaN in unused slots) and one long prefill, plus its refusals (decode
+//! rows among them: mixed batches go through the selector's hybrid, tested in
+//! `selector/tests/hybrid.rs`).
 
 use pagoda_backend_flash::{FlashBackend, FlashError, NAME};
 use pagoda_backend_testkit::case::Case;
@@ -9,7 +10,7 @@ use pagoda_backend_testkit::direct::{
     assert_close, misuse, reference, rows_case, run_twice, HEAD_SHAPES,
 };
 use pagoda_backend_testkit::Tolerance;
-use pagoda_core::{AttentionConfig, CoreError, InvalidReason, Role};
+use pagoda_core::{AttentionBackend, AttentionConfig, CoreError, InvalidReason, Role};
 use proptest::prelude::*;
 
 const TOL: Tolerance = Tolerance::F32;
@@ -42,18 +43,15 @@ fn head_shape(i: usize) -> (usize, usize, usize) {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
     #[test]
-    fn mixed_batches_match_reference(
+    fn prefill_batches_match_reference(
         shape in 0usize..=HEAD_SHAPES.len(),
         bs in prop::sample::select(vec![1usize, 4, 16, 32]),
-        decodes in prop::collection::vec(1usize..300, 0..3),
-        prefills in prop::collection::vec((2usize..160, 0usize..200), 0..4),
+        prefills in prop::collection::vec((2usize..160, 0usize..200), 1..5),
         seed in any::<u64>(),
         threads in 1usize..8,
     ) {
         let (nh, nkv, hd) = head_shape(shape);
-        let mut rows: Vec<(usize, usize)> = decodes.iter().map(|&s| (1, s)).collect();
-        rows.extend(prefills.iter().map(|&(q, ctx)| (q, q + ctx)));
-        prop_assume!(!rows.is_empty());
+        let rows: Vec<(usize, usize)> = prefills.iter().map(|&(q, ctx)| (q, q + ctx)).collect();
         check(&make_case(AttentionConfig::cpu_f32(nh, nkv, hd, bs), &rows, seed), threads);
     }
 }
@@ -62,7 +60,7 @@ proptest! {
 fn long_prefill_with_prefix_matches_naive_backend() {
     let c = make_case(
         AttentionConfig::cpu_f32(32, 8, 128, 16),
-        &[(1, 70), (300, 700), (129, 129)],
+        &[(300, 700), (129, 129)],
         11,
     );
     let (want_o, want_l) = reference(&c).unwrap();
@@ -73,13 +71,16 @@ fn long_prefill_with_prefix_matches_naive_backend() {
 }
 
 #[test]
-fn registered_for_both_roles() {
+fn registered_for_prefill_only() {
     let reg = pagoda_core::registered_backends()
         .into_iter()
         .find(|r| r.name == NAME)
         .expect("registered");
     let cfg = AttentionConfig::cpu_f32(9, 3, 64, 16);
-    assert!(reg.reasons(&cfg, Role::Both).is_empty());
+    assert!(reg.reasons(&cfg, Role::Prefill).is_empty());
+    let decode = vec![InvalidReason::RoleUnsupported { role: Role::Decode }];
+    assert_eq!(reg.reasons(&cfg, Role::Decode), decode);
+    assert_eq!(reg.reasons(&cfg, Role::Both), decode);
     let mut windowed = cfg.clone();
     windowed.sliding_window = Some(8);
     assert_eq!(
@@ -90,6 +91,20 @@ fn registered_for_both_roles() {
         FlashBackend::new(&windowed),
         Err(FlashError::Unsupported { .. })
     ));
+}
+
+#[test]
+fn decode_rows_are_refused_at_plan() {
+    let c = make_case(AttentionConfig::cpu_f32(4, 2, 32, 4), &[(1, 9), (5, 9)], 3);
+    let mut be = FlashBackend::new(&c.cfg).unwrap();
+    let err = be.plan(&c.batch).unwrap_err();
+    assert_eq!(
+        err,
+        CoreError::BackendInvalid {
+            backend: NAME.into(),
+            reasons: vec![InvalidReason::RoleUnsupported { role: Role::Decode }],
+        }
+    );
 }
 
 #[test]

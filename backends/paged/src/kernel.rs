@@ -6,7 +6,10 @@
 //! heads share each K load and the V accumulation keeps four heads' outputs in
 //! registers across the chunk. The softmax is online (running max and sum per head).
 
-use crate::simd::{Isa, Portable, Simd};
+use pagoda_kernels::blocks::slot;
+use pagoda_kernels::exp_fast;
+use pagoda_kernels::simd::{Portable, Simd};
+use pagoda_kernels::Isa;
 
 /// Keys per online-softmax step; the scores live on the stack as `[group, CHUNK]`.
 const CHUNK: usize = 16;
@@ -42,7 +45,7 @@ pub fn attend(isa: Isa, a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mu
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => attend_avx512(a, o, lse, l),
+            Isa::Avx512 | Isa::Avx512Bf16 => attend_avx512(a, o, lse, l),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => attend_avx2(a, o, lse, l),
             _ => attend_generic::<Portable>(a, o, lse, l),
@@ -53,13 +56,13 @@ pub fn attend(isa: Isa, a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mu
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn attend_avx512(a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mut [f32]) {
-    attend_generic::<crate::simd::Avx512>(a, o, lse, l)
+    attend_generic::<pagoda_kernels::simd::Avx512>(a, o, lse, l)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_avx2(a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mut [f32]) {
-    attend_generic::<crate::simd::Avx2>(a, o, lse, l)
+    attend_generic::<pagoda_kernels::simd::Avx2>(a, o, lse, l)
 }
 
 /// `s[gi * CHUNK + j] = scale * q[gi] · k[j]` for `NG` heads, sharing each K load.
@@ -162,7 +165,7 @@ unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], m: &mut [f32]
         let n = chunk.min(a.end.saturating_sub(pos));
         for (j, x) in out.iter_mut().enumerate().take(n) {
             let p = pos + j;
-            *x = (a.blocks[p / bs] as usize * bs + p % bs) * row_stride;
+            *x = slot(a.blocks, bs, p) * row_stride;
         }
         n
     };
@@ -195,7 +198,7 @@ unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], m: &mut [f32]
                 let cm = row[..n].iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
                 let m_new = m[head].max(cm);
                 if m_new > m[head] {
-                    let corr = fast_exp(m[head] - m_new);
+                    let corr = exp_fast(m[head] - m_new);
                     l[head] *= corr;
                     let oo = oh.add(gi * hd);
                     let cv = S::splat(corr);
@@ -208,7 +211,7 @@ unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], m: &mut [f32]
                 }
                 // Whole-chunk loop so that it vectorises; lanes past n are zeroed after.
                 for x in row.iter_mut() {
-                    *x = fast_exp(*x - m_new);
+                    *x = exp_fast(*x - m_new);
                 }
                 row[n..].fill(0.0);
                 l[head] += row.iter().sum::<f32>();
@@ -240,48 +243,5 @@ unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], m: &mut [f32]
         } else {
             m[head] = f32::NEG_INFINITY;
         }
-    }
-}
-
-/// `e^x` for `x <= 0` (Cephes' polynomial after a `2^n` range reduction), written
-/// so that loops over it vectorise: no branches, no libm call. Relative error
-/// about 2e-7; `x < -87` gives about 1e-38 instead of 0, harmless next to a
-/// row sum of at least 1.
-#[inline(always)]
-pub fn fast_exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let x = x.max(-87.0);
-    let t = x * LOG2E + MAGIC;
-    let n = t - MAGIC;
-    let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
-    let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let e = p * r * r + r + 1.0;
-    let bits = (t.to_bits() as i32 - MAGIC.to_bits() as i32 + 127) << 23;
-    e * f32::from_bits(bits as u32)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::fast_exp;
-
-    #[test]
-    fn fast_exp_matches_libm() {
-        let mut x = -90.0f32;
-        while x <= 0.0 {
-            let (got, want) = (fast_exp(x) as f64, (x as f64).exp());
-            assert!(
-                (got - want).abs() <= 4e-7 * want + 1e-37,
-                "exp({x}) = {got}, want {want}"
-            );
-            x += 0.0137;
-        }
-        assert_eq!(fast_exp(0.0), 1.0);
-        assert!(fast_exp(f32::NEG_INFINITY) < 1e-37);
     }
 }

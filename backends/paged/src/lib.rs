@@ -15,17 +15,14 @@
 //!   the partial results of each head with a log-sum-exp merge (the math of
 //!   [`pagoda_core::merge_states`], generalised to n parts). No allocation, no planning.
 
-pub mod blocks;
 pub mod kernel;
-pub mod simd;
 
-use blocks::StepBlocks;
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
     Capabilities, CoreError, DType, DeviceKind, InvalidReason, LayerIo, Role,
 };
+use pagoda_kernels::{Isa, StepBlocks};
 use rayon::prelude::*;
-use simd::Isa;
 use thiserror::Error;
 
 /// The registered name.
@@ -170,13 +167,14 @@ impl PagedBackend {
         })
     }
 
-    /// The instruction set the kernels use on this CPU.
+    /// The instruction set the kernels use: [`Isa::detect`] (so
+    /// `PAGODA_DISABLE_AVX512=1` turns AVX-512 off here too) unless [`Self::set_isa`].
     pub fn isa(&self) -> Isa {
         self.isa
     }
 
     /// Forces a slower instruction set (tests compare every ISA with the reference).
-    /// Fails if the CPU lacks it.
+    /// Fails if it is not [`Isa::available`].
     pub fn set_isa(&mut self, isa: Isa) -> Result<(), PagedError> {
         if !isa.available() {
             return Err(PagedError::IsaUnavailable { isa });
@@ -210,7 +208,8 @@ impl PagedBackend {
         let (bs, nh, hd) = (b.block_size, self.cfg.num_heads, self.cfg.head_dim);
         let p = &mut self.plan;
         p.num_reqs = n;
-        p.blocks.copy_from(b);
+        p.blocks
+            .copy_from(bs, &b.block_table, b.block_table_stride, &b.seq_lens);
 
         // Split size in blocks: total key-work spread over ~ITEMS_PER_THREAD items
         // per thread, never below MIN_SPLIT_TOKENS, always whole blocks.

@@ -1,7 +1,6 @@
 //! `paged` against the naive f64 reference on random decode batches (shuffled
 //! blocks, NaN in unused slots), plus its refusals: prefill rows, bad buffers, bad blocks.
 
-use pagoda_backend_paged::simd::Isa;
 use pagoda_backend_paged::{PagedBackend, PagedError, NAME};
 use pagoda_backend_testkit::case::Case;
 use pagoda_backend_testkit::direct::{
@@ -9,6 +8,7 @@ use pagoda_backend_testkit::direct::{
 };
 use pagoda_backend_testkit::Tolerance;
 use pagoda_core::{AttentionBackend, AttentionConfig, CoreError, InvalidReason, Role};
+use pagoda_kernels::Isa;
 use proptest::prelude::*;
 
 const TOL: Tolerance = Tolerance::F32;

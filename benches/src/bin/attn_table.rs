@@ -3,13 +3,18 @@
 //! ceilings. One plan, then timed `run` calls (best of up to 20 or ~2 s; a single
 //! timed call for backends slower than that, e.g. naive on prefill).
 //!
+//! Decode and mixed cases also time the automatic selection (`auto`, what the
+//! engine builds: decode rows on the best decode backend, prefill rows on the best
+//! prefill backend, composed by the selector's `HybridBackend`).
+//!
 //! `cargo run --release -p pagoda-benches --bin attn_table [-- --skip-naive]`
 
 use pagoda_backend_flash as _;
 use pagoda_backend_naive as _;
 use pagoda_backend_paged as _;
 use pagoda_benches::attn::{self, Case, ModelShape, LLAMA8B, SMOLLM2};
-use pagoda_core::{registered_backends, Role};
+use pagoda_core::{registered_backends, AttentionBackend, Role};
+use pagoda_selector::BackendOverride;
 use std::time::Instant;
 
 /// Best seconds per `run`, or None if the backend cannot serve the case.
@@ -21,7 +26,19 @@ fn time_backend(
     if !reg.reasons(&case.cfg, role).is_empty() {
         return None;
     }
-    let mut be = (reg.create)(&case.cfg).ok()?;
+    time_run((reg.create)(&case.cfg).ok()?, case)
+}
+
+/// The automatic selection for the case's config (what the engine runs) and its
+/// best seconds per `run`.
+fn time_auto(case: &mut Case) -> Option<(String, f64)> {
+    let sel = pagoda_selector::select(&case.cfg, &BackendOverride::default()).ok()?;
+    let be = sel.build(&case.cfg).ok()?;
+    Some((format!("auto ({})", sel.name()), time_run(be, case)?))
+}
+
+/// Plans once, then the best seconds per `run`.
+fn time_run(mut be: Box<dyn AttentionBackend>, case: &mut Case) -> Option<f64> {
     be.plan(&case.batch).ok()?;
     let mut best = f64::MAX;
     let start = Instant::now();
@@ -86,6 +103,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     shape.name, reg.name, t * 1e3, 100.0 * gbps / c.read_gbps
                 );
             }
+        }
+        if only.is_none() {
+            if let Some((name, t)) = time_auto(&mut case) {
+                let gbps = case.decode_bytes() as f64 / t / 1e9;
+                println!(
+                    "| decode {} b{batch} x ctx{ctx} | {name} | {:.3} ms | {gbps:.1} GB/s | {:.0}% of read BW |",
+                    shape.name, t * 1e3, 100.0 * gbps / c.read_gbps
+                );
+            }
+        }
+    }
+    // Mixed: 32 decode rows (ctx 2048) and one 512-token prefill after 1024 cached,
+    // in one batch (decode rows first), on every backend that serves both kinds.
+    let mut rows = attn::decode_rows(32, 2048);
+    rows.extend(attn::prefill_rows(512, 1024));
+    let mut case = attn::build(LLAMA8B, &rows, attn::DEFAULT_MAX_KV_BYTES)?;
+    let mixed = format!(
+        "mixed {} b32 x ctx2048 + prefill 512 tok + prefix 1024",
+        LLAMA8B.name
+    );
+    for reg in registered_backends() {
+        if (skip_naive && reg.name == "naive") || only.as_ref().is_some_and(|o| o != reg.name) {
+            continue;
+        }
+        if let Some(t) = time_backend(reg, &mut case, Role::Both) {
+            println!("| {mixed} | {} | {:.2} ms | | |", reg.name, t * 1e3);
+        }
+    }
+    if only.is_none() {
+        if let Some((name, t)) = time_auto(&mut case) {
+            println!("| {mixed} | {name} | {:.2} ms | | |", t * 1e3);
         }
     }
     let prefill: [(ModelShape, usize, usize); 4] = [

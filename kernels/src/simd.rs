@@ -1,43 +1,10 @@
 //! A minimal f32 vector abstraction ([`Simd`]) with AVX-512, AVX2+FMA and portable
-//! implementations, so the decode kernel is written once.
+//! implementations, so a kernel (the `paged` backend's decode kernel) is written once.
 //!
 //! Kernels are generic over [`Simd`] and instantiated inside `#[target_feature]`
 //! functions, so the `#[inline(always)]` intrinsics below compile into the kernel
-//! body; the ISA is picked once at runtime ([`Isa::detect`]) because the crate is
-//! built without `-C target-cpu`. Lengths handed to kernels are multiples of 16.
-
-/// The instruction set a backend instance uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    Avx512,
-    Avx2,
-    Portable,
-}
-
-impl Isa {
-    /// The best ISA this CPU supports.
-    pub fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") {
-                return Isa::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return Isa::Avx2;
-            }
-        }
-        Isa::Portable
-    }
-
-    /// Whether this CPU can run `self`.
-    pub fn available(self) -> bool {
-        match self {
-            Isa::Portable => true,
-            Isa::Avx2 => Isa::detect() != Isa::Portable,
-            Isa::Avx512 => Isa::detect() == Isa::Avx512,
-        }
-    }
-}
+//! body; which instantiation runs is chosen from [`crate::Isa::detect`] (the crates
+//! are built without `-C target-cpu`). Lengths handed to kernels are multiples of 16.
 
 /// f32 vectors of `LANES` lanes (`LANES` divides 16).
 ///
@@ -210,6 +177,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Isa;
 
     unsafe fn check<S: Simd>() {
         let a: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin()).collect();

@@ -1,0 +1,21 @@
+//! `PAGODA_DISABLE_AVX512=1` reaches `flash`: with it set before the first probe,
+//! the tile kernel runs its AVX2 (or portable) build, and the whole conformance
+//! suite passes on it. Its own binary and one test, because the switch is read
+//! once per process.
+
+use pagoda_backend_flash::FlashBackend;
+use pagoda_backend_testkit::{run_check, Check, Tolerance};
+use pagoda_core::AttentionConfig;
+use pagoda_kernels::isa::DISABLE_AVX512_ENV;
+use pagoda_kernels::Isa;
+
+#[test]
+fn conformance_without_avx512() {
+    std::env::set_var(DISABLE_AVX512_ENV, "1");
+    assert!(!Isa::detect().avx512());
+    let be = FlashBackend::new(&AttentionConfig::cpu_f32(9, 3, 64, 16)).unwrap();
+    assert_eq!(be.isa(), Isa::detect());
+    for check in Check::ALL {
+        run_check(check, "flash", Tolerance::F32, None);
+    }
+}

@@ -1,0 +1,25 @@
+//! `PAGODA_DISABLE_AVX512=1` reaches `paged`: with it set before the first probe,
+//! the backend runs its AVX2 (or portable) kernel, AVX-512 cannot be forced, and the
+//! whole conformance suite passes on that kernel. Its own binary and one test,
+//! because the switch is read once per process.
+
+use pagoda_backend_paged::{PagedBackend, PagedError};
+use pagoda_backend_testkit::{run_check, Check, Tolerance};
+use pagoda_core::AttentionConfig;
+use pagoda_kernels::isa::DISABLE_AVX512_ENV;
+use pagoda_kernels::Isa;
+
+#[test]
+fn conformance_without_avx512() {
+    std::env::set_var(DISABLE_AVX512_ENV, "1");
+    assert!(!Isa::detect().avx512());
+    let mut be = PagedBackend::new(&AttentionConfig::cpu_f32(9, 3, 64, 16)).unwrap();
+    assert_eq!(be.isa(), Isa::detect());
+    assert_eq!(
+        be.set_isa(Isa::Avx512),
+        Err(PagedError::IsaUnavailable { isa: Isa::Avx512 })
+    );
+    for check in Check::ALL {
+        run_check(check, "paged", Tolerance::F32, None);
+    }
+}

@@ -1,0 +1,66 @@
+//! Mixed batches (decode rows, then prefill rows with and without cached context)
+//! through the automatic selection, `decode=paged,prefill=flash` composed by
+//! `HybridBackend`, against the naive f64 reference: what the engine runs on
+//! every step, and how a mixed batch is served now that `flash` is prefill-only.
+
+use pagoda_backend_testkit::direct::{assert_close, reference, rows_case, run_twice, HEAD_SHAPES};
+use pagoda_backend_testkit::Tolerance;
+use pagoda_core::{AttentionBackend, AttentionConfig};
+use pagoda_selector::{select, BackendOverride};
+use proptest::prelude::*;
+
+use pagoda_backend_flash as _;
+use pagoda_backend_naive as _;
+use pagoda_backend_paged as _;
+
+fn auto(cfg: &AttentionConfig) -> Box<dyn AttentionBackend> {
+    let sel = select(cfg, &BackendOverride::default()).unwrap();
+    assert_eq!(sel.name(), "decode=paged,prefill=flash");
+    sel.build(cfg).unwrap()
+}
+
+fn check(cfg: AttentionConfig, rows: &[(usize, usize)], seed: u64, threads: usize) {
+    let c = rows_case(&cfg, rows, seed).expect("valid case");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let (want_o, want_l) = reference(&c).unwrap();
+        let mut be = auto(&c.cfg);
+        let (o, l) = run_twice(be.as_mut(), &c, true).unwrap();
+        assert_close("out", &o, &want_o, &c, Tolerance::F32);
+        assert_close("lse", &l, &want_l, &c, Tolerance::F32);
+        let (o2, _) = run_twice(be.as_mut(), &c, false).unwrap();
+        assert_eq!(o, o2, "LSE output must not change the attention output");
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    #[test]
+    fn mixed_batches_match_reference(
+        shape in 0usize..HEAD_SHAPES.len(),
+        bs in prop::sample::select(vec![1usize, 4, 16, 32]),
+        decodes in prop::collection::vec(1usize..300, 0..3),
+        prefills in prop::collection::vec((2usize..160, 0usize..200), 0..4),
+        seed in any::<u64>(),
+        threads in 1usize..8,
+    ) {
+        let (nh, nkv, hd) = HEAD_SHAPES[shape];
+        let mut rows: Vec<(usize, usize)> = decodes.iter().map(|&s| (1, s)).collect();
+        rows.extend(prefills.iter().map(|&(q, ctx)| (q, q + ctx)));
+        prop_assume!(!rows.is_empty());
+        check(AttentionConfig::cpu_f32(nh, nkv, hd, bs), &rows, seed, threads);
+    }
+}
+
+#[test]
+fn long_mixed_batch_matches_reference() {
+    check(
+        AttentionConfig::cpu_f32(32, 8, 128, 16),
+        &[(1, 70), (1, 1), (300, 700), (129, 129)],
+        11,
+        2,
+    );
+}
