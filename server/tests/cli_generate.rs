@@ -133,7 +133,7 @@ fn generate_without_prefix_caching() {
 #[test]
 fn generate_with_backend_overrides() {
     generate_matches_reference(&["--attention-backend", "naive"]);
-    generate_matches_reference(&["--attention-backend", "flash"]);
+    generate_matches_reference(&["--attention-backend", "prefill=flash"]);
     generate_matches_reference(&["--attention-backend", "decode=paged,prefill=flash"]);
 }
 
