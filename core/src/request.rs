@@ -234,7 +234,7 @@ impl SamplingParams {
         if let Some((t, b)) = self
             .logit_bias
             .iter()
-            .find(|(_, b)| !(b.abs() <= MAX_ABS_LOGIT_BIAS))
+            .find(|(_, b)| !(-MAX_ABS_LOGIT_BIAS..=MAX_ABS_LOGIT_BIAS).contains(b))
         {
             return bad(
                 "logit_bias",

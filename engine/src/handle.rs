@@ -32,7 +32,7 @@ enum Command {
     Add {
         request_id: String,
         prompt_ids: Vec<u32>,
-        params: SamplingParams,
+        params: Box<SamplingParams>,
         cache_salt: Option<String>,
         priority: i32,
         tx: OutputSender,
@@ -202,7 +202,7 @@ impl EngineHandle {
             .send(Command::Add {
                 request_id: req.request_id.clone(),
                 prompt_ids,
-                params: req.params,
+                params: Box::new(req.params),
                 cache_salt: req.cache_salt,
                 priority: req.priority,
                 tx: otx,
@@ -271,7 +271,7 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
                     match engine.add_request_with_priority(
                         request_id.clone(),
                         PromptInput::Tokens(prompt_ids),
-                        params,
+                        *params,
                         cache_salt,
                         priority,
                     ) {

@@ -220,8 +220,13 @@ fn touch_whole_kv_cache(s: &Server, kv_mib: u64) {
     let tokens = (kv_mib << 20) / (30 * 3 * 64 * 2 * 4);
     let per_prompt = 1000;
     for i in 0..(tokens * 5 / 4).div_ceil(per_prompt) {
-        let prompt: Vec<u32> = (0..per_prompt).map(|j| 300 + ((i * 7919 + j * 31) % 39000) as u32).collect();
-        s.post_ok("/v1/completions", &json!({"prompt": prompt, "max_tokens": 1}));
+        let prompt: Vec<u32> = (0..per_prompt)
+            .map(|j| 300 + ((i * 7919 + j * 31) % 39000) as u32)
+            .collect();
+        s.post_ok(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 1}),
+        );
     }
 }
 

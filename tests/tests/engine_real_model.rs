@@ -88,7 +88,11 @@ fn greedy_matches_reference_without_prefix_caching() {
 
 #[test]
 fn greedy_matches_reference_on_every_cpu_backend() {
-    for backend in ["naive", "decode=naive,prefill=flash", "decode=paged,prefill=flash"] {
+    for backend in [
+        "naive",
+        "decode=naive,prefill=flash",
+        "decode=paged,prefill=flash",
+    ] {
         let mut c = test_config();
         c.attention_backend = Some(backend.to_string());
         check_reference(&mut engine(c), backend);
