@@ -108,7 +108,7 @@ impl AppState {
     }
 
     /// Runs CPU-heavy request preparation (JSON parsing, chat templates,
-    /// tokenization) on tokio's blocking threads, at most [`cpu_pool_size`] at a
+    /// tokenization) on tokio's blocking threads, at most one per core (two at least) at a
     /// time, so that neither the async workers nor memory are swamped by many large
     /// prompts at once.
     pub async fn offload<T, F>(&self, f: F) -> Result<T, ApiError>
