@@ -129,6 +129,14 @@ impl EngineCore {
             .finish_requests([request_id], RequestStatus::FinishedStopped);
     }
 
+    /// Ends a request that failed on its own (e.g. its text could not be decoded).
+    pub fn finish_failed(&mut self, request_id: &str) {
+        // Only a finished status is passed, which is the one error finish_requests reports.
+        let _ = self
+            .scheduler
+            .finish_requests([request_id], RequestStatus::FinishedError);
+    }
+
     pub fn has_unfinished_requests(&self) -> bool {
         self.scheduler.has_unfinished_requests()
     }

@@ -25,6 +25,7 @@ pub struct GenerateOutput {
 
 struct TextState {
     detok: IncrementalDetokenizer,
+    include_stop_str_in_output: bool,
     num_prompt_tokens: usize,
     num_output_tokens: usize,
 }
@@ -238,6 +239,7 @@ impl LLMEngine {
             params.include_stop_str_in_output,
         );
         let num_prompt_tokens = prompt_ids.len();
+        let include_stop_str_in_output = params.include_stop_str_in_output;
         let request = Request::new(
             request_id.clone(),
             prompt_ids,
@@ -252,6 +254,7 @@ impl LLMEngine {
             request_id,
             TextState {
                 detok,
+                include_stop_str_in_output,
                 num_prompt_tokens,
                 num_output_tokens: 0,
             },
@@ -279,18 +282,45 @@ impl LLMEngine {
         self.num_steps += 1;
         let mut outputs = Vec::with_capacity(core_outputs.len());
         let mut stopped = Vec::new();
+        let mut failed = Vec::new();
         for co in core_outputs {
             let Some(st) = self.texts.get_mut(&co.req_id) else {
                 continue;
             };
             st.num_output_tokens += co.new_token_ids.len();
             self.generation_tokens += co.new_token_ids.len() as u64;
-            let delta = st
-                .detok
-                .push(&co.new_token_ids)
-                .map_err(|e| EngineError::Fault {
-                    message: format!("detokenizer: {e}"),
-                })?;
+            // A stop token (EOS or one of `stop_token_ids`) ends the request but is
+            // not part of its text unless `include_stop_str_in_output`, as in vLLM;
+            // its id still counts among the output tokens.
+            let text_ids = match &co.stop_reason {
+                Some(StopReason::Eos(_) | StopReason::StopTokenId(_))
+                    if !st.include_stop_str_in_output =>
+                {
+                    &co.new_token_ids[..co.new_token_ids.len().saturating_sub(1)]
+                }
+                _ => &co.new_token_ids[..],
+            };
+            let delta = match st.detok.push(text_ids) {
+                Ok(d) => d,
+                Err(e) => {
+                    // This request's text is broken, not the engine: it fails alone.
+                    failed.push(co.req_id.clone());
+                    outputs.push(RequestOutput {
+                        request_id: co.req_id.clone(),
+                        new_token_ids: co.new_token_ids,
+                        new_text: String::new(),
+                        new_logprobs: co.new_logprobs,
+                        finished: true,
+                        finish_reason: Some(FinishReason::Error),
+                        stop_reason: None,
+                        num_prompt_tokens: st.num_prompt_tokens,
+                        num_cached_tokens: co.num_cached_tokens,
+                        num_output_tokens: st.num_output_tokens,
+                        error: Some(format!("detokenizer: {e}")),
+                    });
+                    continue;
+                }
+            };
             let mut text = delta.text;
             let mut finish_reason = co.finish_reason;
             let mut stop_reason = co.stop_reason.clone();
@@ -319,6 +349,9 @@ impl LLMEngine {
         }
         for id in stopped {
             self.core.finish_stopped(&id);
+        }
+        for id in failed {
+            self.core.finish_failed(&id);
         }
         for o in &outputs {
             if o.finished {

@@ -333,9 +333,18 @@ fn sampling_features(s: &Server, model: &str) {
     // ignore_eos + min_tokens run to max_tokens; logit_bias forces a token.
     let v = s.post_ok("/v1/completions", &json!({"model": model, "prompt": [504, 3575, 282, 4649, 314], "max_tokens": 4,
         "temperature": 0, "logit_bias": {"28": 100}, "logprobs": 1, "return_tokens_as_token_ids": true,
-        "ignore_eos": true, "min_tokens": 4, "user": "ignored", "some_unknown_field": [1, 2]}));
+        "ignore_eos": true, "min_tokens": 4, "user": "ignored"}));
     assert_eq!(ids_from_logprobs(&v["choices"][0]), vec![28, 28, 28, 28]);
     assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // A field Pagoda does not know is refused by name, never silently ignored.
+    let (st, text) = s.post_raw(
+        "/v1/completions",
+        json!({"model": model, "prompt": "Hi", "max_tokens": 2, "some_unknown_field": [1, 2]})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_error(st, &text, 400, "unknown field");
+    assert!(text.contains("some_unknown_field"), "{text}");
 }
 
 fn tokenize_roundtrip(s: &Server) {

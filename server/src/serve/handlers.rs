@@ -5,9 +5,9 @@
 use super::error::ApiError;
 use super::format::{Api, ChoiceState, Ctx};
 use super::protocol::{
-    check_prompt_len, params_for_sample, parse_body, sampling_params, ChatMessageIn, ChatRequest,
-    CommonFields, CompletionRequest, DetokenizeRequest, MessageContent, PromptField,
-    TokenizeRequest,
+    check_prompt_len, params_for_sample, parse_body, parse_generation, sampling_params,
+    ChatMessageIn, ChatRequest, CommonFields, CompletionRequest, DetokenizeRequest, MessageContent,
+    PromptField, TokenizeRequest,
 };
 use super::stream::{collect, sse_response, Sample};
 use super::AppState;
@@ -54,7 +54,7 @@ impl AppState {
     /// A request may name the served model or leave `model` out; anything else is 404.
     fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
-            None => Ok(()),
+            None | Some("") => Ok(()),
             Some(m) if m == self.model_name || self.model_aliases.iter().any(|a| a == m) => Ok(()),
             Some(m) => Err(ApiError::NotFound {
                 message: format!("The model `{m}` does not exist."),
@@ -239,21 +239,23 @@ pub async fn completions(State(st): State<Arc<AppState>>, body: Body) -> Respons
 
 /// Parses, tokenizes and checks a completions body (on the blocking pool).
 fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let req: CompletionRequest = parse_body(body)?;
+    let req: CompletionRequest = parse_generation(body, false)?;
     st.check_model(req.common.model.as_deref())?;
     let logprobs = req.logprobs()?;
+    // Completions default to 16 tokens (OpenAI's and vLLM's default); chat to the room left.
     let params = sampling_params(
         &req.common,
-        req.common.max_tokens,
+        Some(req.common.max_tokens.unwrap_or(16)),
         logprobs,
         st.engine.model_info().vocab_size,
     )?;
     let n = req.common.n()?;
     let echo = req.echo.unwrap_or(false);
+    let add_special = req.common.add_special_tokens.unwrap_or(true);
     let texts_to_ids = |texts: Vec<String>| -> Result<Vec<Prompt>, ApiError> {
         texts
             .into_iter()
-            .map(|t| Ok((st.encode(&t, true)?, Some(t))))
+            .map(|t| Ok((st.encode(&t, add_special)?, Some(t))))
             .collect()
     };
     let mut prompts = match req.prompt {
@@ -302,7 +304,7 @@ pub async fn chat_completions(State(st): State<Arc<AppState>>, body: Body) -> Re
 
 /// Parses, renders, tokenizes and checks a chat body (on the blocking pool).
 fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let req: ChatRequest = parse_body(body)?;
+    let req: ChatRequest = parse_generation(body, true)?;
     st.check_model(req.common.model.as_deref())?;
     let logprobs = req.logprobs()?;
     let params = sampling_params(
@@ -323,7 +325,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     };
     let prompt = st.render_chat(messages, req.add_generation_prompt.unwrap_or(true))?;
     // The template already wrote any special tokens it wants.
-    let ids = st.encode(&prompt, false)?;
+    let ids = st.encode(&prompt, req.common.add_special_tokens.unwrap_or(false))?;
     let ctx = st.ctx(Api::Chat, &req.common, logprobs.is_some());
     let priority = req.common.priority(st.priority_scheduling)?;
     Ok(Prepared {
@@ -413,10 +415,11 @@ fn tokenize_inner(st: &AppState, body: &[u8]) -> Result<Response, ApiError> {
             ))
         }
     };
+    // The vocabulary's own strings (`"Ġis"`), as vLLM returns them, not decoded text.
     let token_strs = req.return_token_strs.unwrap_or(false).then(|| {
         let tok = st.engine.tokenizer();
         ids.iter()
-            .map(|&id| tok.decode(&[id], false).unwrap_or_default())
+            .map(|&id| tok.id_to_token(id).unwrap_or_default())
             .collect::<Vec<_>>()
     });
     Ok(Json(json!({

@@ -2,7 +2,9 @@
 //! engine's [`SamplingParams`]. Pure code: no I/O, no engine.
 //!
 //! Every field is optional and `null` means "not given", as OpenAI clients expect;
-//! unknown fields are ignored.
+//! fields Pagoda does not implement are refused by name ([`fields`]).
+
+pub mod fields;
 
 use super::error::ApiError;
 use pagoda_core::SamplingParams;
@@ -68,6 +70,9 @@ pub struct CommonFields {
     pub return_tokens_as_token_ids: Option<bool>,
     /// vLLM extension: lower is scheduled first (`--scheduling-policy priority`).
     pub priority: Option<i64>,
+    /// vLLM extension: whether the tokenizer adds special tokens (BOS) to the
+    /// prompt (completions: yes by default; chat: no, the template has them).
+    pub add_special_tokens: Option<bool>,
 }
 
 impl CommonFields {
@@ -241,6 +246,22 @@ pub struct TokenizeRequest {
 pub struct DetokenizeRequest {
     pub model: Option<String>,
     pub tokens: Option<Vec<u32>>,
+}
+
+/// Parses a generation request: its fields checked by [`fields::check_fields`],
+/// then the typed body. `model: ""` means the served model, as in vLLM.
+pub fn parse_generation<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    chat: bool,
+) -> Result<T, ApiError> {
+    let mut v: serde_json::Value = parse_body(body)?;
+    fields::check_fields(&v, chat)?;
+    if let Some(m) = v.get_mut("model") {
+        if m.as_str() == Some("") {
+            *m = serde_json::Value::Null;
+        }
+    }
+    serde_json::from_value(v).map_err(ApiError::from_json)
 }
 
 /// Parses a JSON body; any mismatch is a 400.

@@ -1,0 +1,202 @@
+//! Which request fields Pagoda honours, which it accepts because they change
+//! nothing, and which it refuses: a vLLM or OpenAI field Pagoda does not implement
+//! is a 400 naming it, never a silent no-op (vLLM ignores unknown fields with a
+//! log line; a client relying on one would get different behaviour unnoticed).
+
+use super::super::error::ApiError;
+use serde_json::Value;
+
+/// Fields of both generation endpoints that Pagoda implements.
+const COMMON: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+    "n",
+    "logit_bias",
+    "stream",
+    "stream_options",
+    "cache_salt",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "return_tokens_as_token_ids",
+    "priority",
+    "add_special_tokens",
+];
+
+const COMPLETION: &[&str] = &["prompt", "echo", "logprobs"];
+const CHAT: &[&str] = &[
+    "messages",
+    "logprobs",
+    "top_logprobs",
+    "max_completion_tokens",
+    "add_generation_prompt",
+];
+
+/// OpenAI fields that only label or route a request: accepted, no effect.
+const HARMLESS: &[&str] = &["user", "metadata", "store", "service_tier"];
+
+/// Fields accepted only at the value that means "off" (what Pagoda does anyway).
+fn is_off(field: &str, v: &Value) -> Option<bool> {
+    let null = v.is_null();
+    Some(match field {
+        "best_of" => null || v.as_u64() == Some(1),
+        "use_beam_search" | "echo_chat" | "continue_final_message" | "return_token_ids" => {
+            null || v == &Value::Bool(false)
+        }
+        "length_penalty" => null || v.as_f64() == Some(1.0),
+        "suffix" => null || v.as_str() == Some(""),
+        "spaces_between_special_tokens" => null || v == &Value::Bool(true),
+        "tools" | "bad_words" | "documents" => null || v.as_array().is_some_and(|a| a.is_empty()),
+        "tool_choice" => null || v.as_str() == Some("none"),
+        "parallel_tool_calls" | "include_reasoning" => true,
+        "response_format" => null || v.get("type").and_then(Value::as_str) == Some("text"),
+        "chat_template_kwargs" | "mm_processor_kwargs" | "vllm_xargs" | "kv_transfer_params" => {
+            null || v.as_object().is_some_and(|o| o.is_empty())
+        }
+        "prompt_logprobs"
+        | "allowed_token_ids"
+        | "truncate_prompt_tokens"
+        | "truncation_side"
+        | "logits_processors"
+        | "structured_outputs"
+        | "guided_json"
+        | "guided_regex"
+        | "guided_choice"
+        | "guided_grammar"
+        | "guided_decoding_backend"
+        | "guided_whitespace_pattern"
+        | "logprob_token_ids"
+        | "prompt_embeds"
+        | "chat_template"
+        | "reasoning_effort"
+        | "request_id"
+        | "min_characters" => null,
+        _ => return None,
+    })
+}
+
+/// Checks a generation request's top-level fields (`chat` selects the endpoint).
+pub fn check_fields(body: &Value, chat: bool) -> Result<(), ApiError> {
+    let Some(obj) = body.as_object() else {
+        return Ok(()); // the typed parse reports a non-object body
+    };
+    let own = if chat { CHAT } else { COMPLETION };
+    for (k, v) in obj {
+        let k = k.as_str();
+        if COMMON.contains(&k) || own.contains(&k) || HARMLESS.contains(&k) {
+            continue;
+        }
+        // Chat's `echo` is vLLM's too, but not implemented here yet.
+        let policy_key = if chat && k == "echo" { "echo_chat" } else { k };
+        match is_off(policy_key, v) {
+            Some(true) => {}
+            Some(false) => {
+                return Err(ApiError::bad(
+                    k,
+                    format!(
+                        "`{k}` is not supported by Pagoda (yet): leave it out or at its default"
+                    ),
+                ))
+            }
+            None => {
+                return Err(ApiError::bad(
+                    k,
+                    format!("Unrecognized request argument supplied: {k}"),
+                ))
+            }
+        }
+    }
+    if let Some(so) = obj.get("stream_options").filter(|v| !v.is_null()) {
+        if obj.get("stream").and_then(Value::as_bool) != Some(true) {
+            return Err(ApiError::bad(
+                "stream_options",
+                "Stream options can only be defined when `stream=True`.",
+            ));
+        }
+        if let Some(o) = so.as_object() {
+            for (k, v) in o {
+                match k.as_str() {
+                    "include_usage" => {}
+                    "continuous_usage_stats" if v.is_null() || v == &Value::Bool(false) => {}
+                    other => {
+                        return Err(ApiError::bad(
+                            "stream_options",
+                            format!("stream_options.{other} is not supported by Pagoda (yet)"),
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    if obj.get("cache_salt").and_then(Value::as_str) == Some("") {
+        return Err(ApiError::bad(
+            "cache_salt",
+            "Parameter 'cache_salt' must be a non-empty string if provided.",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn param(r: Result<(), ApiError>) -> Option<String> {
+        r.err().and_then(|e| e.param().map(str::to_string))
+    }
+
+    #[test]
+    fn implemented_harmless_and_default_fields_pass() {
+        let ok = json!({"prompt": "x", "max_tokens": 3, "user": "u", "best_of": 1,
+                        "use_beam_search": false, "prompt_logprobs": null, "response_format": {"type": "text"}});
+        assert!(check_fields(&ok, false).is_ok());
+        let chat = json!({"messages": [], "top_logprobs": 2, "tools": [], "echo": false});
+        assert!(check_fields(&chat, true).is_ok());
+    }
+
+    #[test]
+    fn unimplemented_and_unknown_fields_are_named() {
+        for (body, field) in [
+            (json!({"prompt_logprobs": 1}), "prompt_logprobs"),
+            (json!({"allowed_token_ids": [1, 2]}), "allowed_token_ids"),
+            (
+                json!({"response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (json!({"best_of": 3}), "best_of"),
+            (json!({"frobnicate": true}), "frobnicate"),
+            (
+                json!({"stream_options": {"include_usage": true}}),
+                "stream_options",
+            ),
+            (
+                json!({"stream": true, "stream_options": {"continuous_usage_stats": true}}),
+                "stream_options",
+            ),
+            (json!({"cache_salt": ""}), "cache_salt"),
+        ] {
+            assert_eq!(
+                param(check_fields(&body, false)).as_deref(),
+                Some(field),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            param(check_fields(&json!({"echo": true}), true)).as_deref(),
+            Some("echo")
+        );
+        assert!(check_fields(&json!({"echo": true}), false).is_ok());
+    }
+}
