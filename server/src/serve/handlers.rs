@@ -6,8 +6,8 @@ use super::error::ApiError;
 use super::format::{Api, ChoiceState, Ctx};
 use super::protocol::{
     check_prompt_len, params_for_sample, parse_body, parse_generation, sampling_params,
-    ChatMessageIn, ChatRequest, CommonFields, CompletionRequest, DetokenizeRequest, MessageContent,
-    PromptField, TokenizeRequest,
+    truncate_ids, ChatMessageIn, ChatRequest, CommonFields, CompletionRequest, DetokenizeRequest,
+    MessageContent, PromptField, TokenizeRequest,
 };
 use super::stream::{collect, sse_response, Sample};
 use super::AppState;
@@ -98,6 +98,38 @@ impl AppState {
         Ok(())
     }
 
+    /// [`AppState::encode`] for a prompt that will be truncated to `k` tokens: text
+    /// far beyond what `k` tokens can hold is cut first (at the kept end, with the
+    /// same slack as the length bound), so truncation never tokenizes megabytes.
+    fn encode_truncated(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        trunc: Option<(usize, bool)>,
+    ) -> Result<Vec<u32>, ApiError> {
+        let Some((k, left)) = trunc else {
+            return self.encode(text, add_special_tokens);
+        };
+        let max_len = self.engine.model_info().max_model_len.max(1);
+        let keep = (self.max_prompt_bytes / max_len).saturating_mul(k).max(1);
+        let cut = if text.len() <= keep {
+            text
+        } else if left {
+            let mut i = text.len() - keep;
+            while !text.is_char_boundary(i) {
+                i += 1;
+            }
+            &text[i..]
+        } else {
+            let mut i = keep;
+            while !text.is_char_boundary(i) {
+                i -= 1;
+            }
+            &text[..i]
+        };
+        self.encode(cut, add_special_tokens)
+    }
+
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
         self.check_text_len("prompt", text.len())?;
         self.engine
@@ -129,6 +161,12 @@ impl AppState {
         } = prep;
         let c = &c;
         let max_len = self.engine.model_info().max_model_len;
+        let mut prompts = prompts;
+        if let Some((k, left)) = c.truncation(max_len)? {
+            for (ids, _) in &mut prompts {
+                truncate_ids(ids, k, left);
+            }
+        }
         for (ids, _) in &prompts {
             check_prompt_len(ids.len(), params.max_tokens, max_len)?;
         }
@@ -252,10 +290,13 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     let n = req.common.n()?;
     let echo = req.echo.unwrap_or(false);
     let add_special = req.common.add_special_tokens.unwrap_or(true);
+    let trunc = req
+        .common
+        .truncation(st.engine.model_info().max_model_len)?;
     let texts_to_ids = |texts: Vec<String>| -> Result<Vec<Prompt>, ApiError> {
         texts
             .into_iter()
-            .map(|t| Ok((st.encode(&t, add_special)?, Some(t))))
+            .map(|t| Ok((st.encode_truncated(&t, add_special, trunc)?, Some(t))))
             .collect()
     };
     let mut prompts = match req.prompt {

@@ -73,6 +73,48 @@ pub struct CommonFields {
     /// vLLM extension: whether the tokenizer adds special tokens (BOS) to the
     /// prompt (completions: yes by default; chat: no, the template has them).
     pub add_special_tokens: Option<bool>,
+    /// vLLM extension: keep only this many prompt tokens (-1: the context length).
+    pub truncate_prompt_tokens: Option<i64>,
+    /// Which end `truncate_prompt_tokens` keeps: `left` (default) drops the start.
+    pub truncation_side: Option<String>,
+}
+
+impl CommonFields {
+    /// The prompt length to truncate to, checked against the context length.
+    pub fn truncation(&self, max_model_len: usize) -> Result<Option<(usize, bool)>, ApiError> {
+        let left = match self.truncation_side.as_deref() {
+            None | Some("left") => true,
+            Some("right") => false,
+            Some(other) => {
+                return Err(ApiError::bad(
+                    "truncation_side",
+                    format!("truncation_side must be `left` or `right`, got `{other}`"),
+                ))
+            }
+        };
+        match self.truncate_prompt_tokens {
+            None => Ok(None),
+            Some(-1) => Ok(Some((max_model_len, left))),
+            Some(k) if k >= 1 && (k as u64) <= max_model_len as u64 => Ok(Some((k as usize, left))),
+            Some(k) => Err(ApiError::bad(
+                "truncate_prompt_tokens",
+                format!(
+                    "truncate_prompt_tokens value ({k}) must be -1 or in [1, max_model_len = {max_model_len}]"
+                ),
+            )),
+        }
+    }
+}
+
+/// Keeps `k` tokens of `ids`: the last ones when `left` (the start is dropped).
+pub fn truncate_ids(ids: &mut Vec<u32>, k: usize, left: bool) {
+    if ids.len() > k {
+        if left {
+            ids.drain(..ids.len() - k);
+        } else {
+            ids.truncate(k);
+        }
+    }
 }
 
 impl CommonFields {

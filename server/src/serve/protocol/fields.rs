@@ -32,6 +32,8 @@ const COMMON: &[&str] = &[
     "return_tokens_as_token_ids",
     "priority",
     "add_special_tokens",
+    "truncate_prompt_tokens",
+    "truncation_side",
 ];
 
 const COMPLETION: &[&str] = &["prompt", "echo", "logprobs"];
@@ -66,8 +68,6 @@ fn is_off(field: &str, v: &Value) -> Option<bool> {
         }
         "prompt_logprobs"
         | "allowed_token_ids"
-        | "truncate_prompt_tokens"
-        | "truncation_side"
         | "logits_processors"
         | "structured_outputs"
         | "guided_json"
