@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite: fetches the model and test tools, then runs the Rust tests
-# (unit, property, conformance, real-model end-to-end) and the OpenAI-client tests.
+# The whole test suite: the static checks first (fmt, clippy, docs: scripts/check.sh),
+# then fetches the model and test tools and runs the Rust tests (unit, property,
+# conformance, real-model end-to-end) and the OpenAI-client tests.
+# The fast tier without model or network is scripts/test-fast.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/check.sh
 scripts/fetch-model.sh
 python3 -m pip install --quiet --disable-pip-version-check openai==1.* pytest requests
 cargo build --release -p pagoda-server --bin pagoda

@@ -1,7 +1,7 @@
 //! The attention-backend protocol.
 //!
 //! * A backend crate registers a const [`BackendRegistration`] through `inventory`
-//!   (use [`register_backend!`]): name, priority, [`Capabilities`], a runtime check
+//!   (use [`register_backend!`](crate::register_backend)): name, priority, [`Capabilities`], a runtime check
 //!   and a constructor.
 //! * A backend answers an [`AttentionConfig`] with a list of [`InvalidReason`]s
 //!   (empty = it can serve it). The selector crate walks the registry with this.
@@ -596,7 +596,7 @@ pub trait AttentionBackend: Send {
 }
 
 /// A backend's entry in the registry. Declare one per backend crate with
-/// [`register_backend!`].
+/// [`register_backend!`](crate::register_backend).
 pub struct BackendRegistration {
     pub name: &'static str,
     /// Higher is preferred by automatic selection.

@@ -59,11 +59,11 @@ fn run(
 }
 
 fn reference_cases() -> Vec<(Vec<u32>, Vec<u32>, String)> {
-    // shared/ sits beside the repository checkout (also in CI).
+    // The in-repo copy (tests/data/README.md says where it comes from).
     let path = std::env::var("PAGODA_REFERENCE").unwrap_or_else(|_| {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/reference/smollm2-greedy.json"
+            "/../tests/data/smollm2-greedy.json"
         )
         .to_string()
     });

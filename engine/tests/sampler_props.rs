@@ -365,7 +365,7 @@ proptest! {
         let tail = batch.split_off(pos * v);
         batch.extend_from_slice(&logits);
         batch.extend(tail);
-        let inputs: Vec<SampleInput> = cases.iter().map(|c| c.input()).collect();
+        let inputs: Vec<SampleInput<'_>> = cases.iter().map(|c| c.input()).collect();
         let out = Sampler::new(v).sample_batch(&mut batch, &inputs).unwrap();
         let (tok, lp) = out[pos].clone().expect("row samples");
         prop_assert_eq!(tok, alone);

@@ -38,9 +38,11 @@ impl<T> Clone for Args<T> {
     }
 }
 impl<T> Copy for Args<T> {}
-// SAFETY: only used while the owning slices are borrowed for the whole call, with
-// disjoint writes (see above).
+// SAFETY: an `Args` only lives inside one `drive` call, while the slices behind its
+// pointers are borrowed by the caller (`x` and `w` shared, `out` exclusively), and
+// the tasks that receive copies write disjoint output columns and only read `x`/`w`.
 unsafe impl<T> Send for Args<T> {}
+// SAFETY: as for `Send`: shared use is reads of `x`/`w` and disjoint writes to `out`.
 unsafe impl<T> Sync for Args<T> {}
 
 /// `M` rows of `x` (from row `i0`) times `R` rows of `w` (from row `j0`), f32.

@@ -258,8 +258,10 @@ fn gemv_group(x: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usiz
 /// (GEMV columns here, panel blocks in `packed`).
 #[derive(Clone, Copy)]
 pub(crate) struct OutPtr(pub(crate) *mut f32);
-// SAFETY: only used for disjoint writes while the owning `&mut [f32]` is borrowed.
+// SAFETY: an `OutPtr` is made from a `&mut [f32]` that stays borrowed for the whole
+// parallel call, and the tasks holding copies write disjoint elements through it.
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`: concurrent users write disjoint elements only.
 unsafe impl Sync for OutPtr {}
 impl OutPtr {
     // A method (not field access) so closures capture the whole Sync wrapper.

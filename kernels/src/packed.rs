@@ -122,10 +122,11 @@ pub fn matmul_packed(
     m: usize,
 ) -> Result<(), KernelError> {
     let avx512 = crate::Isa::detect().avx512();
-    // SAFETY (of the call in the closure): AVX-512 only when detected; run_panels
-    // hands out valid, disjoint tasks.
-    run_panels(x, out, m, w.k, w.n, &w.lines, w.k, |t| unsafe {
-        block_rows(avx512, t)
+    run_panels(x, out, m, w.k, w.n, &w.lines, w.k, |t| {
+        // SAFETY: `avx512` comes from `Isa::detect`; run_panels checked the shapes
+        // and hands out tasks whose `out` is valid for `rows` x `cols` at `ldo`
+        // (disjoint blocks of `out`).
+        unsafe { block_rows(avx512, t) }
     })
 }
 
@@ -229,15 +230,19 @@ unsafe fn block_rows(avx512: bool, t: PanelTask<'_, Line>) {
             let h = MR.min(t.rows - i);
             let (xp, o) = (t.x.as_ptr().add(i * k), t.out.add(i * ldo));
             let pf = Prefetch::share(t.next, i / MR, tiles);
-            // SAFETY: AVX-512 F detected; h rows of x from i, k lines, out rows;
-            // the prefetch range lies inside `next`.
-            match h {
-                6 => ukr::<6>(xp, k, lp, o, ldo, cols, pf),
-                5 => ukr::<5>(xp, k, lp, o, ldo, cols, pf),
-                4 => ukr::<4>(xp, k, lp, o, ldo, cols, pf),
-                3 => ukr::<3>(xp, k, lp, o, ldo, cols, pf),
-                2 => ukr::<2>(xp, k, lp, o, ldo, cols, pf),
-                _ => ukr::<1>(xp, k, lp, o, ldo, cols, pf),
+            // SAFETY: AVX-512 F is available (the caller's contract for `avx512`);
+            // `xp` has h <= rows - i rows of k floats in `t.x`; `lp` points at the
+            // panel's k `Line`s (64-byte aligned by `repr(align(64))`); `o` has h
+            // rows of `cols` at `ldo` (caller's contract); `pf` lies inside `next`.
+            unsafe {
+                match h {
+                    6 => ukr::<6>(xp, k, lp, o, ldo, cols, pf),
+                    5 => ukr::<5>(xp, k, lp, o, ldo, cols, pf),
+                    4 => ukr::<4>(xp, k, lp, o, ldo, cols, pf),
+                    3 => ukr::<3>(xp, k, lp, o, ldo, cols, pf),
+                    2 => ukr::<2>(xp, k, lp, o, ldo, cols, pf),
+                    _ => ukr::<1>(xp, k, lp, o, ldo, cols, pf),
+                }
             }
             i += h;
         }

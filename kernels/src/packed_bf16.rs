@@ -86,10 +86,11 @@ pub fn matmul_packed_bf16(
     m: usize,
 ) -> Result<(), KernelError> {
     let fast = crate::Isa::detect().avx512_bf16();
-    // SAFETY (of the call in the closure): AVX-512 BF16 only when detected;
-    // run_panels hands out valid, disjoint tasks.
-    run_panels(x, out, m, w.k, w.n, &w.lines, w.k.div_ceil(2), |t| unsafe {
-        block_rows(fast, t)
+    run_panels(x, out, m, w.k, w.n, &w.lines, w.k.div_ceil(2), |t| {
+        // SAFETY: `fast` comes from `Isa::detect`; run_panels checked the shapes
+        // and hands out tasks whose `out` is valid for `rows` x `cols` at `ldo`
+        // (disjoint blocks of `out`).
+        unsafe { block_rows(fast, t) }
     })
 }
 
@@ -122,15 +123,19 @@ unsafe fn block_rows(fast: bool, t: PanelTask<'_, Line>) {
             let xr = &x[i * k..(i + h) * k];
             let o = out.add(i * ldo);
             let pf = Prefetch::share(next, i / MR, tiles);
-            // SAFETY: AVX-512 BF16 detected; h rows of x, k.div_ceil(2) lines;
-            // the prefetch range lies inside `next`.
-            match h {
-                6 => ukr::<6>(xr, k, lp, o, ldo, cols, pf),
-                5 => ukr::<5>(xr, k, lp, o, ldo, cols, pf),
-                4 => ukr::<4>(xr, k, lp, o, ldo, cols, pf),
-                3 => ukr::<3>(xr, k, lp, o, ldo, cols, pf),
-                2 => ukr::<2>(xr, k, lp, o, ldo, cols, pf),
-                _ => ukr::<1>(xr, k, lp, o, ldo, cols, pf),
+            // SAFETY: AVX-512 F/BW/BF16 are available (the caller's contract for
+            // `fast`); `xr` holds h rows of k floats; `lp` points at the panel's
+            // k.div_ceil(2) `Line`s (64-byte aligned by `repr(align(64))`); `o` has
+            // h rows of `cols` at `ldo` (caller's contract); `pf` lies inside `next`.
+            unsafe {
+                match h {
+                    6 => ukr::<6>(xr, k, lp, o, ldo, cols, pf),
+                    5 => ukr::<5>(xr, k, lp, o, ldo, cols, pf),
+                    4 => ukr::<4>(xr, k, lp, o, ldo, cols, pf),
+                    3 => ukr::<3>(xr, k, lp, o, ldo, cols, pf),
+                    2 => ukr::<2>(xr, k, lp, o, ldo, cols, pf),
+                    _ => ukr::<1>(xr, k, lp, o, ldo, cols, pf),
+                }
             }
             i += h;
         }

@@ -8,10 +8,11 @@
 
 /// f32 vectors of `LANES` lanes (`LANES` divides 16).
 ///
-/// # Safety
-/// Pointers must be valid for `LANES` elements; the implementing ISA must be
-/// available on the running CPU.
-#[allow(clippy::missing_safety_doc)] // covered by the trait's Safety section
+/// # Calling the methods
+/// Every method is `unsafe`: pointers must be valid for `LANES` elements (no
+/// alignment needed), and the implementing ISA must be available on the running
+/// CPU (checked through [`crate::Isa`]).
+#[allow(clippy::missing_safety_doc)] // covered by the trait's "Calling the methods"
 pub trait Simd {
     type V: Copy;
     const LANES: usize;
@@ -205,6 +206,8 @@ mod tests {
 
     #[test]
     fn every_available_isa_matches_scalar_math() {
+        // SAFETY: `Portable` needs no CPU feature; `check` reads and writes
+        // 16-element vectors at offsets that are multiples of LANES below 16.
         unsafe { check::<Portable>() };
         #[cfg(target_arch = "x86_64")]
         {
@@ -213,6 +216,7 @@ mod tests {
                 unsafe fn avx2() {
                     check::<Avx2>()
                 }
+                // SAFETY: AVX2 and FMA are available (`Isa::Avx2.available()`).
                 unsafe { avx2() };
             }
             if Isa::Avx512.available() {
@@ -220,6 +224,7 @@ mod tests {
                 unsafe fn avx512() {
                     check::<Avx512>()
                 }
+                // SAFETY: AVX-512 F is available (`Isa::Avx512.available()`).
                 unsafe { avx512() };
             }
         }

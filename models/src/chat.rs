@@ -99,7 +99,7 @@ impl ChatTemplate {
 
 /// Python `str`/`dict` methods that HF templates call and minijinja lacks.
 fn python_method(
-    state: &State,
+    state: &State<'_, '_>,
     value: &Value,
     method: &str,
     args: &[Value],

@@ -262,12 +262,12 @@ fn run_and_check(
         let (mut logits_rows, mut expect) = (vec![], vec![]);
         for &(r, q) in &rows {
             let start = done[r];
-            for p in start..start + q {
+            for (p, &id) in seqs[r].iter().enumerate().skip(start).take(q) {
                 if !last_only || p == start + q - 1 {
                     logits_rows.push(ids.len());
                     expect.push((r, p));
                 }
-                ids.push(seqs[r][p]);
+                ids.push(id);
                 pos.push(p as u32);
             }
             qlens.push(q);

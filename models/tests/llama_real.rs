@@ -1,5 +1,5 @@
 //! The real SmolLM2-135M (GGUF, dequantized to f32) through [`Llama::forward`]
-//! against HF transformers' greedy reference (`shared/reference/smollm2-greedy.json`):
+//! against HF transformers' greedy reference (`tests/data/smollm2-greedy.json`):
 //! the first step's top-5 ids and log-probs (within 1e-3), then greedy decoding one
 //! token per step for each case's `safe_len` steps (where the reference's top-1/top-2
 //! gap is safely above f32 noise). Each prompt is also run in chunks of 3 tokens
@@ -49,8 +49,7 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/reference/smollm2-greedy.json");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/smollm2-greedy.json");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let v: serde_json::Value = serde_json::from_str(&text).expect("reference json");

@@ -31,14 +31,8 @@ fn model() -> &'static LoadedModel {
 fn reference() -> Value {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/reference/smollm2-greedy.json"
+        "/../tests/data/smollm2-greedy.json"
     ))
-    .or_else(|_| {
-        std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../tests/data/smollm2-greedy.json"
-        ))
-    })
     .expect("reference greedy file");
     serde_json::from_str(&text).unwrap()
 }

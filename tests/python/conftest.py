@@ -44,7 +44,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def reference():
-    for p in [os.environ.get("PAGODA_REFERENCE"), REPO.parent / "shared/reference/smollm2-greedy.json"]:
+    for p in [os.environ.get("PAGODA_REFERENCE"), REPO / "tests/data/smollm2-greedy.json"]:
         if p and os.path.exists(p):
             with open(p) as f:
                 return json.load(f)

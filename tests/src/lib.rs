@@ -32,7 +32,7 @@ pub fn model_path() -> PathBuf {
     p
 }
 
-/// One case of `shared/reference/smollm2-greedy.json`.
+/// One case of `tests/data/smollm2-greedy.json`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ReferenceCase {
     pub prompt: String,
@@ -51,8 +51,7 @@ struct ReferenceFile {
 
 /// The reference greedy continuations (HF transformers, f32, same weights).
 pub fn reference_cases() -> Vec<ReferenceCase> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/reference/smollm2-greedy.json");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/smollm2-greedy.json");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_str::<ReferenceFile>(&text)

@@ -130,8 +130,11 @@ struct Item {
 /// A raw output pointer shared by the tile tasks, which write disjoint rows.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32, *mut f32);
-// SAFETY: tiles write disjoint (token, head) rows (see `kernel::tile`).
+// SAFETY: an `OutPtr` points into buffers that `run_layer` borrows mutably for the
+// whole parallel loop, and its users write disjoint parts: each (request, KV head)
+// its own packed run, each tile its own (token, head) rows (see `kernel::tile`).
 unsafe impl Send for OutPtr {}
+// SAFETY: as for `Send`: concurrent users write disjoint elements only.
 unsafe impl Sync for OutPtr {}
 
 /// The flash prefill backend.
@@ -292,7 +295,10 @@ impl FlashBackend {
             let (r, h) = (i / nkv, i % nkv);
             let seq = seq_lens[r] as usize;
             let blocks = blocks.blocks(r, bs);
-            // SAFETY: block ids were checked above; each (r, h) owns its packed range.
+            // SAFETY: every block id in use is below `num_blocks` (`out_of_range`
+            // above), the pools' size checked by `io.validate`; `plan` sized the
+            // packed buffers to sum(seq_lens) * nkv * hd, so (r, h)'s run of
+            // seq * hd floats at base(r, h) is in bounds and no other task's.
             unsafe {
                 let (dk, dv) = (packed.0.add(base(r, h)), packed.1.add(base(r, h)));
                 kernel::pack(kc, vc, blocks, bs, nkv, h, hd, seq, dk, dv);
@@ -322,8 +328,10 @@ impl FlashBackend {
                 out: ptrs.0,
                 lse: ptrs.1,
             };
-            // SAFETY: buffer sizes and block ids were checked above; tiles are disjoint;
-            // `isa` was detected on this CPU.
+            // SAFETY: `io.validate` checked `q`, `out` and `lse` for `num_tokens`
+            // tokens; `k`/`v` point at this (request, KV head)'s packed run of
+            // seq_len >= context + q1 rows; tiles write disjoint (token, head) rows;
+            // `isa` is `Isa::detect()`, so available on this CPU.
             unsafe { run_tile(isa, &dims, &it.tile, &io, &mut sc) };
         });
         Ok(())
@@ -331,6 +339,9 @@ impl FlashBackend {
 }
 
 /// Calls the tile kernel compiled for the detected ISA, so its softmax loops vectorise wide.
+///
+/// # Safety
+/// `isa` is available on this CPU, and `io` meets [`kernel::tile`]'s contract.
 unsafe fn run_tile(isa: Isa, d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
     #[cfg(target_arch = "x86_64")]
     {

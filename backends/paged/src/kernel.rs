@@ -36,12 +36,20 @@ pub struct ItemArgs<'a> {
 
 /// Writes the normalised partial output `o: [num_heads, head_dim]` and its
 /// log-sum-exp `lse: [num_heads]`; `l: [num_heads]` is scratch.
-pub fn attend(isa: Isa, a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mut [f32]) {
+///
+/// # Safety
+/// `isa` is available on this CPU ([`Isa::available`]); `a.blocks` covers
+/// positions `..a.end` and each of those block ids is below the pools' number of
+/// blocks (`k_cache.len() / (block_size * num_kv_heads * head_dim)`, with
+/// `v_cache` as long as `k_cache`). The other lengths are asserted here.
+pub unsafe fn attend(isa: Isa, a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mut [f32]) {
     let nh = a.num_kv_heads * a.group;
     assert!(a.group <= MAX_GROUP && a.head_dim.is_multiple_of(16) && a.q.len() == nh * a.head_dim);
     assert!(o.len() == nh * a.head_dim && lse.len() == nh && l.len() == nh);
-    // SAFETY: `isa` is available on this CPU (checked when it was chosen); the
-    // caller validated every block id against the pool sizes.
+    // SAFETY: `isa` is available and every K/V row the kernel reads (block id times
+    // `block_size` plus offset, times `num_kv_heads * head_dim`) lies inside the
+    // pools (the caller's contract); `q`, `o`, `lse`, `l` have the lengths asserted
+    // above and `head_dim` is a multiple of every `Simd::LANES`.
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]

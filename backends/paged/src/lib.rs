@@ -286,7 +286,11 @@ impl PagedBackend {
                     start: it.start as usize,
                     end: it.end as usize,
                 };
-                kernel::attend(isa, &args, o, lse, l);
+                // SAFETY: `isa` is `Isa::detect()` or was checked by `set_isa`;
+                // `blocks(r, bs)` covers the request's `seq_len >= end` positions and
+                // every block id in use is below `num_blocks` (`out_of_range` above),
+                // the K/V pools' size checked by `io.validate`.
+                unsafe { kernel::attend(isa, &args, o, lse, l) };
             });
 
         let merge = |r: usize, out: &mut [f32], lse: Option<&mut [f32]>| {

@@ -27,18 +27,11 @@ pub fn model_path() -> PathBuf {
     p
 }
 
-/// The reference greedy outputs (`shared/reference/smollm2-greedy.json`).
+/// The reference greedy outputs (`tests/data/smollm2-greedy.json`).
 pub fn reference() -> Value {
     let candidates = [
         std::env::var_os("PAGODA_REFERENCE").map(PathBuf::from),
-        Some(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../shared/reference/smollm2-greedy.json"),
-        ),
-        Some(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../shared/reference/smollm2-greedy.json"),
-        ),
+        Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/smollm2-greedy.json")),
     ];
     for c in candidates.into_iter().flatten() {
         if let Ok(text) = std::fs::read_to_string(&c) {
