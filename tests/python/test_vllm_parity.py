@@ -80,3 +80,19 @@ def test_empty_cache_salt_is_400(client, model):
 def test_tokenize_token_strs_are_vocabulary_strings(server):
     r = _post(server, "/tokenize", {"prompt": "The capital is", "return_token_strs": True})
     assert r["token_strs"] == ["The", "Ġcapital", "Ġis"], r
+
+
+def test_truncate_prompt_tokens_keeps_the_end(client, model, server):
+    prompt = "one two three four five six seven eight nine ten"
+    ids = _post(server, "/tokenize", {"prompt": prompt})["tokens"]
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=1,
+                                  extra_body={"truncate_prompt_tokens": 3})
+    assert r.usage.prompt_tokens == 3
+    # Kept from the end by default: the same as sending the last 3 ids.
+    same = client.completions.create(model=model, prompt=ids[-3:], max_tokens=4, temperature=0)
+    cut = client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0,
+                                    extra_body={"truncate_prompt_tokens": 3})
+    assert cut.choices[0].text == same.choices[0].text
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=model, prompt=prompt, max_tokens=1,
+                                  extra_body={"truncate_prompt_tokens": 10**9})
