@@ -24,8 +24,7 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/data/smollm2-greedy.json");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/smollm2-greedy.json");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     v["cases"]
