@@ -47,7 +47,7 @@ def test_stop_token_text_is_left_out_unless_asked(client, model, server):
 @pytest.mark.parametrize("field,value", [
     ("prompt_logprobs", 1),
     ("allowed_token_ids", [1, 2, 3]),
-    ("truncate_prompt_tokens", 4),
+    ("bad_words", ["Paris"]),
     ("response_format", {"type": "json_object"}),
     ("best_of", 3),
     ("frobnicate", True),
