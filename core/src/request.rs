@@ -115,6 +115,8 @@ pub struct SamplingParams {
     pub logprobs: Option<usize>,
     /// Additive biases on logits, by token id.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Only these token ids may be sampled (vLLM's `allowed_token_ids`).
+    pub allowed_token_ids: Option<Vec<u32>>,
     pub skip_special_tokens: bool,
 }
 
@@ -137,6 +139,7 @@ impl Default for SamplingParams {
             ignore_eos: false,
             logprobs: None,
             logit_bias: Vec::new(),
+            allowed_token_ids: None,
             skip_special_tokens: true,
         }
     }
@@ -227,6 +230,16 @@ impl SamplingParams {
                     format!("must be at most {MAX_LOGPROBS}, got {n}"),
                 );
             }
+        }
+        if self
+            .allowed_token_ids
+            .as_ref()
+            .is_some_and(|a| a.is_empty())
+        {
+            return bad(
+                "allowed_token_ids",
+                "allowed_token_ids is not allowed to be empty".into(),
+            );
         }
         if self.stop.iter().any(|s| s.is_empty()) {
             return bad("stop", "stop strings must not be empty".into());

@@ -102,21 +102,49 @@ fn check_something_samplable(params: &SamplingParams, info: &ModelInfo) -> Resul
         &info.eos_token_ids
     };
     let vocab = info.vocab_size;
-    if params.min_tokens == 0 || params.stop_token_ids.len() + eos.len() < vocab {
+    if let Some(bad) = params
+        .allowed_token_ids
+        .iter()
+        .flatten()
+        .find(|&&t| t as usize >= vocab)
+    {
+        return Err(EngineError::invalid(
+            "allowed_token_ids",
+            format!("token id {bad} is outside the vocabulary ({vocab})"),
+        ));
+    }
+    let held_back = if params.min_tokens == 0 {
+        0
+    } else {
+        params.stop_token_ids.len() + eos.len()
+    };
+    let candidates = params.allowed_token_ids.as_ref().map_or(vocab, Vec::len);
+    if held_back < candidates {
         return Ok(());
     }
-    let mut masked = vec![false; vocab];
-    for &t in params.stop_token_ids.iter().chain(eos) {
-        if let Some(m) = masked.get_mut(t as usize) {
-            *m = true;
+    // Which tokens could be sampled: the allowed ones (or all), less those held back.
+    let mut masked = vec![params.allowed_token_ids.is_some(); vocab];
+    for &t in params.allowed_token_ids.iter().flatten() {
+        masked[t as usize] = false;
+    }
+    if params.min_tokens > 0 {
+        for &t in params.stop_token_ids.iter().chain(eos) {
+            if let Some(m) = masked.get_mut(t as usize) {
+                *m = true;
+            }
         }
     }
     if masked.iter().all(|&m| m) {
+        let (param, why) = if params.allowed_token_ids.is_some() {
+            ("allowed_token_ids", "allowed_token_ids leaves")
+        } else {
+            ("stop_token_ids", "the vocabulary has")
+        };
         return Err(EngineError::invalid(
-            "stop_token_ids",
+            param,
             format!(
-                "with min_tokens = {}, stop_token_ids and the EOS tokens mask all {vocab} tokens \
-                 of the vocabulary: nothing could be generated",
+                "{why} no token to sample while min_tokens = {} holds back stop_token_ids and \
+                 the EOS tokens: nothing could be generated",
                 params.min_tokens
             ),
         ));

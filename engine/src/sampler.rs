@@ -2,6 +2,7 @@
 //! log-probabilities), deterministically and independently of the batch.
 //!
 //! Processing order per row (vLLM's):
+//! 0. with `allowed_token_ids`, every other token is masked to `-inf`;
 //! 1. `logit_bias` is added;
 //! 2. while fewer than `min_tokens` tokens were generated, EOS (unless `ignore_eos`)
 //!    and `stop_token_ids` are masked to `-inf`;
@@ -272,6 +273,9 @@ fn sample_row(
     }
     check_ids(row, "prompt_ids", input.prompt_ids, vocab)?;
     check_ids(row, "output_ids", input.output_ids, vocab)?;
+    if let Some(allowed) = &p.allowed_token_ids {
+        check_ids(row, "allowed_token_ids", allowed, vocab)?;
+    }
     if let Some(&(token, _)) = p.logit_bias.iter().find(|(t, _)| *t as usize >= vocab) {
         return Err(SamplerError::TokenOutOfRange {
             row,
@@ -307,6 +311,15 @@ fn sample_row(
 fn process_logits(logits: &mut [f32], input: &SampleInput<'_>, scratch: &mut Scratch) {
     let p = input.params;
     let vocab = logits.len();
+    if let Some(allowed) = &p.allowed_token_ids {
+        let kept = &mut scratch.values;
+        kept.clear();
+        kept.extend(allowed.iter().map(|&t| logits[t as usize]));
+        logits.fill(f32::NEG_INFINITY);
+        for (&t, &l) in allowed.iter().zip(kept.iter()) {
+            logits[t as usize] = l;
+        }
+    }
     for &(t, b) in &p.logit_bias {
         logits[t as usize] += b;
     }

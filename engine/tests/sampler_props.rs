@@ -286,6 +286,33 @@ proptest! {
         }
     }
 
+    /// `allowed_token_ids` is exactly "every other logit is -inf" (step 0), whatever
+    /// the other parameters do afterwards: same token, same processed logits.
+    #[test]
+    fn allowed_token_ids_equal_masking_the_rest(
+        (logits, case) in row_and_case(2..200),
+        pick in prop::collection::vec(any::<prop::sample::Index>(), 1..8),
+    ) {
+        let v = logits.len();
+        let allowed: Vec<u32> = pick.iter().map(|i| i.index(v) as u32).collect();
+        let mut masked = vec![f32::NEG_INFINITY; v];
+        for &t in &allowed {
+            masked[t as usize] = logits[t as usize];
+        }
+        let plain = case.clone();
+        prop_assume!(masked.iter().any(|x| x.is_finite()));
+        prop_assume!(!all_masked_after_processing(&masked, &plain));
+        let with = Case {
+            params: SamplingParams { allowed_token_ids: Some(allowed), ..case.params.clone() },
+            ..case.clone()
+        };
+        let (t1, p1, lp1) = sample_one(&logits, &with);
+        let (t2, p2, lp2) = sample_one(&masked, &plain);
+        prop_assert_eq!(t1, t2);
+        prop_assert_eq!(p1, p2);
+        prop_assert_eq!(lp1, lp2);
+    }
+
     /// Large, flat rows make top-p need several sort blocks.
     #[test]
     fn top_p_on_flat_large_rows_matches_reference(

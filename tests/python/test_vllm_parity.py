@@ -46,7 +46,7 @@ def test_stop_token_text_is_left_out_unless_asked(client, model, server):
 
 @pytest.mark.parametrize("field,value", [
     ("prompt_logprobs", 1),
-    ("allowed_token_ids", [1, 2, 3]),
+    ("guided_regex", "a+"),
     ("bad_words", ["Paris"]),
     ("response_format", {"type": "json_object"}),
     ("best_of", 3),
@@ -96,3 +96,27 @@ def test_truncate_prompt_tokens_keeps_the_end(client, model, server):
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=model, prompt=prompt, max_tokens=1,
                                   extra_body={"truncate_prompt_tokens": 10**9})
+
+
+def test_allowed_token_ids_restrict_the_output(client, model, server):
+    allowed = _post(server, "/tokenize", {"prompt": " yes no maybe", "add_special_tokens": False})["tokens"]
+    r = client.completions.create(model=model, prompt="Answer:", max_tokens=6, temperature=1.0, seed=3,
+                                  logprobs=0, extra_body={"allowed_token_ids": allowed,
+                                                          "return_tokens_as_token_ids": True,
+                                                          "ignore_eos": True})
+    ids = [int(t.removeprefix("token_id:")) for t in r.choices[0].logprobs.tokens]
+    assert len(ids) == 6 and set(ids) <= set(allowed), (ids, allowed)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=model, prompt="Hi", max_tokens=2,
+                                  extra_body={"allowed_token_ids": []})
+
+
+def test_continuous_usage_stats(client, model):
+    chunks = list(client.completions.create(
+        model=model, prompt="Count:", max_tokens=5, stream=True, extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    with_usage = [c for c in chunks if c.choices and c.usage is not None]
+    assert with_usage, chunks
+    done = [c.usage.completion_tokens for c in with_usage]
+    assert done == sorted(done) and done[-1] == 5
+    assert chunks[-1].usage.completion_tokens == 5

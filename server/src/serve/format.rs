@@ -39,6 +39,8 @@ pub struct Ctx {
     /// vLLM's `return_tokens_as_token_ids`: logprob tokens as `token_id:N`.
     pub tokens_as_ids: bool,
     pub include_usage: bool,
+    /// Every chunk carries its choice's usage so far (`continuous_usage_stats`).
+    pub continuous_usage: bool,
     pub text: Arc<dyn TokenText>,
     pub metrics: Arc<Metrics>,
 }

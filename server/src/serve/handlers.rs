@@ -76,6 +76,7 @@ impl AppState {
             logprobs,
             tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false),
             include_usage: c.include_usage(),
+            continuous_usage: c.continuous_usage(),
             text: Arc::new(move |id: u32| tok.decode(&[id], false).unwrap_or_default()),
             metrics: self.metrics.clone(),
         }

@@ -38,6 +38,8 @@ pub enum StringOrList {
 #[serde(default)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
+    /// With `include_usage`: every chunk carries its choice's usage so far (vLLM).
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// Fields shared by `/v1/completions` and `/v1/chat/completions`.
@@ -77,6 +79,8 @@ pub struct CommonFields {
     pub truncate_prompt_tokens: Option<i64>,
     /// Which end `truncate_prompt_tokens` keeps: `left` (default) drops the start.
     pub truncation_side: Option<String>,
+    /// vLLM extension: only these token ids may be generated.
+    pub allowed_token_ids: Option<Vec<u32>>,
 }
 
 impl CommonFields {
@@ -121,6 +125,16 @@ impl CommonFields {
     pub fn stream(&self) -> bool {
         self.stream.unwrap_or(false)
     }
+    /// vLLM's `continuous_usage_stats`, effective only with `include_usage`.
+    pub fn continuous_usage(&self) -> bool {
+        self.include_usage()
+            && self
+                .stream_options
+                .as_ref()
+                .and_then(|o| o.continuous_usage_stats)
+                .unwrap_or(false)
+    }
+
     pub fn include_usage(&self) -> bool {
         self.stream_options
             .as_ref()
@@ -407,6 +421,15 @@ pub fn sampling_params(
             ));
         }
         p.stop_token_ids = ids.clone();
+    }
+    if let Some(ids) = &c.allowed_token_ids {
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(ApiError::bad(
+                "allowed_token_ids",
+                format!("token id {bad} is outside the vocabulary ({vocab_size})"),
+            ));
+        }
+        p.allowed_token_ids = Some(ids.clone());
     }
     p.ignore_eos = c.ignore_eos.unwrap_or(false);
     if let Some(m) = c.min_tokens {

@@ -170,14 +170,18 @@ impl SseState {
                             };
                             let first = !st.started;
                             st.started = true;
-                            return Some(sse_event(&ctx.chunk(
+                            let mut chunk = ctx.chunk(
                                 st.index,
                                 &out.new_text,
                                 lp,
                                 finish,
                                 stop,
                                 first && ctx.api == super::format::Api::Chat,
-                            )));
+                            );
+                            if ctx.continuous_usage {
+                                chunk["usage"] = choice_usage(st);
+                            }
+                            return Some(sse_event(&chunk));
                         }
                         Ok(Some((i, Err(EngineError::Shutdown)))) => {
                             // Cut by shutdown after the 200 went out: the choice ends
@@ -227,6 +231,16 @@ impl SseState {
             }
         }
     }
+}
+
+/// One choice's usage so far, for `continuous_usage_stats` chunks (vLLM counts
+/// the prompt in every choice's chunks).
+fn choice_usage(st: &ChoiceState) -> serde_json::Value {
+    serde_json::json!({
+        "prompt_tokens": st.num_prompt_tokens,
+        "completion_tokens": st.num_output_tokens,
+        "total_tokens": st.num_prompt_tokens + st.num_output_tokens,
+    })
 }
 
 /// A `text/event-stream` response that streams every sample's chunks.

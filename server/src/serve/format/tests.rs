@@ -12,6 +12,7 @@ fn ctx(api: Api, logprobs: bool, tokens_as_ids: bool) -> Ctx {
         logprobs,
         tokens_as_ids,
         include_usage: true,
+        continuous_usage: false,
         text: Arc::new(|id: u32| format!("<{id}>")),
         metrics: Arc::new(Metrics::default()),
     }
