@@ -120,3 +120,26 @@ def test_continuous_usage_stats(client, model):
     done = [c.usage.completion_tokens for c in with_usage]
     assert done == sorted(done) and done[-1] == 5
     assert chunks[-1].usage.completion_tokens == 5
+
+
+def test_return_token_ids(client, model, server):
+    prompt = "The capital of France is"
+    ids = _post(server, "/tokenize", {"prompt": prompt})["tokens"]
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=5, temperature=0,
+                                  extra_body={"return_token_ids": True})
+    c = r.choices[0].model_dump()
+    assert c["prompt_token_ids"] == ids
+    assert len(c["token_ids"]) == r.usage.completion_tokens
+    text = _post(server, "/detokenize", {"tokens": c["token_ids"]})["prompt"]
+    assert text == c["text"]
+    # Streamed: the prompt's ids once, then each chunk's new ids.
+    chunks = [ch.model_dump() for ch in client.completions.create(
+        model=model, prompt=prompt, max_tokens=5, temperature=0, stream=True,
+        extra_body={"return_token_ids": True})]
+    streamed = [t for ch in chunks for t in ch["choices"][0].get("token_ids") or []]
+    assert streamed == c["token_ids"]
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == ids
+    # Chat: prompt ids at the top level.
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=3, extra_body={"return_token_ids": True}).model_dump()
+    assert chat["prompt_token_ids"] and chat["choices"][0]["token_ids"]

@@ -41,6 +41,8 @@ pub struct Ctx {
     pub include_usage: bool,
     /// Every chunk carries its choice's usage so far (`continuous_usage_stats`).
     pub continuous_usage: bool,
+    /// vLLM's `return_token_ids`: prompt and output token ids beside the text.
+    pub return_token_ids: bool,
     pub text: Arc<dyn TokenText>,
     pub metrics: Arc<Metrics>,
 }
@@ -123,8 +125,25 @@ impl Ctx {
             Api::Completion => "text_completion",
             Api::Chat => "chat.completion",
         };
-        json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
-               "choices": choices, "usage": usage(states)})
+        let mut v = json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
+               "choices": choices, "usage": usage(states)});
+        if self.return_token_ids {
+            for (c, s) in v["choices"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+                .zip(states)
+            {
+                c["token_ids"] = json!(s.token_ids);
+                if self.api == Api::Completion {
+                    c["prompt_token_ids"] = json!(s.prompt_ids);
+                }
+            }
+            if self.api == Api::Chat {
+                v["prompt_token_ids"] = json!(states.first().and_then(|s| s.prompt_ids.as_ref()));
+            }
+        }
+        v
     }
 
     /// Logprobs of prompt tokens shown by `echo` (their values are not computed: null).
@@ -222,6 +241,9 @@ pub struct ChoiceState {
     pub num_output_tokens: usize,
     /// Set once the first chunk of this choice went out (chat sends the role then).
     pub started: bool,
+    /// With `return_token_ids`: the prompt's ids and every output id so far.
+    pub prompt_ids: Option<Vec<u32>>,
+    pub token_ids: Vec<u32>,
     timer: RequestTimer,
 }
 
@@ -244,8 +266,16 @@ impl ChoiceState {
             num_cached_tokens: 0,
             num_output_tokens: 0,
             started: false,
+            prompt_ids: None,
+            token_ids: Vec::new(),
             timer: RequestTimer::new(arrival),
         }
+    }
+
+    /// Keeps the prompt's ids for `return_token_ids`.
+    pub fn with_prompt_ids(mut self, ids: Option<Vec<u32>>) -> Self {
+        self.prompt_ids = ids;
+        self
     }
 
     /// Takes one engine output in; returns its logprobs delta (when asked for).
@@ -257,6 +287,9 @@ impl ChoiceState {
             .num_output_tokens
             .max(self.num_output_tokens + out.new_token_ids.len());
         self.text.push_str(&out.new_text);
+        if ctx.return_token_ids {
+            self.token_ids.extend_from_slice(&out.new_token_ids);
+        }
         if out.finished {
             let reason = out.finish_reason.unwrap_or(FinishReason::Stop);
             self.finish_reason = Some(reason);

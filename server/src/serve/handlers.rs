@@ -77,6 +77,7 @@ impl AppState {
             tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false),
             include_usage: c.include_usage(),
             continuous_usage: c.continuous_usage(),
+            return_token_ids: c.return_token_ids.unwrap_or(false),
             text: Arc::new(move |id: u32| tok.decode(&[id], false).unwrap_or_default()),
             metrics: self.metrics.clone(),
         }
@@ -197,7 +198,8 @@ impl AppState {
                     priority,
                 })?;
                 samples.push(Sample {
-                    state: ChoiceState::new(index, i == 0, ids.len(), arrival),
+                    state: ChoiceState::new(index, i == 0, ids.len(), arrival)
+                        .with_prompt_ids(ctx.return_token_ids.then(|| ids.clone())),
                     stream,
                     echo: echo.clone(),
                 });

@@ -81,6 +81,8 @@ pub struct CommonFields {
     pub truncation_side: Option<String>,
     /// vLLM extension: only these token ids may be generated.
     pub allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM extension: return prompt and output token ids beside the text.
+    pub return_token_ids: Option<bool>,
 }
 
 impl CommonFields {

@@ -118,14 +118,18 @@ impl SseState {
                         let ctx = &self.ctx;
                         match ctx.api {
                             super::format::Api::Chat => {
-                                out.push_str(&sse_event(&ctx.chunk(
+                                let mut chunk = ctx.chunk(
                                     st.index,
                                     "",
                                     None,
                                     None,
                                     serde_json::Value::Null,
                                     true,
-                                )));
+                                );
+                                if ctx.return_token_ids {
+                                    add_token_ids(ctx, &mut chunk, st, &[], true);
+                                }
+                                out.push_str(&sse_event(&chunk));
                                 st.started = true;
                             }
                             super::format::Api::Completion => {
@@ -181,6 +185,9 @@ impl SseState {
                             if ctx.continuous_usage {
                                 chunk["usage"] = choice_usage(st);
                             }
+                            if ctx.return_token_ids {
+                                add_token_ids(ctx, &mut chunk, st, &out.new_token_ids, first);
+                            }
                             return Some(sse_event(&chunk));
                         }
                         Ok(Some((i, Err(EngineError::Shutdown)))) => {
@@ -229,6 +236,26 @@ impl SseState {
                 }
                 Phase::End => return None,
             }
+        }
+    }
+}
+
+/// `return_token_ids` in a stream: each chunk carries its new ids; a choice's
+/// first chunk also the prompt's (on the choice for completions, at the top
+/// level for chat, as vLLM).
+fn add_token_ids(
+    ctx: &Ctx,
+    chunk: &mut serde_json::Value,
+    st: &ChoiceState,
+    new: &[u32],
+    first: bool,
+) {
+    chunk["choices"][0]["token_ids"] = serde_json::json!(new);
+    if first {
+        let prompt = serde_json::json!(st.prompt_ids);
+        match ctx.api {
+            super::format::Api::Completion => chunk["choices"][0]["prompt_token_ids"] = prompt,
+            super::format::Api::Chat => chunk["prompt_token_ids"] = prompt,
         }
     }
 }

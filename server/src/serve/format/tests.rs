@@ -13,6 +13,7 @@ fn ctx(api: Api, logprobs: bool, tokens_as_ids: bool) -> Ctx {
         tokens_as_ids,
         include_usage: true,
         continuous_usage: false,
+        return_token_ids: false,
         text: Arc::new(|id: u32| format!("<{id}>")),
         metrics: Arc::new(Metrics::default()),
     }

@@ -35,6 +35,7 @@ const COMMON: &[&str] = &[
     "truncate_prompt_tokens",
     "truncation_side",
     "allowed_token_ids",
+    "return_token_ids",
 ];
 
 const COMPLETION: &[&str] = &["prompt", "echo", "logprobs"];
@@ -54,7 +55,7 @@ fn is_off(field: &str, v: &Value) -> Option<bool> {
     let null = v.is_null();
     Some(match field {
         "best_of" => null || v.as_u64() == Some(1),
-        "use_beam_search" | "echo_chat" | "continue_final_message" | "return_token_ids" => {
+        "use_beam_search" | "echo_chat" | "continue_final_message" => {
             null || v == &Value::Bool(false)
         }
         "length_penalty" => null || v.as_f64() == Some(1.0),
