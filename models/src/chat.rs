@@ -86,12 +86,26 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ModelError> {
+        self.render_with(messages, add_generation_prompt, None)
+    }
+
+    /// [`ChatTemplate::render`] with extra template variables (vLLM's
+    /// `chat_template_kwargs`, e.g. `enable_thinking`); the standard variables
+    /// (`messages`, `add_generation_prompt`, `bos_token`, `eos_token`) win over them.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String, ModelError> {
         let tmpl = self.env.get_template(NAME).map_err(err)?;
+        let extra = Value::from_serialize(kwargs.cloned().unwrap_or_default());
         tmpl.render(context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos.as_deref().unwrap_or(""),
             eos_token => self.eos.as_deref().unwrap_or(""),
+            ..extra
         })
         .map_err(err)
     }

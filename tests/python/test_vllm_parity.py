@@ -143,3 +143,41 @@ def test_return_token_ids(client, model, server):
     chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
                                           max_tokens=3, extra_body={"return_token_ids": True}).model_dump()
     assert chat["prompt_token_ids"] and chat["choices"][0]["token_ids"]
+
+
+CONVO = [{"role": "user", "content": "What is the capital of France?"},
+         {"role": "assistant", "content": "The capital of France is"}]
+
+
+def test_continue_final_message_and_chat_echo(client, model, server):
+    open_ids = _post(server, "/tokenize", {"messages": CONVO, "add_generation_prompt": False,
+                                           "continue_final_message": True})["tokens"]
+    closed_ids = _post(server, "/tokenize", {"messages": CONVO, "add_generation_prompt": False})["tokens"]
+    tail = _post(server, "/tokenize", {"prompt": " is", "add_special_tokens": False})["tokens"]
+    assert open_ids[-len(tail):] == tail          # ends inside the assistant's turn
+    assert closed_ids[: len(open_ids)] == open_ids and len(closed_ids) > len(open_ids)
+    extra = {"add_generation_prompt": False, "continue_final_message": True}
+    r = client.chat.completions.create(model=model, messages=CONVO, max_tokens=4, temperature=0,
+                                       extra_body=extra)
+    cont = r.choices[0].message.content
+    assert cont and r.usage.prompt_tokens == len(open_ids)
+    echoed = client.chat.completions.create(model=model, messages=CONVO, max_tokens=4, temperature=0,
+                                            extra_body={**extra, "echo": True})
+    assert echoed.choices[0].message.content == CONVO[-1]["content"] + cont
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=model, messages=CONVO, max_tokens=4, temperature=0, stream=True,
+        extra_body={**extra, "echo": True}) if c.choices)
+    assert streamed == CONVO[-1]["content"] + cont
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, messages=CONVO, max_tokens=2,
+                                       extra_body={"add_generation_prompt": True,
+                                                   "continue_final_message": True})
+
+
+def test_chat_template_kwargs_reach_the_template_without_overriding_it(server):
+    base = {"messages": CONVO[:1]}
+    plain = _post(server, "/tokenize", base)["tokens"]
+    # Unknown variables are passed (and ignored by this template); standard ones win.
+    same = _post(server, "/tokenize", {**base, "chat_template_kwargs": {"enable_thinking": False,
+                                                                        "messages": []}})["tokens"]
+    assert same == plain

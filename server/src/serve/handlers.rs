@@ -5,7 +5,7 @@
 use super::error::ApiError;
 use super::format::{Api, ChoiceState, Ctx};
 use super::protocol::{
-    check_prompt_len, params_for_sample, parse_body, parse_generation, sampling_params,
+    chat_mode, check_prompt_len, params_for_sample, parse_body, parse_generation, sampling_params,
     truncate_ids, ChatMessageIn, ChatRequest, CommonFields, CompletionRequest, DetokenizeRequest,
     MessageContent, PromptField, TokenizeRequest,
 };
@@ -213,10 +213,14 @@ impl AppState {
         }
     }
 
+    /// Renders chat messages through the model's template. With
+    /// `continue_final_message` the output stops right after the final message's
+    /// content (its end-of-turn markup is cut), as vLLM and HF do.
     fn render_chat(
         &self,
         messages: &[ChatMessageIn],
-        add_generation_prompt: bool,
+        (add_generation_prompt, continue_final): (bool, bool),
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Result<String, ApiError> {
         let tmpl = self.engine.chat_template().ok_or_else(|| {
             ApiError::bad(
@@ -245,8 +249,22 @@ impl AppState {
                 })
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
-        tmpl.render(&msgs, add_generation_prompt)
-            .map_err(|e| ApiError::bad("messages", format!("cannot render the chat template: {e}")))
+        let text = tmpl
+            .render_with(&msgs, add_generation_prompt, kwargs)
+            .map_err(|e| {
+                ApiError::bad("messages", format!("cannot render the chat template: {e}"))
+            })?;
+        if !continue_final {
+            return Ok(text);
+        }
+        let last = msgs.last().map(|m| m.content.trim()).unwrap_or("");
+        match text.rfind(last) {
+            Some(at) if !last.is_empty() => Ok(text[..at + last.len()].to_string()),
+            _ => Err(ApiError::bad(
+                "continue_final_message",
+                "continue_final_message needs a final message with content that the chat template keeps",
+            )),
+        }
     }
 }
 
@@ -367,14 +385,21 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
             ))
         }
     };
-    let prompt = st.render_chat(messages, req.add_generation_prompt.unwrap_or(true))?;
+    let mode = chat_mode(req.add_generation_prompt, req.continue_final_message)?;
+    let prompt = st.render_chat(messages, mode, req.chat_template_kwargs.as_ref())?;
     // The template already wrote any special tokens it wants.
     let ids = st.encode(&prompt, req.common.add_special_tokens.unwrap_or(false))?;
+    // vLLM's chat `echo`: the answer starts with the final message when it is the
+    // assistant's own (what `continue_final_message` continues).
+    let echo = match messages.last() {
+        Some(m) if req.echo.unwrap_or(false) && m.role == "assistant" => Some(m.text()?),
+        _ => None,
+    };
     let ctx = st.ctx(Api::Chat, &req.common, logprobs.is_some());
     let priority = req.common.priority(st.priority_scheduling)?;
     Ok(Prepared {
         ctx,
-        prompts: vec![(ids, None)],
+        prompts: vec![(ids, echo)],
         params,
         n,
         common: req.common,
@@ -449,7 +474,8 @@ fn tokenize_inner(st: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let ids = match (&req.prompt, &req.messages) {
         (Some(p), None) => st.encode(p, req.add_special_tokens.unwrap_or(true))?,
         (None, Some(m)) => {
-            let text = st.render_chat(m, req.add_generation_prompt.unwrap_or(true))?;
+            let mode = chat_mode(req.add_generation_prompt, req.continue_final_message)?;
+            let text = st.render_chat(m, mode, req.chat_template_kwargs.as_ref())?;
             st.encode(&text, req.add_special_tokens.unwrap_or(false))?
         }
         _ => {

@@ -242,6 +242,12 @@ pub struct ChatRequest {
     pub top_logprobs: Option<i64>,
     pub max_completion_tokens: Option<i64>,
     pub add_generation_prompt: Option<bool>,
+    /// vLLM: leave the final (assistant) message open and continue it.
+    pub continue_final_message: Option<bool>,
+    /// vLLM: prefix the answer with the final message when it is the assistant's.
+    pub echo: Option<bool>,
+    /// vLLM: extra variables for the chat template.
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl ChatRequest {
@@ -295,6 +301,8 @@ pub struct TokenizeRequest {
     pub messages: Option<Vec<ChatMessageIn>>,
     pub add_special_tokens: Option<bool>,
     pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     pub return_token_strs: Option<bool>,
 }
 
@@ -320,6 +328,23 @@ pub fn parse_generation<T: serde::de::DeserializeOwned>(
         }
     }
     serde_json::from_value(v).map_err(ApiError::from_json)
+}
+
+/// Chat rendering options, checked: `add_generation_prompt` defaults to true
+/// unless `continue_final_message` is set; both true is vLLM's 400.
+pub fn chat_mode(
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+) -> Result<(bool, bool), ApiError> {
+    let cont = continue_final_message.unwrap_or(false);
+    match add_generation_prompt {
+        Some(true) if cont => Err(ApiError::bad(
+            "continue_final_message",
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        )),
+        Some(add) => Ok((add, cont)),
+        None => Ok((!cont, cont)),
+    }
 }
 
 /// Parses a JSON body; any mismatch is a 400.

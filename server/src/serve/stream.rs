@@ -46,7 +46,8 @@ fn apply_echo(
 ) -> Option<serde_json::Value> {
     let (text, ids) = echo.as_ref()?;
     st.text.push_str(text);
-    if ctx.logprobs {
+    // Chat echoes the final message's text only: its logprobs are not the prompt's.
+    if ctx.logprobs && ctx.api == super::format::Api::Completion {
         let mut off = st.offset;
         let lp = ctx.echo_logprobs(ids, &mut off);
         st.offset = text.chars().count();
@@ -131,6 +132,17 @@ impl SseState {
                                 }
                                 out.push_str(&sse_event(&chunk));
                                 st.started = true;
+                                if echo.is_some() {
+                                    apply_echo(ctx, st, echo);
+                                    out.push_str(&sse_event(&ctx.chunk(
+                                        st.index,
+                                        &st.text,
+                                        None,
+                                        None,
+                                        serde_json::Value::Null,
+                                        false,
+                                    )));
+                                }
                             }
                             super::format::Api::Completion => {
                                 if echo.is_some() {

@@ -41,6 +41,9 @@ const COMMON: &[&str] = &[
 const COMPLETION: &[&str] = &["prompt", "echo", "logprobs"];
 const CHAT: &[&str] = &[
     "messages",
+    "continue_final_message",
+    "echo",
+    "chat_template_kwargs",
     "logprobs",
     "top_logprobs",
     "max_completion_tokens",
@@ -55,9 +58,7 @@ fn is_off(field: &str, v: &Value) -> Option<bool> {
     let null = v.is_null();
     Some(match field {
         "best_of" => null || v.as_u64() == Some(1),
-        "use_beam_search" | "echo_chat" | "continue_final_message" => {
-            null || v == &Value::Bool(false)
-        }
+        "use_beam_search" | "continue_final_message" => null || v == &Value::Bool(false),
         "length_penalty" => null || v.as_f64() == Some(1.0),
         "suffix" => null || v.as_str() == Some(""),
         "spaces_between_special_tokens" => null || v == &Value::Bool(true),
@@ -65,7 +66,7 @@ fn is_off(field: &str, v: &Value) -> Option<bool> {
         "tool_choice" => null || v.as_str() == Some("none"),
         "parallel_tool_calls" | "include_reasoning" => true,
         "response_format" => null || v.get("type").and_then(Value::as_str) == Some("text"),
-        "chat_template_kwargs" | "mm_processor_kwargs" | "vllm_xargs" | "kv_transfer_params" => {
+        "mm_processor_kwargs" | "vllm_xargs" | "kv_transfer_params" => {
             null || v.as_object().is_some_and(|o| o.is_empty())
         }
         "prompt_logprobs"
@@ -98,9 +99,7 @@ pub fn check_fields(body: &Value, chat: bool) -> Result<(), ApiError> {
         if COMMON.contains(&k) || own.contains(&k) || HARMLESS.contains(&k) {
             continue;
         }
-        // Chat's `echo` is vLLM's too, but not implemented here yet.
-        let policy_key = if chat && k == "echo" { "echo_chat" } else { k };
-        match is_off(policy_key, v) {
+        match is_off(k, v) {
             Some(true) => {}
             Some(false) => {
                 return Err(ApiError::bad(
@@ -194,10 +193,15 @@ mod tests {
                 "{body}"
             );
         }
-        assert_eq!(
-            param(check_fields(&json!({"echo": true}), true)).as_deref(),
-            Some("echo")
-        );
+        assert!(check_fields(&json!({"echo": true}), true).is_ok());
         assert!(check_fields(&json!({"echo": true}), false).is_ok());
+        assert_eq!(
+            param(check_fields(
+                &json!({"continue_final_message": true}),
+                false
+            ))
+            .as_deref(),
+            Some("continue_final_message")
+        );
     }
 }
