@@ -268,6 +268,17 @@ impl AppState {
     }
 }
 
+/// Reads the body, then runs `f` on it on the blocking pool ([`AppState::offload`]).
+async fn on_pool<T: Send + 'static>(
+    st: &Arc<AppState>,
+    body: Body,
+    f: fn(&AppState, &[u8]) -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    let bytes = st.read_body(body)?;
+    let st2 = st.clone();
+    st.offload(move || f(&st2, &bytes)).await
+}
+
 fn respond(r: Result<Response, ApiError>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
@@ -287,9 +298,7 @@ pub async fn completions(State(st): State<Arc<AppState>>, body: Body) -> Respons
     let arrival = Instant::now();
     respond(
         async {
-            let bytes = st.read_body(body)?;
-            let st2 = st.clone();
-            let prep = st.offload(move || prepare_completion(&st2, &bytes)).await?;
+            let prep = on_pool(&st, body, prepare_completion).await?;
             st.run(prep, arrival).await
         }
         .await,
@@ -355,9 +364,7 @@ pub async fn chat_completions(State(st): State<Arc<AppState>>, body: Body) -> Re
     let arrival = Instant::now();
     respond(
         async {
-            let bytes = st.read_body(body)?;
-            let st2 = st.clone();
-            let prep = st.offload(move || prepare_chat(&st2, &bytes)).await?;
+            let prep = on_pool(&st, body, prepare_chat).await?;
             st.run(prep, arrival).await
         }
         .await,
@@ -458,14 +465,7 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
 
 /// `POST /tokenize`: a prompt, or chat messages rendered by the template.
 pub async fn tokenize(State(st): State<Arc<AppState>>, body: Body) -> Response {
-    respond(
-        async {
-            let bytes = st.read_body(body)?;
-            let st2 = st.clone();
-            st.offload(move || tokenize_inner(&st2, &bytes)).await
-        }
-        .await,
-    )
+    respond(on_pool(&st, body, tokenize_inner).await)
 }
 
 fn tokenize_inner(st: &AppState, body: &[u8]) -> Result<Response, ApiError> {
@@ -503,14 +503,7 @@ fn tokenize_inner(st: &AppState, body: &[u8]) -> Result<Response, ApiError> {
 
 /// `POST /detokenize`.
 pub async fn detokenize(State(st): State<Arc<AppState>>, body: Body) -> Response {
-    respond(
-        async {
-            let bytes = st.read_body(body)?;
-            let st2 = st.clone();
-            st.offload(move || detokenize_inner(&st2, &bytes)).await
-        }
-        .await,
-    )
+    respond(on_pool(&st, body, detokenize_inner).await)
 }
 
 fn detokenize_inner(st: &AppState, body: &[u8]) -> Result<Response, ApiError> {
