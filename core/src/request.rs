@@ -113,6 +113,11 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Number of top log-probabilities to return per generated token.
     pub logprobs: Option<usize>,
+    /// Log-probabilities of the prompt's tokens (vLLM's `prompt_logprobs`): each
+    /// prompt token after the first, with this many most likely alternatives
+    /// ([`ALL_PROMPT_LOGPROBS`]: the whole vocabulary). A request that asks for them
+    /// does not read the prefix cache, whose tokens would have no logits.
+    pub prompt_logprobs: Option<usize>,
     /// Additive biases on logits, by token id.
     pub logit_bias: Vec<(u32, f32)>,
     /// Only these token ids may be sampled (vLLM's `allowed_token_ids`).
@@ -138,6 +143,7 @@ impl Default for SamplingParams {
             include_stop_str_in_output: false,
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
             logit_bias: Vec::new(),
             allowed_token_ids: None,
             skip_special_tokens: true,
@@ -147,6 +153,9 @@ impl Default for SamplingParams {
 
 /// Largest `logprobs` a request may ask for (OpenAI allows 20 for chat).
 pub const MAX_LOGPROBS: usize = 20;
+
+/// `prompt_logprobs` value for "every token of the vocabulary" (vLLM's `-1`).
+pub const ALL_PROMPT_LOGPROBS: usize = usize::MAX;
 
 /// Bounds on `repetition_penalty`. vLLM only asks for `> 0`; a penalty of 1e-38
 /// divides a positive logit past `f32::MAX`, so Pagoda bounds it where it enters:
@@ -228,6 +237,14 @@ impl SamplingParams {
                 return bad(
                     "logprobs",
                     format!("must be at most {MAX_LOGPROBS}, got {n}"),
+                );
+            }
+        }
+        if let Some(n) = self.prompt_logprobs {
+            if n > MAX_LOGPROBS && n != ALL_PROMPT_LOGPROBS {
+                return bad(
+                    "prompt_logprobs",
+                    format!("must be at most {MAX_LOGPROBS} (or -1 for all), got {n}"),
                 );
             }
         }

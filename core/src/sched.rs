@@ -72,6 +72,26 @@ pub struct TokenLogprobs {
     pub top: Vec<(u32, f32)>,
 }
 
+/// One prompt token's log-probability given the tokens before it (vLLM's
+/// `prompt_logprobs` entry): raw model distribution, no sampling parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    pub token_id: u32,
+    pub logprob: f32,
+    /// 1-based rank of `token_id` in the distribution (1 = most likely).
+    pub rank: u32,
+    /// The requested number of most likely tokens, descending.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Prompt logprobs computed in one step for one request: `entries[i]` is for prompt
+/// token `start + i` (the first prompt token, index 0, has none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprobsChunk {
+    pub start: usize,
+    pub entries: Vec<PromptLogprob>,
+}
+
 /// What the model runner returns for a step: for each scheduled request, in batch
 /// order, the sampled token (None for a prefill chunk that does not reach the end
 /// of the known tokens).
@@ -84,6 +104,8 @@ pub struct ModelRunnerOutput {
     /// masked...), with why. The scheduler finishes each with
     /// [`crate::FinishReason::Error`]; the rest of the batch goes on.
     pub failed: Vec<(RequestId, String)>,
+    /// Prompt logprobs of this step's prefill chunks, for requests that asked.
+    pub prompt_logprobs: Vec<(RequestId, PromptLogprobsChunk)>,
 }
 
 /// What the scheduler reports per request after a step: new tokens and, if it
@@ -100,4 +122,7 @@ pub struct EngineCoreOutput {
     pub num_cached_tokens: usize,
     /// Why the request failed, when `finish_reason` is `Error`.
     pub error: Option<String>,
+    /// With the first output of a request that asked for them: one entry per
+    /// prompt token after the first (set by the engine core, not the scheduler).
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
 }

@@ -6,16 +6,21 @@
 use crate::runner::ModelRunner;
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
 use pagoda_core::{
-    AttentionConfig, EngineCoreOutput, KvCache, KvCacheSpec, Request, RequestStatus,
+    AttentionConfig, EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob,
+    Request, RequestId, RequestStatus, SchedulerOutput,
 };
 use pagoda_models::{llama::Llama, LlamaConfig, LlamaWeights};
 use pagoda_scheduler::{Scheduler, SchedulerConfig};
 use pagoda_selector::{select, BackendOverride};
+use std::collections::HashMap;
 
 /// Scheduler plus model runner.
 pub struct EngineCore {
     scheduler: Scheduler,
     runner: ModelRunner,
+    /// Prompt logprobs gathered chunk by chunk until the request's first output
+    /// carries them (as vLLM's output processor holds them).
+    prompt_logprobs: HashMap<RequestId, Vec<PromptLogprob>>,
 }
 
 impl EngineCore {
@@ -100,7 +105,14 @@ impl EngineCore {
             ..SchedulerConfig::default()
         })
         .map_err(|e| EngineError::invalid("scheduler", e.to_string()))?;
-        Ok((EngineCore { scheduler, runner }, info))
+        Ok((
+            EngineCore {
+                scheduler,
+                runner,
+                prompt_logprobs: HashMap::new(),
+            },
+            info,
+        ))
     }
 
     /// Arms (or disarms) the runner's test-only fault injection.
@@ -158,7 +170,40 @@ impl EngineCore {
             return Ok(Vec::new());
         }
         let out = self.runner.execute(&so)?;
-        Ok(self.scheduler.update_from_output(&so, &out))
+        let mut outputs = self.scheduler.update_from_output(&so, &out);
+        self.attach_prompt_logprobs(&so, &out, &mut outputs);
+        Ok(outputs)
+    }
+
+    /// Gathers this step's prompt-logprob chunks and hands each request's whole
+    /// list to its first output.
+    fn attach_prompt_logprobs(
+        &mut self,
+        so: &SchedulerOutput,
+        out: &ModelRunnerOutput,
+        outputs: &mut [EngineCoreOutput],
+    ) {
+        for id in &so.finished_req_ids {
+            self.prompt_logprobs.remove(id);
+        }
+        for (id, chunk) in &out.prompt_logprobs {
+            let acc = self.prompt_logprobs.entry(id.clone()).or_default();
+            if chunk.start == 1 {
+                // A prefill that starts over (after a preemption) recomputes them.
+                acc.clear();
+            }
+            if chunk.start == acc.len() + 1 {
+                acc.extend_from_slice(&chunk.entries);
+            }
+        }
+        if self.prompt_logprobs.is_empty() {
+            return;
+        }
+        for o in outputs {
+            if let Some(lps) = self.prompt_logprobs.remove(&o.req_id) {
+                o.prompt_logprobs = Some(lps);
+            }
+        }
     }
 
     pub fn stats(&self) -> EngineStats {

@@ -6,7 +6,7 @@
 use crate::detokenizer::IncrementalDetokenizer;
 use crate::engine_core::EngineCore;
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo, PromptInput, RequestOutput};
-use pagoda_core::{FinishReason, Request, SamplingParams, StopReason};
+use pagoda_core::{FinishReason, PromptLogprob, Request, SamplingParams, StopReason};
 use pagoda_models::{ChatTemplate, Tokenizer};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +21,8 @@ pub struct GenerateOutput {
     pub text: String,
     pub finish_reason: Option<FinishReason>,
     pub num_cached_tokens: usize,
+    /// With `prompt_logprobs`: one entry per prompt token after the first.
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
 }
 
 struct TextState {
@@ -345,6 +347,7 @@ impl LLMEngine {
                         num_cached_tokens: co.num_cached_tokens,
                         num_output_tokens: st.num_output_tokens,
                         error: Some(format!("detokenizer: {e}")),
+                        prompt_logprobs: co.prompt_logprobs,
                     });
                     continue;
                 }
@@ -373,6 +376,7 @@ impl LLMEngine {
                 num_cached_tokens: co.num_cached_tokens,
                 num_output_tokens: st.num_output_tokens,
                 error: co.error,
+                prompt_logprobs: co.prompt_logprobs,
             });
         }
         for id in stopped {
@@ -418,6 +422,7 @@ impl LLMEngine {
                 text: String::new(),
                 finish_reason: None,
                 num_cached_tokens: 0,
+                prompt_logprobs: None,
             });
         }
         while self.has_unfinished_requests() {
@@ -425,6 +430,9 @@ impl LLMEngine {
                 if let Some(&i) = index.get(&o.request_id) {
                     let r = &mut results[i];
                     r.token_ids.extend_from_slice(&o.new_token_ids);
+                    if o.prompt_logprobs.is_some() {
+                        r.prompt_logprobs = o.prompt_logprobs;
+                    }
                     r.text.push_str(&o.new_text);
                     r.num_cached_tokens = o.num_cached_tokens;
                     if o.finished {

@@ -1,6 +1,6 @@
 //! What goes into and comes out of the LLM engine.
 
-use pagoda_core::{FinishReason, StopReason, TokenLogprobs};
+use pagoda_core::{FinishReason, PromptLogprob, StopReason, TokenLogprobs};
 
 /// A prompt as text or as token ids.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +27,9 @@ pub struct RequestOutput {
     /// Why the request failed, when `finish_reason` is `Error` (a fault of this
     /// request alone; the engine goes on).
     pub error: Option<String>,
+    /// With a request's first output, when it asked for `prompt_logprobs`: one
+    /// entry per prompt token after the first.
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
 }
 
 /// Counters for logs and `/metrics`.
@@ -59,6 +62,7 @@ impl RequestOutput {
             num_cached_tokens: 0,
             num_output_tokens: 0,
             error: None,
+            prompt_logprobs: None,
         }
     }
 }

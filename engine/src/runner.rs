@@ -8,10 +8,12 @@
 //! running ones only bring new block ids, finished and preempted ones are dropped.
 //! Batch buffers are reused across steps so the hot path does not allocate once warm.
 
+use crate::prompt_logprobs;
 use crate::sampler::{RowResult, SampleInput, Sampler, SamplerError};
 use crate::EngineError;
 use pagoda_core::{
-    AttentionBackend, BatchDescriptor, KvCache, ModelRunnerOutput, SamplingParams, SchedulerOutput,
+    AttentionBackend, BatchDescriptor, KvCache, ModelRunnerOutput, PromptLogprobsChunk,
+    SamplingParams, SchedulerOutput,
 };
 use pagoda_models::llama::{ForwardScratch, Llama};
 use std::collections::HashMap;
@@ -52,7 +54,24 @@ struct ReqState {
     num_computed_tokens: usize,
     params: SamplingParams,
     seed: u64,
+    /// `prompt_logprobs` still to compute: set for a request that asked and has no
+    /// output yet (one resumed after preemption delivered them already).
+    prompt_logprobs: Option<usize>,
 }
+
+/// The prompt rows of one request whose logits the step computes for prompt
+/// logprobs: batch tokens `base..base + count`, prompt positions from `start`.
+struct PromptRows {
+    sched_index: usize,
+    start: usize,
+    base: usize,
+    count: usize,
+    k: usize,
+}
+
+/// Above this many floats (256 MiB) a logits buffer grown by prompt logprobs is
+/// freed after the step instead of kept for the next.
+const MAX_KEPT_LOGITS: usize = 64 << 20;
 
 /// Runs the model for scheduled batches.
 pub struct ModelRunner {
@@ -70,6 +89,7 @@ pub struct ModelRunner {
     seq_lens: Vec<usize>,
     logits_rows: Vec<usize>,
     sample_rows: Vec<usize>,
+    prompt_rows: Vec<PromptRows>,
     logits: Vec<f32>,
     batch: BatchDescriptor,
     scratch: ForwardScratch,
@@ -98,6 +118,7 @@ impl ModelRunner {
             seq_lens: Vec::new(),
             logits_rows: Vec::new(),
             sample_rows: Vec::new(),
+            prompt_rows: Vec::new(),
             logits: Vec::new(),
             batch: BatchDescriptor::default(),
             scratch: ForwardScratch::default(),
@@ -133,6 +154,10 @@ impl ModelRunner {
                     num_computed_tokens: r.num_computed_tokens,
                     params: r.sampling_params.clone(),
                     seed,
+                    prompt_logprobs: r
+                        .sampling_params
+                        .prompt_logprobs
+                        .filter(|_| r.token_ids.len() == r.num_prompt_tokens),
                 },
             );
         }
@@ -172,6 +197,7 @@ impl ModelRunner {
         self.seq_lens.clear();
         self.logits_rows.clear();
         self.sample_rows.clear();
+        self.prompt_rows.clear();
         let mut rows: Vec<&[u32]> = Vec::with_capacity(self.order.len());
         for &(i, n) in &self.order {
             let id = &so.num_scheduled_tokens[i].0;
@@ -197,7 +223,26 @@ impl ModelRunner {
                 self.logits_rows.push(self.input_ids.len() - 1);
                 self.sample_rows.push(i);
             }
+            if let Some(k) = st.prompt_logprobs {
+                // Row p predicts prompt token p + 1; the last prompt row predicts
+                // the first output token and is sampled instead.
+                let last = end.min(st.num_prompt_tokens.saturating_sub(1));
+                if start < last {
+                    self.prompt_rows.push(PromptRows {
+                        sched_index: i,
+                        start,
+                        base: self.input_ids.len() - n,
+                        count: last - start,
+                        k,
+                    });
+                }
+            }
             rows.push(&st.block_ids);
+        }
+        // Prompt-logprob rows come after the sampled rows in the logits buffer.
+        let num_sample_rows = self.logits_rows.len();
+        for pr in &self.prompt_rows {
+            self.logits_rows.extend(pr.base..pr.base + pr.count);
         }
         self.batch
             .rebuild(
@@ -232,9 +277,10 @@ impl ModelRunner {
                 eos_ids: &self.eos_ids,
             });
         }
+        let vocab = self.model.config().vocab_size;
         let sampled = self
             .sampler
-            .sample_batch(&mut self.logits, &inputs)
+            .sample_batch(&mut self.logits[..num_sample_rows * vocab], &inputs)
             .map_err(|e| EngineError::Fault {
                 message: format!("sampler: {e}"),
             })?;
@@ -273,6 +319,45 @@ impl ModelRunner {
                 st.num_computed_tokens += n;
             }
         }
+        self.collect_prompt_logprobs(so, num_sample_rows, &mut out);
         Ok(out)
+    }
+
+    /// Turns the prompt rows' logits (after the sampled rows' in the buffer) into
+    /// prompt-logprob chunks, and marks requests whose prompt is done.
+    fn collect_prompt_logprobs(
+        &mut self,
+        so: &SchedulerOutput,
+        num_sample_rows: usize,
+        out: &mut ModelRunnerOutput,
+    ) {
+        if self.prompt_rows.is_empty() {
+            return;
+        }
+        let vocab = self.model.config().vocab_size;
+        let mut offset = num_sample_rows * vocab;
+        for pr in &self.prompt_rows {
+            let id = &so.num_scheduled_tokens[pr.sched_index].0;
+            let rows = &self.logits[offset..offset + pr.count * vocab];
+            offset += pr.count * vocab;
+            let Some(st) = self.requests.get_mut(id) else {
+                continue;
+            };
+            let targets = &st.token_ids[pr.start + 1..pr.start + 1 + pr.count];
+            let entries = prompt_logprobs::compute_rows(rows, vocab, targets, pr.k);
+            if st.num_computed_tokens + 1 >= st.num_prompt_tokens {
+                st.prompt_logprobs = None;
+            }
+            out.prompt_logprobs.push((
+                id.clone(),
+                PromptLogprobsChunk {
+                    start: pr.start + 1,
+                    entries,
+                },
+            ));
+        }
+        if self.logits.capacity() > MAX_KEPT_LOGITS {
+            self.logits = Vec::new();
+        }
     }
 }

@@ -559,6 +559,7 @@ impl Scheduler {
                 num_prompt_tokens: req.num_prompt_tokens(),
                 num_cached_tokens: req.num_cached_tokens,
                 error: None,
+                prompt_logprobs: None,
             });
             if finished {
                 self.finished_scratch.push(slot);
@@ -583,6 +584,7 @@ impl Scheduler {
                 num_prompt_tokens: req.num_prompt_tokens(),
                 num_cached_tokens: req.num_cached_tokens,
                 error: Some(message.clone()),
+                prompt_logprobs: None,
             });
             self.finished_scratch.push(slot);
         }

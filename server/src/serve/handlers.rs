@@ -78,6 +78,7 @@ impl AppState {
             include_usage: c.include_usage(),
             continuous_usage: c.continuous_usage(),
             return_token_ids: c.return_token_ids.unwrap_or(false),
+            prompt_logprobs: c.prompt_logprobs.is_some(),
             text: Arc::new(move |id: u32| tok.decode(&[id], false).unwrap_or_default()),
             metrics: self.metrics.clone(),
         }
@@ -311,7 +312,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     st.check_model(req.common.model.as_deref())?;
     let logprobs = req.logprobs()?;
     // Completions default to 16 tokens (OpenAI's and vLLM's default); chat to the room left.
-    let params = sampling_params(
+    let mut params = sampling_params(
         &req.common,
         Some(req.common.max_tokens.unwrap_or(16)),
         logprobs,
@@ -319,6 +320,11 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     )?;
     let n = req.common.n()?;
     let echo = req.echo.unwrap_or(false);
+    if echo && params.prompt_logprobs.is_none() {
+        // vLLM: echoed prompt tokens get logprobs with as many alternatives as
+        // the generated ones.
+        params.prompt_logprobs = logprobs;
+    }
     let add_special = req.common.add_special_tokens.unwrap_or(true);
     let trunc = req
         .common

@@ -36,6 +36,7 @@ const COMMON: &[&str] = &[
     "truncation_side",
     "allowed_token_ids",
     "return_token_ids",
+    "prompt_logprobs",
 ];
 
 const COMPLETION: &[&str] = &["prompt", "echo", "logprobs"];
@@ -69,8 +70,7 @@ fn is_off(field: &str, v: &Value) -> Option<bool> {
         "mm_processor_kwargs" | "vllm_xargs" | "kv_transfer_params" => {
             null || v.as_object().is_some_and(|o| o.is_empty())
         }
-        "prompt_logprobs"
-        | "logits_processors"
+        "logits_processors"
         | "structured_outputs"
         | "guided_json"
         | "guided_regex"
@@ -169,7 +169,7 @@ mod tests {
     #[test]
     fn unimplemented_and_unknown_fields_are_named() {
         for (body, field) in [
-            (json!({"prompt_logprobs": 1}), "prompt_logprobs"),
+            (json!({"logits_processors": ["x"]}), "logits_processors"),
             (json!({"bad_words": ["x"]}), "bad_words"),
             (
                 json!({"response_format": {"type": "json_object"}}),
