@@ -24,6 +24,7 @@ fn fake_output(s: &Scheduler, out: &SchedulerOutput) -> ModelRunnerOutput {
         sampled_token_ids: Vec::with_capacity(out.num_scheduled_tokens.len()),
         logprobs: Vec::with_capacity(out.num_scheduled_tokens.len()),
         failed: Vec::new(),
+        prompt_logprobs: Vec::new(),
     };
     for (id, _) in &out.num_scheduled_tokens {
         let r = s.get_request(id).expect("scheduled");

@@ -118,6 +118,13 @@ pub struct SamplingParams {
     /// ([`ALL_PROMPT_LOGPROBS`]: the whole vocabulary). A request that asks for them
     /// does not read the prefix cache, whose tokens would have no logits.
     pub prompt_logprobs: Option<usize>,
+    /// vLLM's `logprob_token_ids`: report the logprobs of exactly these tokens at
+    /// each generated position (in [`crate::TokenLogprobs::top`], in this order),
+    /// instead of the most likely ones.
+    pub logprob_token_ids: Option<Vec<u32>>,
+    /// vLLM's `bad_words`, as token sequences: a sequence's last token is masked
+    /// whenever the output so far ends with the rest of it.
+    pub bad_words_token_ids: Vec<Vec<u32>>,
     /// Additive biases on logits, by token id.
     pub logit_bias: Vec<(u32, f32)>,
     /// Only these token ids may be sampled (vLLM's `allowed_token_ids`).
@@ -144,6 +151,8 @@ impl Default for SamplingParams {
             ignore_eos: false,
             logprobs: None,
             prompt_logprobs: None,
+            logprob_token_ids: None,
+            bad_words_token_ids: Vec::new(),
             logit_bias: Vec::new(),
             allowed_token_ids: None,
             skip_special_tokens: true,
@@ -256,6 +265,22 @@ impl SamplingParams {
             return bad(
                 "allowed_token_ids",
                 "allowed_token_ids is not allowed to be empty".into(),
+            );
+        }
+        if self.bad_words_token_ids.iter().any(|w| w.is_empty()) {
+            return bad(
+                "bad_words",
+                "a bad word must have at least one token".into(),
+            );
+        }
+        if self
+            .logprob_token_ids
+            .as_ref()
+            .is_some_and(|a| a.is_empty())
+        {
+            return bad(
+                "logprob_token_ids",
+                "logprob_token_ids must not be empty".into(),
             );
         }
         if self.stop.iter().any(|s| s.is_empty()) {

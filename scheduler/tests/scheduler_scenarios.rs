@@ -49,6 +49,7 @@ fn one_token(id: &str, tok: u32) -> ModelRunnerOutput {
         sampled_token_ids: vec![Some(tok)],
         logprobs: vec![None],
         failed: Vec::new(),
+        prompt_logprobs: Vec::new(),
     }
 }
 
@@ -325,6 +326,7 @@ fn growing_request_preempts_the_latest() {
         sampled_token_ids: vec![Some(6), Some(42)],
         logprobs: vec![None, None],
         failed: Vec::new(),
+        prompt_logprobs: Vec::new(),
     };
     let res = s.update_from_output(&out, &stale);
     assert_eq!(res.len(), 1);

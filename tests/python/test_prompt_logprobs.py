@@ -123,3 +123,30 @@ def test_prompt_logprobs_whole_vocabulary(client, model):
     pl = r.choices[0].prompt_logprobs
     assert len(pl[1]) > 40000  # every token of the vocabulary
     assert abs(sum(math.exp(e["logprob"]) for e in pl[1].values()) - 1) < 1e-3
+
+
+def test_bad_words_are_never_generated(client, model):
+    base = dict(model=model, prompt=PROMPT, max_tokens=8, temperature=0)
+    plain = client.completions.create(**base).choices[0].text
+    assert "Paris" in plain, plain
+    banned = client.completions.create(**base, extra_body={"bad_words": ["Paris"]}).choices[0].text
+    assert "Paris" not in banned, banned
+    # A multi-token word: only its completion is banned, after its prefix.
+    two = client.completions.create(**base, extra_body={"bad_words": ["capital of France"]})
+    assert "capital of France" not in two.choices[0].text
+
+
+def test_logprob_token_ids_report_those_tokens(client, model):
+    ids = _ids(client, model, " Paris London")[-2:]
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=3, temperature=0, logprobs=True,
+                                       extra_body={"logprob_token_ids": ids, "return_token_ids": True})
+    for entry in r.choices[0].logprobs.content:
+        assert [t.token for t in entry.top_logprobs] == [" Paris", " London"]
+        assert all(t.logprob <= 0 for t in entry.top_logprobs)
+    c = client.completions.create(model=model, prompt=PROMPT, max_tokens=2, temperature=0,
+                                  extra_body={"logprob_token_ids": ids})
+    assert {" Paris", " London"} <= set(c.choices[0].logprobs.top_logprobs[0])
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=1,
+                                  extra_body={"logprob_token_ids": [10**9]})

@@ -73,7 +73,8 @@ impl AppState {
             id: next_id(if api == Api::Chat { "chatcmpl" } else { "cmpl" }),
             created: unix_now(),
             model: self.model_name.clone(),
-            logprobs,
+            // `logprob_token_ids` alone asks for logprobs too (of those tokens).
+            logprobs: logprobs || c.logprob_token_ids.is_some(),
             tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false),
             include_usage: c.include_usage(),
             continuous_usage: c.continuous_usage(),
@@ -139,6 +140,35 @@ impl AppState {
             .tokenizer()
             .encode(text, add_special_tokens)
             .map_err(|e| ApiError::bad("prompt", format!("cannot tokenize the prompt: {e}")))
+    }
+
+    /// vLLM's `bad_words` as token sequences: each word as tokenized at the start of
+    /// a text and, when that differs in its first token only, after a space.
+    fn bad_words_ids(&self, words: &[String]) -> Result<Vec<Vec<u32>>, ApiError> {
+        let mut out: Vec<Vec<u32>> = Vec::new();
+        for w in words {
+            let w = w.trim_start();
+            let encode = |t: &str| {
+                self.engine
+                    .tokenizer()
+                    .encode(t, false)
+                    .map_err(|e| ApiError::bad("bad_words", format!("cannot tokenize `{w}`: {e}")))
+            };
+            let bare = encode(w)?;
+            if bare.is_empty() {
+                return Err(ApiError::bad(
+                    "bad_words",
+                    format!("bad word `{w}` has no tokens"),
+                ));
+            }
+            let spaced = encode(&format!(" {w}"))?;
+            let differs = spaced.first() != bare.first() && spaced.len() == bare.len();
+            out.push(bare);
+            if differs {
+                out.push(spaced);
+            }
+        }
+        Ok(out)
     }
 
     fn check_ids(&self, param: &str, ids: &[u32]) -> Result<(), ApiError> {
@@ -320,6 +350,9 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     )?;
     let n = req.common.n()?;
     let echo = req.echo.unwrap_or(false);
+    if let Some(w) = &req.common.bad_words {
+        params.bad_words_token_ids = st.bad_words_ids(w)?;
+    }
     if echo && params.prompt_logprobs.is_none() {
         // vLLM: echoed prompt tokens get logprobs with as many alternatives as
         // the generated ones.
@@ -382,12 +415,15 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let req: ChatRequest = parse_generation(body, true)?;
     st.check_model(req.common.model.as_deref())?;
     let logprobs = req.logprobs()?;
-    let params = sampling_params(
+    let mut params = sampling_params(
         &req.common,
         req.max_tokens(),
         logprobs,
         st.engine.model_info().vocab_size,
     )?;
+    if let Some(w) = &req.common.bad_words {
+        params.bad_words_token_ids = st.bad_words_ids(w)?;
+    }
     let n = req.common.n()?;
     let messages = match &req.messages {
         Some(m) if !m.is_empty() => m,

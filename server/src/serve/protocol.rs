@@ -86,6 +86,10 @@ pub struct CommonFields {
     /// vLLM extension: logprobs of the prompt's tokens with this many alternatives
     /// (-1: the whole vocabulary).
     pub prompt_logprobs: Option<i64>,
+    /// vLLM extension: words that must not be generated (tokenized by the server).
+    pub bad_words: Option<Vec<String>>,
+    /// vLLM extension: report the logprobs of exactly these tokens per position.
+    pub logprob_token_ids: Option<Vec<u32>>,
 }
 
 impl CommonFields {
@@ -528,6 +532,15 @@ pub fn sampling_params(
     p.skip_special_tokens = c.skip_special_tokens.unwrap_or(true);
     p.logprobs = logprobs;
     p.prompt_logprobs = c.prompt_logprobs()?;
+    if let Some(ids) = &c.logprob_token_ids {
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(ApiError::bad(
+                "logprob_token_ids",
+                format!("token id {bad} is outside the vocabulary ({vocab_size})"),
+            ));
+        }
+        p.logprob_token_ids = Some(ids.clone());
+    }
     p.validate()?;
     Ok(p)
 }

@@ -37,6 +37,8 @@ const COMMON: &[&str] = &[
     "allowed_token_ids",
     "return_token_ids",
     "prompt_logprobs",
+    "bad_words",
+    "logprob_token_ids",
 ];
 
 const COMPLETION: &[&str] = &["prompt", "echo", "logprobs"];
@@ -63,7 +65,7 @@ fn is_off(field: &str, v: &Value) -> Option<bool> {
         "length_penalty" => null || v.as_f64() == Some(1.0),
         "suffix" => null || v.as_str() == Some(""),
         "spaces_between_special_tokens" => null || v == &Value::Bool(true),
-        "tools" | "bad_words" | "documents" => null || v.as_array().is_some_and(|a| a.is_empty()),
+        "tools" | "documents" => null || v.as_array().is_some_and(|a| a.is_empty()),
         "tool_choice" => null || v.as_str() == Some("none"),
         "parallel_tool_calls" | "include_reasoning" => true,
         "response_format" => null || v.get("type").and_then(Value::as_str) == Some("text"),
@@ -78,7 +80,6 @@ fn is_off(field: &str, v: &Value) -> Option<bool> {
         | "guided_grammar"
         | "guided_decoding_backend"
         | "guided_whitespace_pattern"
-        | "logprob_token_ids"
         | "prompt_embeds"
         | "chat_template"
         | "reasoning_effort"
@@ -170,7 +171,7 @@ mod tests {
     fn unimplemented_and_unknown_fields_are_named() {
         for (body, field) in [
             (json!({"logits_processors": ["x"]}), "logits_processors"),
-            (json!({"bad_words": ["x"]}), "bad_words"),
+            (json!({"prompt_embeds": "x"}), "prompt_embeds"),
             (
                 json!({"response_format": {"type": "json_object"}}),
                 "response_format",
