@@ -29,5 +29,5 @@ pub use request::{
 };
 pub use sched::{
     CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, PromptLogprob,
-    PromptLogprobsChunk, SchedulerOutput, TokenLogprobs,
+    PromptLogprobsChunk, ReqHandle, SchedulerOutput, TokenLogprobs,
 };

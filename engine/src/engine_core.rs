@@ -7,7 +7,7 @@ use crate::runner::ModelRunner;
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
 use pagoda_core::{
     AttentionConfig, EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob,
-    Request, RequestId, RequestStatus, SchedulerOutput,
+    ReqHandle, Request, RequestStatus, SchedulerOutput,
 };
 use pagoda_models::{llama::Llama, LlamaConfig, LlamaWeights};
 use pagoda_scheduler::{Scheduler, SchedulerConfig};
@@ -20,7 +20,7 @@ pub struct EngineCore {
     runner: ModelRunner,
     /// Prompt logprobs gathered chunk by chunk until the request's first output
     /// carries them (as vLLM's output processor holds them).
-    prompt_logprobs: HashMap<RequestId, Vec<PromptLogprob>>,
+    prompt_logprobs: HashMap<ReqHandle, Vec<PromptLogprob>>,
 }
 
 impl EngineCore {
@@ -120,7 +120,8 @@ impl EngineCore {
         self.runner.set_fault_injection(faults);
     }
 
-    pub fn add_request(&mut self, request: Request) -> Result<(), EngineError> {
+    /// Queues a request; its handle names it in the outputs.
+    pub fn add_request(&mut self, request: Request) -> Result<ReqHandle, EngineError> {
         self.scheduler
             .add_request(request)
             .map_err(|e| EngineError::InvalidRequest {
@@ -134,19 +135,15 @@ impl EngineCore {
     }
 
     /// Ends a request whose text hit a stop string.
-    pub fn finish_stopped(&mut self, request_id: &str) {
-        // Only a finished status is passed, which is the one error finish_requests reports.
-        let _ = self
-            .scheduler
-            .finish_requests([request_id], RequestStatus::FinishedStopped);
+    pub fn finish_stopped(&mut self, handle: ReqHandle) {
+        self.scheduler
+            .finish_request_at(handle, RequestStatus::FinishedStopped);
     }
 
     /// Ends a request that failed on its own (e.g. its text could not be decoded).
-    pub fn finish_failed(&mut self, request_id: &str) {
-        // Only a finished status is passed, which is the one error finish_requests reports.
-        let _ = self
-            .scheduler
-            .finish_requests([request_id], RequestStatus::FinishedError);
+    pub fn finish_failed(&mut self, handle: ReqHandle) {
+        self.scheduler
+            .finish_request_at(handle, RequestStatus::FinishedError);
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
@@ -183,11 +180,11 @@ impl EngineCore {
         out: &ModelRunnerOutput,
         outputs: &mut [EngineCoreOutput],
     ) {
-        for id in &so.finished_req_ids {
-            self.prompt_logprobs.remove(id);
+        for h in &so.finished_reqs {
+            self.prompt_logprobs.remove(h);
         }
-        for (id, chunk) in &out.prompt_logprobs {
-            let acc = self.prompt_logprobs.entry(id.clone()).or_default();
+        for (h, chunk) in &out.prompt_logprobs {
+            let acc = self.prompt_logprobs.entry(*h).or_default();
             if chunk.start == 1 {
                 // A prefill that starts over (after a preemption) recomputes them.
                 acc.clear();
@@ -200,7 +197,7 @@ impl EngineCore {
             return;
         }
         for o in outputs {
-            if let Some(lps) = self.prompt_logprobs.remove(&o.req_id) {
+            if let Some(lps) = self.prompt_logprobs.remove(&o.handle) {
                 o.prompt_logprobs = Some(lps);
             }
         }

@@ -6,7 +6,7 @@
 use crate::detokenizer::IncrementalDetokenizer;
 use crate::engine_core::EngineCore;
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo, PromptInput, RequestOutput};
-use pagoda_core::{FinishReason, PromptLogprob, Request, SamplingParams, StopReason};
+use pagoda_core::{FinishReason, PromptLogprob, ReqHandle, Request, SamplingParams, StopReason};
 use pagoda_models::{ChatTemplate, Tokenizer};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,6 +26,7 @@ pub struct GenerateOutput {
 }
 
 struct TextState {
+    request_id: String,
     detok: IncrementalDetokenizer,
     include_stop_str_in_output: bool,
     num_prompt_tokens: usize,
@@ -40,7 +41,8 @@ pub struct LLMEngine {
     chat_template: Option<Arc<ChatTemplate>>,
     info: ModelInfo,
     eos_token_ids: Vec<u32>,
-    texts: HashMap<String, TextState>,
+    /// Per live request, by the engine's handle (the external id is inside).
+    texts: HashMap<ReqHandle, TextState>,
     seed_counter: u64,
     /// Makes request ids of successive `generate` calls distinct.
     num_generate_calls: u64,
@@ -242,7 +244,7 @@ impl LLMEngine {
         cache_salt: Option<String>,
         priority: i32,
     ) -> Result<(), EngineError> {
-        if self.texts.contains_key(&request_id) {
+        if self.core.scheduler().handle_of(&request_id).is_some() {
             return Err(EngineError::DuplicateRequest { request_id });
         }
         let prompt_ids = match prompt {
@@ -278,11 +280,12 @@ impl LLMEngine {
         )
         .with_cache_salt(cache_salt)
         .with_priority(priority);
-        self.core.add_request(request)?;
+        let handle = self.core.add_request(request)?;
         self.prompt_tokens += num_prompt_tokens as u64;
         self.texts.insert(
-            request_id,
+            handle,
             TextState {
+                request_id,
                 detok,
                 include_stop_str_in_output,
                 num_prompt_tokens,
@@ -294,8 +297,10 @@ impl LLMEngine {
 
     /// Aborts a request wherever it is; its blocks are freed at once.
     pub fn abort_request(&mut self, request_id: &str) {
+        if let Some(h) = self.core.scheduler().handle_of(request_id) {
+            self.texts.remove(&h);
+        }
         self.core.abort_request(request_id);
-        self.texts.remove(request_id);
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
@@ -303,7 +308,7 @@ impl LLMEngine {
     }
 
     pub fn unfinished_request_ids(&self) -> Vec<String> {
-        self.texts.keys().cloned().collect()
+        self.texts.values().map(|t| t.request_id.clone()).collect()
     }
 
     /// One engine step: schedule, execute, update, detokenize.
@@ -313,8 +318,9 @@ impl LLMEngine {
         let mut outputs = Vec::with_capacity(core_outputs.len());
         let mut stopped = Vec::new();
         let mut failed = Vec::new();
+        let mut finished = Vec::new();
         for co in core_outputs {
-            let Some(st) = self.texts.get_mut(&co.req_id) else {
+            let Some(st) = self.texts.get_mut(&co.handle) else {
                 continue;
             };
             st.num_output_tokens += co.new_token_ids.len();
@@ -334,9 +340,9 @@ impl LLMEngine {
                 Ok(d) => d,
                 Err(e) => {
                     // This request's text is broken, not the engine: it fails alone.
-                    failed.push(co.req_id.clone());
+                    failed.push(co.handle);
                     outputs.push(RequestOutput {
-                        request_id: co.req_id.clone(),
+                        request_id: st.request_id.clone(),
                         new_token_ids: co.new_token_ids,
                         new_text: String::new(),
                         new_logprobs: co.new_logprobs,
@@ -357,15 +363,18 @@ impl LLMEngine {
             let mut stop_reason = co.stop_reason.clone();
             if let Some(s) = delta.stop_matched {
                 if finish_reason.is_none() || finish_reason == Some(FinishReason::Length) {
-                    stopped.push(co.req_id.clone());
+                    stopped.push(co.handle);
                 }
                 finish_reason = Some(FinishReason::Stop);
                 stop_reason = Some(StopReason::StopString(s));
             } else if finish_reason.is_some() && co.error.is_none() {
                 text.push_str(&st.detok.finish());
             }
+            if finish_reason.is_some() {
+                finished.push(co.handle);
+            }
             outputs.push(RequestOutput {
-                request_id: co.req_id.clone(),
+                request_id: st.request_id.clone(),
                 new_token_ids: co.new_token_ids,
                 new_text: text,
                 new_logprobs: co.new_logprobs,
@@ -379,16 +388,14 @@ impl LLMEngine {
                 prompt_logprobs: co.prompt_logprobs,
             });
         }
-        for id in stopped {
-            self.core.finish_stopped(&id);
+        for h in stopped {
+            self.core.finish_stopped(h);
         }
-        for id in failed {
-            self.core.finish_failed(&id);
+        for h in failed.iter().chain(&finished) {
+            self.texts.remove(h);
         }
-        for o in &outputs {
-            if o.finished {
-                self.texts.remove(&o.request_id);
-            }
+        for h in failed {
+            self.core.finish_failed(h);
         }
         Ok(outputs)
     }

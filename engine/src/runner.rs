@@ -12,11 +12,10 @@ use crate::prompt_logprobs;
 use crate::sampler::{RowResult, SampleInput, Sampler, SamplerError};
 use crate::EngineError;
 use pagoda_core::{
-    AttentionBackend, BatchDescriptor, KvCache, ModelRunnerOutput, PromptLogprobsChunk,
-    SamplingParams, SchedulerOutput,
+    AttentionBackend, BatchDescriptor, KvCache, ModelRunnerOutput, PromptLogprobsChunk, ReqHandle,
+    RequestId, SamplingParams, SchedulerOutput,
 };
 use pagoda_models::llama::{ForwardScratch, Llama};
-use std::collections::HashMap;
 
 /// Test-only fault injection, armed by `pagoda serve --debug-inject-fault` in
 /// debug builds: a request whose prompt starts with one of these token sequences
@@ -48,6 +47,9 @@ impl FaultInjection {
 }
 
 struct ReqState {
+    handle: ReqHandle,
+    /// The external id, for logs.
+    req_id: RequestId,
     token_ids: Vec<u32>,
     num_prompt_tokens: usize,
     block_ids: Vec<u32>,
@@ -80,7 +82,8 @@ pub struct ModelRunner {
     attn: Box<dyn AttentionBackend>,
     sampler: Sampler,
     eos_ids: Vec<u32>,
-    requests: HashMap<String, ReqState>,
+    /// Indexed by `ReqHandle::index`; the stored handle tells a stale entry.
+    requests: Vec<Option<ReqState>>,
     // Reused per-step buffers.
     order: Vec<(usize, usize)>,
     input_ids: Vec<u32>,
@@ -110,7 +113,7 @@ impl ModelRunner {
             attn,
             sampler: Sampler::new(vocab),
             eos_ids,
-            requests: HashMap::new(),
+            requests: Vec::new(),
             order: Vec::new(),
             input_ids: Vec::new(),
             positions: Vec::new(),
@@ -136,38 +139,57 @@ impl ModelRunner {
     }
 
     pub fn num_requests(&self) -> usize {
-        self.requests.len()
+        self.requests.iter().flatten().count()
+    }
+
+    fn state(&self, h: ReqHandle) -> Option<&ReqState> {
+        self.requests
+            .get(h.index as usize)?
+            .as_ref()
+            .filter(|s| s.handle == h)
+    }
+
+    fn state_mut(&mut self, h: ReqHandle) -> Option<&mut ReqState> {
+        self.requests
+            .get_mut(h.index as usize)?
+            .as_mut()
+            .filter(|s| s.handle == h)
     }
 
     fn update_states(&mut self, so: &SchedulerOutput) -> Result<(), EngineError> {
-        for id in so.finished_req_ids.iter().chain(&so.preempted_req_ids) {
-            self.requests.remove(id);
+        for &h in so.finished_reqs.iter().chain(&so.preempted_reqs) {
+            if self.state(h).is_some() {
+                self.requests[h.index as usize] = None;
+            }
         }
         for r in &so.scheduled_new_reqs {
             let seed = r.sampling_params.seed.unwrap_or(0);
-            self.requests.insert(
-                r.req_id.clone(),
-                ReqState {
-                    token_ids: r.token_ids.clone(),
-                    num_prompt_tokens: r.num_prompt_tokens,
-                    block_ids: r.block_ids.clone(),
-                    num_computed_tokens: r.num_computed_tokens,
-                    params: r.sampling_params.clone(),
-                    seed,
-                    prompt_logprobs: r
-                        .sampling_params
-                        .prompt_logprobs
-                        .filter(|_| r.token_ids.len() == r.num_prompt_tokens),
-                },
-            );
+            let i = r.handle.index as usize;
+            if self.requests.len() <= i {
+                self.requests.resize_with(i + 1, || None);
+            }
+            self.requests[i] = Some(ReqState {
+                handle: r.handle,
+                req_id: r.req_id.clone(),
+                token_ids: r.token_ids.clone(),
+                num_prompt_tokens: r.num_prompt_tokens,
+                block_ids: r.block_ids.clone(),
+                num_computed_tokens: r.num_computed_tokens,
+                params: r.sampling_params.clone(),
+                seed,
+                prompt_logprobs: r
+                    .sampling_params
+                    .prompt_logprobs
+                    .filter(|_| r.token_ids.len() == r.num_prompt_tokens),
+            });
         }
         for r in &so.scheduled_cached_reqs {
-            let st = self
-                .requests
-                .get_mut(&r.req_id)
-                .ok_or_else(|| EngineError::Fault {
-                    message: format!("model runner has no state for running request {}", r.req_id),
-                })?;
+            let st = self.state_mut(r.handle).ok_or_else(|| EngineError::Fault {
+                message: format!(
+                    "model runner has no state for running request {:?}",
+                    r.handle
+                ),
+            })?;
             st.block_ids.extend_from_slice(&r.new_block_ids);
             st.num_computed_tokens = r.num_computed_tokens;
         }
@@ -200,10 +222,16 @@ impl ModelRunner {
         self.prompt_rows.clear();
         let mut rows: Vec<&[u32]> = Vec::with_capacity(self.order.len());
         for &(i, n) in &self.order {
-            let id = &so.num_scheduled_tokens[i].0;
-            let st = self.requests.get(id).ok_or_else(|| EngineError::Fault {
-                message: format!("model runner has no state for scheduled request {id}"),
-            })?;
+            let h = so.num_scheduled_tokens[i].0;
+            let st = self
+                .requests
+                .get(h.index as usize)
+                .and_then(Option::as_ref)
+                .filter(|s| s.handle == h)
+                .ok_or_else(|| EngineError::Fault {
+                    message: format!("model runner has no state for scheduled request {h:?}"),
+                })?;
+            let id = &st.req_id;
             let start = st.num_computed_tokens;
             let end = start + n;
             if end > st.token_ids.len() {
@@ -268,7 +296,10 @@ impl ModelRunner {
         // Sample the rows that need a token.
         let mut inputs = Vec::with_capacity(self.sample_rows.len());
         for &i in &self.sample_rows {
-            let st = &self.requests[&so.num_scheduled_tokens[i].0];
+            let h = so.num_scheduled_tokens[i].0;
+            let st = self.requests[h.index as usize]
+                .as_ref()
+                .expect("checked above");
             inputs.push(SampleInput {
                 params: &st.params,
                 prompt_ids: &st.token_ids[..st.num_prompt_tokens],
@@ -286,36 +317,34 @@ impl ModelRunner {
             })?;
         drop(inputs);
 
-        out.req_ids = so
-            .num_scheduled_tokens
-            .iter()
-            .map(|(id, _)| id.clone())
-            .collect();
-        out.sampled_token_ids = vec![None; out.req_ids.len()];
-        out.logprobs = vec![None; out.req_ids.len()];
+        out.handles = so.num_scheduled_tokens.iter().map(|&(h, _)| h).collect();
+        out.sampled_token_ids = vec![None; out.handles.len()];
+        out.logprobs = vec![None; out.handles.len()];
         for (&i, row) in self.sample_rows.iter().zip(sampled) {
-            let id = &so.num_scheduled_tokens[i].0;
+            let h = so.num_scheduled_tokens[i].0;
+            let Some(st) = self.requests[h.index as usize].as_mut() else {
+                continue;
+            };
             let row = match &self.faults {
-                Some(f) => f.apply(&self.requests[id].token_ids, row),
+                Some(f) => f.apply(&st.token_ids, row),
                 None => row,
             };
             match row {
                 Ok((tok, lp)) => {
                     out.sampled_token_ids[i] = Some(tok);
                     out.logprobs[i] = lp;
-                    if let Some(st) = self.requests.get_mut(id) {
-                        st.token_ids.push(tok);
-                    }
+                    st.token_ids.push(tok);
                 }
                 Err(e) => {
                     // This request alone fails; the scheduler finishes it with an error.
-                    tracing::warn!("request {id}: cannot sample: {e}");
-                    out.failed.push((id.clone(), format!("cannot sample: {e}")));
+                    tracing::warn!("request {}: cannot sample: {e}", st.req_id);
+                    out.failed.push((h, format!("cannot sample: {e}")));
                 }
             }
         }
         for &(i, n) in &self.order {
-            if let Some(st) = self.requests.get_mut(&so.num_scheduled_tokens[i].0) {
+            let h = so.num_scheduled_tokens[i].0;
+            if let Some(Some(st)) = self.requests.get_mut(h.index as usize) {
                 st.num_computed_tokens += n;
             }
         }
@@ -337,10 +366,10 @@ impl ModelRunner {
         let vocab = self.model.config().vocab_size;
         let mut offset = num_sample_rows * vocab;
         for pr in &self.prompt_rows {
-            let id = &so.num_scheduled_tokens[pr.sched_index].0;
+            let h = so.num_scheduled_tokens[pr.sched_index].0;
             let rows = &self.logits[offset..offset + pr.count * vocab];
             offset += pr.count * vocab;
-            let Some(st) = self.requests.get_mut(id) else {
+            let Some(st) = self.requests[h.index as usize].as_mut() else {
                 continue;
             };
             let targets = &st.token_ids[pr.start + 1..pr.start + 1 + pr.count];
@@ -349,7 +378,7 @@ impl ModelRunner {
                 st.prompt_logprobs = None;
             }
             out.prompt_logprobs.push((
-                id.clone(),
+                h,
                 PromptLogprobsChunk {
                     start: pr.start + 1,
                     entries,

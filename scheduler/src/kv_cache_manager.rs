@@ -155,7 +155,7 @@ impl KvCacheManager {
         self.req_to_blocks.len()
     }
     /// The request's blocks in logical order (empty when unknown).
-    pub fn get_block_ids(&self, req_id: &str) -> &[u32] {
+    pub fn block_ids(&self, req_id: &str) -> &[u32] {
         self.req_to_blocks
             .get(req_id)
             .map_or(&[], |&i| &self.tables[i as usize].blocks)
