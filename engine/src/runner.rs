@@ -85,7 +85,6 @@ pub struct ModelRunner {
     /// Indexed by `ReqHandle::index`; the stored handle tells a stale entry.
     requests: Vec<Option<ReqState>>,
     // Reused per-step buffers.
-    order: Vec<(usize, usize)>,
     input_ids: Vec<u32>,
     positions: Vec<u32>,
     query_lens: Vec<usize>,
@@ -114,7 +113,6 @@ impl ModelRunner {
             sampler: Sampler::new(vocab),
             eos_ids,
             requests: Vec::new(),
-            order: Vec::new(),
             input_ids: Vec::new(),
             positions: Vec::new(),
             query_lens: Vec::new(),
@@ -203,16 +201,8 @@ impl ModelRunner {
         if so.num_scheduled_tokens.is_empty() {
             return Ok(out);
         }
-        // Decode rows (one token) first, as backends expect; stable otherwise.
-        self.order.clear();
-        self.order.extend(
-            so.num_scheduled_tokens
-                .iter()
-                .enumerate()
-                .map(|(i, (_, n))| (i, *n)),
-        );
-        self.order.sort_by_key(|&(_, n)| (n != 1) as u8);
-
+        // The batch keeps the scheduler's order, which puts decode rows first (the
+        // one place that order is made); the batch descriptor refuses any other.
         self.input_ids.clear();
         self.positions.clear();
         self.query_lens.clear();
@@ -220,8 +210,8 @@ impl ModelRunner {
         self.logits_rows.clear();
         self.sample_rows.clear();
         self.prompt_rows.clear();
-        let mut rows: Vec<&[u32]> = Vec::with_capacity(self.order.len());
-        for &(i, n) in &self.order {
+        let mut rows: Vec<&[u32]> = Vec::with_capacity(so.num_scheduled_tokens.len());
+        for (i, &(_, n)) in so.num_scheduled_tokens.iter().enumerate() {
             let h = so.num_scheduled_tokens[i].0;
             let st = self
                 .requests
@@ -342,8 +332,7 @@ impl ModelRunner {
                 }
             }
         }
-        for &(i, n) in &self.order {
-            let h = so.num_scheduled_tokens[i].0;
+        for &(h, n) in &so.num_scheduled_tokens {
             if let Some(Some(st)) = self.requests.get_mut(h.index as usize) {
                 st.num_computed_tokens += n;
             }
