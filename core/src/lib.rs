@@ -24,8 +24,8 @@ pub use attention::inventory;
 pub use error::CoreError;
 pub use kv::{write_kv, KvCache, KvCacheSpec, LayerKv};
 pub use request::{
-    BlockHash, FinishReason, Request, RequestId, RequestStatus, SamplingParams, StopReason,
-    ALL_PROMPT_LOGPROBS,
+    BlockHash, CheckedParams, FinishReason, Request, RequestId, RequestStatus, SamplingParams,
+    StopReason, ALL_PROMPT_LOGPROBS,
 };
 pub use sched::{
     CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, PromptLogprob,

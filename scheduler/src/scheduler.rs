@@ -286,9 +286,7 @@ impl Scheduler {
         if n == 0 {
             return Err(SchedulerError::EmptyPrompt { req_id });
         }
-        if let Err(source) = req.sampling_params.validate() {
-            return Err(SchedulerError::InvalidSamplingParams { req_id, source });
-        }
+        // The parameters were checked where the request entered (`CheckedParams`).
         if n + 1 > self.config.max_model_len {
             return Err(SchedulerError::PromptTooLong {
                 req_id,
