@@ -348,7 +348,7 @@ impl Llama {
 
     /// One engine step. `input_ids`/`positions` are the batch's tokens in
     /// `batch` order; the caller has already called `attn.plan(batch)`. New K/V go
-    /// into `kv` at `batch.slot_mapping`. `logits` becomes
+    /// into `kv` at `batch.slot_mapping()`. `logits` becomes
     /// `[logits_rows.len(), vocab]`, row `i` for token index `logits_rows[i]`.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
@@ -447,7 +447,7 @@ impl Llama {
                 &mut pools.v,
                 &s.k,
                 &s.v,
-                &batch.slot_mapping,
+                batch.slot_mapping(),
                 kv_dim,
             )?;
             attn.run(LayerIo {
@@ -562,11 +562,11 @@ impl Llama {
                 positions.len()
             )));
         }
-        if batch.num_tokens() != n || batch.slot_mapping.len() != n {
+        if batch.num_tokens() != n || batch.slot_mapping().len() != n {
             return Err(forward_err(format!(
                 "{n} input ids but the batch has {} tokens and {} slots",
                 batch.num_tokens(),
-                batch.slot_mapping.len()
+                batch.slot_mapping().len()
             )));
         }
         if let Some((t, &id)) = input_ids
@@ -609,10 +609,11 @@ impl Llama {
                 c.head_dim
             )));
         }
-        if spec.block_size != batch.block_size {
+        if spec.block_size != batch.block_size() {
             return Err(forward_err(format!(
                 "batch block size {} but cache block size {}",
-                batch.block_size, spec.block_size
+                batch.block_size(),
+                spec.block_size
             )));
         }
         Ok(())

@@ -599,7 +599,7 @@ fn bad_buffers(subject: &Subject, spec: &CaseSpec) -> Result<bool, KitError> {
         &mut layer.v,
         &case.new_k[0],
         &case.new_v[0],
-        &case.batch.slot_mapping,
+        case.batch.slot_mapping(),
         e,
     )
     .map_err(|source| KitError::Backend {
@@ -644,14 +644,7 @@ fn bad_buffers(subject: &Subject, spec: &CaseSpec) -> Result<bool, KitError> {
         accepted.push("an lse buffer one element short");
     }
     // A pool one block smaller than the largest block id used needs: reading it would be out of bounds.
-    let max_block = case
-        .batch
-        .block_table
-        .iter()
-        .filter(|&&b| b != u32::MAX)
-        .copied()
-        .max()
-        .unwrap_or(0) as usize;
+    let max_block = case.batch.max_block().unwrap_or(0) as usize;
     let block_elems = cfg.block_size * e;
     if attempt(
         "a pool too small for the block table",
