@@ -238,7 +238,8 @@ fn reading_one_key_too_many_fails() {
 fn a_wrong_lse_base_fails() {
     let report = fails(Bug::LseInLog2, Check::RandomBatches);
     assert!(report.contains("lse"), "{report}");
-    fails(Bug::LseInLog2, Check::LseMerge);
+    fails(Bug::LseInLog2, Check::LseMergeKvHalves);
+    fails(Bug::LseInLog2, Check::LseMergeContextAndChunk);
 }
 
 #[test]
