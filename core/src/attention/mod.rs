@@ -28,9 +28,9 @@ pub use backend::{AttentionBackend, LayerIo};
 pub use batch::BatchDescriptor;
 pub use config::{AttentionConfig, Capabilities, DType, Device, DeviceKind, InvalidReason, Role};
 pub use merge::merge_states;
-#[doc(hidden)]
-pub use registry::Registered;
 pub use registry::{
     inventory, no_runtime_reasons, registered_backends, try_registered_backends,
     BackendRegistration,
 };
+#[doc(hidden)]
+pub use registry::{registered_modules, Registered};

@@ -66,6 +66,16 @@ pub fn try_registered_backends() -> Result<Vec<&'static BackendRegistration>, Co
     Ok(v)
 }
 
+/// Every linked registration with the module that declared it (for tests that
+/// check which crates are linked).
+#[doc(hidden)]
+pub fn registered_modules() -> Vec<(&'static str, &'static BackendRegistration)> {
+    inventory::iter::<Registered>
+        .into_iter()
+        .map(|r| (r.module, &r.registration))
+        .collect()
+}
+
 /// Every linked backend, by descending priority then name.
 ///
 /// # Panics

@@ -24,8 +24,9 @@ pub fn capabilities() -> Capabilities {
 // Step 2: registration. `inventory` collects it when this crate is linked.
 pagoda_core::register_backend!(BackendRegistration {
     name: NAME,
-    // Above `naive` (0), below the optimized CPU backends.
-    priority: 1,
+    // Below `naive` (0): linked into every binary through `pagoda-backends`, an
+    // example is used only when asked for (`--attention-backend example`).
+    priority: -1,
     description: "example: per-row online-softmax f32 attention (docs/new-backend.md)",
     capabilities,
     runtime_reasons: no_runtime_reasons,
