@@ -2,7 +2,8 @@
 //! batch generation) and `backends` (the attention-backend registry and the choice).
 
 use clap::{Parser, Subcommand};
-use pagoda_server::{args, backends_cmd, bench, generate, serve};
+use pagoda_loadgen as bench;
+use pagoda_server::{args, backends_cmd, generate, serve};
 
 // Inventory only sees linked crates: link every backend.
 use pagoda_backends as _;
