@@ -342,7 +342,7 @@ impl Llama {
             (Some(head), _) => head.matmul(x, out, m, k, n),
             (None, Embedding::Tied(head)) => head.matmul(x, out, m, k, n),
             // Not built: an untied embedding always comes with its own head.
-            (None, Embedding::F32(e)) => pagoda_kernels::matmul_t(x, &e.data, out, m, k, n),
+            (None, Embedding::F32(e)) => pagoda_kernels::matmul_t_ref(x, &e.data, out, m, k, n),
         }
     }
 
