@@ -430,6 +430,9 @@ mod tests {
         assert_eq!(again, b);
     }
 
+    /// The arguments of `from_parts`, in order.
+    type Parts = (usize, Vec<u32>, Vec<u32>, Vec<u32>, usize, Vec<i64>);
+
     #[test]
     fn every_malformed_batch_is_an_error() {
         let err = |r: Result<BatchDescriptor, CoreError>| match r {
@@ -457,7 +460,7 @@ mod tests {
         };
         let (bs, qsl, seq, bt, st, sm) = good();
         BatchDescriptor::from_parts(bs, qsl, seq, bt, st, sm).unwrap();
-        let parts = |f: &dyn Fn(&mut (usize, Vec<u32>, Vec<u32>, Vec<u32>, usize, Vec<i64>))| {
+        let parts = |f: &dyn Fn(&mut Parts)| {
             let mut p = good();
             f(&mut p);
             err(BatchDescriptor::from_parts(p.0, p.1, p.2, p.3, p.4, p.5))
