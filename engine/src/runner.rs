@@ -156,8 +156,7 @@ impl ModelRunner {
         if so.num_scheduled_tokens.is_empty() {
             return Ok(out);
         }
-        // Rows in the scheduler's order: it puts decode rows (one token) first, the
-        // one place that order is made; `BatchDescriptor::rebuild` refuses any other.
+        // Decode rows (one token) first, as backends expect; stable otherwise.
         self.order.clear();
         self.order.extend(
             so.num_scheduled_tokens
@@ -165,6 +164,7 @@ impl ModelRunner {
                 .enumerate()
                 .map(|(i, (_, n))| (i, *n)),
         );
+        self.order.sort_by_key(|&(_, n)| (n != 1) as u8);
 
         self.input_ids.clear();
         self.positions.clear();
