@@ -469,7 +469,8 @@ impl Request {
     pub fn is_finished(&self) -> bool {
         self.status.is_finished()
     }
-    /// Output tokens still allowed by `max_tokens` (unbounded when it is None).
+    /// The cap on this request's output tokens: `max_tokens`, or `usize::MAX`
+    /// (only the model length bounds it) when that is None.
     pub fn max_tokens(&self) -> usize {
         self.sampling_params.max_tokens.unwrap_or(usize::MAX)
     }

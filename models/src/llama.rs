@@ -359,13 +359,13 @@ impl Llama {
             (Some(head), _) => head.matmul(x, out, m, k, n),
             (None, Embedding::Tied(head)) => head.matmul(x, out, m, k, n),
             // Not built: an untied embedding always comes with its own head.
-            (None, Embedding::F32(e)) => pagoda_kernels::matmul_t(x, &e.data, out, m, k, n),
+            (None, Embedding::F32(e)) => pagoda_kernels::matmul_t_ref(x, &e.data, out, m, k, n),
         }
     }
 
     /// One engine step. `input_ids`/`positions` are the batch's tokens in
     /// `batch` order; the caller has already called `attn.plan(batch)`. New K/V go
-    /// into `kv` at `batch.slot_mapping`. `logits` becomes
+    /// into `kv` at `batch.slot_mapping()`. `logits` becomes
     /// `[logits_rows.len(), vocab]`, row `i` for token index `logits_rows[i]`.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
@@ -500,7 +500,7 @@ impl Llama {
             &mut pools.v,
             &s.k,
             &s.v,
-            &batch.slot_mapping,
+            batch.slot_mapping(),
             kv_dim,
         )?;
         attn.run(LayerIo {
@@ -577,11 +577,11 @@ impl Llama {
                 positions.len()
             )));
         }
-        if batch.num_tokens() != n || batch.slot_mapping.len() != n {
+        if batch.num_tokens() != n || batch.slot_mapping().len() != n {
             return Err(forward_err(format!(
                 "{n} input ids but the batch has {} tokens and {} slots",
                 batch.num_tokens(),
-                batch.slot_mapping.len()
+                batch.slot_mapping().len()
             )));
         }
         if let Some((t, &id)) = input_ids
@@ -624,10 +624,10 @@ impl Llama {
                 c.head_dim
             )));
         }
-        if spec.block_size != batch.block_size {
+        if spec.block_size != batch.block_size() {
             return Err(forward_err(format!(
                 "batch block size {} but cache block size {}",
-                batch.block_size, spec.block_size
+                batch.block_size(), spec.block_size
             )));
         }
         Ok(())
