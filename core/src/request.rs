@@ -118,6 +118,9 @@ pub struct SamplingParams {
     /// Only these token ids may be sampled (vLLM's `allowed_token_ids`).
     pub allowed_token_ids: Option<Vec<u32>>,
     pub skip_special_tokens: bool,
+    /// The output must satisfy this constraint (vLLM's `structured_outputs`); the
+    /// engine compiles it and masks the logits of every step.
+    pub structured_outputs: Option<crate::StructuredOutputs>,
 }
 
 impl Default for SamplingParams {
@@ -141,6 +144,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             allowed_token_ids: None,
             skip_special_tokens: true,
+            structured_outputs: None,
         }
     }
 }
@@ -240,6 +244,9 @@ impl SamplingParams {
                 "allowed_token_ids",
                 "allowed_token_ids is not allowed to be empty".into(),
             );
+        }
+        if let Some(so) = &self.structured_outputs {
+            so.validate()?;
         }
         if self.stop.iter().any(|s| s.is_empty()) {
             return bad("stop", "stop strings must not be empty".into());

@@ -4,6 +4,7 @@
 //! enter the scheduler's waiting queue through [`EngineCore::add_request`].
 
 use crate::runner::ModelRunner;
+use crate::structured::{Grammar, MaskStats};
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
 use pagoda_core::{
     AttentionConfig, EngineCoreOutput, KvCache, KvCacheSpec, Request, RequestStatus,
@@ -109,16 +110,51 @@ impl EngineCore {
     }
 
     pub fn add_request(&mut self, request: Request) -> Result<(), EngineError> {
+        self.add_request_with_grammar(request, None)
+    }
+
+    /// Queues a request with its compiled grammar, which a request with
+    /// `structured_outputs` must have (the runner keeps it until the request ends).
+    pub fn add_request_with_grammar(
+        &mut self,
+        request: Request,
+        grammar: Option<Grammar>,
+    ) -> Result<(), EngineError> {
+        if request.sampling_params.structured_outputs.is_some() != grammar.is_some() {
+            return Err(EngineError::invalid(
+                "structured_outputs",
+                format!(
+                    "request {}: structured_outputs and its compiled grammar go together",
+                    request.request_id
+                ),
+            ));
+        }
+        let id = request.request_id.clone();
         self.scheduler
             .add_request(request)
             .map_err(|e| EngineError::InvalidRequest {
                 param: Some("prompt".into()),
                 message: e.to_string(),
-            })
+            })?;
+        if let Some(g) = grammar {
+            self.runner.add_grammar(id, g);
+        }
+        Ok(())
+    }
+
+    /// Grammar mask timings of the runner (structured outputs).
+    pub fn mask_stats(&self) -> MaskStats {
+        self.runner.mask_stats()
+    }
+
+    /// Requests holding a grammar in the runner (structured outputs).
+    pub fn num_grammars(&self) -> usize {
+        self.runner.num_grammars()
     }
 
     pub fn abort_request(&mut self, request_id: &str) {
         self.scheduler.abort_request(request_id);
+        self.runner.drop_grammar(request_id);
     }
 
     /// Ends a request whose text hit a stop string.
@@ -127,6 +163,7 @@ impl EngineCore {
         let _ = self
             .scheduler
             .finish_requests([request_id], RequestStatus::FinishedStopped);
+        self.runner.drop_grammar(request_id);
     }
 
     /// Ends a request that failed on its own (e.g. its text could not be decoded).
@@ -135,6 +172,7 @@ impl EngineCore {
         let _ = self
             .scheduler
             .finish_requests([request_id], RequestStatus::FinishedError);
+        self.runner.drop_grammar(request_id);
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
@@ -158,7 +196,12 @@ impl EngineCore {
             return Ok(Vec::new());
         }
         let out = self.runner.execute(&so)?;
-        Ok(self.scheduler.update_from_output(&so, &out))
+        let outputs = self.scheduler.update_from_output(&so, &out);
+        // Grammars go with their request, not one step later.
+        for o in outputs.iter().filter(|o| o.finish_reason.is_some()) {
+            self.runner.drop_grammar(&o.req_id);
+        }
+        Ok(outputs)
     }
 
     pub fn stats(&self) -> EngineStats {

@@ -6,6 +6,7 @@
 //! before it finished aborts the request, so a client that disconnects frees its
 //! KV blocks at the next step.
 
+use crate::structured::{Grammar, SharedCompiler};
 use crate::{EngineError, EngineStats, LLMEngine, ModelInfo, PromptInput, RequestOutput};
 use pagoda_core::SamplingParams;
 use pagoda_models::{ChatTemplate, Tokenizer};
@@ -37,6 +38,7 @@ enum Command {
         params: Box<SamplingParams>,
         cache_salt: Option<String>,
         priority: i32,
+        grammar: Option<Box<Grammar>>,
         tx: OutputSender,
     },
     Abort(String),
@@ -63,6 +65,7 @@ pub struct EngineHandle {
     tokenizer: Arc<Tokenizer>,
     chat_template: Option<Arc<ChatTemplate>>,
     info: Arc<ModelInfo>,
+    structured: Arc<SharedCompiler>,
     max_waiting: usize,
     thread: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
@@ -132,6 +135,7 @@ impl EngineHandle {
         let tokenizer = engine.tokenizer();
         let chat_template = engine.chat_template();
         let info = Arc::new(engine.model_info().clone());
+        let structured = engine.structured_compiler();
         let loop_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("pagoda-engine".into())
@@ -143,6 +147,7 @@ impl EngineHandle {
             tokenizer,
             chat_template,
             info,
+            structured,
             max_waiting,
             thread: Arc::new(Mutex::new(Some(thread))),
         }
@@ -156,6 +161,10 @@ impl EngineHandle {
     }
     pub fn model_info(&self) -> &ModelInfo {
         &self.info
+    }
+    /// Compiles structured-output constraints (to check one before submitting).
+    pub fn structured_compiler(&self) -> &Arc<SharedCompiler> {
+        &self.structured
     }
     pub fn stats(&self) -> EngineStats {
         self.shared
@@ -191,6 +200,11 @@ impl EngineHandle {
             PromptInput::Text(t) => self.tokenizer.encode(&t, true)?,
         };
         crate::llm_engine::validate_prompt(&prompt_ids, &req.params, &self.info)?;
+        // Compiled here, off the engine loop; an invalid constraint is the caller's 400.
+        let grammar = match &req.params.structured_outputs {
+            Some(spec) => Some(Box::new(self.structured.compile(spec)?)),
+            None => None,
+        };
         let waiting = self.shared.num_waiting.load(Ordering::Acquire)
             + self.shared.num_pending.load(Ordering::Acquire);
         if waiting >= self.max_waiting {
@@ -207,6 +221,7 @@ impl EngineHandle {
                 params: Box::new(req.params),
                 cache_salt: req.cache_salt,
                 priority: req.priority,
+                grammar,
                 tx: otx,
             })
             .map_err(|_| EngineError::Shutdown)?;
@@ -263,6 +278,7 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
                     params,
                     cache_salt,
                     priority,
+                    grammar,
                     tx,
                 } => {
                     shared.num_pending.fetch_sub(1, Ordering::AcqRel);
@@ -270,12 +286,13 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
                         let _ = tx.send(Err(EngineError::Shutdown));
                         continue;
                     }
-                    match engine.add_request_with_priority(
+                    match engine.add_request_with_grammar(
                         request_id.clone(),
                         PromptInput::Tokens(prompt_ids),
                         *params,
                         cache_salt,
                         priority,
+                        grammar.map(|g| *g),
                     ) {
                         Ok(()) => {
                             senders.insert(request_id, tx);

@@ -5,6 +5,7 @@
 
 use crate::detokenizer::IncrementalDetokenizer;
 use crate::engine_core::EngineCore;
+use crate::structured::{Grammar, SharedCompiler};
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo, PromptInput, RequestOutput};
 use pagoda_core::{FinishReason, Request, SamplingParams, StopReason};
 use pagoda_models::{ChatTemplate, Tokenizer};
@@ -38,6 +39,7 @@ pub struct LLMEngine {
     chat_template: Option<Arc<ChatTemplate>>,
     info: ModelInfo,
     eos_token_ids: Vec<u32>,
+    structured: Arc<SharedCompiler>,
     texts: HashMap<String, TextState>,
     seed_counter: u64,
     /// Makes request ids of successive `generate` calls distinct.
@@ -187,9 +189,15 @@ impl LLMEngine {
                 panic: prefix(&f.panic_prompt)?,
             }));
         }
+        let structured = Arc::new(SharedCompiler::new(
+            hf_tokenizer.clone(),
+            eos_token_ids.clone(),
+            info.vocab_size,
+        ));
         Ok(LLMEngine {
             core,
             tokenizer,
+            structured,
             hf_tokenizer,
             chat_template,
             info,
@@ -217,6 +225,11 @@ impl LLMEngine {
     pub fn core(&self) -> &EngineCore {
         &self.core
     }
+    /// The structured-output compiler (shared with [`crate::EngineHandle`], which
+    /// compiles on the caller's thread).
+    pub fn structured_compiler(&self) -> Arc<SharedCompiler> {
+        self.structured.clone()
+    }
 
     /// Queues a request. A `None` seed gets a fresh one, so that the request samples
     /// the same tokens whatever else is batched with it and even after preemption.
@@ -236,9 +249,24 @@ impl LLMEngine {
         &mut self,
         request_id: String,
         prompt: PromptInput,
+        params: SamplingParams,
+        cache_salt: Option<String>,
+        priority: i32,
+    ) -> Result<(), EngineError> {
+        self.add_request_with_grammar(request_id, prompt, params, cache_salt, priority, None)
+    }
+
+    /// [`LLMEngine::add_request_with_priority`] with the grammar of its
+    /// `structured_outputs` already compiled (by [`SharedCompiler::compile`], on
+    /// the caller's thread); one is compiled here when it is missing.
+    pub fn add_request_with_grammar(
+        &mut self,
+        request_id: String,
+        prompt: PromptInput,
         mut params: SamplingParams,
         cache_salt: Option<String>,
         priority: i32,
+        grammar: Option<Grammar>,
     ) -> Result<(), EngineError> {
         if self.texts.contains_key(&request_id) {
             return Err(EngineError::DuplicateRequest { request_id });
@@ -248,6 +276,10 @@ impl LLMEngine {
             PromptInput::Text(t) => self.tokenizer.encode(&t, true)?,
         };
         validate_prompt(&prompt_ids, &params, &self.info)?;
+        let grammar = match (&params.structured_outputs, grammar) {
+            (Some(spec), None) => Some(self.structured.compile(spec)?),
+            (_, g) => g,
+        };
         if params.seed.is_none() {
             self.seed_counter += 1;
             let nanos = std::time::SystemTime::now()
@@ -276,7 +308,7 @@ impl LLMEngine {
         )
         .with_cache_salt(cache_salt)
         .with_priority(priority);
-        self.core.add_request(request)?;
+        self.core.add_request_with_grammar(request, grammar)?;
         self.prompt_tokens += num_prompt_tokens as u64;
         self.texts.insert(
             request_id,
