@@ -48,7 +48,6 @@ def test_stop_token_text_is_left_out_unless_asked(client, model, server):
     ("prompt_logprobs", 1),
     ("guided_regex", "a+"),
     ("bad_words", ["Paris"]),
-    ("response_format", {"type": "json_object"}),
     ("best_of", 3),
     ("frobnicate", True),
 ])

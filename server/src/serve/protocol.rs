@@ -5,6 +5,7 @@
 //! fields Pagoda does not implement are refused by name ([`fields`]).
 
 pub mod fields;
+pub mod structured;
 
 use super::error::ApiError;
 use pagoda_core::SamplingParams;
@@ -83,6 +84,10 @@ pub struct CommonFields {
     pub allowed_token_ids: Option<Vec<u32>>,
     /// vLLM extension: return prompt and output token ids beside the text.
     pub return_token_ids: Option<bool>,
+    /// OpenAI: `{"type": "text" | "json_object" | "json_schema", ...}`.
+    pub response_format: Option<serde_json::Value>,
+    /// vLLM: `{"json" | "regex" | "choice" | "grammar" | "json_object": ..., options}`.
+    pub structured_outputs: Option<serde_json::Value>,
 }
 
 impl CommonFields {
@@ -497,6 +502,8 @@ pub fn sampling_params(
     p.include_stop_str_in_output = c.include_stop_str_in_output.unwrap_or(false);
     p.skip_special_tokens = c.skip_special_tokens.unwrap_or(true);
     p.logprobs = logprobs;
+    p.structured_outputs =
+        structured::parse(c.response_format.as_ref(), c.structured_outputs.as_ref())?;
     p.validate()?;
     Ok(p)
 }
