@@ -255,7 +255,8 @@ impl ModelRunner {
         };
         let t0 = Instant::now();
         let job = worker.wait()?;
-        self.mask_stats.wait += t0.elapsed();
+        let t1 = Instant::now();
+        self.mask_stats.wait += t1 - t0;
         self.mask_stats.compute += job.compute;
         self.mask_stats.num_masks += job.rows.len() as u64;
         let vocab = self.sampler.vocab_size();
@@ -269,6 +270,7 @@ impl ModelRunner {
             let id = so.num_scheduled_tokens[self.sample_rows[k]].0.clone();
             self.grammars.insert(id, g);
         }
+        self.mask_stats.apply += t1.elapsed();
         Ok(())
     }
 
@@ -377,7 +379,12 @@ impl ModelRunner {
                 None => row.map_err(|e| format!("cannot sample: {e}")),
             };
             let row = match (row, self.grammars.get_mut(id)) {
-                (Ok((tok, lp)), Some(g)) => g.accept(tok).map(|()| (tok, lp)),
+                (Ok((tok, lp)), Some(g)) => {
+                    let t0 = Instant::now();
+                    let r = g.accept(tok).map(|()| (tok, lp));
+                    self.mask_stats.apply += t0.elapsed();
+                    r
+                }
                 (row, _) => row,
             };
             match row {

@@ -316,6 +316,9 @@ pub struct MaskStats {
     /// Time the step waited for the worker after the forward pass (the part of
     /// the mask work the forward pass did not hide).
     pub wait: Duration,
+    /// Time the step spent applying the masks to the logits and advancing the
+    /// grammars by the sampled tokens (on the engine thread, not overlapped).
+    pub apply: Duration,
 }
 
 impl MaskStats {
