@@ -25,6 +25,10 @@ pub struct SubmitRequest {
     pub cache_salt: Option<String>,
     /// Lower runs first under the priority policy; 0 otherwise.
     pub priority: i32,
+    /// The grammar of `params.structured_outputs`, compiled by the caller (a server
+    /// compiles on its blocking pool; each sample gets a clone); compiled in
+    /// [`EngineHandle::submit`] when missing.
+    pub grammar: Option<Grammar>,
 }
 
 type OutputSender = tmpsc::UnboundedSender<Result<RequestOutput, EngineError>>;
@@ -200,10 +204,12 @@ impl EngineHandle {
             PromptInput::Text(t) => self.tokenizer.encode(&t, true)?,
         };
         crate::llm_engine::validate_prompt(&prompt_ids, &req.params, &self.info)?;
-        // Compiled here, off the engine loop; an invalid constraint is the caller's 400.
-        let grammar = match &req.params.structured_outputs {
-            Some(spec) => Some(Box::new(self.structured.compile(spec)?)),
-            None => None,
+        // Compiled here (if the caller did not), off the engine loop; an invalid
+        // constraint is the caller's 400.
+        let grammar = match (&req.params.structured_outputs, req.grammar) {
+            (Some(spec), None) => Some(Box::new(self.structured.compile(spec)?)),
+            (Some(_), Some(g)) => Some(Box::new(g)),
+            (None, _) => None,
         };
         let waiting = self.shared.num_waiting.load(Ordering::Acquire)
             + self.shared.num_pending.load(Ordering::Acquire);

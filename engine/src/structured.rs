@@ -195,9 +195,21 @@ fn escape_regex(s: &str) -> String {
 }
 
 /// One request's matcher and how many of its output tokens it has consumed.
+/// Cloning a fresh grammar is how `n` samples of one request get theirs without
+/// compiling again.
+#[derive(Clone)]
 pub struct Grammar {
     matcher: Matcher,
     num_consumed: usize,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar")
+            .field("num_consumed", &self.num_consumed)
+            .field("stopped", &self.matcher.is_stopped())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Grammar {

@@ -18,6 +18,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pagoda_core::SamplingParams;
+use pagoda_engine::structured::Grammar;
 use pagoda_engine::{PromptInput, SubmitRequest};
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -160,6 +161,7 @@ impl AppState {
             n,
             common: c,
             priority,
+            grammar,
         } = prep;
         let c = &c;
         let max_len = self.engine.model_info().max_model_len;
@@ -196,6 +198,7 @@ impl AppState {
                     params: params_for_sample(&params, i),
                     cache_salt: c.cache_salt.clone(),
                     priority,
+                    grammar: grammar.clone(),
                 })?;
                 samples.push(Sample {
                     state: ChoiceState::new(index, i == 0, ids.len(), arrival)
@@ -291,6 +294,18 @@ struct Prepared {
     n: usize,
     common: CommonFields,
     priority: i32,
+    /// The compiled structured-output constraint (cloned for each sample).
+    grammar: Option<Grammar>,
+}
+
+/// Compiles the request's structured-output constraint, if any, here on the
+/// blocking pool (the first one also builds the token trie): never on an async
+/// worker. An invalid schema, regex or grammar is a 400 with llguidance's message.
+fn compile_grammar(st: &AppState, params: &SamplingParams) -> Result<Option<Grammar>, ApiError> {
+    let Some(spec) = &params.structured_outputs else {
+        return Ok(None);
+    };
+    Ok(Some(st.engine.structured_compiler().compile(spec)?))
 }
 
 /// `POST /v1/completions`.
@@ -349,6 +364,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     }
     let ctx = st.ctx(Api::Completion, &req.common, logprobs.is_some());
     let priority = req.common.priority(st.priority_scheduling)?;
+    let grammar = compile_grammar(st, &params)?;
     Ok(Prepared {
         ctx,
         prompts,
@@ -356,6 +372,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
         n,
         common: req.common,
         priority,
+        grammar,
     })
 }
 
@@ -404,6 +421,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     };
     let ctx = st.ctx(Api::Chat, &req.common, logprobs.is_some());
     let priority = req.common.priority(st.priority_scheduling)?;
+    let grammar = compile_grammar(st, &params)?;
     Ok(Prepared {
         ctx,
         prompts: vec![(ids, echo)],
@@ -411,6 +429,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
         n,
         common: req.common,
         priority,
+        grammar,
     })
 }
 
