@@ -2,7 +2,7 @@
 //! engine vLLM and llama.cpp use.
 //!
 //! * [`GrammarCompiler`] turns a request's [`StructuredOutputs`] (JSON schema, JSON
-//!   object, regex, choice or Lark grammar) into a [`Grammar`]: an llguidance
+//!   object, regex, choice, Lark or GBNF grammar) into a [`Grammar`]: an llguidance
 //!   `Matcher` over our tokenizer's vocabulary (padded to the model's), built once
 //!   per engine ([`SharedCompiler`] builds it on first use). An invalid constraint is
 //!   [`EngineError::InvalidGrammar`] (HTTP 400) with llguidance's message, found
@@ -18,6 +18,8 @@
 //!   generated tokens, [`Grammar::num_consumed`]), finishing or aborting drops it.
 //!   When the grammar is complete its mask allows EOS only, so the request stops
 //!   with EOS (`finish_reason: "stop"`).
+
+mod gbnf;
 
 use crate::EngineError;
 use llguidance::api::TopLevelGrammar;
@@ -128,17 +130,13 @@ fn top_level_grammar(spec: &StructuredOutputs) -> Result<TopLevelGrammar, Engine
             let alternatives: Vec<String> = choices.iter().map(|c| escape_regex(c)).collect();
             TopLevelGrammar::from_regex(&alternatives.join("|"))
         }
-        Constraint::Grammar(g) => {
-            if g.contains("::=") {
-                return Err(invalid_grammar(
-                    "Invalid grammar specification: GBNF grammars (`::=`) are not supported; \
-                     write the grammar in Lark syntax (`rule: ...`, starting at `start`)"
-                        .into(),
-                ));
-            }
-            TopLevelGrammar::from_lark_or_grammar_list(g)
-                .map_err(|e| invalid_grammar(format!("Invalid grammar specification: {e}")))?
+        Constraint::Grammar(g) if gbnf::is_gbnf(g) => {
+            let lark = gbnf::to_lark(g)
+                .map_err(|e| invalid_grammar(format!("Invalid grammar specification: {e}")))?;
+            TopLevelGrammar::from_lark(lark)
         }
+        Constraint::Grammar(g) => TopLevelGrammar::from_lark_or_grammar_list(g)
+            .map_err(|e| invalid_grammar(format!("Invalid grammar specification: {e}")))?,
     })
 }
 

@@ -84,6 +84,13 @@ def test_completions_grammar_and_json_string(client, model):
         extra_body={"structured_outputs": {"grammar": lark}},
     )
     assert re.fullmatch(r"SELECT (id|name) FROM (users|orders)", r.choices[0].text), r.choices[0].text
+    # The same grammar in GBNF/EBNF (llama.cpp's `::=` format), which vLLM also takes.
+    ebnf = 'root ::= "SELECT " col " FROM " tbl\ncol ::= "id" | "name"\ntbl ::= "users" | "orders"'
+    e = client.completions.create(
+        model=model, prompt="An SQL query:", max_tokens=20, temperature=0,
+        extra_body={"structured_outputs": {"grammar": ebnf}},
+    )
+    assert e.choices[0].text == r.choices[0].text
     # vLLM also takes the schema as a JSON string.
     r = client.completions.create(
         model=model, prompt="A person as JSON:", max_tokens=64, temperature=0,
