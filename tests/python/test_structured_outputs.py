@@ -160,3 +160,23 @@ def test_response_format_text_is_unconstrained(client, model):
     plain = client.chat.completions.create(**base).choices[0].message.content
     text = client.chat.completions.create(**base, response_format={"type": "text"})
     assert text.choices[0].message.content == plain
+
+
+def test_logprobs_of_a_constrained_row_are_json_numbers(client, model):
+    # The mask leaves fewer than 5 candidates: masked tokens' -inf is vLLM's -9999.0.
+    r = client.completions.create(
+        model=model, prompt="Yes or no?", max_tokens=4, temperature=0, logprobs=5,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text in ["yes", "no"]
+    for v in lp.token_logprobs:
+        assert isinstance(v, float) and -9999.0 <= v <= 0.0
+    for top in lp.top_logprobs:
+        assert all(isinstance(v, float) and v >= -9999.0 for v in top.values()), top
+    c = client.chat.completions.create(
+        model=model, messages=_messages("Yes or no?"), max_tokens=4, temperature=0,
+        logprobs=True, top_logprobs=5, extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    for e in c.choices[0].logprobs.content:
+        assert all(t.logprob >= -9999.0 for t in e.top_logprobs)

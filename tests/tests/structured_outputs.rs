@@ -357,3 +357,55 @@ fn abort_drops_the_grammar() {
     e.step().unwrap();
     assert_eq!(e.core().num_grammars(), 0);
 }
+
+/// `logit_bias` composes with the mask; `allowed_token_ids` that leave no token the
+/// grammar allows fail that request alone (FinishReason::Error), the batch goes on.
+#[test]
+fn mask_composes_with_sampler_controls() {
+    let mut e = engine(test_config());
+    let tok = e.tokenizer();
+    let first = |s: &str| tok.encode(s, false).unwrap()[0];
+    let choice = || Constraint::Choice(vec!["yes".into(), "no".into()]);
+    for (favoured, other) in [("no", "yes"), ("yes", "no")] {
+        let p = SamplingParams {
+            logit_bias: vec![(first(favoured), 100.0), (first(other), -100.0)],
+            ..constrained(choice(), 4)
+        };
+        let o = run(&mut e, &[(chat("Is the sky green?"), p)]);
+        assert_eq!(o[0].text, favoured);
+    }
+    let starved = SamplingParams {
+        allowed_token_ids: Some(vec![first("Paris")]),
+        ..constrained(choice(), 4)
+    };
+    e.add_request(
+        "starved".into(),
+        PromptInput::Text(chat("Yes or no?")),
+        starved,
+        None,
+    )
+    .unwrap();
+    e.add_request(
+        "free".into(),
+        PromptInput::Text(chat("Yes or no?")),
+        SamplingParams::greedy(4),
+        None,
+    )
+    .unwrap();
+    let mut finish = HashMap::new();
+    while e.has_unfinished_requests() {
+        for o in e.step().unwrap() {
+            if o.finished {
+                finish.insert(o.request_id.clone(), (o.finish_reason, o.error.clone()));
+            }
+        }
+    }
+    let (reason, error) = &finish["starved"];
+    assert_eq!(*reason, Some(FinishReason::Error));
+    assert!(
+        error.as_deref().is_some_and(|e| e.contains("masked")),
+        "{error:?}"
+    );
+    assert!(finish["free"].0.is_some() && finish["free"].1.is_none());
+    assert_eq!(e.core().num_grammars(), 0);
+}
