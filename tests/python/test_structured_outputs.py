@@ -144,6 +144,16 @@ def test_invalid_constraint_is_400(client, model, extra):
     assert client.completions.create(model=model, prompt="Hi", max_tokens=1).choices
 
 
+def test_invalid_response_format_schema_names_response_format(client, model):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=model, messages=_messages("Hi"), max_tokens=4,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+        )
+    assert "response_format" in str(e.value)
+
+
 @pytest.mark.parametrize("extra", [
     {"structured_outputs": {"regex": "a+", "choice": ["a"]}},
     {"structured_outputs": {"regex": "a+"}, "response_format": {"type": "json_object"}},

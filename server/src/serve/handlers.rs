@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pagoda_core::SamplingParams;
 use pagoda_engine::structured::Grammar;
-use pagoda_engine::{PromptInput, SubmitRequest};
+use pagoda_engine::{EngineError, PromptInput, SubmitRequest};
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -301,11 +301,27 @@ struct Prepared {
 /// Compiles the request's structured-output constraint, if any, here on the
 /// blocking pool (the first one also builds the token trie): never on an async
 /// worker. An invalid schema, regex or grammar is a 400 with llguidance's message.
-fn compile_grammar(st: &AppState, params: &SamplingParams) -> Result<Option<Grammar>, ApiError> {
+/// The error names `response_format` when that is where the constraint came from.
+fn compile_grammar(
+    st: &AppState,
+    params: &SamplingParams,
+    common: &CommonFields,
+) -> Result<Option<Grammar>, ApiError> {
     let Some(spec) = &params.structured_outputs else {
         return Ok(None);
     };
-    Ok(Some(st.engine.structured_compiler().compile(spec)?))
+    let from_response_format = common
+        .response_format
+        .as_ref()
+        .and_then(|rf| rf.get("type"))
+        .is_some_and(|t| t != "text");
+    match st.engine.structured_compiler().compile(spec) {
+        Ok(g) => Ok(Some(g)),
+        Err(EngineError::InvalidGrammar { message, .. }) if from_response_format => {
+            Err(ApiError::bad("response_format", message))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `POST /v1/completions`.
@@ -364,7 +380,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     }
     let ctx = st.ctx(Api::Completion, &req.common, logprobs.is_some());
     let priority = req.common.priority(st.priority_scheduling)?;
-    let grammar = compile_grammar(st, &params)?;
+    let grammar = compile_grammar(st, &params, &req.common)?;
     Ok(Prepared {
         ctx,
         prompts,
@@ -421,7 +437,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     };
     let ctx = st.ctx(Api::Chat, &req.common, logprobs.is_some());
     let priority = req.common.priority(st.priority_scheduling)?;
-    let grammar = compile_grammar(st, &params)?;
+    let grammar = compile_grammar(st, &params, &req.common)?;
     Ok(Prepared {
         ctx,
         prompts: vec![(ids, echo)],
