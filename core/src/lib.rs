@@ -1,7 +1,7 @@
 //! Pagoda's core vocabulary, shared by every other crate.
 //!
 //! It defines what a request is ([`request`]), what the scheduler hands the model
-//! runner each step ([`sched`]), how the paged KV cache is laid out ([`kv`]), and
+//! runner each step ([`sched`]), structured-output constraints as data ([`structured`]), how the paged KV cache is laid out ([`kv`]), and
 //! the attention-backend protocol with its inventory registry ([`attention`]).
 //!
 //! Architecture invariant: core knows nothing of HTTP, tokenizers, model files,
@@ -12,6 +12,7 @@ pub mod error;
 pub mod kv;
 pub mod request;
 pub mod sched;
+pub mod structured;
 
 pub use attention::{
     merge_states, no_runtime_reasons, registered_backends, try_registered_backends,
@@ -31,3 +32,4 @@ pub use sched::{
     CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, PromptLogprob,
     PromptLogprobsChunk, ReqHandle, SchedulerOutput, TokenLogprobs,
 };
+pub use structured::{Constraint, StructuredOutputs};

@@ -130,6 +130,9 @@ pub struct SamplingParams {
     /// Only these token ids may be sampled (vLLM's `allowed_token_ids`).
     pub allowed_token_ids: Option<Vec<u32>>,
     pub skip_special_tokens: bool,
+    /// The output must satisfy this constraint (vLLM's `structured_outputs`); the
+    /// engine compiles it and masks the logits of every step.
+    pub structured_outputs: Option<crate::StructuredOutputs>,
 }
 
 impl Default for SamplingParams {
@@ -156,6 +159,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             allowed_token_ids: None,
             skip_special_tokens: true,
+            structured_outputs: None,
         }
     }
 }
@@ -282,6 +286,9 @@ impl SamplingParams {
                 "logprob_token_ids",
                 "logprob_token_ids must not be empty".into(),
             );
+        }
+        if let Some(so) = &self.structured_outputs {
+            so.validate()?;
         }
         if self.stop.iter().any(|s| s.is_empty()) {
             return bad("stop", "stop strings must not be empty".into());

@@ -4,6 +4,7 @@
 //! enter the scheduler's waiting queue through [`EngineCore::add_request`].
 
 use crate::runner::ModelRunner;
+use crate::structured::{Grammar, MaskStats};
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
 use pagoda_core::{
     AttentionConfig, EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob,
@@ -122,15 +123,52 @@ impl EngineCore {
 
     /// Queues a request; its handle names it in the outputs.
     pub fn add_request(&mut self, request: Request) -> Result<ReqHandle, EngineError> {
-        self.scheduler
-            .add_request(request)
-            .map_err(|e| EngineError::InvalidRequest {
-                param: Some("prompt".into()),
-                message: e.to_string(),
-            })
+        self.add_request_with_grammar(request, None)
+    }
+
+    /// Queues a request with its compiled grammar, which a request with
+    /// `structured_outputs` must have (the runner keeps it until the request ends).
+    pub fn add_request_with_grammar(
+        &mut self,
+        request: Request,
+        grammar: Option<Grammar>,
+    ) -> Result<ReqHandle, EngineError> {
+        if request.sampling_params.structured_outputs.is_some() != grammar.is_some() {
+            return Err(EngineError::invalid(
+                "structured_outputs",
+                format!(
+                    "request {}: structured_outputs and its compiled grammar go together",
+                    request.request_id
+                ),
+            ));
+        }
+        let handle =
+            self.scheduler
+                .add_request(request)
+                .map_err(|e| EngineError::InvalidRequest {
+                    param: Some("prompt".into()),
+                    message: e.to_string(),
+                })?;
+        if let Some(g) = grammar {
+            self.runner.add_grammar(handle, g);
+        }
+        Ok(handle)
+    }
+
+    /// Grammar mask timings of the runner (structured outputs).
+    pub fn mask_stats(&self) -> MaskStats {
+        self.runner.mask_stats()
+    }
+
+    /// Requests holding a grammar in the runner (structured outputs).
+    pub fn num_grammars(&self) -> usize {
+        self.runner.num_grammars()
     }
 
     pub fn abort_request(&mut self, request_id: &str) {
+        if let Some(h) = self.scheduler.handle_of(request_id) {
+            self.runner.drop_grammar(h);
+        }
         self.scheduler.abort_request(request_id);
     }
 
@@ -138,12 +176,14 @@ impl EngineCore {
     pub fn finish_stopped(&mut self, handle: ReqHandle) {
         self.scheduler
             .finish_request_at(handle, RequestStatus::FinishedStopped);
+        self.runner.drop_grammar(handle);
     }
 
     /// Ends a request that failed on its own (e.g. its text could not be decoded).
     pub fn finish_failed(&mut self, handle: ReqHandle) {
         self.scheduler
             .finish_request_at(handle, RequestStatus::FinishedError);
+        self.runner.drop_grammar(handle);
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
@@ -168,6 +208,10 @@ impl EngineCore {
         }
         let out = self.runner.execute(&so)?;
         let mut outputs = self.scheduler.update_from_output(&so, &out);
+        // Grammars go with their request, not one step later.
+        for o in outputs.iter().filter(|o| o.finish_reason.is_some()) {
+            self.runner.drop_grammar(o.handle);
+        }
         self.attach_prompt_logprobs(&so, &out, &mut outputs);
         Ok(outputs)
     }

@@ -11,6 +11,10 @@ pub enum EngineError {
         param: Option<String>,
         message: String,
     },
+    /// A structured-output constraint (JSON schema, regex, choice, grammar) that
+    /// llguidance cannot compile; the message is llguidance's.
+    #[error("{message}")]
+    InvalidGrammar { param: String, message: String },
     #[error("request id `{request_id}` is already in use")]
     DuplicateRequest { request_id: String },
     #[error("the waiting queue is full ({max_waiting} requests); retry later")]
@@ -41,6 +45,7 @@ impl EngineError {
         matches!(
             self,
             EngineError::InvalidRequest { .. }
+                | EngineError::InvalidGrammar { .. }
                 | EngineError::DuplicateRequest { .. }
                 | EngineError::QueueFull { .. }
         )

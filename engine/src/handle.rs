@@ -6,6 +6,7 @@
 //! before it finished aborts the request, so a client that disconnects frees its
 //! KV blocks at the next step.
 
+use crate::structured::{Grammar, SharedCompiler};
 use crate::{EngineError, EngineStats, LLMEngine, ModelInfo, PromptInput, RequestOutput};
 use pagoda_core::{CheckedParams, SamplingParams};
 use pagoda_models::{ChatTemplate, Tokenizer};
@@ -24,6 +25,10 @@ pub struct SubmitRequest {
     pub cache_salt: Option<String>,
     /// Lower runs first under the priority policy; 0 otherwise.
     pub priority: i32,
+    /// The grammar of `params.structured_outputs`, compiled by the caller (a server
+    /// compiles on its blocking pool; each sample gets a clone); compiled in
+    /// [`EngineHandle::submit`] when missing.
+    pub grammar: Option<Grammar>,
 }
 
 type OutputSender = tmpsc::UnboundedSender<Result<RequestOutput, EngineError>>;
@@ -37,6 +42,7 @@ enum Command {
         params: Box<CheckedParams>,
         cache_salt: Option<String>,
         priority: i32,
+        grammar: Option<Box<Grammar>>,
         tx: OutputSender,
     },
     Abort(String),
@@ -63,6 +69,7 @@ pub struct EngineHandle {
     tokenizer: Arc<Tokenizer>,
     chat_template: Option<Arc<ChatTemplate>>,
     info: Arc<ModelInfo>,
+    structured: Arc<SharedCompiler>,
     max_waiting: usize,
     thread: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
@@ -132,6 +139,7 @@ impl EngineHandle {
         let tokenizer = engine.tokenizer();
         let chat_template = engine.chat_template();
         let info = Arc::new(engine.model_info().clone());
+        let structured = engine.structured_compiler();
         let loop_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("pagoda-engine".into())
@@ -143,6 +151,7 @@ impl EngineHandle {
             tokenizer,
             chat_template,
             info,
+            structured,
             max_waiting,
             thread: Arc::new(Mutex::new(Some(thread))),
         }
@@ -156,6 +165,10 @@ impl EngineHandle {
     }
     pub fn model_info(&self) -> &ModelInfo {
         &self.info
+    }
+    /// Compiles structured-output constraints (to check one before submitting).
+    pub fn structured_compiler(&self) -> &Arc<SharedCompiler> {
+        &self.structured
     }
     pub fn stats(&self) -> EngineStats {
         self.shared
@@ -190,6 +203,13 @@ impl EngineHandle {
             PromptInput::Text(t) => self.tokenizer.encode(&t, true)?,
         };
         let params = crate::llm_engine::check_request(&prompt_ids, req.params, &self.info)?;
+        // Compiled here (if the caller did not), off the engine loop; an invalid
+        // constraint is the caller's 400.
+        let grammar = match (&params.structured_outputs, req.grammar) {
+            (Some(spec), None) => Some(Box::new(self.structured.compile(spec)?)),
+            (Some(_), Some(g)) => Some(Box::new(g)),
+            (None, _) => None,
+        };
         let waiting = self.shared.num_waiting.load(Ordering::Acquire)
             + self.shared.num_pending.load(Ordering::Acquire);
         if waiting >= self.max_waiting {
@@ -206,6 +226,7 @@ impl EngineHandle {
                 params: Box::new(params),
                 cache_salt: req.cache_salt,
                 priority: req.priority,
+                grammar,
                 tx: otx,
             })
             .map_err(|_| EngineError::Shutdown)?;
@@ -262,6 +283,7 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
                     params,
                     cache_salt,
                     priority,
+                    grammar,
                     tx,
                 } => {
                     shared.num_pending.fetch_sub(1, Ordering::AcqRel);
@@ -275,6 +297,7 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
                         *params,
                         cache_salt,
                         priority,
+                        grammar.map(|g| *g),
                     ) {
                         Ok(()) => {
                             senders.insert(request_id, tx);

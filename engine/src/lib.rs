@@ -1,5 +1,5 @@
 //! The engine: ModelRunner (SchedulerOutput -> model inputs -> logits -> tokens),
-//! the sampler, EngineCore (the schedule/execute/update loop) and LLMEngine (text
+//! the sampler, structured outputs (llguidance masks), EngineCore (the schedule/execute/update loop) and LLMEngine (text
 //! in, incrementally detokenized text out, stop strings).
 //!
 //! Architecture invariant: the engine knows no HTTP and picks no attention backend
@@ -15,6 +15,7 @@ pub mod output;
 pub mod prompt_logprobs;
 pub mod runner;
 pub mod sampler;
+pub mod structured;
 
 pub use config::{EngineConfig, FaultInjectionConfig, ModelInfo};
 pub use engine_core::{release_freed_memory, EngineCore, ALLOW_LONG_MAX_MODEL_LEN};

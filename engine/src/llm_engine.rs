@@ -5,6 +5,7 @@
 
 use crate::detokenizer::IncrementalDetokenizer;
 use crate::engine_core::EngineCore;
+use crate::structured::{Grammar, SharedCompiler};
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo, PromptInput, RequestOutput};
 use pagoda_core::{
     CheckedParams, FinishReason, PromptLogprob, ReqHandle, Request, SamplingParams, StopReason,
@@ -43,6 +44,7 @@ pub struct LLMEngine {
     chat_template: Option<Arc<ChatTemplate>>,
     info: ModelInfo,
     eos_token_ids: Vec<u32>,
+    structured: Arc<SharedCompiler>,
     /// Per live request, by the engine's handle (the external id is inside).
     texts: HashMap<ReqHandle, TextState>,
     seed_counter: u64,
@@ -184,9 +186,15 @@ impl LLMEngine {
                 panic: prefix(&f.panic_prompt)?,
             }));
         }
+        let structured = Arc::new(SharedCompiler::new(
+            hf_tokenizer.clone(),
+            eos_token_ids.clone(),
+            info.vocab_size,
+        ));
         Ok(LLMEngine {
             core,
             tokenizer,
+            structured,
             hf_tokenizer,
             chat_template,
             info,
@@ -214,6 +222,11 @@ impl LLMEngine {
     pub fn core(&self) -> &EngineCore {
         &self.core
     }
+    /// The structured-output compiler (shared with [`crate::EngineHandle`], which
+    /// compiles on the caller's thread).
+    pub fn structured_compiler(&self) -> Arc<SharedCompiler> {
+        self.structured.clone()
+    }
 
     /// Queues a request. A `None` seed gets a fresh one, so that the request samples
     /// the same tokens whatever else is batched with it and even after preemption.
@@ -237,15 +250,37 @@ impl LLMEngine {
         cache_salt: Option<String>,
         priority: i32,
     ) -> Result<(), EngineError> {
+        self.add_request_with_grammar(request_id, prompt, params, cache_salt, priority, None)
+    }
+
+    /// [`LLMEngine::add_request_with_priority`] with the grammar of its
+    /// `structured_outputs` already compiled (by [`SharedCompiler::compile`], on
+    /// the caller's thread); one is compiled here when it is missing.
+    pub fn add_request_with_grammar(
+        &mut self,
+        request_id: String,
+        prompt: PromptInput,
+        params: SamplingParams,
+        cache_salt: Option<String>,
+        priority: i32,
+        grammar: Option<Grammar>,
+    ) -> Result<(), EngineError> {
         let prompt_ids = match prompt {
             PromptInput::Tokens(ids) => ids,
             PromptInput::Text(t) => self.tokenizer.encode(&t, true)?,
         };
         let params = check_request(&prompt_ids, params, &self.info)?;
-        self.add_checked(request_id, prompt_ids, params, cache_salt, priority)
+        let grammar = match (&params.structured_outputs, grammar) {
+            (Some(spec), None) => Some(self.structured.compile(spec)?),
+            (_, g) => g,
+        };
+        self.add_checked(
+            request_id, prompt_ids, params, cache_salt, priority, grammar,
+        )
     }
 
-    /// Queues a request whose prompt and parameters [`check_request`] accepted.
+    /// Queues a request whose prompt and parameters [`check_request`] accepted,
+    /// with the compiled grammar its `structured_outputs` needs.
     pub fn add_checked(
         &mut self,
         request_id: String,
@@ -253,6 +288,7 @@ impl LLMEngine {
         mut params: CheckedParams,
         cache_salt: Option<String>,
         priority: i32,
+        grammar: Option<Grammar>,
     ) -> Result<(), EngineError> {
         if self.core.scheduler().handle_of(&request_id).is_some() {
             return Err(EngineError::DuplicateRequest { request_id });
@@ -284,7 +320,7 @@ impl LLMEngine {
         )
         .with_cache_salt(cache_salt)
         .with_priority(priority);
-        let handle = self.core.add_request(request)?;
+        let handle = self.core.add_request_with_grammar(request, grammar)?;
         self.prompt_tokens += num_prompt_tokens as u64;
         self.texts.insert(
             handle,

@@ -7,15 +7,24 @@
 //! parameters), updated from each step's output: new requests arrive whole,
 //! running ones only bring new block ids, finished and preempted ones are dropped.
 //! Batch buffers are reused across steps so the hot path does not allocate once warm.
+//!
+//! Structured outputs: the grammars of constrained requests live here, keyed by
+//! request handle, from `add_grammar` until the request finishes (preemption keeps
+//! them). Each step their masks are computed on the [`MaskWorker`] while the model
+//! runs, applied to the logits before sampling, and the sampled tokens advance them
+//! (see [`crate::structured`]).
 
 use crate::prompt_logprobs;
 use crate::sampler::{RowResult, SampleInput, Sampler, SamplerError};
+use crate::structured::{apply_mask, Grammar, MaskJob, MaskStats, MaskWorker};
 use crate::EngineError;
 use pagoda_core::{
     AttentionBackend, BatchDescriptor, CheckedParams, KvCache, ModelRunnerOutput,
     PromptLogprobsChunk, ReqHandle, RequestId, SchedulerOutput,
 };
 use pagoda_models::llama::{ForwardScratch, Llama};
+use std::collections::HashMap;
+use std::time::Instant;
 
 /// Test-only fault injection, armed by `pagoda serve --debug-inject-fault` in
 /// debug builds: a request whose prompt starts with one of these token sequences
@@ -96,6 +105,13 @@ pub struct ModelRunner {
     batch: BatchDescriptor,
     scratch: ForwardScratch,
     faults: Option<FaultInjection>,
+    /// Grammars of constrained requests, by request handle.
+    grammars: HashMap<ReqHandle, Box<Grammar>>,
+    /// Started at the first constrained step.
+    mask_worker: Option<MaskWorker>,
+    mask_stats: MaskStats,
+    /// Per sampled row: why its grammar failed this step.
+    grammar_errors: Vec<Option<String>>,
 }
 
 impl ModelRunner {
@@ -124,7 +140,32 @@ impl ModelRunner {
             batch: BatchDescriptor::default(),
             scratch: ForwardScratch::default(),
             faults: None,
+            grammars: HashMap::new(),
+            mask_worker: None,
+            mask_stats: MaskStats::default(),
+            grammar_errors: Vec::new(),
         }
+    }
+
+    /// Attaches a compiled grammar to a request (before it is first scheduled); it
+    /// is dropped when the request finishes.
+    pub fn add_grammar(&mut self, handle: ReqHandle, grammar: Grammar) {
+        self.grammars.insert(handle, Box::new(grammar));
+    }
+
+    /// Drops a request's grammar (it finished or was aborted).
+    pub fn drop_grammar(&mut self, handle: ReqHandle) {
+        self.grammars.remove(&handle);
+    }
+
+    /// Requests holding a grammar.
+    pub fn num_grammars(&self) -> usize {
+        self.grammars.len()
+    }
+
+    /// Cumulative mask timings (per-row compute time, time the step waited).
+    pub fn mask_stats(&self) -> MaskStats {
+        self.mask_stats
     }
 
     /// Arms the test-only fault injection (see [`FaultInjection`]).
@@ -160,6 +201,11 @@ impl ModelRunner {
                 self.requests[h.index as usize] = None;
             }
         }
+        // A preempted request keeps its grammar: it follows the generated tokens,
+        // which the recompute does not change.
+        for h in &so.finished_reqs {
+            self.grammars.remove(h);
+        }
         for r in &so.scheduled_new_reqs {
             let seed = r.sampling_params.seed.unwrap_or(0);
             let i = r.handle.index as usize;
@@ -191,6 +237,86 @@ impl ModelRunner {
             st.block_ids.extend_from_slice(&r.new_block_ids);
             st.num_computed_tokens = r.num_computed_tokens;
         }
+        Ok(())
+    }
+
+    fn forward(&mut self) -> Result<(), EngineError> {
+        self.attn.plan(&self.batch)?;
+        self.model.forward(
+            &self.input_ids,
+            &self.positions,
+            &self.batch,
+            self.attn.as_mut(),
+            &mut self.kv,
+            &self.logits_rows,
+            &mut self.logits,
+            &mut self.scratch,
+        )?;
+        Ok(())
+    }
+
+    /// Hands the grammars of this step's constrained sampled rows to the mask
+    /// worker (started on first use).
+    fn start_masks(&mut self, so: &SchedulerOutput) -> Result<(), EngineError> {
+        self.grammar_errors.clear();
+        self.grammar_errors.resize(self.sample_rows.len(), None);
+        if self.grammars.is_empty() {
+            return Ok(());
+        }
+        let mut job = MaskJob::default();
+        for (k, &i) in self.sample_rows.iter().enumerate() {
+            let h = so.num_scheduled_tokens[i].0;
+            let Some(g) = self.grammars.remove(&h) else {
+                continue;
+            };
+            let generated = self
+                .state(h)
+                .map_or(0, |st| st.token_ids.len() - st.num_prompt_tokens);
+            if g.num_consumed() != generated {
+                self.grammar_errors[k] = Some(format!(
+                    "structured outputs: the grammar consumed {} tokens but {generated} were generated",
+                    g.num_consumed()
+                ));
+                self.grammars.insert(h, g);
+                continue;
+            }
+            job.rows.push((k, g));
+        }
+        if job.rows.is_empty() {
+            return Ok(());
+        }
+        let worker = match &mut self.mask_worker {
+            Some(w) => w,
+            None => self.mask_worker.insert(MaskWorker::new()?),
+        };
+        worker.submit(job)
+    }
+
+    /// Joins the mask worker, applies the masks to the logits (when `apply`) and
+    /// puts the grammars back.
+    fn finish_masks(&mut self, so: &SchedulerOutput, apply: bool) -> Result<(), EngineError> {
+        let Some(worker) = self.mask_worker.as_mut().filter(|w| w.in_flight()) else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        let job = worker.wait()?;
+        let t1 = Instant::now();
+        self.mask_stats.wait += t1 - t0;
+        self.mask_stats.compute += job.compute;
+        self.mask_stats.num_masks += job.rows.len() as u64;
+        let vocab = self.sampler.vocab_size();
+        for ((k, g), mask) in job.rows.into_iter().zip(job.masks) {
+            if apply {
+                // Sampled rows come first in the logits buffer, in `sample_rows` order.
+                match mask {
+                    Ok(m) => apply_mask(&mut self.logits[k * vocab..(k + 1) * vocab], &m),
+                    Err(e) => self.grammar_errors[k] = Some(e),
+                }
+            }
+            let h = so.num_scheduled_tokens[self.sample_rows[k]].0;
+            self.grammars.insert(h, g);
+        }
+        self.mask_stats.apply += t1.elapsed();
         Ok(())
     }
 
@@ -271,17 +397,13 @@ impl ModelRunner {
             )
             .map_err(EngineError::from)?;
         drop(rows);
-        self.attn.plan(&self.batch)?;
-        self.model.forward(
-            &self.input_ids,
-            &self.positions,
-            &self.batch,
-            self.attn.as_mut(),
-            &mut self.kv,
-            &self.logits_rows,
-            &mut self.logits,
-            &mut self.scratch,
-        )?;
+        // Grammar masks are computed on the worker while the model runs.
+        self.start_masks(so)?;
+        let forward = self.forward();
+        // Joined even when the forward pass failed, so no grammar is lost.
+        let masks = self.finish_masks(so, forward.is_ok());
+        forward?;
+        masks?;
 
         // Sample the rows that need a token.
         let mut inputs = Vec::with_capacity(self.sample_rows.len());
@@ -310,7 +432,7 @@ impl ModelRunner {
         out.handles = so.num_scheduled_tokens.iter().map(|&(h, _)| h).collect();
         out.sampled_token_ids = vec![None; out.handles.len()];
         out.logprobs = vec![None; out.handles.len()];
-        for (&i, row) in self.sample_rows.iter().zip(sampled) {
+        for (k, (&i, row)) in self.sample_rows.iter().zip(sampled).enumerate() {
             let h = so.num_scheduled_tokens[i].0;
             let Some(st) = self.requests[h.index as usize].as_mut() else {
                 continue;
@@ -318,6 +440,19 @@ impl ModelRunner {
             let row = match &self.faults {
                 Some(f) => f.apply(&st.token_ids, row),
                 None => row,
+            };
+            let row = match self.grammar_errors.get_mut(k).and_then(Option::take) {
+                Some(e) => Err(e),
+                None => row.map_err(|e| format!("cannot sample: {e}")),
+            };
+            let row = match (row, self.grammars.get_mut(&h)) {
+                (Ok((tok, lp)), Some(g)) => {
+                    let t0 = Instant::now();
+                    let r = g.accept(tok).map(|()| (tok, lp));
+                    self.mask_stats.apply += t0.elapsed();
+                    r
+                }
+                (row, _) => row,
             };
             match row {
                 Ok((tok, lp)) => {
@@ -327,8 +462,8 @@ impl ModelRunner {
                 }
                 Err(e) => {
                     // This request alone fails; the scheduler finishes it with an error.
-                    tracing::warn!("request {}: cannot sample: {e}", st.req_id);
-                    out.failed.push((h, format!("cannot sample: {e}")));
+                    tracing::warn!("request {}: {e}", st.req_id);
+                    out.failed.push((h, e));
                 }
             }
         }

@@ -2,6 +2,11 @@
 //! log-probabilities), deterministically and independently of the batch.
 //!
 //! Processing order per row (vLLM's):
+//! * before the sampler sees a row, the model runner applies the request's
+//!   structured-output grammar mask (disallowed tokens `-inf`, see
+//!   [`crate::structured`]), as vLLM applies its bitmask before its sampler; so the
+//!   log-probabilities below are those of the masked distribution, and every step
+//!   below composes with the mask;
 //! 0. with `allowed_token_ids`, every other token is masked to `-inf`;
 //!    then each `bad_words` sequence whose prefix ends the output so far has its
 //!    last token masked;

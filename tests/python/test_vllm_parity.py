@@ -47,7 +47,7 @@ def test_stop_token_text_is_left_out_unless_asked(client, model, server):
 @pytest.mark.parametrize("field,value", [
     ("logits_processors", ["x"]),
     ("guided_regex", "a+"),
-    ("response_format", {"type": "json_object"}),
+    ("prompt_embeds", "x"),
     ("best_of", 3),
     ("frobnicate", True),
 ])

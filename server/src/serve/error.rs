@@ -127,6 +127,10 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidRequest { param, message } => {
                 ApiError::BadRequest { message, param }
             }
+            EngineError::InvalidGrammar { param, message } => ApiError::BadRequest {
+                message,
+                param: Some(param),
+            },
             EngineError::DuplicateRequest { .. } => ApiError::BadRequest {
                 message: e.to_string(),
                 param: None,

@@ -195,7 +195,7 @@ impl Ctx {
     pub fn prompt_logprobs_json(&self, entries: &[PromptLogprob]) -> Value {
         let item = |id: u32, logprob: f32, rank: u32| {
             let t = self.text.token_text(id);
-            json!({"logprob": logprob, "rank": rank, "decoded_token": self.token_label(id, &t)})
+            json!({"logprob": logprob_json(logprob), "rank": rank, "decoded_token": self.token_label(id, &t)})
         };
         let mut list = vec![Value::Null];
         for e in entries {
@@ -231,11 +231,11 @@ impl Ctx {
                     let mut top = Map::new();
                     for &(id, v) in &lp.top {
                         let s = self.token_label(id, &self.text.token_text(id));
-                        top.entry(s).or_insert(json!(v));
+                        top.entry(s).or_insert(logprob_json(v));
                     }
                     // vLLM always lists the sampled token among the top entries.
-                    top.entry(label.clone()).or_insert(json!(lp.logprob));
-                    values.push(json!(lp.logprob));
+                    top.entry(label.clone()).or_insert(logprob_json(lp.logprob));
+                    values.push(logprob_json(lp.logprob));
                     tops.push(Value::Object(top));
                 }
             }
@@ -253,7 +253,7 @@ impl Ctx {
             Api::Chat => {
                 let entry = |id: u32, v: f32| {
                     let t = self.text.token_text(id);
-                    json!({"token": self.token_label(id, &t), "logprob": v, "bytes": t.as_bytes()})
+                    json!({"token": self.token_label(id, &t), "logprob": logprob_json(v), "bytes": t.as_bytes()})
                 };
                 let content: Vec<Value> = lps
                     .iter()
@@ -268,6 +268,12 @@ impl Ctx {
             }
         }
     }
+}
+
+/// A log-probability as JSON: a masked token's `-inf` (allowed_token_ids, a
+/// structured-output grammar) is -9999.0, as vLLM writes it (JSON has no infinity).
+fn logprob_json(v: f32) -> Value {
+    json!(v.max(-9999.0))
 }
 
 /// Appends a logprobs delta to the accumulated object (arrays concatenate).

@@ -18,7 +18,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pagoda_core::SamplingParams;
-use pagoda_engine::{PromptInput, SubmitRequest};
+use pagoda_engine::structured::Grammar;
+use pagoda_engine::{EngineError, PromptInput, SubmitRequest};
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -191,6 +192,7 @@ impl AppState {
             n,
             common: c,
             priority,
+            grammar,
         } = prep;
         let c = &c;
         let max_len = self.engine.model_info().max_model_len;
@@ -227,6 +229,7 @@ impl AppState {
                     params: params_for_sample(&params, i),
                     cache_salt: c.cache_salt.clone(),
                     priority,
+                    grammar: grammar.clone(),
                 })?;
                 samples.push(Sample {
                     state: ChoiceState::new(index, i == 0, ids.len(), arrival)
@@ -322,6 +325,34 @@ struct Prepared {
     n: usize,
     common: CommonFields,
     priority: i32,
+    /// The compiled structured-output constraint (cloned for each sample).
+    grammar: Option<Grammar>,
+}
+
+/// Compiles the request's structured-output constraint, if any, here on the
+/// blocking pool (the first one also builds the token trie): never on an async
+/// worker. An invalid schema, regex or grammar is a 400 with llguidance's message.
+/// The error names `response_format` when that is where the constraint came from.
+fn compile_grammar(
+    st: &AppState,
+    params: &SamplingParams,
+    common: &CommonFields,
+) -> Result<Option<Grammar>, ApiError> {
+    let Some(spec) = &params.structured_outputs else {
+        return Ok(None);
+    };
+    let from_response_format = common
+        .response_format
+        .as_ref()
+        .and_then(|rf| rf.get("type"))
+        .is_some_and(|t| t != "text");
+    match st.engine.structured_compiler().compile(spec) {
+        Ok(g) => Ok(Some(g)),
+        Err(EngineError::InvalidGrammar { message, .. }) if from_response_format => {
+            Err(ApiError::bad("response_format", message))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `POST /v1/completions`.
@@ -388,6 +419,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     }
     let ctx = st.ctx(Api::Completion, &req.common, logprobs.is_some());
     let priority = req.common.priority(st.priority_scheduling)?;
+    let grammar = compile_grammar(st, &params, &req.common)?;
     Ok(Prepared {
         ctx,
         prompts,
@@ -395,6 +427,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
         n,
         common: req.common,
         priority,
+        grammar,
     })
 }
 
@@ -446,6 +479,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     };
     let ctx = st.ctx(Api::Chat, &req.common, logprobs.is_some());
     let priority = req.common.priority(st.priority_scheduling)?;
+    let grammar = compile_grammar(st, &params, &req.common)?;
     Ok(Prepared {
         ctx,
         prompts: vec![(ids, echo)],
@@ -453,6 +487,7 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
         n,
         common: req.common,
         priority,
+        grammar,
     })
 }
 

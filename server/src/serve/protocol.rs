@@ -5,6 +5,7 @@
 //! fields Pagoda does not implement are refused by name ([`fields`]).
 
 pub mod fields;
+pub mod structured;
 
 use super::error::ApiError;
 use pagoda_core::SamplingParams;
@@ -90,6 +91,10 @@ pub struct CommonFields {
     pub bad_words: Option<Vec<String>>,
     /// vLLM extension: report the logprobs of exactly these tokens per position.
     pub logprob_token_ids: Option<Vec<u32>>,
+    /// OpenAI: `{"type": "text" | "json_object" | "json_schema", ...}`.
+    pub response_format: Option<serde_json::Value>,
+    /// vLLM: `{"json" | "regex" | "choice" | "grammar" | "json_object": ..., options}`.
+    pub structured_outputs: Option<serde_json::Value>,
 }
 
 impl CommonFields {
@@ -541,6 +546,8 @@ pub fn sampling_params(
         }
         p.logprob_token_ids = Some(ids.clone());
     }
+    p.structured_outputs =
+        structured::parse(c.response_format.as_ref(), c.structured_outputs.as_ref())?;
     // The bounds of `SamplingParams::validate` are checked once, where the request
     // enters the engine (`EngineHandle::submit`); this only parses.
     Ok(p)

@@ -39,6 +39,8 @@ const COMMON: &[&str] = &[
     "prompt_logprobs",
     "bad_words",
     "logprob_token_ids",
+    "response_format",
+    "structured_outputs",
 ];
 
 const COMPLETION: &[&str] = &["prompt", "echo", "logprobs"];
@@ -68,12 +70,10 @@ fn is_off(field: &str, v: &Value) -> Option<bool> {
         "tools" | "documents" => null || v.as_array().is_some_and(|a| a.is_empty()),
         "tool_choice" => null || v.as_str() == Some("none"),
         "parallel_tool_calls" | "include_reasoning" => true,
-        "response_format" => null || v.get("type").and_then(Value::as_str) == Some("text"),
         "mm_processor_kwargs" | "vllm_xargs" | "kv_transfer_params" => {
             null || v.as_object().is_some_and(|o| o.is_empty())
         }
         "logits_processors"
-        | "structured_outputs"
         | "guided_json"
         | "guided_regex"
         | "guided_choice"
@@ -102,6 +102,16 @@ pub fn check_fields(body: &Value, chat: bool) -> Result<(), ApiError> {
         }
         match is_off(k, v) {
             Some(true) => {}
+            Some(false) if k.starts_with("guided_") => {
+                return Err(ApiError::bad(
+                    k,
+                    format!(
+                        "`{k}` was removed in vLLM 0.12 and is not accepted: use \
+                         `structured_outputs` (`json`, `regex`, `choice`, `grammar`) or \
+                         `response_format` instead"
+                    ),
+                ))
+            }
             Some(false) => {
                 return Err(ApiError::bad(
                     k,
@@ -161,7 +171,8 @@ mod tests {
     #[test]
     fn implemented_harmless_and_default_fields_pass() {
         let ok = json!({"prompt": "x", "max_tokens": 3, "user": "u", "best_of": 1,
-                        "use_beam_search": false, "prompt_logprobs": null, "response_format": {"type": "text"}});
+                        "use_beam_search": false, "prompt_logprobs": null, "response_format": {"type": "json_object"},
+                        "structured_outputs": {"regex": "a+"}, "guided_regex": null});
         assert!(check_fields(&ok, false).is_ok());
         let chat = json!({"messages": [], "top_logprobs": 2, "tools": [], "echo": false});
         assert!(check_fields(&chat, true).is_ok());
@@ -172,10 +183,8 @@ mod tests {
         for (body, field) in [
             (json!({"logits_processors": ["x"]}), "logits_processors"),
             (json!({"prompt_embeds": "x"}), "prompt_embeds"),
-            (
-                json!({"response_format": {"type": "json_object"}}),
-                "response_format",
-            ),
+            (json!({"guided_json": {"type": "object"}}), "guided_json"),
+            (json!({"guided_choice": ["a"]}), "guided_choice"),
             (json!({"best_of": 3}), "best_of"),
             (json!({"frobnicate": true}), "frobnicate"),
             (

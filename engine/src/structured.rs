@@ -1,0 +1,464 @@
+//! Structured outputs (vLLM's guided decoding) through `llguidance`, the grammar
+//! engine vLLM and llama.cpp use.
+//!
+//! * [`GrammarCompiler`] turns a request's [`StructuredOutputs`] (JSON schema, JSON
+//!   object, regex, choice, Lark or GBNF grammar) into a [`Grammar`]: an llguidance
+//!   `Matcher` over our tokenizer's vocabulary (padded to the model's), built once
+//!   per engine ([`SharedCompiler`] builds it on first use). An invalid constraint is
+//!   [`EngineError::InvalidGrammar`] (HTTP 400) with llguidance's message, found
+//!   before the request enters the engine.
+//! * Each step the model runner hands the constrained rows' grammars to the
+//!   [`MaskWorker`], a dedicated thread (not the rayon pool the forward pass uses)
+//!   that computes their allowed-token bitmasks while the model runs, as vLLM does;
+//!   the runner joins it after the forward pass, [`apply_mask`] sets every
+//!   disallowed logit to `-inf`, and after sampling [`Grammar::accept`] advances the
+//!   matcher by the sampled token.
+//! * A grammar lives as long as its request inside the engine: preemption keeps it
+//!   (a recomputed prefix is never consumed again: the matcher follows the
+//!   generated tokens, [`Grammar::num_consumed`]), finishing or aborting drops it.
+//!   When the grammar is complete its mask allows EOS only, so the request stops
+//!   with EOS (`finish_reason: "stop"`).
+
+mod gbnf;
+
+use crate::EngineError;
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::SimpleVob;
+use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
+use pagoda_core::{Constraint, StructuredOutputs};
+use serde_json::{json, Value};
+use std::sync::{mpsc, Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Compiles constraints for one tokenizer and vocabulary.
+pub struct GrammarCompiler {
+    factory: ParserFactory,
+}
+
+impl GrammarCompiler {
+    /// Builds llguidance's token trie from `tokenizer`'s vocabulary, with the
+    /// model's EOS ids as the grammar's end and `vocab_size` (the model's logits
+    /// width, which may exceed the tokenizer's) as its size.
+    pub fn new(
+        tokenizer: &tokenizers::Tokenizer,
+        eos_ids: &[u32],
+        vocab_size: usize,
+    ) -> Result<Self, EngineError> {
+        let fault = |e: String| EngineError::Fault {
+            message: format!("structured outputs: {e}"),
+        };
+        let mut bt = toktrie_hf_tokenizers::ByteTokenizer::from_tokenizer(tokenizer.clone())
+            .map_err(|e| fault(e.to_string()))?;
+        let n_tok = tokenizer.get_vocab_size(true);
+        let eos: Vec<u32> = eos_ids
+            .iter()
+            .copied()
+            .filter(|&t| (t as usize) < n_tok)
+            .collect();
+        if !eos.is_empty() {
+            bt.set_eos_tokens(&eos);
+        }
+        let env = bt
+            .into_tok_env(Some(vocab_size.max(n_tok)))
+            .map_err(|e| fault(e.to_string()))?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| fault(e.to_string()))?;
+        factory.quiet();
+        Ok(GrammarCompiler { factory })
+    }
+
+    /// Compiles one request's constraint. Errors are the caller's (a 400).
+    pub fn compile(&self, spec: &StructuredOutputs) -> Result<Grammar, EngineError> {
+        spec.validate()?;
+        let grammar = top_level_grammar(spec)?;
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| invalid_grammar(format!("Grammar error: {e}")))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(invalid_grammar(format!("Grammar error: {e}")));
+        }
+        Ok(Grammar {
+            matcher,
+            num_consumed: 0,
+        })
+    }
+}
+
+fn invalid_grammar(message: String) -> EngineError {
+    EngineError::InvalidGrammar {
+        param: "structured_outputs".into(),
+        message,
+    }
+}
+
+/// llguidance's grammar for a constraint, with vLLM's options applied.
+fn top_level_grammar(spec: &StructuredOutputs) -> Result<TopLevelGrammar, EngineError> {
+    let json_options = || JsonCompileOptions {
+        whitespace_flexible: !spec.disable_any_whitespace,
+        whitespace_pattern: spec.whitespace_pattern.clone(),
+        ..JsonCompileOptions::default()
+    };
+    let with_options = |mut schema: Value| -> Value {
+        if let Value::Object(o) = &mut schema {
+            // A schema's own `x-guidance` options win over the request's.
+            if !o.contains_key("x-guidance") {
+                if let Ok(opts) = serde_json::to_value(json_options()) {
+                    o.insert("x-guidance".into(), opts);
+                }
+            }
+        }
+        schema
+    };
+    Ok(match &spec.constraint {
+        Constraint::Json(schema) => {
+            let mut schema = match schema {
+                Value::Bool(true) => json!({}),
+                s => s.clone(),
+            };
+            if spec.disable_additional_properties {
+                no_additional_properties(&mut schema);
+            }
+            TopLevelGrammar::from_json_schema(with_options(schema))
+        }
+        Constraint::JsonObject => {
+            TopLevelGrammar::from_json_schema(with_options(json!({"type": "object"})))
+        }
+        Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
+        Constraint::Choice(choices) => {
+            let alternatives: Vec<String> = choices.iter().map(|c| escape_regex(c)).collect();
+            TopLevelGrammar::from_regex(&alternatives.join("|"))
+        }
+        Constraint::Grammar(g) if gbnf::is_gbnf(g) => {
+            let lark = gbnf::to_lark(g)
+                .map_err(|e| invalid_grammar(format!("Invalid grammar specification: {e}")))?;
+            TopLevelGrammar::from_lark(lark)
+        }
+        Constraint::Grammar(g) => TopLevelGrammar::from_lark_or_grammar_list(g)
+            .map_err(|e| invalid_grammar(format!("Invalid grammar specification: {e}")))?,
+    })
+}
+
+/// vLLM's `disable_additional_properties`: every (sub)schema with `properties`
+/// and no `additionalProperties` gets `additionalProperties: false`.
+fn no_additional_properties(schema: &mut Value) {
+    const MAPS: [&str; 4] = ["properties", "$defs", "definitions", "dependentSchemas"];
+    const SUBS: [&str; 11] = [
+        "additionalProperties",
+        "items",
+        "prefixItems",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+    ];
+    match schema {
+        Value::Object(o) => {
+            for k in MAPS {
+                if let Some(Value::Object(m)) = o.get_mut(k) {
+                    m.values_mut().for_each(no_additional_properties);
+                }
+            }
+            for k in SUBS {
+                if let Some(v) = o.get_mut(k) {
+                    no_additional_properties(v);
+                }
+            }
+            if o.get("properties").is_some_and(Value::is_object)
+                && !o.contains_key("additionalProperties")
+            {
+                o.insert("additionalProperties".into(), Value::Bool(false));
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(no_additional_properties),
+        _ => {}
+    }
+}
+
+/// Escapes regex metacharacters so that `s` matches itself literally.
+fn escape_regex(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$#&-~/".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// One request's matcher and how many of its output tokens it has consumed.
+/// Cloning a fresh grammar is how `n` samples of one request get theirs without
+/// compiling again.
+#[derive(Clone)]
+pub struct Grammar {
+    matcher: Matcher,
+    num_consumed: usize,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar")
+            .field("num_consumed", &self.num_consumed)
+            .field("stopped", &self.matcher.is_stopped())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Grammar {
+    /// The tokens allowed next: EOS only once the grammar is complete.
+    pub fn compute_mask(&mut self) -> Result<SimpleVob, String> {
+        self.matcher
+            .compute_mask_or_eos()
+            .map_err(|e| format!("structured outputs: {e}"))
+    }
+
+    /// Advances the matcher by a sampled token (nothing once it stopped, e.g. on
+    /// the EOS that ends a complete grammar).
+    pub fn accept(&mut self, token: u32) -> Result<(), String> {
+        self.num_consumed += 1;
+        if self.matcher.is_stopped() {
+            return Ok(());
+        }
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| format!("structured outputs: token {token} rejected: {e}"))
+    }
+
+    /// Output tokens consumed so far: must equal the request's output length
+    /// whenever its next token is sampled.
+    pub fn num_consumed(&self) -> usize {
+        self.num_consumed
+    }
+
+    /// Whether the grammar is complete (only EOS may follow).
+    pub fn is_stopped(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}
+
+/// Sets every logit whose token `mask` does not allow to `-inf`; tokens past the
+/// mask's end (a model vocabulary wider than the grammar's) are disallowed too.
+pub fn apply_mask(logits: &mut [f32], mask: &SimpleVob) {
+    let words = mask.as_slice();
+    for (w, chunk) in logits.chunks_mut(32).enumerate() {
+        match words.get(w).copied().unwrap_or(0) {
+            u32::MAX => {}
+            0 => chunk.fill(f32::NEG_INFINITY),
+            bits => {
+                for (b, l) in chunk.iter_mut().enumerate() {
+                    if bits & (1 << b) == 0 {
+                        *l = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The engine's compiler, built on first use (building the token trie takes a
+/// moment, which servers without structured requests should not pay at start).
+pub struct SharedCompiler {
+    tokenizer: Arc<tokenizers::Tokenizer>,
+    eos_ids: Vec<u32>,
+    vocab_size: usize,
+    compiler: OnceLock<Result<GrammarCompiler, EngineError>>,
+}
+
+impl SharedCompiler {
+    pub fn new(
+        tokenizer: Arc<tokenizers::Tokenizer>,
+        eos_ids: Vec<u32>,
+        vocab_size: usize,
+    ) -> Self {
+        SharedCompiler {
+            tokenizer,
+            eos_ids,
+            vocab_size,
+            compiler: OnceLock::new(),
+        }
+    }
+
+    /// The compiler, built now if this is the first use.
+    pub fn get(&self) -> Result<&GrammarCompiler, EngineError> {
+        self.compiler
+            .get_or_init(|| {
+                let t0 = Instant::now();
+                let c = GrammarCompiler::new(&self.tokenizer, &self.eos_ids, self.vocab_size);
+                tracing::info!(
+                    "structured outputs: token trie built in {:.0} ms",
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
+                c
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// Compiles `spec` (see [`GrammarCompiler::compile`]).
+    pub fn compile(&self, spec: &StructuredOutputs) -> Result<Grammar, EngineError> {
+        self.get()?.compile(spec)
+    }
+}
+
+/// One step's mask work: the grammars of the constrained rows (with their row in
+/// the sampled batch), and after the worker ran, one mask per grammar.
+#[derive(Default)]
+pub struct MaskJob {
+    pub rows: Vec<(usize, Box<Grammar>)>,
+    pub masks: Vec<Result<SimpleVob, String>>,
+    /// Time the worker spent computing the masks.
+    pub compute: Duration,
+}
+
+/// Cumulative mask statistics of a runner.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MaskStats {
+    /// Masks computed (one per constrained row per sampled step).
+    pub num_masks: u64,
+    /// Worker time spent computing them.
+    pub compute: Duration,
+    /// Time the step waited for the worker after the forward pass (the part of
+    /// the mask work the forward pass did not hide).
+    pub wait: Duration,
+    /// Time the step spent applying the masks to the logits and advancing the
+    /// grammars by the sampled tokens (on the engine thread, not overlapped).
+    pub apply: Duration,
+}
+
+impl MaskStats {
+    /// Mean worker time per mask.
+    pub fn per_mask(&self) -> Duration {
+        if self.num_masks == 0 {
+            Duration::ZERO
+        } else {
+            self.compute / self.num_masks as u32
+        }
+    }
+}
+
+/// A dedicated thread computing grammar masks while the model's forward pass runs.
+pub struct MaskWorker {
+    jobs: Option<mpsc::Sender<MaskJob>>,
+    done: mpsc::Receiver<MaskJob>,
+    thread: Option<JoinHandle<()>>,
+    in_flight: bool,
+}
+
+impl MaskWorker {
+    pub fn new() -> Result<Self, EngineError> {
+        let (jtx, jrx) = mpsc::channel::<MaskJob>();
+        let (dtx, drx) = mpsc::channel::<MaskJob>();
+        let thread = std::thread::Builder::new()
+            .name("pagoda-mask".into())
+            .spawn(move || {
+                for mut job in jrx {
+                    let t0 = Instant::now();
+                    job.masks.clear();
+                    for (_, g) in job.rows.iter_mut() {
+                        job.masks.push(g.compute_mask());
+                    }
+                    job.compute = t0.elapsed();
+                    if dtx.send(job).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| EngineError::Fault {
+                message: format!("cannot start the mask worker thread: {e}"),
+            })?;
+        Ok(MaskWorker {
+            jobs: Some(jtx),
+            done: drx,
+            thread: Some(thread),
+            in_flight: false,
+        })
+    }
+
+    /// Starts computing `job`'s masks; [`MaskWorker::wait`] returns them.
+    pub fn submit(&mut self, job: MaskJob) -> Result<(), EngineError> {
+        debug_assert!(!self.in_flight, "one mask job at a time");
+        self.jobs
+            .as_ref()
+            .and_then(|tx| tx.send(job).ok())
+            .ok_or_else(|| EngineError::Fault {
+                message: "the mask worker thread is gone".into(),
+            })?;
+        self.in_flight = true;
+        Ok(())
+    }
+
+    /// Whether a job was submitted and not yet collected.
+    pub fn in_flight(&self) -> bool {
+        self.in_flight
+    }
+
+    /// Blocks until the submitted job is done.
+    pub fn wait(&mut self) -> Result<MaskJob, EngineError> {
+        self.in_flight = false;
+        self.done.recv().map_err(|_| EngineError::Fault {
+            message: "the mask worker thread died".into(),
+        })
+    }
+}
+
+impl Drop for MaskWorker {
+    fn drop(&mut self) {
+        self.jobs = None; // ends the worker's loop
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_makes_literals() {
+        assert_eq!(escape_regex("a.b"), "a\\.b");
+        assert_eq!(escape_regex("(x|y)"), "\\(x\\|y\\)");
+        assert_eq!(escape_regex("plain"), "plain");
+    }
+
+    #[test]
+    fn additional_properties_are_closed_recursively() {
+        let mut s = json!({
+            "type": "object",
+            "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}}},
+            "$defs": {"d": {"properties": {}, "additionalProperties": true}}
+        });
+        no_additional_properties(&mut s);
+        assert_eq!(s["additionalProperties"], json!(false));
+        assert_eq!(s["properties"]["a"]["additionalProperties"], json!(false));
+        assert_eq!(s["$defs"]["d"]["additionalProperties"], json!(true));
+    }
+
+    #[test]
+    fn mask_sets_disallowed_to_neg_inf() {
+        let mut mask = SimpleVob::alloc(64);
+        mask.allow_token(1);
+        mask.allow_token(33);
+        // The logits are wider than the mask: the tail is disallowed.
+        let mut logits = vec![0.5f32; 70];
+        apply_mask(&mut logits, &mask);
+        for (i, l) in logits.iter().enumerate() {
+            if i == 1 || i == 33 {
+                assert_eq!(*l, 0.5, "token {i}");
+            } else {
+                assert_eq!(*l, f32::NEG_INFINITY, "token {i}");
+            }
+        }
+        let mut all = SimpleVob::alloc(32);
+        all.set_all(true);
+        let mut logits = vec![1.0f32; 32];
+        apply_mask(&mut logits, &all);
+        assert!(logits.iter().all(|&l| l == 1.0));
+    }
+}
