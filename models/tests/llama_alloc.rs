@@ -118,45 +118,64 @@ fn check_no_alloc(dtype: WeightDtype) {
     let mut backend = NaiveBackend::new(&AttentionConfig::cpu_f32(4, 2, 64, bs)).unwrap();
     let (mut scratch, mut logits) = (ForwardScratch::default(), Vec::new());
     // Round 0 warms up (scratch growth, rayon's lazily started workers and their
-    // thread-locals); round 1 must not allocate at all.
-    for (round, m) in [0, 1]
-        .into_iter()
-        .flat_map(|r| [(r, 1usize), (r, 3), (r, 8)])
-    {
-        // m decode rows, request r at sequence length 5 + r + step, in its own blocks.
-        let tables: Vec<Vec<u32>> = (0..m as u32).map(|r| vec![2 * r, 2 * r + 1]).collect();
-        let mut counts = Vec::new();
-        for step in 0..2 {
-            let seq: Vec<usize> = (0..m).map(|r| 5 + r + step).collect();
-            let rows: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
-            let batch = BatchDescriptor::new(bs, &vec![1; m], &seq, &rows).unwrap();
-            let ids: Vec<u32> = (0..m as u32).map(|r| 7 * r + step as u32).collect();
-            let pos: Vec<u32> = seq.iter().map(|&s| s as u32 - 1).collect();
-            let out_rows: Vec<usize> = (0..m).collect();
-            backend.plan(&batch).unwrap();
-            ALLOCS.store(0, Ordering::SeqCst);
-            ARMED.store(true, Ordering::SeqCst);
-            let r = model.forward(
-                &ids,
-                &pos,
-                &batch,
+    // thread-locals); the warm rounds after it must not allocate at all. The count
+    // covers every thread, and rayon's own job deques can still grow once when the
+    // machine is loaded and jobs pile up (outside this code), so a warm shape gets
+    // three tries: an allocation of ours would show in every one of them.
+    for m in [1usize, 3, 8] {
+        let mut warm = Vec::new();
+        for round in 0..4 {
+            let counts = two_steps(
+                &model,
                 &mut backend,
                 &mut kv,
-                &out_rows,
-                &mut logits,
                 &mut scratch,
+                &mut logits,
+                bs,
+                m,
             );
-            ARMED.store(false, Ordering::SeqCst);
-            r.unwrap();
-            assert!(logits.iter().all(|v| v.is_finite()));
-            counts.push(ALLOCS.load(Ordering::SeqCst));
+            if round > 0 {
+                warm.push(counts);
+            }
+            if round > 0 && counts == [0, 0] {
+                break;
+            }
         }
-        if round == 1 {
-            assert_eq!(
-                counts,
-                [0, 0],
-                "{dtype:?} m = {m}: allocations per warm step"
-            );
-        }
+        assert!(
+            warm.contains(&[0, 0]),
+            "{dtype:?} m = {m}: allocations per warm step in each try: {warm:?}"
+        );
     }
+}
+
+/// Two decode steps of `m` rows; the allocations counted during each forward.
+fn two_steps(
+    model: &Llama,
+    backend: &mut NaiveBackend,
+    kv: &mut KvCache,
+    scratch: &mut ForwardScratch,
+    logits: &mut Vec<f32>,
+    bs: usize,
+    m: usize,
+) -> [usize; 2] {
+    // m decode rows, request r at sequence length 5 + r + step, in its own blocks.
+    let tables: Vec<Vec<u32>> = (0..m as u32).map(|r| vec![2 * r, 2 * r + 1]).collect();
+    let mut counts = [0; 2];
+    for (step, count) in counts.iter_mut().enumerate() {
+        let seq: Vec<usize> = (0..m).map(|r| 5 + r + step).collect();
+        let rows: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
+        let batch = BatchDescriptor::new(bs, &vec![1; m], &seq, &rows).unwrap();
+        let ids: Vec<u32> = (0..m as u32).map(|r| 7 * r + step as u32).collect();
+        let pos: Vec<u32> = seq.iter().map(|&s| s as u32 - 1).collect();
+        let out_rows: Vec<usize> = (0..m).collect();
+        backend.plan(&batch).unwrap();
+        ALLOCS.store(0, Ordering::SeqCst);
+        ARMED.store(true, Ordering::SeqCst);
+        let r = model.forward(&ids, &pos, &batch, backend, kv, &out_rows, logits, scratch);
+        ARMED.store(false, Ordering::SeqCst);
+        r.unwrap();
+        assert!(logits.iter().all(|v| v.is_finite()));
+        *count = ALLOCS.load(Ordering::SeqCst);
+    }
+    counts
 }
