@@ -145,8 +145,11 @@ impl Default for SamplingParams {
     }
 }
 
-/// Largest `logprobs` a request may ask for (OpenAI allows 20 for chat).
-pub const MAX_LOGPROBS: usize = 20;
+/// Most top logprobs the engine computes per token: the ceiling of a server's
+/// `--max-logprobs`, whose default is [`DEFAULT_MAX_LOGPROBS`].
+pub const MAX_LOGPROBS: usize = 1024;
+/// vLLM's default `--max-logprobs` (OpenAI allows 20 for chat).
+pub const DEFAULT_MAX_LOGPROBS: usize = 20;
 
 /// Bounds on `repetition_penalty`. vLLM only asks for `> 0`; a penalty of 1e-38
 /// divides a positive logit past `f32::MAX`, so Pagoda bounds it where it enters:

@@ -23,6 +23,10 @@ pub struct EngineConfig {
     pub scheduling_policy: pagoda_scheduler::SchedulingPolicy,
     /// Test-only fault injection (`--debug-inject-fault`, debug builds only).
     pub fault_injection: Option<FaultInjectionConfig>,
+    /// vLLM's `--seed`: requests without a seed of their own get one drawn from an
+    /// engine RNG seeded with this, in arrival order, so a run is reproducible
+    /// (vLLM V1's default is 0 too).
+    pub seed: u64,
 }
 
 /// Prompts that trigger the runner's test-only faults (see
@@ -50,6 +54,7 @@ impl EngineConfig {
             weight_dtype: pagoda_models::WeightDtype::F32,
             scheduling_policy: pagoda_scheduler::SchedulingPolicy::Fcfs,
             fault_injection: None,
+            seed: 0,
         }
     }
 }

@@ -16,6 +16,8 @@ use pagoda_selector::{select, BackendOverride};
 pub struct EngineCore {
     scheduler: Scheduler,
     runner: ModelRunner,
+    /// Requests admitted (or resumed) by the latest step's schedule.
+    newly_scheduled: Vec<pagoda_core::RequestId>,
 }
 
 impl EngineCore {
@@ -100,7 +102,14 @@ impl EngineCore {
             ..SchedulerConfig::default()
         })
         .map_err(|e| EngineError::invalid("scheduler", e.to_string()))?;
-        Ok((EngineCore { scheduler, runner }, info))
+        Ok((
+            EngineCore {
+                scheduler,
+                runner,
+                newly_scheduled: Vec::new(),
+            },
+            info,
+        ))
     }
 
     /// Arms (or disarms) the runner's test-only fault injection.
@@ -152,6 +161,9 @@ impl EngineCore {
     /// schedule -> execute -> update.
     pub fn step(&mut self) -> Result<Vec<EngineCoreOutput>, EngineError> {
         let so = self.scheduler.schedule();
+        self.newly_scheduled.clear();
+        self.newly_scheduled
+            .extend(so.scheduled_new_reqs.iter().map(|r| r.req_id.clone()));
         if so.total_num_scheduled_tokens == 0 {
             // Still let the runner drop finished requests' state.
             self.runner.execute(&so)?;
@@ -159,6 +171,12 @@ impl EngineCore {
         }
         let out = self.runner.execute(&so)?;
         Ok(self.scheduler.update_from_output(&so, &out))
+    }
+
+    /// The requests the latest [`EngineCore::step`] admitted from the waiting queue
+    /// (new or resumed after a preemption).
+    pub fn newly_scheduled(&self) -> &[pagoda_core::RequestId] {
+        &self.newly_scheduled
     }
 
     pub fn stats(&self) -> EngineStats {

@@ -5,7 +5,10 @@
 
 use crate::detokenizer::IncrementalDetokenizer;
 use crate::engine_core::EngineCore;
-use crate::{EngineConfig, EngineError, EngineStats, ModelInfo, PromptInput, RequestOutput};
+use crate::{
+    EngineConfig, EngineError, EngineStats, IterationTokens, ModelInfo, PromptInput,
+    RequestMetrics, RequestOutput,
+};
 use pagoda_core::{FinishReason, Request, SamplingParams, StopReason};
 use pagoda_models::{ChatTemplate, Tokenizer};
 use std::collections::HashMap;
@@ -28,6 +31,7 @@ struct TextState {
     include_stop_str_in_output: bool,
     num_prompt_tokens: usize,
     num_output_tokens: usize,
+    times: RequestMetrics,
 }
 
 /// The offline/online engine over one model.
@@ -40,6 +44,10 @@ pub struct LLMEngine {
     eos_token_ids: Vec<u32>,
     texts: HashMap<String, TextState>,
     seed_counter: u64,
+    /// `--seed`: the engine RNG's seed, from which unseeded requests draw theirs.
+    seed: u64,
+    /// Tokens per step (`vllm:iteration_tokens_total`).
+    iteration_tokens: IterationTokens,
     /// Makes request ids of successive `generate` calls distinct.
     num_generate_calls: u64,
     prompt_tokens: u64,
@@ -196,6 +204,8 @@ impl LLMEngine {
             eos_token_ids,
             texts: HashMap::new(),
             seed_counter: 0,
+            seed: config.seed,
+            iteration_tokens: IterationTokens::default(),
             num_generate_calls: 0,
             prompt_tokens: 0,
             generation_tokens: 0,
@@ -218,8 +228,10 @@ impl LLMEngine {
         &self.core
     }
 
-    /// Queues a request. A `None` seed gets a fresh one, so that the request samples
-    /// the same tokens whatever else is batched with it and even after preemption.
+    /// Queues a request. A `None` seed gets one drawn from the engine's RNG (seeded
+    /// by [`EngineConfig::seed`], drawn in arrival order), so that the request samples
+    /// the same tokens whatever else is batched with it and even after preemption,
+    /// and the same sequence of requests samples the same tokens run after run.
     pub fn add_request(
         &mut self,
         request_id: String,
@@ -250,11 +262,10 @@ impl LLMEngine {
         validate_prompt(&prompt_ids, &params, &self.info)?;
         if params.seed.is_none() {
             self.seed_counter += 1;
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0);
-            params.seed = Some(nanos ^ self.seed_counter.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            params.seed = Some(splitmix64(
+                self.seed
+                    .wrapping_add(self.seed_counter.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            ));
         }
         let room = self.info.max_model_len - prompt_ids.len();
         params.max_tokens = Some(params.max_tokens.map_or(room, |m| m.min(room)));
@@ -268,6 +279,15 @@ impl LLMEngine {
         );
         let num_prompt_tokens = prompt_ids.len();
         let include_stop_str_in_output = params.include_stop_str_in_output;
+        let times = RequestMetrics {
+            queued: Instant::now(),
+            scheduled: None,
+            first_token: None,
+            last_token: None,
+            num_prompt_tokens,
+            num_generation_tokens: 0,
+            max_tokens: params.max_tokens.unwrap_or(0),
+        };
         let request = Request::new(
             request_id.clone(),
             prompt_ids,
@@ -285,6 +305,7 @@ impl LLMEngine {
                 include_stop_str_in_output,
                 num_prompt_tokens,
                 num_output_tokens: 0,
+                times,
             },
         );
         Ok(())
@@ -306,8 +327,18 @@ impl LLMEngine {
 
     /// One engine step: schedule, execute, update, detokenize.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        // vLLM stamps SCHEDULED when the step is scheduled, new tokens when it ends.
+        let started = Instant::now();
         let core_outputs = self.core.step()?;
+        let now = Instant::now();
         self.num_steps += 1;
+        for id in self.core.newly_scheduled() {
+            if let Some(st) = self.texts.get_mut(id) {
+                // A resumed request keeps its first scheduling time, as in vLLM.
+                st.times.scheduled.get_or_insert(started);
+            }
+        }
+        let mut step_tokens = 0u64;
         let mut outputs = Vec::with_capacity(core_outputs.len());
         let mut stopped = Vec::new();
         let mut failed = Vec::new();
@@ -315,7 +346,17 @@ impl LLMEngine {
             let Some(st) = self.texts.get_mut(&co.req_id) else {
                 continue;
             };
+            if !co.new_token_ids.is_empty() {
+                if st.num_output_tokens == 0 {
+                    // The step that ended a prefill: its prompt counts in the step's tokens.
+                    step_tokens += st.num_prompt_tokens as u64;
+                    st.times.first_token = Some(now);
+                }
+                st.times.last_token = Some(now);
+                step_tokens += co.new_token_ids.len() as u64;
+            }
             st.num_output_tokens += co.new_token_ids.len();
+            st.times.num_generation_tokens = st.num_output_tokens;
             self.generation_tokens += co.new_token_ids.len() as u64;
             // A stop token (EOS or one of `stop_token_ids`) ends the request but is
             // not part of its text unless `include_stop_str_in_output`, as in vLLM;
@@ -345,6 +386,7 @@ impl LLMEngine {
                         num_cached_tokens: co.num_cached_tokens,
                         num_output_tokens: st.num_output_tokens,
                         error: Some(format!("detokenizer: {e}")),
+                        metrics: Some(st.times),
                     });
                     continue;
                 }
@@ -361,19 +403,24 @@ impl LLMEngine {
             } else if finish_reason.is_some() && co.error.is_none() {
                 text.push_str(&st.detok.finish());
             }
+            let finished = finish_reason.is_some();
             outputs.push(RequestOutput {
                 request_id: co.req_id.clone(),
                 new_token_ids: co.new_token_ids,
                 new_text: text,
                 new_logprobs: co.new_logprobs,
-                finished: finish_reason.is_some(),
+                finished,
                 finish_reason,
                 stop_reason,
                 num_prompt_tokens: st.num_prompt_tokens,
                 num_cached_tokens: co.num_cached_tokens,
                 num_output_tokens: st.num_output_tokens,
                 error: co.error,
+                metrics: finished.then_some(st.times),
             });
+        }
+        if step_tokens > 0 {
+            self.iteration_tokens.observe(step_tokens);
         }
         for id in stopped {
             self.core.finish_stopped(&id);
@@ -441,6 +488,7 @@ impl LLMEngine {
         s.prompt_tokens = self.prompt_tokens;
         s.generation_tokens = self.generation_tokens;
         s.num_steps = self.num_steps;
+        s.iteration_tokens = self.iteration_tokens.clone();
         s
     }
 
@@ -465,4 +513,12 @@ impl LLMEngine {
             s.num_preemptions
         );
     }
+}
+
+/// SplitMix64's output function: spreads a counter into well-mixed 64-bit seeds.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }

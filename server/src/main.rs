@@ -35,14 +35,22 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse_from(args::expand_vllm_short_flags(std::env::args_os()));
+    // `RUST_LOG` wins; otherwise info, with `serve --uvicorn-log-level` for the HTTP layer.
+    let default_filter = match &cli.command {
+        Command::Serve(a) => format!(
+            "info,pagoda_server::serve={}",
+            a.uvicorn_log_level.tracing_level()
+        ),
+        _ => "info".to_string(),
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     match cli.command {
         Command::Serve(a) => serve::run(a),
         Command::Generate(a) => generate::run(a),

@@ -295,6 +295,9 @@ impl ChoiceState {
             self.finish_reason = Some(reason);
             self.stop_reason = out.stop_reason.clone();
             self.timer.on_finish(&ctx.metrics, reason);
+            if let Some(m) = &out.metrics {
+                ctx.metrics.observe_finished(m);
+            }
         }
         if ctx.logprobs && !out.new_logprobs.is_empty() {
             let mut off = self.offset;

@@ -7,7 +7,7 @@ use super::format::{Api, ChoiceState, Ctx};
 use super::protocol::{
     chat_mode, check_prompt_len, params_for_sample, parse_body, parse_generation, sampling_params,
     truncate_ids, ChatMessageIn, ChatRequest, CommonFields, CompletionRequest, DetokenizeRequest,
-    MessageContent, PromptField, TokenizeRequest,
+    MessageContent, PromptField, TokenizeRequest, ALL_LOGPROBS,
 };
 use super::stream::{collect, sse_response, Sample};
 use super::AppState;
@@ -62,6 +62,22 @@ impl AppState {
         }
     }
 
+    /// `--max-logprobs`, with vLLM's message (`-1` asks for the whole vocabulary).
+    fn check_logprobs(&self, param: &str, k: Option<usize>) -> Result<Option<usize>, ApiError> {
+        let vocab = self.engine.model_info().vocab_size;
+        let k = k.map(|k| if k == ALL_LOGPROBS { vocab } else { k });
+        match k {
+            Some(k) if k > self.max_logprobs => Err(ApiError::bad(
+                param,
+                format!(
+                    "Requested sample logprobs of {k}, which is greater than max allowed: {}",
+                    self.max_logprobs
+                ),
+            )),
+            k => Ok(k),
+        }
+    }
+
     fn read_body(&self, body: Body) -> Result<Bytes, ApiError> {
         body.map_err(|r| ApiError::from_body_rejection(r, self.max_body_bytes))
     }
@@ -74,9 +90,16 @@ impl AppState {
             created: unix_now(),
             model: self.model_name.clone(),
             logprobs,
-            tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false),
-            include_usage: c.include_usage(),
-            continuous_usage: c.continuous_usage(),
+            tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false)
+                || self.return_tokens_as_token_ids,
+            // `--enable-force-include-usage` acts as `include_usage: true` (vLLM).
+            include_usage: c.include_usage() || self.force_include_usage,
+            continuous_usage: c.continuous_usage()
+                || (self.force_include_usage
+                    && c.stream_options
+                        .as_ref()
+                        .and_then(|o| o.continuous_usage_stats)
+                        .unwrap_or(false)),
             return_token_ids: c.return_token_ids.unwrap_or(false),
             text: Arc::new(move |id: u32| tok.decode(&[id], false).unwrap_or_default()),
             metrics: self.metrics.clone(),
@@ -185,7 +208,18 @@ impl AppState {
             ));
         }
         let mut samples = Vec::with_capacity(prompts.len() * n);
+        for (p, (ids, _)) in prompts.iter().enumerate() {
+            if self.log_requests {
+                tracing::info!(
+                    "Received request {}-{p}: prompt tokens: {}, n: {n}, params: {params:?}",
+                    ctx.id,
+                    ids.len()
+                );
+            }
+        }
         for (p, (ids, echo)) in prompts.into_iter().enumerate() {
+            // vLLM observes `n` once per prompt (its parent request).
+            self.metrics.observe_n(n);
             let echo = echo.map(|t| (t, ids.clone()));
             for i in 0..n {
                 let index = p * n + i;
@@ -222,7 +256,7 @@ impl AppState {
         (add_generation_prompt, continue_final): (bool, bool),
         kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Result<String, ApiError> {
-        let tmpl = self.engine.chat_template().ok_or_else(|| {
+        let tmpl = self.chat_template().ok_or_else(|| {
             ApiError::bad(
                 "messages",
                 "this model has no chat template; use /v1/completions",
@@ -307,13 +341,15 @@ pub async fn completions(State(st): State<Arc<AppState>>, body: Body) -> Respons
 
 /// Parses, tokenizes and checks a completions body (on the blocking pool).
 fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let req: CompletionRequest = parse_generation(body, false)?;
+    let mut req: CompletionRequest = parse_generation(body, false)?;
     st.check_model(req.common.model.as_deref())?;
-    let logprobs = req.logprobs()?;
+    let logprobs = st.check_logprobs("logprobs", req.logprobs()?)?;
+    st.generation_defaults.apply(&mut req.common);
     // Completions default to 16 tokens (OpenAI's and vLLM's default); chat to the room left.
     let params = sampling_params(
         &req.common,
-        Some(req.common.max_tokens.unwrap_or(16)),
+        st.generation_defaults
+            .cap_max_tokens(Some(req.common.max_tokens.unwrap_or(16))),
         logprobs,
         st.engine.model_info().vocab_size,
     )?;
@@ -373,12 +409,13 @@ pub async fn chat_completions(State(st): State<Arc<AppState>>, body: Body) -> Re
 
 /// Parses, renders, tokenizes and checks a chat body (on the blocking pool).
 fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let req: ChatRequest = parse_generation(body, true)?;
+    let mut req: ChatRequest = parse_generation(body, true)?;
     st.check_model(req.common.model.as_deref())?;
-    let logprobs = req.logprobs()?;
+    let logprobs = st.check_logprobs("top_logprobs", req.logprobs()?)?;
+    st.generation_defaults.apply(&mut req.common);
     let params = sampling_params(
         &req.common,
-        req.max_tokens(),
+        st.generation_defaults.cap_max_tokens(req.max_tokens()),
         logprobs,
         st.engine.model_info().vocab_size,
     )?;
@@ -417,20 +454,23 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
 /// `GET /v1/models`.
 pub async fn models(State(st): State<Arc<AppState>>) -> Response {
     let info = st.engine.model_info();
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": st.model_name,
-            "object": "model",
-            "created": st.created,
-            "owned_by": "pagoda",
-            "root": info.name,
-            "parent": null,
-            "max_model_len": info.max_model_len,
-            "permission": [],
-        }]
-    }))
-    .into_response()
+    // Every --served-model-name is listed, as vLLM lists its base model paths.
+    let names = std::iter::once(&st.model_name).chain(&st.served_aliases);
+    let data: Vec<_> = names
+        .map(|name| {
+            json!({
+                "id": name,
+                "object": "model",
+                "created": st.created,
+                "owned_by": "pagoda",
+                "root": info.name,
+                "parent": null,
+                "max_model_len": info.max_model_len,
+                "permission": [],
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// `GET /health`: 200 with an empty body, or 500 naming the engine fault.

@@ -39,6 +39,7 @@ fn out(ids: &[u32], text: &str, finished: bool) -> RequestOutput {
         num_cached_tokens: 2,
         num_output_tokens: 0,
         error: None,
+        metrics: None,
     }
 }
 
