@@ -210,7 +210,9 @@ impl AppState {
         let mut samples = Vec::with_capacity(prompts.len() * n);
         for (p, (ids, _)) in prompts.iter().enumerate() {
             if self.log_requests {
+                // Not under the HTTP layer's target: `--uvicorn-log-level` leaves it be.
                 tracing::info!(
+                    target: "pagoda::requests",
                     "Received request {}-{p}: prompt tokens: {}, n: {n}, params: {params:?}",
                     ctx.id,
                     ids.len()
