@@ -242,3 +242,93 @@ impl EngineArgs {
         c
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ServeArgs, clap::Error> {
+        let argv = std::iter::once("serve")
+            .chain(args.iter().copied())
+            .map(std::ffi::OsString::from);
+        Cli::try_parse_from(expand_vllm_short_flags(argv)).map(|c| c.serve)
+    }
+
+    #[test]
+    fn definitions_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn prefix_caching_spellings() {
+        let on = |a: &[&str]| !parse(a).unwrap().engine.no_enable_prefix_caching;
+        assert!(on(&[]));
+        assert!(on(&["--enable-prefix-caching"]));
+        assert!(!on(&["--no-enable-prefix-caching"]));
+        assert!(!on(&["--no-prefix-caching"]), "Pagoda's older spelling");
+        assert!(on(&[
+            "--no-enable-prefix-caching",
+            "--enable-prefix-caching"
+        ]));
+        assert!(!on(&["--enable-prefix-caching", "--no-prefix-caching"]));
+    }
+
+    #[test]
+    fn vllm_spellings_and_values() {
+        let a = parse(&["m.gguf", "-tp", "1", "--dtype", "bfloat16", "--seed", "3"]).unwrap();
+        assert_eq!(a.model_tag.as_deref(), Some(std::path::Path::new("m.gguf")));
+        assert_eq!(a.engine.tensor_parallel_size, 1);
+        assert_eq!(a.engine.dtype, pagoda_models::WeightDtype::Bf16);
+        assert_eq!(a.engine.seed, 3);
+        assert!(parse(&["-tp=1"]).is_ok());
+        for (flag, value) in [
+            ("--dtype", "float"),
+            ("--dtype", "float32"),
+            ("--dtype", "auto"),
+        ] {
+            assert_eq!(
+                parse(&[flag, value]).unwrap().engine.dtype,
+                pagoda_models::WeightDtype::F32
+            );
+        }
+        assert!(parse(&["-tp", "2"]).is_err());
+        assert!(parse(&["--kv-cache-dtype", "fp8_e4m3"]).is_err());
+        assert!(parse(&["--gpu-memory-utilization", "-0.1"]).is_err());
+        assert_eq!(
+            parse(&["--gpu-memory-utilization", "1"])
+                .unwrap()
+                .engine
+                .gpu_memory_utilization,
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn served_names_log_requests_and_positional_model() {
+        let a = parse(&["--served-model-name", "a", "b", "--port", "1"]).unwrap();
+        assert_eq!(a.served_model_name, ["a", "b"]);
+        assert!(!a.log_requests(), "off by default, as in vLLM");
+        assert!(parse(&["--enable-log-requests"]).unwrap().log_requests());
+        assert!(!parse(&["--enable-log-requests", "--disable-log-requests"])
+            .unwrap()
+            .log_requests());
+        let mut a = parse(&["--model", "x.gguf", "y.gguf"]).unwrap();
+        a.resolve_model();
+        assert_eq!(a.engine.model_path(), PathBuf::from("y.gguf"));
+        assert_eq!(
+            parse(&["--uvicorn-log-level", "critical"])
+                .unwrap()
+                .uvicorn_log_level
+                .tracing_level(),
+            "error"
+        );
+    }
+}
