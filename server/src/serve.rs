@@ -4,7 +4,8 @@
 //! parse, validate, tokenize and submit, then stream the request's outputs back.
 //! Routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`,
 //! `/ping`, `/version`, `/metrics`, `/tokenize`, `/detokenize`, `/load`,
-//! `/invocations`, and `/tokenizer_info` behind its flag ([`frontend`]).
+//! `/invocations`, `/v1/chat/completions/batch`, and `/tokenizer_info` behind its
+//! flag ([`frontend`]).
 //!
 //! Shutdown on SIGINT/SIGTERM: stop accepting, let in-flight requests finish for
 //! up to `--shutdown-timeout` ([`SHUTDOWN_GRACE`] by default), then abort what is left and exit cleanly; a second
@@ -208,6 +209,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     let mut r = Router::new()
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat_completions))
+        .route(
+            "/v1/chat/completions/batch",
+            post(frontend::batch_chat_completions),
+        )
         .route("/invocations", post(frontend::invocations))
         .route("/v1/models", get(handlers::models))
         .route("/health", get(handlers::health))

@@ -291,6 +291,47 @@ fn defaults_keep_optional_endpoints_off() {
     assert!(resp.header("x-request-id").is_none());
     assert_eq!(ureq::get(&s.url("/ping")).call().unwrap().status(), 200);
     assert_eq!(ureq::post(&s.url("/ping")).call().unwrap().status(), 200);
+    batched_chat(&s);
+}
+
+/// vLLM's `/v1/chat/completions/batch`: one choice per conversation, each as the
+/// single-conversation endpoint answers it.
+fn batched_chat(s: &Server) {
+    let convs = [
+        json!([{"role": "user", "content": "What is the capital of France?"}]),
+        json!([{"role": "user", "content": "Name a color."}]),
+    ];
+    let batch = s.post_ok(
+        "/v1/chat/completions/batch",
+        &json!({"messages": convs, "max_tokens": 6, "temperature": 0}),
+    );
+    assert_eq!(batch["object"], "chat.completion", "{batch}");
+    let choices = batch["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2, "{batch}");
+    let mut prompt_tokens = 0;
+    for (i, conv) in convs.iter().enumerate() {
+        let one = s.post_ok(
+            "/v1/chat/completions",
+            &json!({"messages": conv, "max_tokens": 6, "temperature": 0}),
+        );
+        assert_eq!(choices[i]["index"], i);
+        assert_eq!(
+            choices[i]["message"]["content"], one["choices"][0]["message"]["content"],
+            "conversation {i}"
+        );
+        prompt_tokens += one["usage"]["prompt_tokens"].as_u64().unwrap();
+    }
+    assert_eq!(batch["usage"]["prompt_tokens"], prompt_tokens);
+    let (st, v) = s.post(
+        "/v1/chat/completions/batch",
+        &json!({"messages": convs, "stream": true}),
+    );
+    assert_eq!(st, 400, "{v}");
+    let (st, v) = s.post(
+        "/v1/chat/completions/batch",
+        &json!({"messages": [{"role": "user", "content": "flat"}]}),
+    );
+    assert_eq!(st, 400, "{v}");
 }
 
 const TEMPLATE: &str = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\\n{% endfor %}";

@@ -1,7 +1,7 @@
 //! vLLM's frontend extras: request defaults from `generation_config.json`
 //! (`--generation-config`), `--chat-template` loading, the `X-Request-Id` and
-//! server-load middlewares, and the `/load`, `/tokenizer_info` and `/invocations`
-//! routes.
+//! server-load middlewares, and the `/load`, `/tokenizer_info`, `/invocations`
+//! and `/v1/chat/completions/batch` routes.
 
 use super::error::ApiError;
 use super::protocol::CommonFields;
@@ -183,7 +183,7 @@ pub async fn request_id_header(
 fn is_load_tracked(path: &str) -> bool {
     matches!(
         path,
-        "/v1/completions" | "/v1/chat/completions" | "/invocations"
+        "/v1/completions" | "/v1/chat/completions" | "/v1/chat/completions/batch" | "/invocations"
     )
 }
 
@@ -296,6 +296,55 @@ pub async fn invocations(
         }
         .into_response()
     }
+}
+
+/// `POST /v1/chat/completions/batch` (vLLM's batched chat): `messages` is a list
+/// of conversations, answered together in one non-streamed `chat.completion` whose
+/// choices are indexed by conversation (times `n`).
+pub async fn batch_chat_completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrival = std::time::Instant::now();
+    super::handlers::respond(
+        async {
+            let prep = super::handlers::on_pool(&st, body, prepare_batch_chat).await?;
+            st.run(prep, arrival).await
+        }
+        .await,
+    )
+}
+
+/// Splits a batched chat body into one chat body per conversation, prepares each
+/// as `/v1/chat/completions` would, and joins their prompts.
+fn prepare_batch_chat(st: &AppState, body: &[u8]) -> Result<super::handlers::Prepared, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(ApiError::from_json)?;
+    if v.get("stream").and_then(Value::as_bool) == Some(true) {
+        return Err(ApiError::bad(
+            "stream",
+            "Streaming is not supported for batched chat completions",
+        ));
+    }
+    let convs = match v.get("messages") {
+        Some(Value::Array(c)) if !c.is_empty() && c.iter().all(Value::is_array) => c.clone(),
+        _ => {
+            return Err(ApiError::bad(
+                "messages",
+                "`messages` must be a non-empty list of conversations (lists of messages)",
+            ))
+        }
+    };
+    let mut joined: Option<super::handlers::Prepared> = None;
+    for conv in convs {
+        let mut one = v.clone();
+        one["messages"] = conv;
+        let p = super::handlers::prepare_chat(st, one.to_string().as_bytes())?;
+        match &mut joined {
+            None => joined = Some(p),
+            Some(j) => j.prompts.extend(p.prompts),
+        }
+    }
+    joined.ok_or_else(|| ApiError::bad("messages", "no conversation"))
 }
 
 #[cfg(test)]

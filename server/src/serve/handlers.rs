@@ -27,7 +27,7 @@ use std::time::Instant;
 type Body = Result<Bytes, BytesRejection>;
 
 /// A tokenized prompt, with its text when `echo` shows it.
-type Prompt = (Vec<u32>, Option<String>);
+pub(super) type Prompt = (Vec<u32>, Option<String>);
 
 /// Unique ids: a per-process random-ish prefix plus a counter.
 fn next_id(prefix: &str) -> String {
@@ -175,7 +175,7 @@ impl AppState {
     }
 
     /// Submits `n` samples per prompt (seeds offset per sample) and answers.
-    async fn run(&self, prep: Prepared, arrival: Instant) -> Result<Response, ApiError> {
+    pub(super) async fn run(&self, prep: Prepared, arrival: Instant) -> Result<Response, ApiError> {
         let Prepared {
             ctx,
             prompts,
@@ -305,7 +305,7 @@ impl AppState {
 }
 
 /// Reads the body, then runs `f` on it on the blocking pool ([`AppState::offload`]).
-async fn on_pool<T: Send + 'static>(
+pub(super) async fn on_pool<T: Send + 'static>(
     st: &Arc<AppState>,
     body: Body,
     f: fn(&AppState, &[u8]) -> Result<T, ApiError>,
@@ -315,14 +315,14 @@ async fn on_pool<T: Send + 'static>(
     st.offload(move || f(&st2, &bytes)).await
 }
 
-fn respond(r: Result<Response, ApiError>) -> Response {
+pub(super) fn respond(r: Result<Response, ApiError>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// A parsed, tokenized and checked generation request, ready to submit.
-struct Prepared {
+pub(super) struct Prepared {
     ctx: Ctx,
-    prompts: Vec<Prompt>,
+    pub(super) prompts: Vec<Prompt>,
     params: SamplingParams,
     n: usize,
     common: CommonFields,
@@ -410,7 +410,7 @@ pub async fn chat_completions(State(st): State<Arc<AppState>>, body: Body) -> Re
 }
 
 /// Parses, renders, tokenizes and checks a chat body (on the blocking pool).
-fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+pub(super) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let mut req: ChatRequest = parse_generation(body, true)?;
     st.check_model(req.common.model.as_deref())?;
     let logprobs = st.check_logprobs("top_logprobs", req.logprobs()?)?;
