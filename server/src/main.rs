@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the OpenAI-compatible API.
-    Serve(args::ServeArgs),
+    Serve(Box<args::ServeArgs>),
     /// Generate continuations of prompts, all submitted together.
     Generate(generate::GenerateArgs),
     /// List the attention backends, and for a model, each one's verdict and the choice.
@@ -52,7 +52,7 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::Generate(a) => generate::run(a),
         Command::Backends(a) => backends_cmd::run(a),
         Command::Bench(c) => bench::run(c),
