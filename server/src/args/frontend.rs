@@ -18,7 +18,7 @@ pub struct ServeArgs {
     pub engine: EngineArgs,
     /// Model name(s) clients may use in `model`; the first is the one responses
     /// report and `/metrics` labels (default: the model's file name). Several may
-    /// follow one flag (`--served-model-name a b`).
+    /// follow one flag (`--served-model-name a b`; put MODEL before it, as with vLLM).
     #[arg(long, num_args = 1.., help_heading = "ModelConfig")]
     pub served_model_name: Vec<String>,
     /// Request defaults: `auto` takes temperature, top_p, top_k, min_p,
