@@ -27,6 +27,8 @@ pub struct EngineConfig {
     /// engine RNG seeded with this, in arrival order, so a run is reproducible
     /// (vLLM V1's default is 0 too).
     pub seed: u64,
+    /// vLLM's `--disable-log-stats`: no periodic throughput/queue log lines.
+    pub disable_log_stats: bool,
 }
 
 /// Prompts that trigger the runner's test-only faults (see
@@ -55,6 +57,7 @@ impl EngineConfig {
             scheduling_policy: pagoda_scheduler::SchedulingPolicy::Fcfs,
             fault_injection: None,
             seed: 0,
+            disable_log_stats: false,
         }
     }
 }

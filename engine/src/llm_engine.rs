@@ -46,6 +46,8 @@ pub struct LLMEngine {
     seed_counter: u64,
     /// `--seed`: the engine RNG's seed, from which unseeded requests draw theirs.
     seed: u64,
+    /// `--disable-log-stats`.
+    log_stats: bool,
     /// Tokens per step (`vllm:iteration_tokens_total`).
     iteration_tokens: IterationTokens,
     /// Makes request ids of successive `generate` calls distinct.
@@ -205,6 +207,7 @@ impl LLMEngine {
             texts: HashMap::new(),
             seed_counter: 0,
             seed: config.seed,
+            log_stats: !config.disable_log_stats,
             iteration_tokens: IterationTokens::default(),
             num_generate_calls: 0,
             prompt_tokens: 0,
@@ -493,7 +496,11 @@ impl LLMEngine {
     }
 
     /// Logs throughput since the previous call, queue sizes, KV usage and prefix hit rate.
+    /// Does nothing under `disable_log_stats`.
     pub fn log_stats(&mut self, elapsed: std::time::Duration) {
+        if !self.log_stats {
+            return;
+        }
         let s = self.stats();
         let secs = elapsed.as_secs_f64().max(1e-9);
         let gen = (s.generation_tokens - self.logged_generation_tokens) as f64 / secs;

@@ -100,6 +100,9 @@ pub struct EngineArgs {
     /// value is an error.
     #[arg(long, default_value_t = 1, value_parser = parse_tensor_parallel_size, help_heading = "ParallelConfig")]
     pub tensor_parallel_size: usize,
+    /// No periodic log of throughput, queue sizes and KV usage.
+    #[arg(long, help_heading = "ObservabilityConfig")]
+    pub disable_log_stats: bool,
     /// Force attention backends: `NAME` or `decode=NAME,prefill=NAME`.
     #[arg(long, env = "PAGODA_ATTENTION_BACKEND", help_heading = "Pagoda")]
     pub attention_backend: Option<String>,
@@ -226,6 +229,7 @@ impl EngineArgs {
         c.attention_backend = self.attention_backend.clone();
         c.weight_dtype = self.dtype;
         c.seed = self.seed;
+        c.disable_log_stats = self.disable_log_stats;
         c.scheduling_policy = match self.scheduling_policy {
             SchedulingPolicyArg::Fcfs => pagoda_engine::SchedulingPolicy::Fcfs,
             SchedulingPolicyArg::Priority => pagoda_engine::SchedulingPolicy::Priority,
@@ -308,6 +312,24 @@ mod tests {
                 .engine
                 .gpu_memory_utilization,
             Some(1.0)
+        );
+    }
+
+    #[test]
+    fn observability_flags_reach_the_engine_config() {
+        let a = parse(&["--disable-log-stats"]).unwrap();
+        assert!(a.engine.engine_config().disable_log_stats);
+        assert!(!parse(&[]).unwrap().engine.engine_config().disable_log_stats);
+        // Accepted no-ops (what they turn off does not exist here, or is always on).
+        assert!(parse(&[
+            "--disable-uvicorn-access-log",
+            "--disable-fastapi-docs",
+            "--enable-prompt-tokens-details"
+        ])
+        .is_ok());
+        assert_eq!(
+            parse(&["--seed", "9"]).unwrap().engine.engine_config().seed,
+            9
         );
     }
 

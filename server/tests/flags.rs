@@ -167,6 +167,10 @@ fn positional_model_and_vllm_cache_flags() {
         "auto",
         "--dtype",
         "auto",
+        "--disable-log-stats",
+        "--disable-uvicorn-access-log",
+        "--disable-fastapi-docs",
+        "--enable-prompt-tokens-details",
     ]);
     let models = get_json(&format!("{}/v1/models", s.base));
     assert_eq!(

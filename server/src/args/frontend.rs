@@ -74,6 +74,15 @@ pub struct ServeArgs {
     /// flag sets its own; `RUST_LOG`, when set, wins.
     #[arg(long, value_enum, default_value_t = LogLevelArg::Info, help_heading = "Frontend")]
     pub uvicorn_log_level: LogLevelArg,
+    /// Accepted: `usage.prompt_tokens_details` (`cached_tokens`) is always returned.
+    #[arg(long, help_heading = "Frontend")]
+    pub enable_prompt_tokens_details: bool,
+    /// Accepted: Pagoda writes no per-request access log.
+    #[arg(long, help_heading = "Frontend")]
+    pub disable_uvicorn_access_log: bool,
+    /// Accepted: Pagoda serves no API docs pages.
+    #[arg(long, help_heading = "Frontend")]
+    pub disable_fastapi_docs: bool,
     /// Most requests waiting for admission before new ones get 503.
     #[arg(long, default_value_t = 1024, help_heading = "Frontend")]
     pub max_waiting_requests: usize,
