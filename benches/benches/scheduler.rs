@@ -20,14 +20,15 @@ const CHUNK: u64 = 512;
 /// The runner's answer: a token for every row that reaches the end of its known tokens.
 fn fake_output(s: &Scheduler, out: &SchedulerOutput) -> ModelRunnerOutput {
     let mut o = ModelRunnerOutput {
-        req_ids: Vec::with_capacity(out.num_scheduled_tokens.len()),
+        handles: Vec::with_capacity(out.num_scheduled_tokens.len()),
         sampled_token_ids: Vec::with_capacity(out.num_scheduled_tokens.len()),
         logprobs: Vec::with_capacity(out.num_scheduled_tokens.len()),
         failed: Vec::new(),
+        prompt_logprobs: Vec::new(),
     };
-    for (id, _) in &out.num_scheduled_tokens {
-        let r = s.get_request(id).expect("scheduled");
-        o.req_ids.push(id.clone());
+    for &(h, _) in &out.num_scheduled_tokens {
+        let r = s.request_at(h).expect("scheduled");
+        o.handles.push(h);
         let done = r.num_computed_tokens == r.num_tokens();
         o.sampled_token_ids
             .push(done.then_some(7 + (r.num_tokens() as u32 % 1000)));

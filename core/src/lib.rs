@@ -25,8 +25,9 @@ pub use error::CoreError;
 pub use kv::{write_kv, KvCache, KvCacheSpec, LayerKv};
 pub use request::{
     BlockHash, FinishReason, Request, RequestId, RequestStatus, SamplingParams, StopReason,
+    ALL_PROMPT_LOGPROBS,
 };
 pub use sched::{
-    CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, SchedulerOutput,
-    TokenLogprobs,
+    CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, PromptLogprob,
+    PromptLogprobsChunk, ReqHandle, SchedulerOutput, TokenLogprobs,
 };

@@ -113,6 +113,18 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Number of top log-probabilities to return per generated token.
     pub logprobs: Option<usize>,
+    /// Log-probabilities of the prompt's tokens (vLLM's `prompt_logprobs`): each
+    /// prompt token after the first, with this many most likely alternatives
+    /// ([`ALL_PROMPT_LOGPROBS`]: the whole vocabulary). A request that asks for them
+    /// does not read the prefix cache, whose tokens would have no logits.
+    pub prompt_logprobs: Option<usize>,
+    /// vLLM's `logprob_token_ids`: report the logprobs of exactly these tokens at
+    /// each generated position (in [`crate::TokenLogprobs::top`], in this order),
+    /// instead of the most likely ones.
+    pub logprob_token_ids: Option<Vec<u32>>,
+    /// vLLM's `bad_words`, as token sequences: a sequence's last token is masked
+    /// whenever the output so far ends with the rest of it.
+    pub bad_words_token_ids: Vec<Vec<u32>>,
     /// Additive biases on logits, by token id.
     pub logit_bias: Vec<(u32, f32)>,
     /// Only these token ids may be sampled (vLLM's `allowed_token_ids`).
@@ -138,6 +150,9 @@ impl Default for SamplingParams {
             include_stop_str_in_output: false,
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
+            logprob_token_ids: None,
+            bad_words_token_ids: Vec::new(),
             logit_bias: Vec::new(),
             allowed_token_ids: None,
             skip_special_tokens: true,
@@ -150,6 +165,9 @@ impl Default for SamplingParams {
 pub const MAX_LOGPROBS: usize = 1024;
 /// vLLM's default `--max-logprobs` (OpenAI allows 20 for chat).
 pub const DEFAULT_MAX_LOGPROBS: usize = 20;
+
+/// `prompt_logprobs` value for "every token of the vocabulary" (vLLM's `-1`).
+pub const ALL_PROMPT_LOGPROBS: usize = usize::MAX;
 
 /// Bounds on `repetition_penalty`. vLLM only asks for `> 0`; a penalty of 1e-38
 /// divides a positive logit past `f32::MAX`, so Pagoda bounds it where it enters:
@@ -234,6 +252,14 @@ impl SamplingParams {
                 );
             }
         }
+        if let Some(n) = self.prompt_logprobs {
+            if n > MAX_LOGPROBS && n != ALL_PROMPT_LOGPROBS {
+                return bad(
+                    "prompt_logprobs",
+                    format!("must be at most {MAX_LOGPROBS} (or -1 for all), got {n}"),
+                );
+            }
+        }
         if self
             .allowed_token_ids
             .as_ref()
@@ -242,6 +268,22 @@ impl SamplingParams {
             return bad(
                 "allowed_token_ids",
                 "allowed_token_ids is not allowed to be empty".into(),
+            );
+        }
+        if self.bad_words_token_ids.iter().any(|w| w.is_empty()) {
+            return bad(
+                "bad_words",
+                "a bad word must have at least one token".into(),
+            );
+        }
+        if self
+            .logprob_token_ids
+            .as_ref()
+            .is_some_and(|a| a.is_empty())
+        {
+            return bad(
+                "logprob_token_ids",
+                "logprob_token_ids must not be empty".into(),
             );
         }
         if self.stop.iter().any(|s| s.is_empty()) {

@@ -7,10 +7,23 @@
 
 use crate::request::{RequestId, SamplingParams};
 
+/// A request's name inside the engine: the index of its scheduler entry and a
+/// generation that changes whenever that entry is reused, so a stale handle never
+/// names another request. Steps pass handles, not the external [`RequestId`]
+/// (a string, which would be cloned and hashed per request per step); the id stays
+/// at the edges (the scheduler's lookup by id, the engine's outputs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReqHandle {
+    pub index: u32,
+    pub generation: u32,
+}
+
 /// A request the runner has not seen, or one resumed after preemption (whose
 /// state the runner dropped): everything it needs to start.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewRequestData {
+    pub handle: ReqHandle,
+    /// The external id, for logs and errors.
     pub req_id: RequestId,
     /// Prompt plus any tokens generated before a preemption.
     pub token_ids: Vec<u32>,
@@ -27,7 +40,7 @@ pub struct NewRequestData {
 /// A request the runner already holds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CachedRequestData {
-    pub req_id: RequestId,
+    pub handle: ReqHandle,
     /// Blocks appended to the request's block table this step.
     pub new_block_ids: Vec<u32>,
     /// Tokens in the cache before this step.
@@ -41,12 +54,12 @@ pub struct SchedulerOutput {
     pub scheduled_cached_reqs: Vec<CachedRequestData>,
     /// Tokens computed this step per request, in batch order (running requests first, then
     /// newly admitted ones).
-    pub num_scheduled_tokens: Vec<(RequestId, usize)>,
+    pub num_scheduled_tokens: Vec<(ReqHandle, usize)>,
     pub total_num_scheduled_tokens: usize,
     /// Requests that finished (or were aborted) since the previous step.
-    pub finished_req_ids: Vec<RequestId>,
+    pub finished_reqs: Vec<ReqHandle>,
     /// Requests preempted in this step; their runner state must be dropped.
-    pub preempted_req_ids: Vec<RequestId>,
+    pub preempted_reqs: Vec<ReqHandle>,
 }
 
 impl SchedulerOutput {
@@ -54,10 +67,10 @@ impl SchedulerOutput {
         self.total_num_scheduled_tokens == 0
     }
 
-    pub fn num_scheduled_tokens_of(&self, req_id: &str) -> Option<usize> {
+    pub fn num_scheduled_tokens_of(&self, handle: ReqHandle) -> Option<usize> {
         self.num_scheduled_tokens
             .iter()
-            .find(|(id, _)| id == req_id)
+            .find(|(h, _)| *h == handle)
             .map(|(_, n)| *n)
     }
 }
@@ -72,25 +85,47 @@ pub struct TokenLogprobs {
     pub top: Vec<(u32, f32)>,
 }
 
+/// One prompt token's log-probability given the tokens before it (vLLM's
+/// `prompt_logprobs` entry): raw model distribution, no sampling parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    pub token_id: u32,
+    pub logprob: f32,
+    /// 1-based rank of `token_id` in the distribution (1 = most likely).
+    pub rank: u32,
+    /// The requested number of most likely tokens, descending.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Prompt logprobs computed in one step for one request: `entries[i]` is for prompt
+/// token `start + i` (the first prompt token, index 0, has none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprobsChunk {
+    pub start: usize,
+    pub entries: Vec<PromptLogprob>,
+}
+
 /// What the model runner returns for a step: for each scheduled request, in batch
 /// order, the sampled token (None for a prefill chunk that does not reach the end
 /// of the known tokens).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ModelRunnerOutput {
-    pub req_ids: Vec<RequestId>,
+    pub handles: Vec<ReqHandle>,
     pub sampled_token_ids: Vec<Option<u32>>,
     pub logprobs: Vec<Option<TokenLogprobs>>,
     /// Requests whose row could not be sampled (non-finite logits, every token
     /// masked...), with why. The scheduler finishes each with
     /// [`crate::FinishReason::Error`]; the rest of the batch goes on.
-    pub failed: Vec<(RequestId, String)>,
+    pub failed: Vec<(ReqHandle, String)>,
+    /// Prompt logprobs of this step's prefill chunks, for requests that asked.
+    pub prompt_logprobs: Vec<(ReqHandle, PromptLogprobsChunk)>,
 }
 
 /// What the scheduler reports per request after a step: new tokens and, if it
 /// finished, why.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineCoreOutput {
-    pub req_id: RequestId,
+    pub handle: ReqHandle,
     pub new_token_ids: Vec<u32>,
     pub new_logprobs: Vec<TokenLogprobs>,
     pub finish_reason: Option<crate::FinishReason>,
@@ -100,4 +135,7 @@ pub struct EngineCoreOutput {
     pub num_cached_tokens: usize,
     /// Why the request failed, when `finish_reason` is `Error`.
     pub error: Option<String>,
+    /// With the first output of a request that asked for them: one entry per
+    /// prompt token after the first (set by the engine core, not the scheduler).
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
 }

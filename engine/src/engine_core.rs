@@ -6,18 +6,23 @@
 use crate::runner::ModelRunner;
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
 use pagoda_core::{
-    AttentionConfig, EngineCoreOutput, KvCache, KvCacheSpec, Request, RequestStatus,
+    AttentionConfig, EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob,
+    ReqHandle, Request, RequestStatus, SchedulerOutput,
 };
 use pagoda_models::{llama::Llama, LlamaConfig, LlamaWeights};
 use pagoda_scheduler::{Scheduler, SchedulerConfig};
 use pagoda_selector::{select, BackendOverride};
+use std::collections::HashMap;
 
 /// Scheduler plus model runner.
 pub struct EngineCore {
     scheduler: Scheduler,
     runner: ModelRunner,
+    /// Prompt logprobs gathered chunk by chunk until the request's first output
+    /// carries them (as vLLM's output processor holds them).
+    prompt_logprobs: HashMap<ReqHandle, Vec<PromptLogprob>>,
     /// Requests admitted (or resumed) by the latest step's schedule.
-    newly_scheduled: Vec<pagoda_core::RequestId>,
+    newly_scheduled: Vec<ReqHandle>,
 }
 
 impl EngineCore {
@@ -106,6 +111,7 @@ impl EngineCore {
             EngineCore {
                 scheduler,
                 runner,
+                prompt_logprobs: HashMap::new(),
                 newly_scheduled: Vec::new(),
             },
             info,
@@ -117,7 +123,8 @@ impl EngineCore {
         self.runner.set_fault_injection(faults);
     }
 
-    pub fn add_request(&mut self, request: Request) -> Result<(), EngineError> {
+    /// Queues a request; its handle names it in the outputs.
+    pub fn add_request(&mut self, request: Request) -> Result<ReqHandle, EngineError> {
         self.scheduler
             .add_request(request)
             .map_err(|e| EngineError::InvalidRequest {
@@ -131,19 +138,15 @@ impl EngineCore {
     }
 
     /// Ends a request whose text hit a stop string.
-    pub fn finish_stopped(&mut self, request_id: &str) {
-        // Only a finished status is passed, which is the one error finish_requests reports.
-        let _ = self
-            .scheduler
-            .finish_requests([request_id], RequestStatus::FinishedStopped);
+    pub fn finish_stopped(&mut self, handle: ReqHandle) {
+        self.scheduler
+            .finish_request_at(handle, RequestStatus::FinishedStopped);
     }
 
     /// Ends a request that failed on its own (e.g. its text could not be decoded).
-    pub fn finish_failed(&mut self, request_id: &str) {
-        // Only a finished status is passed, which is the one error finish_requests reports.
-        let _ = self
-            .scheduler
-            .finish_requests([request_id], RequestStatus::FinishedError);
+    pub fn finish_failed(&mut self, handle: ReqHandle) {
+        self.scheduler
+            .finish_request_at(handle, RequestStatus::FinishedError);
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
@@ -163,19 +166,52 @@ impl EngineCore {
         let so = self.scheduler.schedule();
         self.newly_scheduled.clear();
         self.newly_scheduled
-            .extend(so.scheduled_new_reqs.iter().map(|r| r.req_id.clone()));
+            .extend(so.scheduled_new_reqs.iter().map(|r| r.handle));
         if so.total_num_scheduled_tokens == 0 {
             // Still let the runner drop finished requests' state.
             self.runner.execute(&so)?;
             return Ok(Vec::new());
         }
         let out = self.runner.execute(&so)?;
-        Ok(self.scheduler.update_from_output(&so, &out))
+        let mut outputs = self.scheduler.update_from_output(&so, &out);
+        self.attach_prompt_logprobs(&so, &out, &mut outputs);
+        Ok(outputs)
+    }
+
+    /// Gathers this step's prompt-logprob chunks and hands each request's whole
+    /// list to its first output.
+    fn attach_prompt_logprobs(
+        &mut self,
+        so: &SchedulerOutput,
+        out: &ModelRunnerOutput,
+        outputs: &mut [EngineCoreOutput],
+    ) {
+        for h in &so.finished_reqs {
+            self.prompt_logprobs.remove(h);
+        }
+        for (h, chunk) in &out.prompt_logprobs {
+            let acc = self.prompt_logprobs.entry(*h).or_default();
+            if chunk.start == 1 {
+                // A prefill that starts over (after a preemption) recomputes them.
+                acc.clear();
+            }
+            if chunk.start == acc.len() + 1 {
+                acc.extend_from_slice(&chunk.entries);
+            }
+        }
+        if self.prompt_logprobs.is_empty() {
+            return;
+        }
+        for o in outputs {
+            if let Some(lps) = self.prompt_logprobs.remove(&o.handle) {
+                o.prompt_logprobs = Some(lps);
+            }
+        }
     }
 
     /// The requests the latest [`EngineCore::step`] admitted from the waiting queue
     /// (new or resumed after a preemption).
-    pub fn newly_scheduled(&self) -> &[pagoda_core::RequestId] {
+    pub fn newly_scheduled(&self) -> &[ReqHandle] {
         &self.newly_scheduled
     }
 

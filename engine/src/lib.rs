@@ -12,6 +12,7 @@ pub mod error;
 pub mod handle;
 pub mod llm_engine;
 pub mod output;
+pub mod prompt_logprobs;
 pub mod runner;
 pub mod sampler;
 

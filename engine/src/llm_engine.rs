@@ -9,7 +9,7 @@ use crate::{
     EngineConfig, EngineError, EngineStats, IterationTokens, ModelInfo, PromptInput,
     RequestMetrics, RequestOutput,
 };
-use pagoda_core::{FinishReason, Request, SamplingParams, StopReason};
+use pagoda_core::{FinishReason, PromptLogprob, ReqHandle, Request, SamplingParams, StopReason};
 use pagoda_models::{ChatTemplate, Tokenizer};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,9 +24,12 @@ pub struct GenerateOutput {
     pub text: String,
     pub finish_reason: Option<FinishReason>,
     pub num_cached_tokens: usize,
+    /// With `prompt_logprobs`: one entry per prompt token after the first.
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
 }
 
 struct TextState {
+    request_id: String,
     detok: IncrementalDetokenizer,
     include_stop_str_in_output: bool,
     num_prompt_tokens: usize,
@@ -42,7 +45,8 @@ pub struct LLMEngine {
     chat_template: Option<Arc<ChatTemplate>>,
     info: ModelInfo,
     eos_token_ids: Vec<u32>,
-    texts: HashMap<String, TextState>,
+    /// Per live request, by the engine's handle (the external id is inside).
+    texts: HashMap<ReqHandle, TextState>,
     seed_counter: u64,
     /// `--seed`: the engine RNG's seed, from which unseeded requests draw theirs.
     seed: u64,
@@ -255,7 +259,7 @@ impl LLMEngine {
         cache_salt: Option<String>,
         priority: i32,
     ) -> Result<(), EngineError> {
-        if self.texts.contains_key(&request_id) {
+        if self.core.scheduler().handle_of(&request_id).is_some() {
             return Err(EngineError::DuplicateRequest { request_id });
         }
         let prompt_ids = match prompt {
@@ -299,11 +303,12 @@ impl LLMEngine {
         )
         .with_cache_salt(cache_salt)
         .with_priority(priority);
-        self.core.add_request(request)?;
+        let handle = self.core.add_request(request)?;
         self.prompt_tokens += num_prompt_tokens as u64;
         self.texts.insert(
-            request_id,
+            handle,
             TextState {
+                request_id,
                 detok,
                 include_stop_str_in_output,
                 num_prompt_tokens,
@@ -316,8 +321,10 @@ impl LLMEngine {
 
     /// Aborts a request wherever it is; its blocks are freed at once.
     pub fn abort_request(&mut self, request_id: &str) {
+        if let Some(h) = self.core.scheduler().handle_of(request_id) {
+            self.texts.remove(&h);
+        }
         self.core.abort_request(request_id);
-        self.texts.remove(request_id);
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
@@ -325,7 +332,7 @@ impl LLMEngine {
     }
 
     pub fn unfinished_request_ids(&self) -> Vec<String> {
-        self.texts.keys().cloned().collect()
+        self.texts.values().map(|t| t.request_id.clone()).collect()
     }
 
     /// One engine step: schedule, execute, update, detokenize.
@@ -345,8 +352,9 @@ impl LLMEngine {
         let mut outputs = Vec::with_capacity(core_outputs.len());
         let mut stopped = Vec::new();
         let mut failed = Vec::new();
+        let mut finished = Vec::new();
         for co in core_outputs {
-            let Some(st) = self.texts.get_mut(&co.req_id) else {
+            let Some(st) = self.texts.get_mut(&co.handle) else {
                 continue;
             };
             if !co.new_token_ids.is_empty() {
@@ -376,9 +384,9 @@ impl LLMEngine {
                 Ok(d) => d,
                 Err(e) => {
                     // This request's text is broken, not the engine: it fails alone.
-                    failed.push(co.req_id.clone());
+                    failed.push(co.handle);
                     outputs.push(RequestOutput {
-                        request_id: co.req_id.clone(),
+                        request_id: st.request_id.clone(),
                         new_token_ids: co.new_token_ids,
                         new_text: String::new(),
                         new_logprobs: co.new_logprobs,
@@ -389,6 +397,7 @@ impl LLMEngine {
                         num_cached_tokens: co.num_cached_tokens,
                         num_output_tokens: st.num_output_tokens,
                         error: Some(format!("detokenizer: {e}")),
+                        prompt_logprobs: co.prompt_logprobs,
                         metrics: Some(st.times),
                     });
                     continue;
@@ -399,42 +408,44 @@ impl LLMEngine {
             let mut stop_reason = co.stop_reason.clone();
             if let Some(s) = delta.stop_matched {
                 if finish_reason.is_none() || finish_reason == Some(FinishReason::Length) {
-                    stopped.push(co.req_id.clone());
+                    stopped.push(co.handle);
                 }
                 finish_reason = Some(FinishReason::Stop);
                 stop_reason = Some(StopReason::StopString(s));
             } else if finish_reason.is_some() && co.error.is_none() {
                 text.push_str(&st.detok.finish());
             }
-            let finished = finish_reason.is_some();
+            let is_finished = finish_reason.is_some();
+            if is_finished {
+                finished.push(co.handle);
+            }
             outputs.push(RequestOutput {
-                request_id: co.req_id.clone(),
+                request_id: st.request_id.clone(),
                 new_token_ids: co.new_token_ids,
                 new_text: text,
                 new_logprobs: co.new_logprobs,
-                finished,
+                finished: is_finished,
                 finish_reason,
                 stop_reason,
                 num_prompt_tokens: st.num_prompt_tokens,
                 num_cached_tokens: co.num_cached_tokens,
                 num_output_tokens: st.num_output_tokens,
                 error: co.error,
-                metrics: finished.then_some(st.times),
+                prompt_logprobs: co.prompt_logprobs,
+                metrics: is_finished.then_some(st.times),
             });
         }
         if step_tokens > 0 {
             self.iteration_tokens.observe(step_tokens);
         }
-        for id in stopped {
-            self.core.finish_stopped(&id);
+        for h in stopped {
+            self.core.finish_stopped(h);
         }
-        for id in failed {
-            self.core.finish_failed(&id);
+        for h in failed.iter().chain(&finished) {
+            self.texts.remove(h);
         }
-        for o in &outputs {
-            if o.finished {
-                self.texts.remove(&o.request_id);
-            }
+        for h in failed {
+            self.core.finish_failed(h);
         }
         Ok(outputs)
     }
@@ -468,6 +479,7 @@ impl LLMEngine {
                 text: String::new(),
                 finish_reason: None,
                 num_cached_tokens: 0,
+                prompt_logprobs: None,
             });
         }
         while self.has_unfinished_requests() {
@@ -475,6 +487,9 @@ impl LLMEngine {
                 if let Some(&i) = index.get(&o.request_id) {
                     let r = &mut results[i];
                     r.token_ids.extend_from_slice(&o.new_token_ids);
+                    if o.prompt_logprobs.is_some() {
+                        r.prompt_logprobs = o.prompt_logprobs;
+                    }
                     r.text.push_str(&o.new_text);
                     r.num_cached_tokens = o.num_cached_tokens;
                     if o.finished {

@@ -1,6 +1,6 @@
 //! What goes into and comes out of the LLM engine.
 
-use pagoda_core::{FinishReason, StopReason, TokenLogprobs};
+use pagoda_core::{FinishReason, PromptLogprob, StopReason, TokenLogprobs};
 use std::time::{Duration, Instant};
 
 /// A prompt as text or as token ids.
@@ -28,6 +28,9 @@ pub struct RequestOutput {
     /// Why the request failed, when `finish_reason` is `Error` (a fault of this
     /// request alone; the engine goes on).
     pub error: Option<String>,
+    /// With a request's first output, when it asked for `prompt_logprobs`: one
+    /// entry per prompt token after the first.
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
     /// The request's timeline, on its final output (None before, and for aborts).
     pub metrics: Option<RequestMetrics>,
 }
@@ -128,6 +131,7 @@ impl RequestOutput {
             num_cached_tokens: 0,
             num_output_tokens: 0,
             error: None,
+            prompt_logprobs: None,
             metrics: None,
         }
     }

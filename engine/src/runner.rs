@@ -8,13 +8,14 @@
 //! running ones only bring new block ids, finished and preempted ones are dropped.
 //! Batch buffers are reused across steps so the hot path does not allocate once warm.
 
+use crate::prompt_logprobs;
 use crate::sampler::{RowResult, SampleInput, Sampler, SamplerError};
 use crate::EngineError;
 use pagoda_core::{
-    AttentionBackend, BatchDescriptor, KvCache, ModelRunnerOutput, SamplingParams, SchedulerOutput,
+    AttentionBackend, BatchDescriptor, KvCache, ModelRunnerOutput, PromptLogprobsChunk, ReqHandle,
+    RequestId, SamplingParams, SchedulerOutput,
 };
 use pagoda_models::llama::{ForwardScratch, Llama};
-use std::collections::HashMap;
 
 /// Test-only fault injection, armed by `pagoda serve --debug-inject-fault` in
 /// debug builds: a request whose prompt starts with one of these token sequences
@@ -46,13 +47,33 @@ impl FaultInjection {
 }
 
 struct ReqState {
+    handle: ReqHandle,
+    /// The external id, for logs.
+    req_id: RequestId,
     token_ids: Vec<u32>,
     num_prompt_tokens: usize,
     block_ids: Vec<u32>,
     num_computed_tokens: usize,
     params: SamplingParams,
     seed: u64,
+    /// `prompt_logprobs` still to compute: set for a request that asked and has no
+    /// output yet (one resumed after preemption delivered them already).
+    prompt_logprobs: Option<usize>,
 }
+
+/// The prompt rows of one request whose logits the step computes for prompt
+/// logprobs: batch tokens `base..base + count`, prompt positions from `start`.
+struct PromptRows {
+    sched_index: usize,
+    start: usize,
+    base: usize,
+    count: usize,
+    k: usize,
+}
+
+/// Above this many floats (256 MiB) a logits buffer grown by prompt logprobs is
+/// freed after the step instead of kept for the next.
+const MAX_KEPT_LOGITS: usize = 64 << 20;
 
 /// Runs the model for scheduled batches.
 pub struct ModelRunner {
@@ -61,15 +82,16 @@ pub struct ModelRunner {
     attn: Box<dyn AttentionBackend>,
     sampler: Sampler,
     eos_ids: Vec<u32>,
-    requests: HashMap<String, ReqState>,
+    /// Indexed by `ReqHandle::index`; the stored handle tells a stale entry.
+    requests: Vec<Option<ReqState>>,
     // Reused per-step buffers.
-    order: Vec<(usize, usize)>,
     input_ids: Vec<u32>,
     positions: Vec<u32>,
     query_lens: Vec<usize>,
     seq_lens: Vec<usize>,
     logits_rows: Vec<usize>,
     sample_rows: Vec<usize>,
+    prompt_rows: Vec<PromptRows>,
     logits: Vec<f32>,
     batch: BatchDescriptor,
     scratch: ForwardScratch,
@@ -90,14 +112,14 @@ impl ModelRunner {
             attn,
             sampler: Sampler::new(vocab),
             eos_ids,
-            requests: HashMap::new(),
-            order: Vec::new(),
+            requests: Vec::new(),
             input_ids: Vec::new(),
             positions: Vec::new(),
             query_lens: Vec::new(),
             seq_lens: Vec::new(),
             logits_rows: Vec::new(),
             sample_rows: Vec::new(),
+            prompt_rows: Vec::new(),
             logits: Vec::new(),
             batch: BatchDescriptor::default(),
             scratch: ForwardScratch::default(),
@@ -115,34 +137,57 @@ impl ModelRunner {
     }
 
     pub fn num_requests(&self) -> usize {
-        self.requests.len()
+        self.requests.iter().flatten().count()
+    }
+
+    fn state(&self, h: ReqHandle) -> Option<&ReqState> {
+        self.requests
+            .get(h.index as usize)?
+            .as_ref()
+            .filter(|s| s.handle == h)
+    }
+
+    fn state_mut(&mut self, h: ReqHandle) -> Option<&mut ReqState> {
+        self.requests
+            .get_mut(h.index as usize)?
+            .as_mut()
+            .filter(|s| s.handle == h)
     }
 
     fn update_states(&mut self, so: &SchedulerOutput) -> Result<(), EngineError> {
-        for id in so.finished_req_ids.iter().chain(&so.preempted_req_ids) {
-            self.requests.remove(id);
+        for &h in so.finished_reqs.iter().chain(&so.preempted_reqs) {
+            if self.state(h).is_some() {
+                self.requests[h.index as usize] = None;
+            }
         }
         for r in &so.scheduled_new_reqs {
             let seed = r.sampling_params.seed.unwrap_or(0);
-            self.requests.insert(
-                r.req_id.clone(),
-                ReqState {
-                    token_ids: r.token_ids.clone(),
-                    num_prompt_tokens: r.num_prompt_tokens,
-                    block_ids: r.block_ids.clone(),
-                    num_computed_tokens: r.num_computed_tokens,
-                    params: r.sampling_params.clone(),
-                    seed,
-                },
-            );
+            let i = r.handle.index as usize;
+            if self.requests.len() <= i {
+                self.requests.resize_with(i + 1, || None);
+            }
+            self.requests[i] = Some(ReqState {
+                handle: r.handle,
+                req_id: r.req_id.clone(),
+                token_ids: r.token_ids.clone(),
+                num_prompt_tokens: r.num_prompt_tokens,
+                block_ids: r.block_ids.clone(),
+                num_computed_tokens: r.num_computed_tokens,
+                params: r.sampling_params.clone(),
+                seed,
+                prompt_logprobs: r
+                    .sampling_params
+                    .prompt_logprobs
+                    .filter(|_| r.token_ids.len() == r.num_prompt_tokens),
+            });
         }
         for r in &so.scheduled_cached_reqs {
-            let st = self
-                .requests
-                .get_mut(&r.req_id)
-                .ok_or_else(|| EngineError::Fault {
-                    message: format!("model runner has no state for running request {}", r.req_id),
-                })?;
+            let st = self.state_mut(r.handle).ok_or_else(|| EngineError::Fault {
+                message: format!(
+                    "model runner has no state for running request {:?}",
+                    r.handle
+                ),
+            })?;
             st.block_ids.extend_from_slice(&r.new_block_ids);
             st.num_computed_tokens = r.num_computed_tokens;
         }
@@ -156,28 +201,27 @@ impl ModelRunner {
         if so.num_scheduled_tokens.is_empty() {
             return Ok(out);
         }
-        // Decode rows (one token) first, as backends expect; stable otherwise.
-        self.order.clear();
-        self.order.extend(
-            so.num_scheduled_tokens
-                .iter()
-                .enumerate()
-                .map(|(i, (_, n))| (i, *n)),
-        );
-        self.order.sort_by_key(|&(_, n)| (n != 1) as u8);
-
+        // The batch keeps the scheduler's order, which puts decode rows first (the
+        // one place that order is made); the batch descriptor refuses any other.
         self.input_ids.clear();
         self.positions.clear();
         self.query_lens.clear();
         self.seq_lens.clear();
         self.logits_rows.clear();
         self.sample_rows.clear();
-        let mut rows: Vec<&[u32]> = Vec::with_capacity(self.order.len());
-        for &(i, n) in &self.order {
-            let id = &so.num_scheduled_tokens[i].0;
-            let st = self.requests.get(id).ok_or_else(|| EngineError::Fault {
-                message: format!("model runner has no state for scheduled request {id}"),
-            })?;
+        self.prompt_rows.clear();
+        let mut rows: Vec<&[u32]> = Vec::with_capacity(so.num_scheduled_tokens.len());
+        for (i, &(_, n)) in so.num_scheduled_tokens.iter().enumerate() {
+            let h = so.num_scheduled_tokens[i].0;
+            let st = self
+                .requests
+                .get(h.index as usize)
+                .and_then(Option::as_ref)
+                .filter(|s| s.handle == h)
+                .ok_or_else(|| EngineError::Fault {
+                    message: format!("model runner has no state for scheduled request {h:?}"),
+                })?;
+            let id = &st.req_id;
             let start = st.num_computed_tokens;
             let end = start + n;
             if end > st.token_ids.len() {
@@ -197,7 +241,26 @@ impl ModelRunner {
                 self.logits_rows.push(self.input_ids.len() - 1);
                 self.sample_rows.push(i);
             }
+            if let Some(k) = st.prompt_logprobs {
+                // Row p predicts prompt token p + 1; the last prompt row predicts
+                // the first output token and is sampled instead.
+                let last = end.min(st.num_prompt_tokens.saturating_sub(1));
+                if start < last {
+                    self.prompt_rows.push(PromptRows {
+                        sched_index: i,
+                        start,
+                        base: self.input_ids.len() - n,
+                        count: last - start,
+                        k,
+                    });
+                }
+            }
             rows.push(&st.block_ids);
+        }
+        // Prompt-logprob rows come after the sampled rows in the logits buffer.
+        let num_sample_rows = self.logits_rows.len();
+        for pr in &self.prompt_rows {
+            self.logits_rows.extend(pr.base..pr.base + pr.count);
         }
         self.batch
             .rebuild(
@@ -223,7 +286,10 @@ impl ModelRunner {
         // Sample the rows that need a token.
         let mut inputs = Vec::with_capacity(self.sample_rows.len());
         for &i in &self.sample_rows {
-            let st = &self.requests[&so.num_scheduled_tokens[i].0];
+            let h = so.num_scheduled_tokens[i].0;
+            let st = self.requests[h.index as usize]
+                .as_ref()
+                .expect("checked above");
             inputs.push(SampleInput {
                 params: &st.params,
                 prompt_ids: &st.token_ids[..st.num_prompt_tokens],
@@ -232,47 +298,84 @@ impl ModelRunner {
                 eos_ids: &self.eos_ids,
             });
         }
+        let vocab = self.model.config().vocab_size;
         let sampled = self
             .sampler
-            .sample_batch(&mut self.logits, &inputs)
+            .sample_batch(&mut self.logits[..num_sample_rows * vocab], &inputs)
             .map_err(|e| EngineError::Fault {
                 message: format!("sampler: {e}"),
             })?;
         drop(inputs);
 
-        out.req_ids = so
-            .num_scheduled_tokens
-            .iter()
-            .map(|(id, _)| id.clone())
-            .collect();
-        out.sampled_token_ids = vec![None; out.req_ids.len()];
-        out.logprobs = vec![None; out.req_ids.len()];
+        out.handles = so.num_scheduled_tokens.iter().map(|&(h, _)| h).collect();
+        out.sampled_token_ids = vec![None; out.handles.len()];
+        out.logprobs = vec![None; out.handles.len()];
         for (&i, row) in self.sample_rows.iter().zip(sampled) {
-            let id = &so.num_scheduled_tokens[i].0;
+            let h = so.num_scheduled_tokens[i].0;
+            let Some(st) = self.requests[h.index as usize].as_mut() else {
+                continue;
+            };
             let row = match &self.faults {
-                Some(f) => f.apply(&self.requests[id].token_ids, row),
+                Some(f) => f.apply(&st.token_ids, row),
                 None => row,
             };
             match row {
                 Ok((tok, lp)) => {
                     out.sampled_token_ids[i] = Some(tok);
                     out.logprobs[i] = lp;
-                    if let Some(st) = self.requests.get_mut(id) {
-                        st.token_ids.push(tok);
-                    }
+                    st.token_ids.push(tok);
                 }
                 Err(e) => {
                     // This request alone fails; the scheduler finishes it with an error.
-                    tracing::warn!("request {id}: cannot sample: {e}");
-                    out.failed.push((id.clone(), format!("cannot sample: {e}")));
+                    tracing::warn!("request {}: cannot sample: {e}", st.req_id);
+                    out.failed.push((h, format!("cannot sample: {e}")));
                 }
             }
         }
-        for &(i, n) in &self.order {
-            if let Some(st) = self.requests.get_mut(&so.num_scheduled_tokens[i].0) {
+        for &(h, n) in &so.num_scheduled_tokens {
+            if let Some(Some(st)) = self.requests.get_mut(h.index as usize) {
                 st.num_computed_tokens += n;
             }
         }
+        self.collect_prompt_logprobs(so, num_sample_rows, &mut out);
         Ok(out)
+    }
+
+    /// Turns the prompt rows' logits (after the sampled rows' in the buffer) into
+    /// prompt-logprob chunks, and marks requests whose prompt is done.
+    fn collect_prompt_logprobs(
+        &mut self,
+        so: &SchedulerOutput,
+        num_sample_rows: usize,
+        out: &mut ModelRunnerOutput,
+    ) {
+        if self.prompt_rows.is_empty() {
+            return;
+        }
+        let vocab = self.model.config().vocab_size;
+        let mut offset = num_sample_rows * vocab;
+        for pr in &self.prompt_rows {
+            let h = so.num_scheduled_tokens[pr.sched_index].0;
+            let rows = &self.logits[offset..offset + pr.count * vocab];
+            offset += pr.count * vocab;
+            let Some(st) = self.requests[h.index as usize].as_mut() else {
+                continue;
+            };
+            let targets = &st.token_ids[pr.start + 1..pr.start + 1 + pr.count];
+            let entries = prompt_logprobs::compute_rows(rows, vocab, targets, pr.k);
+            if st.num_computed_tokens + 1 >= st.num_prompt_tokens {
+                st.prompt_logprobs = None;
+            }
+            out.prompt_logprobs.push((
+                h,
+                PromptLogprobsChunk {
+                    start: pr.start + 1,
+                    entries,
+                },
+            ));
+        }
+        if self.logits.capacity() > MAX_KEPT_LOGITS {
+            self.logits = Vec::new();
+        }
     }
 }

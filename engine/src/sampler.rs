@@ -3,6 +3,8 @@
 //!
 //! Processing order per row (vLLM's):
 //! 0. with `allowed_token_ids`, every other token is masked to `-inf`;
+//!    then each `bad_words` sequence whose prefix ends the output so far has its
+//!    last token masked;
 //! 1. `logit_bias` is added;
 //! 2. while fewer than `min_tokens` tokens were generated, EOS (unless `ignore_eos`)
 //!    and `stop_token_ids` are masked to `-inf`;
@@ -10,7 +12,8 @@
 //!    (`logit > 0 ? logit / p : logit * p`);
 //! 4. frequency and presence penalties over output tokens
 //!    (`logit -= f * count; logit -= presence`);
-//! 5. log-probabilities, if asked for, are taken from these processed logits, before
+//! 5. log-probabilities, if asked for (top `logprobs`, or exactly the
+//!    `logprob_token_ids`), are taken from these processed logits, before
 //!    temperature and filtering (vLLM's default "processed logprobs" are after
 //!    temperature; we report the distribution before it, which is what
 //!    [`TokenLogprobs`] documents and what OpenAI clients expect from a request
@@ -276,6 +279,12 @@ fn sample_row(
     if let Some(allowed) = &p.allowed_token_ids {
         check_ids(row, "allowed_token_ids", allowed, vocab)?;
     }
+    if let Some(ids) = &p.logprob_token_ids {
+        check_ids(row, "logprob_token_ids", ids, vocab)?;
+    }
+    for w in &p.bad_words_token_ids {
+        check_ids(row, "bad_words", w, vocab)?;
+    }
     if let Some(&(token, _)) = p.logit_bias.iter().find(|(t, _)| *t as usize >= vocab) {
         return Err(SamplerError::TokenOutOfRange {
             row,
@@ -303,7 +312,10 @@ fn sample_row(
         let u = counter_uniform(input.seed, input.output_ids.len() as u64);
         sample_filtered(logits, max, p, u, scratch)
     };
-    let logprobs = p.logprobs.map(|n| compute_logprobs(logits, max, token, n));
+    let logprobs = match &p.logprob_token_ids {
+        Some(ids) => Some(logprobs_of(logits, max, token, ids)),
+        None => p.logprobs.map(|n| compute_logprobs(logits, max, token, n)),
+    };
     Ok((token, logprobs))
 }
 
@@ -318,6 +330,15 @@ fn process_logits(logits: &mut [f32], input: &SampleInput<'_>, scratch: &mut Scr
         logits.fill(f32::NEG_INFINITY);
         for (&t, &l) in allowed.iter().zip(kept.iter()) {
             logits[t as usize] = l;
+        }
+    }
+    for w in &p.bad_words_token_ids {
+        // vLLM: a bad word's last token is banned when the output ends with the
+        // rest of the word (a one-token word is always banned).
+        if let Some((&last, prefix)) = w.split_last() {
+            if input.output_ids.ends_with(prefix) {
+                logits[last as usize] = f32::NEG_INFINITY;
+            }
         }
     }
     for &(t, b) in &p.logit_bias {
@@ -491,12 +512,29 @@ fn nucleus_len(pairs: &mut [(f64, u32)], target: f64) -> usize {
     pairs.len()
 }
 
+/// Natural-log normaliser of the processed logits (f64 accumulation).
+fn log_sum_exp(logits: &[f32], max: f32) -> f64 {
+    let m = max as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - m).exp()).sum();
+    m + sum.ln()
+}
+
+/// Logprobs of the sampled token and of the listed tokens, in their order
+/// (`logprob_token_ids`).
+fn logprobs_of(logits: &[f32], max: f32, token: u32, ids: &[u32]) -> TokenLogprobs {
+    let lse = log_sum_exp(logits, max);
+    let logprob = |t: u32| (logits[t as usize] as f64 - lse) as f32;
+    TokenLogprobs {
+        token_id: token,
+        logprob: logprob(token),
+        top: ids.iter().map(|&t| (t, logprob(t))).collect(),
+    }
+}
+
 /// Log-softmax of the processed logits (f64 accumulation) for the sampled token and
 /// the `n` most likely tokens, descending with ties to the lower id.
 fn compute_logprobs(logits: &[f32], max: f32, token: u32, n: usize) -> TokenLogprobs {
-    let m = max as f64;
-    let sum: f64 = logits.iter().map(|&l| (l as f64 - m).exp()).sum();
-    let lse = m + sum.ln();
+    let lse = log_sum_exp(logits, max);
     let logprob = |l: f32| (l as f64 - lse) as f32;
     // Insertion into a tiny sorted list; most logits fail the first comparison.
     let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);

@@ -36,11 +36,24 @@ struct RefResult {
     logprobs: Option<TokenLogprobs>,
 }
 
+/// vLLM's bad-words rule, spelt out: the output's last `len - 1` tokens equal the
+/// word's first `len - 1`.
+fn ban_bad_words(l: &mut [f32], case: &Case) {
+    for w in &case.params.bad_words_token_ids {
+        let k = w.len() - 1;
+        let out = &case.output;
+        if out.len() >= k && out[out.len() - k..] == w[..k] {
+            l[w[k] as usize] = f32::NEG_INFINITY;
+        }
+    }
+}
+
 /// The reference: every step written out plainly, full sorts, f64 probabilities.
 fn reference(logits: &[f32], case: &Case, u: f64) -> RefResult {
     let p = &case.params;
     let v = logits.len();
     let mut l = logits.to_vec();
+    ban_bad_words(&mut l, case);
     for &(t, b) in &p.logit_bias {
         l[t as usize] += b;
     }
@@ -132,16 +145,21 @@ fn reference(logits: &[f32], case: &Case, u: f64) -> RefResult {
         chosen.or(last).expect("reference: nothing kept")
     };
 
-    let logprobs = p.logprobs.map(|n| {
-        let sum: f64 = l.iter().map(|&x| (x as f64 - max as f64).exp()).sum();
-        let lse = max as f64 + sum.ln();
-        let lp = |t: u32| (l[t as usize] as f64 - lse) as f32;
-        TokenLogprobs {
+    let sum: f64 = l.iter().map(|&x| (x as f64 - max as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
+    let lp = |t: u32| (l[t as usize] as f64 - lse) as f32;
+    let logprobs = match &p.logprob_token_ids {
+        Some(ids) => Some(TokenLogprobs {
+            token_id: token,
+            logprob: lp(token),
+            top: ids.iter().map(|&t| (t, lp(t))).collect(),
+        }),
+        None => p.logprobs.map(|n| TokenLogprobs {
             token_id: token,
             logprob: lp(token),
             top: by_logit.iter().take(n).map(|&t| (t, lp(t))).collect(),
-        }
-    });
+        }),
+    };
     RefResult {
         token,
         processed: l,
@@ -197,6 +215,10 @@ fn case_strategy(vocab: usize) -> impl Strategy<Value = Case> {
         any::<u64>(),
         prop::collection::vec(0..v, 0..3),
         prop::collection::vec(0..v, 1..3),
+        (
+            prop::collection::vec(prop::collection::vec(0..v, 1..3), 0..3),
+            prop::option::of(prop::collection::vec(0..v, 1..4)),
+        ),
     )
         .prop_map(
             |(
@@ -207,6 +229,7 @@ fn case_strategy(vocab: usize) -> impl Strategy<Value = Case> {
                 seed,
                 stop_ids,
                 eos,
+                (bad_words, logprob_ids),
             )| Case {
                 params: SamplingParams {
                     temperature: t,
@@ -221,6 +244,8 @@ fn case_strategy(vocab: usize) -> impl Strategy<Value = Case> {
                     ignore_eos,
                     logprobs,
                     stop_token_ids: stop_ids,
+                    bad_words_token_ids: bad_words,
+                    logprob_token_ids: logprob_ids,
                     ..Default::default()
                 },
                 prompt,
@@ -240,6 +265,7 @@ fn row_and_case(vocab: std::ops::Range<usize>) -> impl Strategy<Value = (Vec<f32
 
 fn all_masked_after_processing(logits: &[f32], case: &Case) -> bool {
     let mut l = logits.to_vec();
+    ban_bad_words(&mut l, case);
     for &(t, b) in &case.params.logit_bias {
         l[t as usize] += b;
     }
@@ -405,6 +431,7 @@ proptest! {
     fn logprobs_are_a_sorted_distribution((logits, mut case) in row_and_case(1..21)) {
         prop_assume!(!all_masked_after_processing(&logits, &case));
         case.params.logprobs = Some(20);
+        case.params.logprob_token_ids = None;
         let (token, _, lp) = sample_one(&logits, &case);
         let lp = lp.unwrap();
         prop_assert_eq!(lp.token_id, token);
@@ -619,4 +646,51 @@ fn counter_uniform_is_in_range_and_varies() {
         2500,
         "collisions in the counter-based generator"
     );
+}
+
+#[test]
+fn bad_words_ban_the_last_token_after_the_prefix() {
+    // Two-token word [3, 4]: token 4 is banned right after a 3, not otherwise; a
+    // one-token word is always banned.
+    let logits = vec![0.0, 0.0, 0.0, 0.0, 9.0, 8.0];
+    let mut case = Case {
+        params: SamplingParams {
+            temperature: 0.0,
+            bad_words_token_ids: vec![vec![3, 4]],
+            ..Default::default()
+        },
+        prompt: vec![1],
+        output: vec![2],
+        seed: 0,
+        eos: vec![0],
+    };
+    assert_eq!(sample_one(&logits, &case).0, 4);
+    case.output = vec![2, 3];
+    assert_eq!(sample_one(&logits, &case).0, 5);
+    case.params.bad_words_token_ids.push(vec![5]);
+    let (tok, processed, _) = sample_one(&logits, &case);
+    assert!(tok < 4 && processed[4] == f32::NEG_INFINITY && processed[5] == f32::NEG_INFINITY);
+}
+
+#[test]
+fn logprob_token_ids_report_exactly_those_tokens() {
+    let logits = vec![1.0, 3.0, 2.0, 0.5];
+    let case = Case {
+        params: SamplingParams {
+            temperature: 0.0,
+            logprob_token_ids: Some(vec![3, 0]),
+            ..Default::default()
+        },
+        prompt: vec![1],
+        output: vec![],
+        seed: 0,
+        eos: vec![2],
+    };
+    let (tok, _, lp) = sample_one(&logits, &case);
+    let lp = lp.expect("logprobs");
+    assert_eq!(tok, 1);
+    assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![3, 0]);
+    let lse = logits.iter().map(|&x| (x as f64).exp()).sum::<f64>().ln();
+    assert!((lp.top[0].1 as f64 - (0.5 - lse)).abs() < 1e-6);
+    assert!((lp.logprob as f64 - (3.0 - lse)).abs() < 1e-6);
 }

@@ -155,7 +155,7 @@ impl KvCacheManager {
         self.req_to_blocks.len()
     }
     /// The request's blocks in logical order (empty when unknown).
-    pub fn get_block_ids(&self, req_id: &str) -> &[u32] {
+    pub fn block_ids(&self, req_id: &str) -> &[u32] {
         self.req_to_blocks
             .get(req_id)
             .map_or(&[], |&i| &self.tables[i as usize].blocks)
@@ -191,7 +191,12 @@ impl KvCacheManager {
     /// [`Self::get_computed_blocks`] without touching the stats (the scheduler counts
     /// a lookup only when the request is actually admitted).
     pub(crate) fn find_cache_hit(&mut self, req: &mut Request) -> (Vec<u32>, usize) {
-        if !self.enable_caching || req.num_tokens() == 0 {
+        // Cached tokens are not recomputed, so they would get no prompt logprobs:
+        // such a request computes its whole prompt (as vLLM does).
+        if !self.enable_caching
+            || req.num_tokens() == 0
+            || req.sampling_params.prompt_logprobs.is_some()
+        {
             return (Vec::new(), 0);
         }
         update_block_hashes(req, self.block_size);

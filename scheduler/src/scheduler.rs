@@ -25,8 +25,8 @@ use crate::hashing::{update_block_hashes, FxHashMap};
 use crate::kv_cache_manager::{KvCacheManager, KvHandle, PrefixCacheStats};
 use crate::SchedulerError;
 use pagoda_core::{
-    CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, Request, RequestId,
-    RequestStatus, SchedulerOutput, StopReason,
+    CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, ReqHandle, Request,
+    RequestId, RequestStatus, SchedulerOutput, StopReason,
 };
 use std::collections::VecDeque;
 
@@ -88,36 +88,49 @@ pub struct SchedulerStats {
 /// One scheduled row before the output is assembled.
 #[derive(Debug)]
 struct Row {
-    slot: u32,
+    idx: u32,
     num_tokens: usize,
     new_blocks: Vec<u32>,
 }
 
-/// The scheduler. Requests live in a slab; queues hold slab indices.
+/// The scheduler. Requests live in a slab of entries; queues hold entry indices,
+/// and the steps name requests by [`ReqHandle`] (entry index + generation).
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
     kv: KvCacheManager,
     /// Effective maximum sequence length (model length capped by the cache size).
     max_len: usize,
-    slots: Vec<Option<Request>>,
-    /// Per slot: the KV block table handle of a running request (skips a map lookup).
+    entries: Vec<Option<Request>>,
+    /// Per entry: bumped when the entry is released, so old handles go stale.
+    generations: Vec<u32>,
+    /// Per entry: the KV block table handle of a running request (skips a map lookup).
     kv_handles: Vec<Option<KvHandle>>,
-    free_slots: Vec<u32>,
+    free_entries: Vec<u32>,
+    /// External id -> entry, for the edges (abort, lookups by id).
     index: FxHashMap<RequestId, u32>,
     /// In admission order.
     running: Vec<u32>,
     waiting: VecDeque<u32>,
-    finished_req_ids: Vec<RequestId>,
+    finished_reqs: Vec<ReqHandle>,
     /// Preempted outside `schedule` (prefix-cache reset), reported with the next step.
-    pending_preempted: Vec<RequestId>,
+    pending_preempted: Vec<ReqHandle>,
     next_arrival: u64,
     num_preemptions: u64,
     // Scratch reused every step so the hot path only allocates output vectors.
     sched_running: Vec<Row>,
     sched_new: Vec<Row>,
-    last_batch: Vec<u32>,
     finished_scratch: Vec<u32>,
+}
+
+/// What one `schedule` call has decided so far.
+struct StepPlan {
+    budget: usize,
+    /// Per-request cap on prefill chunks (0: none).
+    threshold: usize,
+    preempted: Vec<ReqHandle>,
+    running: Vec<Row>,
+    new: Vec<Row>,
 }
 
 impl Scheduler {
@@ -158,19 +171,19 @@ impl Scheduler {
             config,
             kv,
             max_len,
-            slots: Vec::new(),
+            entries: Vec::new(),
+            generations: Vec::new(),
             kv_handles: Vec::new(),
-            free_slots: Vec::new(),
+            free_entries: Vec::new(),
             index: FxHashMap::default(),
             running: Vec::new(),
             waiting: VecDeque::new(),
-            finished_req_ids: Vec::new(),
+            finished_reqs: Vec::new(),
             pending_preempted: Vec::new(),
             next_arrival: 0,
             num_preemptions: 0,
             sched_running: Vec::new(),
             sched_new: Vec::new(),
-            last_batch: Vec::new(),
             finished_scratch: Vec::new(),
         })
     }
@@ -191,26 +204,34 @@ impl Scheduler {
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
     }
-    pub fn get_num_unfinished_requests(&self) -> usize {
+    pub fn num_unfinished_requests(&self) -> usize {
         self.running.len() + self.waiting.len()
     }
     pub fn has_unfinished_requests(&self) -> bool {
-        self.get_num_unfinished_requests() > 0
+        self.num_unfinished_requests() > 0
     }
-    /// A live (waiting or running) request; finished ones are gone.
-    pub fn get_request(&self, req_id: &str) -> Option<&Request> {
-        self.index.get(req_id).map(|&s| self.req(s))
+    /// A live (waiting or running) request by its external id; finished ones are gone.
+    pub fn request(&self, req_id: &str) -> Option<&Request> {
+        self.index.get(req_id).map(|&i| self.req(i))
+    }
+    /// The handle of a live request.
+    pub fn handle_of(&self, req_id: &str) -> Option<ReqHandle> {
+        self.index.get(req_id).map(|&i| self.handle(i))
+    }
+    /// A live request by handle; `None` once it finished (the handle is stale).
+    pub fn request_at(&self, h: ReqHandle) -> Option<&Request> {
+        self.live(h).map(|i| self.req(i))
     }
     pub fn running_ids(&self) -> Vec<RequestId> {
         self.running
             .iter()
-            .map(|&s| self.req(s).request_id.clone())
+            .map(|&i| self.req(i).request_id.clone())
             .collect()
     }
     pub fn waiting_ids(&self) -> Vec<RequestId> {
         self.waiting
             .iter()
-            .map(|&s| self.req(s).request_id.clone())
+            .map(|&i| self.req(i).request_id.clone())
             .collect()
     }
     pub fn kv_cache_usage(&self) -> f64 {
@@ -232,19 +253,31 @@ impl Scheduler {
         }
     }
 
-    fn req(&self, slot: u32) -> &Request {
-        self.slots[slot as usize]
-            .as_ref()
-            .expect("queued slots are live")
+    fn handle(&self, idx: u32) -> ReqHandle {
+        ReqHandle {
+            index: idx,
+            generation: self.generations[idx as usize],
+        }
     }
-    fn req_mut(&mut self, slot: u32) -> &mut Request {
-        self.slots[slot as usize]
+    /// The entry a handle names, if it is still that request's.
+    fn live(&self, h: ReqHandle) -> Option<u32> {
+        let i = h.index as usize;
+        (self.generations.get(i) == Some(&h.generation) && self.entries[i].is_some())
+            .then_some(h.index)
+    }
+    fn req(&self, idx: u32) -> &Request {
+        self.entries[idx as usize]
+            .as_ref()
+            .expect("queued entries are live")
+    }
+    fn req_mut(&mut self, idx: u32) -> &mut Request {
+        self.entries[idx as usize]
             .as_mut()
-            .expect("queued slots are live")
+            .expect("queued entries are live")
     }
 
     /// Queues a request, or refuses one that could never run.
-    pub fn add_request(&mut self, mut req: Request) -> Result<(), SchedulerError> {
+    pub fn add_request(&mut self, mut req: Request) -> Result<ReqHandle, SchedulerError> {
         let req_id = req.request_id.clone();
         if self.index.contains_key(&req_id) {
             return Err(SchedulerError::DuplicateRequest { req_id });
@@ -282,54 +315,54 @@ impl Scheduler {
             // Hash the prompt now rather than inside a step.
             update_block_hashes(&mut req, self.config.block_size);
         }
-        let slot = match self.free_slots.pop() {
-            Some(s) => {
-                self.slots[s as usize] = Some(req);
-                s
+        let idx = match self.free_entries.pop() {
+            Some(i) => {
+                self.entries[i as usize] = Some(req);
+                i
             }
             None => {
-                self.slots.push(Some(req));
+                self.entries.push(Some(req));
+                self.generations.push(0);
                 self.kv_handles.push(None);
-                (self.slots.len() - 1) as u32
+                (self.entries.len() - 1) as u32
             }
         };
-        self.index.insert(req_id, slot);
-        self.enqueue_waiting(slot, false);
-        Ok(())
+        self.index.insert(req_id, idx);
+        self.enqueue_waiting(idx, false);
+        Ok(self.handle(idx))
     }
 
-    fn priority_key(&self, slot: u32) -> (i32, u64) {
-        let r = self.req(slot);
+    fn priority_key(&self, idx: u32) -> (i32, u64) {
+        let r = self.req(idx);
         (r.priority, r.arrival_seq)
     }
 
     /// FCFS: new requests at the back, preempted ones at the front. Priority: sorted.
-    fn enqueue_waiting(&mut self, slot: u32, preempted: bool) {
+    fn enqueue_waiting(&mut self, idx: u32, preempted: bool) {
         match self.config.policy {
-            SchedulingPolicy::Fcfs if preempted => self.waiting.push_front(slot),
-            SchedulingPolicy::Fcfs => self.waiting.push_back(slot),
+            SchedulingPolicy::Fcfs if preempted => self.waiting.push_front(idx),
+            SchedulingPolicy::Fcfs => self.waiting.push_back(idx),
             SchedulingPolicy::Priority => {
-                let key = self.priority_key(slot);
+                let key = self.priority_key(idx);
                 let pos = self
                     .waiting
-                    .partition_point(|&s| self.priority_key(s) <= key);
-                self.waiting.insert(pos, slot);
+                    .partition_point(|&i| self.priority_key(i) <= key);
+                self.waiting.insert(pos, idx);
             }
         }
     }
 
     /// Frees a running request's blocks and sends it back to waiting (recompute).
-    fn preempt(&mut self, slot: u32) -> RequestId {
-        let r = self.slots[slot as usize].as_mut().expect("live");
+    fn preempt(&mut self, idx: u32) -> ReqHandle {
+        let r = self.entries[idx as usize].as_mut().expect("live");
         self.kv.free(&r.request_id);
-        self.kv_handles[slot as usize] = None;
+        self.kv_handles[idx as usize] = None;
         r.status = RequestStatus::Preempted;
         r.num_computed_tokens = 0;
         r.num_preemptions += 1;
-        let id = r.request_id.clone();
         self.num_preemptions += 1;
-        self.enqueue_waiting(slot, true);
-        id
+        self.enqueue_waiting(idx, true);
+        self.handle(idx)
     }
 
     fn pick_victim(&self) -> usize {
@@ -341,34 +374,45 @@ impl Scheduler {
         }
     }
 
-    /// Decides this step's batch.
+    /// Decides this step's batch: running requests first (phase 1), then waiting
+    /// ones unless phase 1 had to preempt (phase 2), then the output (phase 3).
     pub fn schedule(&mut self) -> SchedulerOutput {
-        let mut budget = self.config.max_num_batched_tokens;
-        // The chunk cap only means something when prompts may be chunked.
-        let threshold = if self.config.enable_chunked_prefill {
-            self.config.long_prefill_token_threshold
-        } else {
-            0
+        let mut plan = StepPlan {
+            budget: self.config.max_num_batched_tokens,
+            // The chunk cap only means something when prompts may be chunked.
+            threshold: if self.config.enable_chunked_prefill {
+                self.config.long_prefill_token_threshold
+            } else {
+                0
+            },
+            preempted: std::mem::take(&mut self.pending_preempted),
+            running: std::mem::take(&mut self.sched_running),
+            new: std::mem::take(&mut self.sched_new),
         };
-        let mut preempted_ids = std::mem::take(&mut self.pending_preempted);
-        let num_preempted_before = preempted_ids.len();
-        let mut sched_running = std::mem::take(&mut self.sched_running);
-        let mut sched_new = std::mem::take(&mut self.sched_new);
-        sched_running.clear();
-        sched_new.clear();
+        plan.running.clear();
+        plan.new.clear();
+        let num_preempted_before = plan.preempted.len();
+        self.schedule_running(&mut plan);
+        if plan.preempted.len() == num_preempted_before {
+            self.schedule_waiting(&mut plan);
+        }
+        self.assemble_output(plan)
+    }
 
-        // 1. Running requests, in admission order.
+    /// Phase 1: the running requests, in admission order, each its next tokens;
+    /// a request that cannot get blocks preempts a victim (possibly itself).
+    fn schedule_running(&mut self, plan: &mut StepPlan) {
         let mut i = 0;
-        while i < self.running.len() && budget > 0 {
-            let slot = self.running[i];
+        while i < self.running.len() && plan.budget > 0 {
+            let idx = self.running[i];
             let max_len = self.max_len;
-            let req = self.req_mut(slot);
+            let req = self.req_mut(idx);
             let mut n = req.num_tokens() - req.num_computed_tokens;
-            if threshold > 0 {
-                n = n.min(threshold);
+            if plan.threshold > 0 {
+                n = n.min(plan.threshold);
             }
             n = n
-                .min(budget)
+                .min(plan.budget)
                 .min((max_len - 1).saturating_sub(req.num_computed_tokens));
             if n == 0 {
                 i += 1;
@@ -376,8 +420,8 @@ impl Scheduler {
             }
             let mut blocks = None;
             loop {
-                let req = self.slots[slot as usize].as_mut().expect("live");
-                let got = match self.kv_handles[slot as usize] {
+                let req = self.entries[idx as usize].as_mut().expect("live");
+                let got = match self.kv_handles[idx as usize] {
                     Some(h) => self.kv.allocate_slots_with(h, req, n, &[]),
                     None => self.kv.allocate_slots(req, n, &[]),
                 };
@@ -390,101 +434,106 @@ impl Scheduler {
                 if vpos < i {
                     // Already scheduled this step (priority policy): undo that.
                     i -= 1;
-                    if let Some(k) = sched_running.iter().position(|r| r.slot == victim) {
-                        budget += sched_running.remove(k).num_tokens;
+                    if let Some(k) = plan.running.iter().position(|r| r.idx == victim) {
+                        plan.budget += plan.running.remove(k).num_tokens;
                     }
                 }
-                let id = self.preempt(victim);
-                preempted_ids.push(id);
-                if victim == slot {
+                let h = self.preempt(victim);
+                plan.preempted.push(h);
+                if victim == idx {
                     break;
                 }
             }
             let Some(new_blocks) = blocks else { break };
-            sched_running.push(Row {
-                slot,
+            plan.running.push(Row {
+                idx,
                 num_tokens: n,
                 new_blocks,
             });
-            budget -= n;
+            plan.budget -= n;
             i += 1;
         }
+    }
 
-        // 2. Waiting requests, unless this step had to preempt.
-        if preempted_ids.len() == num_preempted_before {
-            while let Some(&slot) = self.waiting.front() {
-                if budget == 0 || self.running.len() >= self.config.max_num_seqs {
-                    break;
-                }
-                let req = self.slots[slot as usize].as_mut().expect("live");
-                let (hit, num_cached) = self.kv.find_cache_hit(req);
-                let mut n = req.num_tokens() - num_cached;
-                if threshold > 0 {
-                    n = n.min(threshold);
-                }
-                if !self.config.enable_chunked_prefill && n > budget {
-                    break; // nothing behind it skips ahead
-                }
-                n = n.min(budget);
-                let Some(new_blocks) = self.kv.allocate_slots(req, n, &hit) else {
-                    break;
-                };
-                if self.config.enable_prefix_caching {
-                    self.kv.record_lookup(req.num_tokens(), num_cached);
-                }
-                if req.status == RequestStatus::Waiting {
-                    req.num_cached_tokens = num_cached;
-                }
-                req.status = RequestStatus::Running;
-                req.num_computed_tokens = num_cached;
-                self.waiting.pop_front();
-                self.kv_handles[slot as usize] = self.kv.handle(&req.request_id);
-                self.running.push(slot);
-                sched_new.push(Row {
-                    slot,
-                    num_tokens: n,
-                    new_blocks,
-                });
-                budget -= n;
+    /// Phase 2: admit waiting requests in queue order while budget, `max_num_seqs`
+    /// and blocks last, each after its longest prefix-cache hit.
+    fn schedule_waiting(&mut self, plan: &mut StepPlan) {
+        while let Some(&idx) = self.waiting.front() {
+            if plan.budget == 0 || self.running.len() >= self.config.max_num_seqs {
+                break;
             }
+            let req = self.entries[idx as usize].as_mut().expect("live");
+            let (hit, num_cached) = self.kv.find_cache_hit(req);
+            let mut n = req.num_tokens() - num_cached;
+            if plan.threshold > 0 {
+                n = n.min(plan.threshold);
+            }
+            if !self.config.enable_chunked_prefill && n > plan.budget {
+                break; // nothing behind it skips ahead
+            }
+            n = n.min(plan.budget);
+            let Some(new_blocks) = self.kv.allocate_slots(req, n, &hit) else {
+                break;
+            };
+            if self.config.enable_prefix_caching {
+                self.kv.record_lookup(req.num_tokens(), num_cached);
+            }
+            if req.status == RequestStatus::Waiting {
+                req.num_cached_tokens = num_cached;
+            }
+            req.status = RequestStatus::Running;
+            req.num_computed_tokens = num_cached;
+            self.waiting.pop_front();
+            self.kv_handles[idx as usize] = self.kv.handle(&req.request_id);
+            self.running.push(idx);
+            plan.new.push(Row {
+                idx,
+                num_tokens: n,
+                new_blocks,
+            });
+            plan.budget -= n;
         }
+    }
 
-        // 3. Assemble the output; decode rows first.
+    /// Phase 3: the output, decode rows first (the one place that order is made),
+    /// and each scheduled request's `num_computed_tokens` advanced.
+    fn assemble_output(&mut self, mut plan: StepPlan) -> SchedulerOutput {
         let mut out = SchedulerOutput {
-            finished_req_ids: std::mem::take(&mut self.finished_req_ids),
-            preempted_req_ids: preempted_ids,
+            finished_reqs: std::mem::take(&mut self.finished_reqs),
+            preempted_reqs: std::mem::take(&mut plan.preempted),
             ..Default::default()
         };
-        let rows = sched_running.len() + sched_new.len();
+        let rows = plan.running.len() + plan.new.len();
         out.num_scheduled_tokens.reserve_exact(rows);
-        self.last_batch.clear();
         for decode_pass in [true, false] {
-            for row in sched_running.iter().chain(sched_new.iter()) {
+            for row in plan.running.iter().chain(plan.new.iter()) {
                 if (row.num_tokens == 1) == decode_pass {
-                    let id = self.req(row.slot).request_id.clone();
-                    out.num_scheduled_tokens.push((id, row.num_tokens));
-                    self.last_batch.push(row.slot);
+                    out.num_scheduled_tokens
+                        .push((self.handle(row.idx), row.num_tokens));
                 }
             }
         }
-        out.scheduled_cached_reqs.reserve_exact(sched_running.len());
-        for row in sched_running.drain(..) {
-            let req = self.slots[row.slot as usize].as_mut().expect("live");
+        out.scheduled_cached_reqs.reserve_exact(plan.running.len());
+        for row in plan.running.drain(..) {
+            let handle = self.handle(row.idx);
+            let req = self.entries[row.idx as usize].as_mut().expect("live");
             out.scheduled_cached_reqs.push(CachedRequestData {
-                req_id: req.request_id.clone(),
+                handle,
                 new_block_ids: row.new_blocks,
                 num_computed_tokens: req.num_computed_tokens,
             });
             req.num_computed_tokens += row.num_tokens;
             out.total_num_scheduled_tokens += row.num_tokens;
         }
-        for row in sched_new.drain(..) {
-            let req = self.slots[row.slot as usize].as_mut().expect("live");
+        for row in plan.new.drain(..) {
+            let handle = self.handle(row.idx);
+            let req = self.entries[row.idx as usize].as_mut().expect("live");
             out.scheduled_new_reqs.push(NewRequestData {
+                handle,
                 req_id: req.request_id.clone(),
                 token_ids: req.all_token_ids().to_vec(),
                 num_prompt_tokens: req.num_prompt_tokens(),
-                block_ids: self.kv.get_block_ids(&req.request_id).to_vec(),
+                block_ids: self.kv.block_ids(&req.request_id).to_vec(),
                 num_computed_tokens: req.num_computed_tokens,
                 sampling_params: req.sampling_params.clone(),
                 num_output_tokens: req.num_output_tokens(),
@@ -492,8 +541,8 @@ impl Scheduler {
             req.num_computed_tokens += row.num_tokens;
             out.total_num_scheduled_tokens += row.num_tokens;
         }
-        self.sched_running = sched_running;
-        self.sched_new = sched_new;
+        self.sched_running = plan.running;
+        self.sched_new = plan.new;
         out
     }
 
@@ -508,29 +557,18 @@ impl Scheduler {
         let mut outputs = Vec::with_capacity(sched.num_scheduled_tokens.len());
         let caching = self.config.enable_prefix_caching;
         let bs = self.config.block_size;
-        for (i, (req_id, _)) in sched.num_scheduled_tokens.iter().enumerate() {
-            let slot = match self.last_batch.get(i) {
-                Some(&s)
-                    if self.slots[s as usize]
-                        .as_ref()
-                        .is_some_and(|r| r.request_id == *req_id) =>
-                {
-                    s
-                }
-                _ => match self.index.get(req_id) {
-                    Some(&s) => s,
-                    None => continue,
-                },
-            };
-            let j = if runner.req_ids.get(i) == Some(req_id) {
+        for (i, &(h, _)) in sched.num_scheduled_tokens.iter().enumerate() {
+            let Some(idx) = self.live(h) else { continue };
+            // The runner answers in the same order; search only if it does not.
+            let j = if runner.handles.get(i) == Some(&h) {
                 i
             } else {
-                match runner.req_ids.iter().position(|r| r == req_id) {
+                match runner.handles.iter().position(|&r| r == h) {
                     Some(j) => j,
                     None => continue,
                 }
             };
-            let req = self.slots[slot as usize].as_mut().expect("live");
+            let req = self.entries[idx as usize].as_mut().expect("live");
             if req.status != RequestStatus::Running || req.num_computed_tokens < req.num_tokens() {
                 continue;
             }
@@ -547,7 +585,7 @@ impl Scheduler {
                 _ => Vec::new(),
             };
             outputs.push(EngineCoreOutput {
-                req_id: req_id.clone(),
+                handle: h,
                 new_token_ids: vec![tok],
                 new_logprobs,
                 finish_reason: req.status.finish_reason(),
@@ -559,23 +597,22 @@ impl Scheduler {
                 num_prompt_tokens: req.num_prompt_tokens(),
                 num_cached_tokens: req.num_cached_tokens,
                 error: None,
+                prompt_logprobs: None,
             });
             if finished {
-                self.finished_scratch.push(slot);
+                self.finished_scratch.push(idx);
             }
         }
-        for (req_id, message) in &runner.failed {
+        for (h, message) in &runner.failed {
             // A request aborted since `schedule` is gone already: nothing to report.
-            let Some(&slot) = self.index.get(req_id) else {
-                continue;
-            };
-            let req = self.slots[slot as usize].as_mut().expect("live");
+            let Some(idx) = self.live(*h) else { continue };
+            let req = self.entries[idx as usize].as_mut().expect("live");
             if req.is_finished() {
                 continue;
             }
             req.status = RequestStatus::FinishedError;
             outputs.push(EngineCoreOutput {
-                req_id: req_id.clone(),
+                handle: *h,
                 new_token_ids: Vec::new(),
                 new_logprobs: Vec::new(),
                 finish_reason: req.status.finish_reason(),
@@ -583,18 +620,25 @@ impl Scheduler {
                 num_prompt_tokens: req.num_prompt_tokens(),
                 num_cached_tokens: req.num_cached_tokens,
                 error: Some(message.clone()),
+                prompt_logprobs: None,
             });
-            self.finished_scratch.push(slot);
+            self.finished_scratch.push(idx);
         }
         if !self.finished_scratch.is_empty() {
-            let slots = &self.slots;
-            self.running
-                .retain(|&s| !slots[s as usize].as_ref().is_some_and(|r| r.is_finished()));
-            self.waiting
-                .retain(|&s| !slots[s as usize].as_ref().is_some_and(|r| r.is_finished()));
+            let entries = &self.entries;
+            self.running.retain(|&i| {
+                !entries[i as usize]
+                    .as_ref()
+                    .is_some_and(|r| r.is_finished())
+            });
+            self.waiting.retain(|&i| {
+                !entries[i as usize]
+                    .as_ref()
+                    .is_some_and(|r| r.is_finished())
+            });
             let finished = std::mem::take(&mut self.finished_scratch);
-            for &slot in &finished {
-                self.release(slot);
+            for &idx in &finished {
+                self.release(idx);
             }
             self.finished_scratch = finished;
             self.finished_scratch.clear();
@@ -602,14 +646,17 @@ impl Scheduler {
         outputs
     }
 
-    /// Drops a finished request: frees its blocks and its slot, reports its id.
-    fn release(&mut self, slot: u32) {
-        if let Some(req) = self.slots[slot as usize].take() {
+    /// Drops a finished request: frees its blocks and its entry (whose handles go
+    /// stale), reports it to the runner with the next step.
+    fn release(&mut self, idx: u32) {
+        if let Some(req) = self.entries[idx as usize].take() {
+            let h = self.handle(idx);
             self.kv.free(&req.request_id);
-            self.kv_handles[slot as usize] = None;
+            self.kv_handles[idx as usize] = None;
             self.index.remove(&req.request_id);
-            self.free_slots.push(slot);
-            self.finished_req_ids.push(req.request_id);
+            self.generations[idx as usize] = self.generations[idx as usize].wrapping_add(1);
+            self.free_entries.push(idx);
+            self.finished_reqs.push(h);
         }
     }
 
@@ -629,19 +676,38 @@ impl Scheduler {
         }
         let mut n = 0;
         for id in ids {
-            let Some(&slot) = self.index.get(id.as_ref()) else {
+            let Some(&idx) = self.index.get(id.as_ref()) else {
                 continue;
             };
-            if let Some(p) = self.running.iter().position(|&s| s == slot) {
+            if let Some(p) = self.running.iter().position(|&i| i == idx) {
                 self.running.remove(p);
-            } else if let Some(p) = self.waiting.iter().position(|&s| s == slot) {
+            } else if let Some(p) = self.waiting.iter().position(|&i| i == idx) {
                 self.waiting.remove(p);
             }
-            self.req_mut(slot).status = status;
-            self.release(slot);
+            self.req_mut(idx).status = status;
+            self.release(idx);
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Finishes one live request by handle (a finished status only); false when
+    /// the handle is stale.
+    pub fn finish_request_at(&mut self, h: ReqHandle, status: RequestStatus) -> bool {
+        let Some(idx) = self.live(h) else {
+            return false;
+        };
+        if !status.is_finished() {
+            return false;
+        }
+        if let Some(p) = self.running.iter().position(|&i| i == idx) {
+            self.running.remove(p);
+        } else if let Some(p) = self.waiting.iter().position(|&i| i == idx) {
+            self.waiting.remove(p);
+        }
+        self.req_mut(idx).status = status;
+        self.release(idx);
+        true
     }
 
     /// Aborts one request; false when it is unknown (already finished).
@@ -657,9 +723,9 @@ impl Scheduler {
     /// Preempts every running request (they resume later, in their original order),
     /// then forgets the prefix cache.
     pub fn reset_prefix_cache_and_preempt(&mut self) -> Result<(), SchedulerError> {
-        while let Some(slot) = self.running.pop() {
-            let id = self.preempt(slot);
-            self.pending_preempted.push(id);
+        while let Some(idx) = self.running.pop() {
+            let h = self.preempt(idx);
+            self.pending_preempted.push(h);
         }
         self.kv.reset_prefix_cache()
     }
@@ -667,41 +733,41 @@ impl Scheduler {
     /// Cross-structure consistency, for tests.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.kv.check_invariants()?;
-        let live = self.slots.iter().filter(|s| s.is_some()).count();
+        let live = self.entries.iter().filter(|s| s.is_some()).count();
         if live != self.index.len() || live != self.running.len() + self.waiting.len() {
             return Err(format!(
-                "{live} live slots, {} indexed, {} running + {} waiting",
+                "{live} live entries, {} indexed, {} running + {} waiting",
                 self.index.len(),
                 self.running.len(),
                 self.waiting.len()
             ));
         }
-        for (id, &s) in &self.index {
-            if self.req(s).request_id != *id {
-                return Err(format!("index maps {id} to the wrong slot"));
+        for (id, &i) in &self.index {
+            if self.req(i).request_id != *id {
+                return Err(format!("index maps {id} to the wrong entry"));
             }
         }
-        for &s in &self.running {
-            let r = self.req(s);
+        for &i in &self.running {
+            let r = self.req(i);
             if r.status != RequestStatus::Running {
                 return Err(format!(
                     "running {} has status {:?}",
                     r.request_id, r.status
                 ));
             }
-            if self.kv_handles[s as usize] != self.kv.handle(&r.request_id) {
+            if self.kv_handles[i as usize] != self.kv.handle(&r.request_id) {
                 return Err(format!("running {} has a stale KV handle", r.request_id));
             }
             let need = r.num_computed_tokens.div_ceil(self.config.block_size);
-            if self.kv.get_block_ids(&r.request_id).len() < need {
+            if self.kv.block_ids(&r.request_id).len() < need {
                 return Err(format!("running {} lacks blocks", r.request_id));
             }
         }
-        for &s in &self.waiting {
-            let r = self.req(s);
+        for &i in &self.waiting {
+            let r = self.req(i);
             if r.num_computed_tokens != 0
-                || !self.kv.get_block_ids(&r.request_id).is_empty()
-                || self.kv_handles[s as usize].is_some()
+                || !self.kv.block_ids(&r.request_id).is_empty()
+                || self.kv_handles[i as usize].is_some()
             {
                 return Err(format!("waiting {} holds KV", r.request_id));
             }

@@ -107,7 +107,7 @@ fn decode_allocates_only_when_a_block_fills() {
             assert!(new.is_empty(), "at {}", r.num_computed_tokens);
         }
     }
-    assert_eq!(m.get_block_ids("0"), &[1, 2, 3, 4, 5]);
+    assert_eq!(m.block_ids("0"), &[1, 2, 3, 4, 5]);
     assert!(m.block_pool().block(4).unwrap().block_hash.is_some());
     assert_eq!(m.block_pool().block(5).unwrap().block_hash, None);
     m.check_invariants().unwrap();
@@ -200,7 +200,7 @@ fn failed_allocation_changes_nothing() {
     assert!(m.allocate_slots(&mut r2, 33, &hit).is_none());
     assert_eq!(ref_cnts(&m, &[1, 2, 3]), before);
     assert_eq!(m.block_pool().free_block_ids(), free_before);
-    assert!(m.get_block_ids("2").is_empty());
+    assert!(m.block_ids("2").is_empty());
     // One token fewer fits exactly (3 hits + 1 new == 4 free).
     assert_eq!(m.allocate_slots(&mut r2, 16, &hit), Some(vec![10]));
     m.check_invariants().unwrap();
@@ -321,8 +321,8 @@ fn stale_handles_fall_back_to_the_id() {
         m.allocate_slots_with(ha, &mut a2, 30, &[]).map(|v| v.len()),
         Some(2)
     );
-    assert_eq!(m.get_block_ids("b").len(), 2);
-    assert_eq!(m.get_block_ids("a").len(), 2);
+    assert_eq!(m.block_ids("b").len(), 2);
+    assert_eq!(m.block_ids("a").len(), 2);
     b.append_output_token(1);
     b.num_computed_tokens = 20;
     assert_eq!(m.allocate_slots_with(hb, &mut b, 1, &[]), Some(vec![]));

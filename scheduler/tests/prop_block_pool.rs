@@ -187,12 +187,12 @@ proptest! {
                     match m.allocate_slots(&mut req, chunk, &hit) {
                         None => {
                             prop_assert_eq!(snapshot(&m), before);
-                            prop_assert!(m.get_block_ids(&req.request_id).is_empty());
+                            prop_assert!(m.block_ids(&req.request_id).is_empty());
                         }
                         Some(new) => {
                             let mut blocks = hit.clone();
                             blocks.extend(&new);
-                            prop_assert_eq!(m.get_block_ids(&req.request_id), &blocks[..]);
+                            prop_assert_eq!(m.block_ids(&req.request_id), &blocks[..]);
                             for p in n..n + chunk {
                                 content.insert((blocks[p / bs], p % bs), req.all_token_ids()[p]);
                             }
@@ -219,7 +219,7 @@ proptest! {
                         None => prop_assert_eq!(snapshot(&m), before),
                         Some(new) => {
                             r.blocks.extend(&new);
-                            prop_assert_eq!(m.get_block_ids(&r.req.request_id), &r.blocks[..]);
+                            prop_assert_eq!(m.block_ids(&r.req.request_id), &r.blocks[..]);
                             for p in start..start + chunk {
                                 content.insert((r.blocks[p / bs], p % bs), r.req.all_token_ids()[p]);
                             }
@@ -231,7 +231,7 @@ proptest! {
                     if !reqs.is_empty() {
                         let r = reqs.swap_remove(k % reqs.len());
                         m.free(&r.req.request_id);
-                        prop_assert!(m.get_block_ids(&r.req.request_id).is_empty());
+                        prop_assert!(m.block_ids(&r.req.request_id).is_empty());
                     }
                 }
                 KvOp::Reset => {

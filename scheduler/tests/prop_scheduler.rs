@@ -156,6 +156,7 @@ proptest! {
         let mut outputs: HashMap<String, Vec<u32>> = HashMap::new();
         let mut finished: HashMap<String, bool> = HashMap::new();
         let mut accepted: Vec<(String, Vec<u32>, SamplingParams)> = Vec::new();
+        let mut names: HashMap<pagoda_core::ReqHandle, String> = HashMap::new();
         let mut aborted: Vec<String> = Vec::new();
         let last_arrival = specs.iter().map(|s| s.arrival).max().unwrap_or(0);
         let mut step = 0;
@@ -174,7 +175,10 @@ proptest! {
                         .with_priority(sp.priority)
                         .with_cache_salt(sp.salt.then(|| "tenant".to_string()));
                     match s.add_request(req) {
-                        Ok(()) => accepted.push((id.clone(), prompt, params)),
+                        Ok(h) => {
+                            names.insert(h, id.clone());
+                            accepted.push((id.clone(), prompt, params));
+                        }
                         Err(SchedulerError::PromptTooLong { .. }) => prop_assert!(prompt.len() + 1 > cfg.max_model_len),
                         Err(SchedulerError::ExceedsKvCache { num_blocks_needed, num_usable_blocks, .. }) => {
                             prop_assert!(num_blocks_needed > num_usable_blocks)
@@ -198,10 +202,11 @@ proptest! {
             }
             let res = runner.execute(&out).map_err(TestCaseError::fail)?;
             for o in s.update_from_output(&out, &res) {
-                prop_assert!(!finished.contains_key(&o.req_id), "output after finish");
-                outputs.entry(o.req_id.clone()).or_default().extend(&o.new_token_ids);
+                let id = names[&o.handle].clone();
+                prop_assert!(!finished.contains_key(&id), "output after finish");
+                outputs.entry(id.clone()).or_default().extend(&o.new_token_ids);
                 if o.finish_reason.is_some() {
-                    finished.insert(o.req_id.clone(), true);
+                    finished.insert(id, true);
                 }
             }
             s.check_invariants().map_err(TestCaseError::fail)?;

@@ -7,8 +7,8 @@ mod common;
 
 use common::{greedy_req, output_all, FakeRunner};
 use pagoda_core::{
-    FinishReason, ModelRunnerOutput, Request, RequestStatus, SamplingParams, SchedulerOutput,
-    StopReason,
+    FinishReason, ModelRunnerOutput, ReqHandle, Request, RequestStatus, SamplingParams,
+    SchedulerOutput, StopReason,
 };
 use pagoda_scheduler::{Scheduler, SchedulerConfig, SchedulerError, SchedulingPolicy};
 
@@ -36,23 +36,34 @@ fn reqs(n: usize, len: usize) -> Vec<Request> {
         .collect()
 }
 
-fn ids(out: &SchedulerOutput) -> Vec<(&str, usize)> {
+/// The external id of a live request's handle.
+fn name(s: &Scheduler, h: ReqHandle) -> &str {
+    s.request_at(h)
+        .map_or("<finished>", |r| r.request_id.as_str())
+}
+
+fn ids<'a>(s: &'a Scheduler, out: &SchedulerOutput) -> Vec<(&'a str, usize)> {
     out.num_scheduled_tokens
         .iter()
-        .map(|(id, n)| (id.as_str(), *n))
+        .map(|&(h, n)| (name(s, h), n))
         .collect()
 }
 
-fn one_token(id: &str, tok: u32) -> ModelRunnerOutput {
+fn names<'a>(s: &'a Scheduler, hs: &[ReqHandle]) -> Vec<&'a str> {
+    hs.iter().map(|&h| name(s, h)).collect()
+}
+
+fn one_token(s: &Scheduler, id: &str, tok: u32) -> ModelRunnerOutput {
     ModelRunnerOutput {
-        req_ids: vec![id.into()],
+        handles: vec![s.handle_of(id).expect("live")],
         sampled_token_ids: vec![Some(tok)],
         logprobs: vec![None],
         failed: Vec::new(),
+        prompt_logprobs: Vec::new(),
     }
 }
 
-// Scenarios 1 and 2 (test_add_requests / test_finish_request / test_get_num_unfinished_requests).
+// Scenarios 1 and 2 (test_add_requests / test_finish_request / test_num_unfinished_requests).
 #[test]
 fn add_and_finish_requests() {
     let mut s = Scheduler::new(config()).unwrap();
@@ -66,12 +77,12 @@ fn add_and_finish_requests() {
             s.finish_requests([&id], RequestStatus::FinishedAborted),
             Ok(1)
         );
-        assert!(s.get_request(&id).is_none());
+        assert!(s.request(&id).is_none());
         assert_eq!(s.num_waiting(), 9 - i);
-        assert_eq!(s.get_num_unfinished_requests(), 10 - i - 1);
+        assert_eq!(s.num_unfinished_requests(), 10 - i - 1);
     }
     assert!(!s.has_unfinished_requests());
-    assert_eq!(s.schedule().finished_req_ids.len(), 10);
+    assert_eq!(s.schedule().finished_reqs.len(), 10);
 }
 
 // Scenario 3 (test_schedule), with and without prefix caching.
@@ -92,8 +103,8 @@ fn schedule_admits_all_in_arrival_order() {
         assert_eq!(s.num_waiting(), 0);
         let want: Vec<String> = (0..10).map(|i| i.to_string()).collect();
         assert_eq!(s.running_ids(), want);
-        for (i, (id, n)) in out.num_scheduled_tokens.iter().enumerate() {
-            assert_eq!((id, *n), (&want[i], 10));
+        for (i, &(h, n)) in out.num_scheduled_tokens.iter().enumerate() {
+            assert_eq!((name(&s, h), n), (want[i].as_str(), 10));
         }
         assert_eq!(out.total_num_scheduled_tokens, 100);
     }
@@ -112,20 +123,20 @@ fn concurrent_partial_prefills_under_threshold() {
         s.add_request(r).unwrap();
     }
     let out = s.schedule();
-    assert_eq!(ids(&out), vec![("0", 400), ("1", 400), ("2", 224)]);
+    assert_eq!(ids(&s, &out), vec![("0", 400), ("1", 400), ("2", 224)]);
     assert!(s
         .update_from_output(&out, &output_all(&out, 7, &s))
         .is_empty());
     let out = s.schedule();
-    assert_eq!(ids(&out), vec![("0", 400), ("1", 400), ("2", 224)]);
+    assert_eq!(ids(&s, &out), vec![("0", 400), ("1", 400), ("2", 224)]);
     let res = s.update_from_output(&out, &output_all(&out, 7, &s));
     // The first two finished their prompts and sampled; the third is mid-prefill.
     assert_eq!(
-        res.iter().map(|o| o.req_id.as_str()).collect::<Vec<_>>(),
+        res.iter().map(|o| name(&s, o.handle)).collect::<Vec<_>>(),
         vec!["0", "1"]
     );
     let out = s.schedule();
-    assert_eq!(ids(&out), vec![("0", 1), ("1", 1), ("2", 352)]);
+    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 1), ("2", 352)]);
 }
 
 // Scenario 5 (test_schedule_order): no skipping ahead without chunked prefill.
@@ -151,7 +162,7 @@ fn schedule_order_with_and_without_chunking() {
         } else {
             vec![("0", 800)]
         };
-        assert_eq!(ids(&out), want, "chunked={chunked}");
+        assert_eq!(ids(&s, &out), want, "chunked={chunked}");
         assert_eq!(out.scheduled_new_reqs.len(), want.len());
     }
 }
@@ -169,7 +180,7 @@ fn eos_at_max_tokens_is_a_stop() {
     ))
     .unwrap();
     let out = s.schedule();
-    let res = s.update_from_output(&out, &one_token("a", 2));
+    let res = s.update_from_output(&out, &one_token(&s, "a", 2));
     assert_eq!(res[0].finish_reason, Some(FinishReason::Stop));
     assert_eq!(res[0].stop_reason, Some(StopReason::Eos(2)));
 }
@@ -188,13 +199,13 @@ fn stop_reasons_from_update() {
     ))
     .unwrap();
     let out = s.schedule();
-    let res = s.update_from_output(&out, &one_token("a", 2));
+    let res = s.update_from_output(&out, &one_token(&s, "a", 2));
     assert_eq!(res[0].new_token_ids, vec![2]);
     assert_eq!(res[0].finish_reason, Some(FinishReason::Stop));
     assert_eq!(res[0].stop_reason, Some(StopReason::Eos(2)));
-    assert!(s.get_request("a").is_none());
+    assert!(s.request("a").is_none());
     assert_eq!(s.kv_cache_usage(), 0.0);
-    assert_eq!(s.schedule().finished_req_ids, vec!["a".to_string()]);
+    assert_eq!(s.schedule().finished_reqs, vec![res[0].handle]);
 
     // Stop token 42 among [10, 42, 12]: stops at 42 with outputs [10, 42].
     let p = SamplingParams {
@@ -210,7 +221,7 @@ fn stop_reasons_from_update() {
         if out.is_empty() {
             break;
         }
-        let res = s.update_from_output(&out, &one_token("b", tok));
+        let res = s.update_from_output(&out, &one_token(&s, "b", tok));
         got.extend(&res[0].new_token_ids);
         last = Some(res[0].clone());
     }
@@ -231,7 +242,7 @@ fn stop_reasons_from_update() {
         if out.is_empty() {
             break;
         }
-        let res = s.update_from_output(&out, &one_token("c", tok));
+        let res = s.update_from_output(&out, &one_token(&s, "c", tok));
         got.extend(&res[0].new_token_ids);
         if res[0].finish_reason.is_some() {
             assert_eq!(res[0].finish_reason, Some(FinishReason::Length));
@@ -247,9 +258,9 @@ fn stop_reasons_from_update() {
     s.add_request(Request::new("d", vec![1, 2, 3], p, vec![2]))
         .unwrap();
     let out = s.schedule();
-    let res = s.update_from_output(&out, &one_token("d", 2));
+    let res = s.update_from_output(&out, &one_token(&s, "d", 2));
     assert_eq!(res[0].finish_reason, None);
-    assert!(s.get_request("d").is_some());
+    assert!(s.request("d").is_some());
 }
 
 // Scenario 8 (test_check_stop_min_tokens).
@@ -266,11 +277,11 @@ fn min_tokens_delays_eos_and_stop_ids() {
     for step in 0..4 {
         let out = s.schedule();
         let tok = if step % 2 == 0 { 2 } else { 42 };
-        let res = s.update_from_output(&out, &one_token("a", tok));
+        let res = s.update_from_output(&out, &one_token(&s, "a", tok));
         assert_eq!(res[0].finish_reason, None, "step {step}");
     }
     let out = s.schedule();
-    let res = s.update_from_output(&out, &one_token("a", 2));
+    let res = s.update_from_output(&out, &one_token(&s, "a", 2));
     assert_eq!(
         (res[0].finish_reason, res[0].stop_reason.clone()),
         (Some(FinishReason::Stop), Some(StopReason::Eos(2)))
@@ -284,7 +295,7 @@ fn min_tokens_delays_eos_and_stop_ids() {
         .unwrap();
     let out = s.schedule();
     assert_eq!(
-        s.update_from_output(&out, &one_token("b", 2))[0].finish_reason,
+        s.update_from_output(&out, &one_token(&s, "b", 2))[0].finish_reason,
         Some(FinishReason::Stop)
     );
 }
@@ -308,12 +319,12 @@ fn growing_request_preempts_the_latest() {
     assert_eq!(out.scheduled_new_reqs[1].block_ids, vec![6, 7, 8, 9, 10]);
     s.update_from_output(&out, &output_all(&out, 5, &s));
     let out = s.schedule();
-    assert_eq!(out.preempted_req_ids, vec!["1".to_string()]);
-    assert_eq!(ids(&out), vec![("0", 1)]);
+    assert_eq!(names(&s, &out.preempted_reqs), vec!["1"]);
+    assert_eq!(ids(&s, &out), vec![("0", 1)]);
     // Request 1 freed its blocks tail first, so its last block went first.
     assert_eq!(out.scheduled_cached_reqs[0].new_block_ids, vec![10]);
     assert_eq!(s.running_ids(), vec!["0".to_string()]);
-    let r1 = s.get_request("1").unwrap();
+    let r1 = s.request("1").unwrap();
     assert_eq!(
         (r1.status, r1.num_computed_tokens, r1.num_preemptions),
         (RequestStatus::Preempted, 0, 1)
@@ -321,14 +332,15 @@ fn growing_request_preempts_the_latest() {
     assert_eq!(r1.output_token_ids(), &[5]);
     // A stale output naming request 1 is ignored.
     let stale = ModelRunnerOutput {
-        req_ids: vec!["0".into(), "1".into()],
+        handles: vec![s.handle_of("0").unwrap(), s.handle_of("1").unwrap()],
         sampled_token_ids: vec![Some(6), Some(42)],
         logprobs: vec![None, None],
         failed: Vec::new(),
+        prompt_logprobs: Vec::new(),
     };
     let res = s.update_from_output(&out, &stale);
     assert_eq!(res.len(), 1);
-    assert_eq!(s.get_request("1").unwrap().output_token_ids(), &[5]);
+    assert_eq!(s.request("1").unwrap().output_token_ids(), &[5]);
     assert_eq!(s.num_preemptions(), 1);
 }
 
@@ -378,7 +390,7 @@ fn reset_prefix_cache_with_running_requests() {
     let want: Vec<String> = (0..10).map(|i| i.to_string()).collect();
     assert_eq!(s.waiting_ids(), want);
     let out = s.schedule();
-    assert_eq!(out.preempted_req_ids.len(), 10);
+    assert_eq!(out.preempted_reqs.len(), 10);
     // Resumed requests come back with their generated token; nothing hits the cache.
     assert_eq!(out.scheduled_new_reqs[0].token_ids.len(), 11);
     assert_eq!(out.scheduled_new_reqs[0].num_output_tokens, 1);
@@ -398,12 +410,14 @@ fn prefill_chunks_under_small_budget() {
     .unwrap();
     s.add_request(reqs(1, 80).pop().unwrap()).unwrap();
     let out = s.schedule();
-    assert_eq!(ids(&out), vec![("0", 50)]);
+    assert_eq!(ids(&s, &out), vec![("0", 50)]);
     // A token returned for a partial prefill chunk is ignored.
-    assert!(s.update_from_output(&out, &one_token("0", 1)).is_empty());
-    assert_eq!(s.get_request("0").unwrap().num_output_tokens(), 0);
+    assert!(s
+        .update_from_output(&out, &one_token(&s, "0", 1))
+        .is_empty());
+    assert_eq!(s.request("0").unwrap().num_output_tokens(), 0);
     let out = s.schedule();
-    assert_eq!(ids(&out), vec![("0", 30)]);
+    assert_eq!(ids(&s, &out), vec![("0", 30)]);
     assert_eq!(out.scheduled_cached_reqs[0].num_computed_tokens, 50);
     assert_eq!(
         s.update_from_output(&out, &output_all(&out, 1, &s)).len(),
@@ -472,7 +486,7 @@ fn priority_preempts_low_priority_running() {
     s.update_from_output(&out, &output_all(&out, 1, &s));
     s.add_request(prio("hi", 0, 30, 50)).unwrap();
     let out = s.schedule();
-    assert_eq!(ids(&out), vec![("lo", 1), ("hi", 30)]);
+    assert_eq!(ids(&s, &out), vec![("lo", 1), ("hi", 30)]);
     assert_eq!(s.kv_cache_manager().num_free_blocks(), 0);
     s.update_from_output(&out, &output_all(&out, 1, &s));
     for _ in 0..2 {
@@ -482,14 +496,11 @@ fn priority_preempts_low_priority_running() {
     }
     // hi now needs its third block: lo (scheduled first this step) is preempted.
     let out = s.schedule();
-    assert_eq!(out.preempted_req_ids, vec!["lo".to_string()]);
-    assert_eq!(ids(&out), vec![("hi", 1)]);
+    assert_eq!(names(&s, &out.preempted_reqs), vec!["lo"]);
+    assert_eq!(ids(&s, &out), vec![("hi", 1)]);
     assert_eq!(out.total_num_scheduled_tokens, 1);
     assert_eq!(s.running_ids(), vec!["hi".to_string()]);
-    assert_eq!(
-        s.get_request("lo").unwrap().status,
-        RequestStatus::Preempted
-    );
+    assert_eq!(s.request("lo").unwrap().status, RequestStatus::Preempted);
 }
 
 // Scenario 17 (test_priority_scheduling_preemption_and_resumption_when_out_of_kv).
@@ -509,8 +520,8 @@ fn priority_preemption_then_resumption() {
     assert_eq!(s.kv_cache_manager().num_free_blocks(), 0);
     s.update_from_output(&out, &output_all(&out, 9, &s));
     let out = s.schedule();
-    assert_eq!(out.preempted_req_ids, vec!["low".to_string()]);
-    assert_eq!(ids(&out), vec![("high", 1)]);
+    assert_eq!(names(&s, &out.preempted_reqs), vec!["low"]);
+    assert_eq!(ids(&s, &out), vec![("high", 1)]);
     assert_eq!((s.num_waiting(), s.num_running()), (1, 1));
     let res = s.update_from_output(&out, &output_all(&out, 9, &s));
     assert_eq!(res[0].finish_reason, Some(FinishReason::Length));
@@ -539,7 +550,7 @@ fn priority_admits_without_preemption_when_space() {
     s.add_request(prio("c", 0, 10, 8)).unwrap();
     let out = s.schedule();
     assert_eq!(out.scheduled_new_reqs.len(), 1);
-    assert!(out.preempted_req_ids.is_empty());
+    assert!(out.preempted_reqs.is_empty());
     assert_eq!((s.num_running(), s.num_waiting()), (3, 0));
 }
 
@@ -601,15 +612,15 @@ fn decode_rows_come_first() {
     s.add_request(greedy_req("short", (200..210).collect(), 4))
         .unwrap();
     let out = s.schedule();
-    assert_eq!(ids(&out), vec![("long", 64)]);
+    assert_eq!(ids(&s, &out), vec![("long", 64)]);
     s.update_from_output(&out, &output_all(&out, 1, &s));
     let out = s.schedule();
-    assert_eq!(ids(&out), vec![("long", 36), ("short", 10)]);
+    assert_eq!(ids(&s, &out), vec![("long", 36), ("short", 10)]);
     s.update_from_output(&out, &output_all(&out, 1, &s));
     s.add_request(greedy_req("new", (300..340).collect(), 4))
         .unwrap();
     let out = s.schedule();
-    assert_eq!(ids(&out), vec![("long", 1), ("short", 1), ("new", 40)]);
+    assert_eq!(ids(&s, &out), vec![("long", 1), ("short", 1), ("new", 40)]);
 }
 
 #[test]
@@ -632,7 +643,7 @@ fn resumed_request_hits_its_own_cached_prefix() {
     let mut resumed = false;
     while s.has_unfinished_requests() {
         let out = s.schedule();
-        preempted |= !out.preempted_req_ids.is_empty();
+        preempted |= !out.preempted_reqs.is_empty();
         if let Some(n) = out
             .scheduled_new_reqs
             .iter()
@@ -673,7 +684,7 @@ fn prefix_hits_are_reported_in_outputs_and_stats() {
         (n.num_computed_tokens, n.block_ids.clone()),
         (48, vec![1, 2, 3, 4])
     );
-    assert_eq!(ids(&out), vec![("b", 3)]);
+    assert_eq!(ids(&s, &out), vec![("b", 3)]);
     let res = s.update_from_output(&out, &output_all(&out, 5, &s));
     assert_eq!(
         (res[0].num_cached_tokens, res[0].num_prompt_tokens),

@@ -45,9 +45,8 @@ def test_stop_token_text_is_left_out_unless_asked(client, model, server):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("prompt_logprobs", 1),
+    ("logits_processors", ["x"]),
     ("guided_regex", "a+"),
-    ("bad_words", ["Paris"]),
     ("response_format", {"type": "json_object"}),
     ("best_of", 3),
     ("frobnicate", True),

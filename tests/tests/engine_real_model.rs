@@ -257,6 +257,67 @@ fn bad_inputs_get_clear_errors() {
     assert!(err.contains("/nonexistent/model.gguf"), "{err}");
 }
 
+/// Prompt logprobs of the reference prompts, one per prompt token after the first.
+fn prompt_logprobs(config: pagoda_engine::EngineConfig, label: &str) -> Vec<Vec<(u32, f32)>> {
+    let cases = reference_cases();
+    let prompts: Vec<PromptInput> = cases
+        .iter()
+        .map(|c| PromptInput::Text(c.prompt.clone()))
+        .collect();
+    let mut params = SamplingParams::greedy(8);
+    params.prompt_logprobs = Some(2);
+    let mut e = engine(config);
+    let outs = e.generate(&prompts, &params).expect("generate");
+    assert_all_blocks_free(&e, label);
+    cases
+        .iter()
+        .zip(outs)
+        .map(|(c, o)| {
+            let n = c.safe_len.min(8);
+            assert_eq!(o.token_ids[..n], c.greedy_ids[..n], "[{label}] greedy ids");
+            let lps = o.prompt_logprobs.expect("prompt logprobs");
+            let ids: Vec<u32> = lps.iter().map(|p| p.token_id).collect();
+            assert_eq!(
+                ids,
+                c.prompt_ids[1..],
+                "[{label}] one entry per prompt token"
+            );
+            for p in &lps {
+                assert_eq!(p.top.len(), 2, "[{label}]");
+                assert!(p.logprob <= 0.0 && p.rank >= 1, "[{label}] {p:?}");
+                assert!(p.top[0].1 >= p.top[1].1 && p.logprob <= p.top[0].1 + 1e-6);
+            }
+            lps.iter().map(|p| (p.token_id, p.logprob)).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn prompt_logprobs_survive_chunking_preemption_and_cache() {
+    let want = prompt_logprobs(test_config(), "default");
+    let mut chunked = test_config();
+    chunked.max_num_batched_tokens = 8;
+    let mut preempt = test_config();
+    preempt.num_kv_blocks = Some(24);
+    preempt.block_size = 4;
+    let mut no_cache = test_config();
+    no_cache.enable_prefix_caching = false;
+    for (c, label) in [
+        (chunked, "max_num_batched_tokens=8"),
+        (preempt, "num_kv_blocks=24 block_size=4"),
+        (no_cache, "no prefix caching"),
+    ] {
+        let got = prompt_logprobs(c, label);
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.len(), w.len(), "[{label}]");
+            for (a, b) in g.iter().zip(w) {
+                assert_eq!(a.0, b.0, "[{label}]");
+                assert!((a.1 - b.1).abs() < 1e-4, "[{label}] {a:?} vs {b:?}");
+            }
+        }
+    }
+}
+
 /// `EngineConfig::seed` (vLLM's `--seed`): unseeded requests draw their seeds from
 /// the engine's RNG in arrival order, so two engines with the same seed sample the
 /// same tokens and another seed samples others.

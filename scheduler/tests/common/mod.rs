@@ -4,7 +4,7 @@
 //! function of all previous tokens; plus a scheduler-free reference generator.
 #![allow(dead_code)]
 
-use pagoda_core::{ModelRunnerOutput, Request, SamplingParams, SchedulerOutput};
+use pagoda_core::{ModelRunnerOutput, ReqHandle, Request, SamplingParams, SchedulerOutput};
 use std::collections::HashMap;
 
 /// The fake model: next token = a hash of every previous token, mod `vocab`.
@@ -52,7 +52,7 @@ struct RunnerReq {
 pub struct FakeRunner {
     pub block_size: usize,
     pub vocab: u32,
-    reqs: HashMap<String, RunnerReq>,
+    reqs: HashMap<ReqHandle, RunnerReq>,
     /// slot -> (token id, position) written there.
     kv: HashMap<usize, (u32, usize)>,
     /// Check the whole cached prefix of every scheduled row (slow; small tests only).
@@ -75,11 +75,11 @@ impl FakeRunner {
     }
 
     pub fn execute(&mut self, out: &SchedulerOutput) -> Result<ModelRunnerOutput, String> {
-        for id in out.finished_req_ids.iter().chain(&out.preempted_req_ids) {
-            self.reqs.remove(id);
+        for h in out.finished_reqs.iter().chain(&out.preempted_reqs) {
+            self.reqs.remove(h);
         }
         for n in &out.scheduled_new_reqs {
-            if self.reqs.contains_key(&n.req_id) {
+            if self.reqs.contains_key(&n.handle) {
                 return Err(format!("new request {} already known", n.req_id));
             }
             if n.token_ids.len() != n.num_prompt_tokens + n.num_output_tokens {
@@ -90,17 +90,17 @@ impl FakeRunner {
                 blocks: n.block_ids.clone(),
                 num_computed: n.num_computed_tokens,
             };
-            self.reqs.insert(n.req_id.clone(), r);
+            self.reqs.insert(n.handle, r);
         }
         for c in &out.scheduled_cached_reqs {
             let r = self
                 .reqs
-                .get_mut(&c.req_id)
-                .ok_or(format!("cached request {} unknown", c.req_id))?;
+                .get_mut(&c.handle)
+                .ok_or(format!("cached request {:?} unknown", c.handle))?;
             if r.num_computed != c.num_computed_tokens {
                 return Err(format!(
-                    "{}: runner computed {} vs {}",
-                    c.req_id, r.num_computed, c.num_computed_tokens
+                    "{:?}: runner computed {} vs {}",
+                    c.handle, r.num_computed, c.num_computed_tokens
                 ));
             }
             r.blocks.extend_from_slice(&c.new_block_ids);
@@ -118,7 +118,8 @@ impl FakeRunner {
         let mut seen_prefill = false;
         // Like a real layer, write every row's new K/V first, then attend: a prefix hit
         // may point at blocks another row of this same step is writing.
-        for (id, n) in &out.num_scheduled_tokens {
+        for (h, n) in &out.num_scheduled_tokens {
+            let id = format!("{h:?}");
             if *n == 0 {
                 return Err(format!("{id}: zero tokens scheduled"));
             }
@@ -126,7 +127,7 @@ impl FakeRunner {
                 return Err(format!("{id}: decode row after a prefill row"));
             }
             seen_prefill |= *n > 1;
-            let r = self.reqs.get(id).ok_or(format!("scheduled {id} unknown"))?;
+            let r = self.reqs.get(h).ok_or(format!("scheduled {id} unknown"))?;
             let (start, end) = (r.num_computed, r.num_computed + n);
             if end > r.tokens.len() {
                 return Err(format!("{id}: computes past its tokens"));
@@ -142,8 +143,9 @@ impl FakeRunner {
                     .insert(r.blocks[p / bs] as usize * bs + p % bs, (r.tokens[p], p));
             }
         }
-        for (id, n) in &out.num_scheduled_tokens {
-            let r = self.reqs.get_mut(id).expect("checked above");
+        for (h, n) in &out.num_scheduled_tokens {
+            let id = format!("{h:?}");
+            let r = self.reqs.get_mut(h).expect("checked above");
             let end = r.num_computed + n;
             if self.check_kv {
                 for p in 0..end {
@@ -158,7 +160,7 @@ impl FakeRunner {
             if let Some(t) = tok {
                 r.tokens.push(t);
             }
-            res.req_ids.push(id.clone());
+            res.handles.push(*h);
             res.sampled_token_ids.push(tok);
             res.logprobs.push(None);
         }
@@ -177,9 +179,9 @@ pub fn output_all(
     s: &pagoda_scheduler::Scheduler,
 ) -> ModelRunnerOutput {
     let mut o = ModelRunnerOutput::default();
-    for (id, _) in &sched.num_scheduled_tokens {
-        let r = s.get_request(id).expect("scheduled request is live");
-        o.req_ids.push(id.clone());
+    for &(h, _) in &sched.num_scheduled_tokens {
+        let r = s.request_at(h).expect("scheduled request is live");
+        o.handles.push(h);
         o.sampled_token_ids
             .push((r.num_computed_tokens == r.num_tokens()).then_some(tok));
         o.logprobs.push(None);

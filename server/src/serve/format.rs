@@ -3,7 +3,7 @@
 //! so streamed and non-streamed answers cannot drift apart.
 
 use super::metrics::{Metrics, RequestTimer};
-use pagoda_core::{FinishReason, StopReason, TokenLogprobs};
+use pagoda_core::{FinishReason, PromptLogprob, StopReason, TokenLogprobs};
 use pagoda_engine::RequestOutput;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -43,6 +43,9 @@ pub struct Ctx {
     pub continuous_usage: bool,
     /// vLLM's `return_token_ids`: prompt and output token ids beside the text.
     pub return_token_ids: bool,
+    /// vLLM's `prompt_logprobs` was asked for: answer it (completions per choice,
+    /// chat at the top level).
+    pub prompt_logprobs: bool,
     pub text: Arc<dyn TokenText>,
     pub metrics: Arc<Metrics>,
 }
@@ -109,10 +112,16 @@ impl Ctx {
             .map(|s| {
                 let finish = s.finish_reason.unwrap_or(FinishReason::Abort).as_str();
                 match self.api {
-                    Api::Completion => json!({
-                        "index": s.index, "text": s.text, "logprobs": s.logprobs,
-                        "finish_reason": finish, "stop_reason": s.stop_reason_json(),
-                    }),
+                    Api::Completion => {
+                        let mut c = json!({
+                            "index": s.index, "text": s.text, "logprobs": s.logprobs,
+                            "finish_reason": finish, "stop_reason": s.stop_reason_json(),
+                        });
+                        if self.prompt_logprobs {
+                            c["prompt_logprobs"] = s.prompt_logprobs.clone().unwrap_or(Value::Null);
+                        }
+                        c
+                    }
                     Api::Chat => json!({
                         "index": s.index,
                         "message": {"role": "assistant", "content": s.text},
@@ -127,6 +136,12 @@ impl Ctx {
         };
         let mut v = json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
                "choices": choices, "usage": usage(states)});
+        if self.prompt_logprobs && self.api == Api::Chat {
+            v["prompt_logprobs"] = states
+                .first()
+                .and_then(|s| s.prompt_logprobs.clone())
+                .unwrap_or(Value::Null);
+        }
         if self.return_token_ids {
             for (c, s) in v["choices"]
                 .as_array_mut()
@@ -146,31 +161,73 @@ impl Ctx {
         v
     }
 
-    /// Logprobs of prompt tokens shown by `echo` (their values are not computed: null).
-    pub fn echo_logprobs(&self, ids: &[u32], offset: &mut usize) -> Value {
-        let mut tokens = Vec::new();
-        let mut offsets = Vec::new();
-        for &id in ids {
+    /// Completions logprobs of the prompt tokens shown by `echo`: the first token
+    /// has none (null), the others their prompt logprobs (null where the engine
+    /// gave none).
+    pub fn echo_logprobs(
+        &self,
+        ids: &[u32],
+        prompt: Option<&[PromptLogprob]>,
+        offset: &mut usize,
+    ) -> Value {
+        let entries: Vec<(u32, Option<TokenLogprobs>)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                let lp = i
+                    .checked_sub(1)
+                    .and_then(|j| prompt?.get(j))
+                    .filter(|p| p.token_id == id)
+                    .map(|p| TokenLogprobs {
+                        token_id: p.token_id,
+                        logprob: p.logprob,
+                        top: p.top.clone(),
+                    });
+                (id, lp)
+            })
+            .collect();
+        self.completion_logprobs(entries.iter().map(|(id, lp)| (*id, lp.as_ref())), offset)
+    }
+
+    /// vLLM's `prompt_logprobs` list: null for the first prompt token, then per
+    /// token a map from token id to `{logprob, rank, decoded_token}` holding the
+    /// prompt token itself and its most likely alternatives (ranks 1..k).
+    pub fn prompt_logprobs_json(&self, entries: &[PromptLogprob]) -> Value {
+        let item = |id: u32, logprob: f32, rank: u32| {
+            let t = self.text.token_text(id);
+            json!({"logprob": logprob, "rank": rank, "decoded_token": self.token_label(id, &t)})
+        };
+        let mut list = vec![Value::Null];
+        for e in entries {
+            let mut m = Map::new();
+            m.insert(e.token_id.to_string(), item(e.token_id, e.logprob, e.rank));
+            for (r, &(id, v)) in e.top.iter().enumerate() {
+                m.entry(id.to_string())
+                    .or_insert_with(|| item(id, v, r as u32 + 1));
+            }
+            list.push(Value::Object(m));
+        }
+        Value::Array(list)
+    }
+
+    /// Completions' logprobs object over tokens that may lack logprobs (null).
+    fn completion_logprobs<'a>(
+        &self,
+        entries: impl Iterator<Item = (u32, Option<&'a TokenLogprobs>)>,
+        offset: &mut usize,
+    ) -> Value {
+        let (mut tokens, mut values, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+        for (id, lp) in entries {
             let t = self.text.token_text(id);
             offsets.push(*offset);
             *offset += t.chars().count();
-            tokens.push(self.token_label(id, &t));
-        }
-        let nulls = vec![Value::Null; ids.len()];
-        json!({"tokens": tokens, "token_logprobs": nulls, "top_logprobs": nulls, "text_offset": offsets})
-    }
-
-    /// The logprobs object for some generated tokens, in this API's shape.
-    pub fn logprobs_json(&self, lps: &[TokenLogprobs], offset: &mut usize) -> Value {
-        match self.api {
-            Api::Completion => {
-                let (mut tokens, mut values, mut tops, mut offsets) =
-                    (vec![], vec![], vec![], vec![]);
-                for lp in lps {
-                    let t = self.text.token_text(lp.token_id);
-                    offsets.push(*offset);
-                    *offset += t.chars().count();
-                    let label = self.token_label(lp.token_id, &t);
+            let label = self.token_label(id, &t);
+            match lp {
+                None => {
+                    values.push(Value::Null);
+                    tops.push(Value::Null);
+                }
+                Some(lp) => {
                     let mut top = Map::new();
                     for &(id, v) in &lp.top {
                         let s = self.token_label(id, &self.text.token_text(id));
@@ -178,11 +235,20 @@ impl Ctx {
                     }
                     // vLLM always lists the sampled token among the top entries.
                     top.entry(label.clone()).or_insert(json!(lp.logprob));
-                    tokens.push(label);
                     values.push(json!(lp.logprob));
                     tops.push(Value::Object(top));
                 }
-                json!({"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
+            }
+            tokens.push(label);
+        }
+        json!({"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
+    }
+
+    /// The logprobs object for some generated tokens, in this API's shape.
+    pub fn logprobs_json(&self, lps: &[TokenLogprobs], offset: &mut usize) -> Value {
+        match self.api {
+            Api::Completion => {
+                self.completion_logprobs(lps.iter().map(|lp| (lp.token_id, Some(lp))), offset)
             }
             Api::Chat => {
                 let entry = |id: u32, v: f32| {
@@ -244,6 +310,13 @@ pub struct ChoiceState {
     /// With `return_token_ids`: the prompt's ids and every output id so far.
     pub prompt_ids: Option<Vec<u32>>,
     pub token_ids: Vec<u32>,
+    /// Completions `echo` with logprobs: the prompt ids whose logprobs go out with
+    /// the first output (which brings their values).
+    pub echo_ids: Option<Vec<u32>>,
+    /// Streaming: echoed text that goes out with that first output.
+    pub unsent_echo: String,
+    /// vLLM's `prompt_logprobs` list, once the first output brought it.
+    pub prompt_logprobs: Option<Value>,
     timer: RequestTimer,
 }
 
@@ -268,6 +341,9 @@ impl ChoiceState {
             started: false,
             prompt_ids: None,
             token_ids: Vec::new(),
+            echo_ids: None,
+            unsent_echo: String::new(),
+            prompt_logprobs: None,
             timer: RequestTimer::new(arrival),
         }
     }
@@ -299,15 +375,24 @@ impl ChoiceState {
                 ctx.metrics.observe_finished(m);
             }
         }
+        if ctx.prompt_logprobs && self.prompt_logprobs.is_none() {
+            let entries = out.prompt_logprobs.as_deref().unwrap_or(&[]);
+            self.prompt_logprobs = Some(ctx.prompt_logprobs_json(entries));
+        }
+        // The echoed prompt's logprobs come first, now that their values are here.
+        let mut delta = self.echo_ids.take().map(|ids| {
+            let mut off = 0;
+            ctx.echo_logprobs(&ids, out.prompt_logprobs.as_deref(), &mut off)
+        });
         if ctx.logprobs && !out.new_logprobs.is_empty() {
             let mut off = self.offset;
             let lp = ctx.logprobs_json(&out.new_logprobs, &mut off);
             self.offset = off;
-            Some(lp)
+            merge_logprobs(&mut delta, lp);
         } else {
             self.offset += out.new_text.chars().count();
-            None
         }
+        delta
     }
 
     /// vLLM's `stop_reason`: the stop string or token id that ended the choice, null for EOS.

@@ -78,6 +78,23 @@ impl AppState {
         }
     }
 
+    /// `prompt_logprobs` under `--max-logprobs`, with vLLM's message (`-1`, every
+    /// token, is left to the engine).
+    fn check_prompt_logprobs(&self, k: Option<usize>) -> Result<(), ApiError> {
+        match k {
+            Some(k) if k != pagoda_core::ALL_PROMPT_LOGPROBS && k > self.max_logprobs => {
+                Err(ApiError::bad(
+                    "prompt_logprobs",
+                    format!(
+                        "Requested prompt logprobs of {k}, which is greater than max allowed: {}",
+                        self.max_logprobs
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn read_body(&self, body: Body) -> Result<Bytes, ApiError> {
         body.map_err(|r| ApiError::from_body_rejection(r, self.max_body_bytes))
     }
@@ -89,7 +106,8 @@ impl AppState {
             id: next_id(if api == Api::Chat { "chatcmpl" } else { "cmpl" }),
             created: unix_now(),
             model: self.model_name.clone(),
-            logprobs,
+            // `logprob_token_ids` alone asks for logprobs too (of those tokens).
+            logprobs: logprobs || c.logprob_token_ids.is_some(),
             tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false)
                 || self.return_tokens_as_token_ids,
             // `--enable-force-include-usage` acts as `include_usage: true` (vLLM).
@@ -101,6 +119,7 @@ impl AppState {
                         .and_then(|o| o.continuous_usage_stats)
                         .unwrap_or(false)),
             return_token_ids: c.return_token_ids.unwrap_or(false),
+            prompt_logprobs: c.prompt_logprobs.is_some(),
             text: Arc::new(move |id: u32| tok.decode(&[id], false).unwrap_or_default()),
             metrics: self.metrics.clone(),
         }
@@ -161,6 +180,35 @@ impl AppState {
             .tokenizer()
             .encode(text, add_special_tokens)
             .map_err(|e| ApiError::bad("prompt", format!("cannot tokenize the prompt: {e}")))
+    }
+
+    /// vLLM's `bad_words` as token sequences: each word as tokenized at the start of
+    /// a text and, when that differs in its first token only, after a space.
+    fn bad_words_ids(&self, words: &[String]) -> Result<Vec<Vec<u32>>, ApiError> {
+        let mut out: Vec<Vec<u32>> = Vec::new();
+        for w in words {
+            let w = w.trim_start();
+            let encode = |t: &str| {
+                self.engine
+                    .tokenizer()
+                    .encode(t, false)
+                    .map_err(|e| ApiError::bad("bad_words", format!("cannot tokenize `{w}`: {e}")))
+            };
+            let bare = encode(w)?;
+            if bare.is_empty() {
+                return Err(ApiError::bad(
+                    "bad_words",
+                    format!("bad word `{w}` has no tokens"),
+                ));
+            }
+            let spaced = encode(&format!(" {w}"))?;
+            let differs = spaced.first() != bare.first() && spaced.len() == bare.len();
+            out.push(bare);
+            if differs {
+                out.push(spaced);
+            }
+        }
+        Ok(out)
     }
 
     fn check_ids(&self, param: &str, ids: &[u32]) -> Result<(), ApiError> {
@@ -348,15 +396,24 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     let logprobs = st.check_logprobs("logprobs", req.logprobs()?)?;
     st.generation_defaults.apply(&mut req.common);
     // Completions default to 16 tokens (OpenAI's and vLLM's default); chat to the room left.
-    let params = sampling_params(
+    let mut params = sampling_params(
         &req.common,
         st.generation_defaults
             .cap_max_tokens(Some(req.common.max_tokens.unwrap_or(16))),
         logprobs,
         st.engine.model_info().vocab_size,
     )?;
+    st.check_prompt_logprobs(params.prompt_logprobs)?;
     let n = req.common.n()?;
     let echo = req.echo.unwrap_or(false);
+    if let Some(w) = &req.common.bad_words {
+        params.bad_words_token_ids = st.bad_words_ids(w)?;
+    }
+    if echo && params.prompt_logprobs.is_none() {
+        // vLLM: echoed prompt tokens get logprobs with as many alternatives as
+        // the generated ones.
+        params.prompt_logprobs = logprobs;
+    }
     let add_special = req.common.add_special_tokens.unwrap_or(true);
     let trunc = req
         .common
@@ -415,12 +472,16 @@ pub(super) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiEr
     st.check_model(req.common.model.as_deref())?;
     let logprobs = st.check_logprobs("top_logprobs", req.logprobs()?)?;
     st.generation_defaults.apply(&mut req.common);
-    let params = sampling_params(
+    let mut params = sampling_params(
         &req.common,
         st.generation_defaults.cap_max_tokens(req.max_tokens()),
         logprobs,
         st.engine.model_info().vocab_size,
     )?;
+    st.check_prompt_logprobs(params.prompt_logprobs)?;
+    if let Some(w) = &req.common.bad_words {
+        params.bad_words_token_ids = st.bad_words_ids(w)?;
+    }
     let n = req.common.n()?;
     let messages = match &req.messages {
         Some(m) if !m.is_empty() => m,

@@ -85,6 +85,13 @@ pub struct CommonFields {
     pub allowed_token_ids: Option<Vec<u32>>,
     /// vLLM extension: return prompt and output token ids beside the text.
     pub return_token_ids: Option<bool>,
+    /// vLLM extension: logprobs of the prompt's tokens with this many alternatives
+    /// (-1: the whole vocabulary).
+    pub prompt_logprobs: Option<i64>,
+    /// vLLM extension: words that must not be generated (tokenized by the server).
+    pub bad_words: Option<Vec<String>>,
+    /// vLLM extension: report the logprobs of exactly these tokens per position.
+    pub logprob_token_ids: Option<Vec<u32>>,
 }
 
 impl CommonFields {
@@ -157,6 +164,33 @@ impl CommonFields {
             Some(p) => i32::try_from(p).map_err(|_| {
                 ApiError::bad("priority", format!("priority must fit in 32 bits, got {p}"))
             }),
+        }
+    }
+
+    /// `prompt_logprobs`, checked with vLLM's rules and wording.
+    pub fn prompt_logprobs(&self) -> Result<Option<usize>, ApiError> {
+        let Some(k) = self.prompt_logprobs else {
+            return Ok(None);
+        };
+        if self.stream() && (k > 0 || k == -1) {
+            return Err(ApiError::bad(
+                "prompt_logprobs",
+                "`prompt_logprobs` are not available when `stream=True`.",
+            ));
+        }
+        match k {
+            -1 => Ok(Some(pagoda_core::ALL_PROMPT_LOGPROBS)),
+            k if k < 0 => Err(ApiError::bad(
+                "prompt_logprobs",
+                "`prompt_logprobs` must be a positive value or -1.",
+            )),
+            k if k as u64 > MAX_LOGPROBS as u64 => Err(ApiError::bad(
+                "prompt_logprobs",
+                format!(
+                    "Requested prompt logprobs of {k}, which is greater than max allowed: {MAX_LOGPROBS}"
+                ),
+            )),
+            k => Ok(Some(k as usize)),
         }
     }
 
@@ -502,6 +536,16 @@ pub fn sampling_params(
     p.include_stop_str_in_output = c.include_stop_str_in_output.unwrap_or(false);
     p.skip_special_tokens = c.skip_special_tokens.unwrap_or(true);
     p.logprobs = logprobs;
+    p.prompt_logprobs = c.prompt_logprobs()?;
+    if let Some(ids) = &c.logprob_token_ids {
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(ApiError::bad(
+                "logprob_token_ids",
+                format!("token id {bad} is outside the vocabulary ({vocab_size})"),
+            ));
+        }
+        p.logprob_token_ids = Some(ids.clone());
+    }
     p.validate()?;
     Ok(p)
 }

@@ -12,6 +12,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures::stream::{self, BoxStream, SelectAll, StreamExt};
 use pagoda_engine::{EngineError, RequestOutput, RequestStream};
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -38,24 +39,21 @@ fn merge(streams: Vec<RequestStream>) -> SelectAll<BoxStream<'static, Tagged>> {
     }))
 }
 
-/// Applies `echo` to a fresh choice: its text and (with logprobs) its token entries.
-fn apply_echo(
-    ctx: &Ctx,
-    st: &mut ChoiceState,
-    echo: &Option<(String, Vec<u32>)>,
-) -> Option<serde_json::Value> {
-    let (text, ids) = echo.as_ref()?;
+/// Applies `echo` to a fresh choice: its text now; with logprobs, its token
+/// entries wait for the first output, which brings the prompt logprobs. Returns
+/// whether they wait.
+fn apply_echo(ctx: &Ctx, st: &mut ChoiceState, echo: &Option<(String, Vec<u32>)>) -> bool {
+    let Some((text, ids)) = echo.as_ref() else {
+        return false;
+    };
     st.text.push_str(text);
+    st.offset = text.chars().count();
     // Chat echoes the final message's text only: its logprobs are not the prompt's.
-    if ctx.logprobs && ctx.api == super::format::Api::Completion {
-        let mut off = st.offset;
-        let lp = ctx.echo_logprobs(ids, &mut off);
-        st.offset = text.chars().count();
-        Some(lp)
-    } else {
-        st.offset = text.chars().count();
-        None
+    let deferred = ctx.logprobs && ctx.api == super::format::Api::Completion;
+    if deferred {
+        st.echo_ids = Some(ids.clone());
     }
+    deferred
 }
 
 /// Runs every sample to the end and returns their final states.
@@ -68,9 +66,7 @@ pub async fn collect(ctx: &Ctx, samples: Vec<Sample>) -> Result<Vec<ChoiceState>
         echo,
     } in samples
     {
-        if let Some(lp) = apply_echo(ctx, &mut state, &echo) {
-            merge_logprobs(&mut state.logprobs, lp);
-        }
+        apply_echo(ctx, &mut state, &echo);
         states.push(state);
         streams.push(stream);
     }
@@ -147,16 +143,21 @@ impl SseState {
                             super::format::Api::Completion => {
                                 if echo.is_some() {
                                     let before = st.text.len();
-                                    let lp = apply_echo(ctx, st, echo);
+                                    let deferred = apply_echo(ctx, st, echo);
                                     let text = st.text[before..].to_string();
-                                    out.push_str(&sse_event(&ctx.chunk(
-                                        st.index,
-                                        &text,
-                                        lp,
-                                        None,
-                                        serde_json::Value::Null,
-                                        false,
-                                    )));
+                                    if deferred {
+                                        // Goes out with the first output and its logprobs.
+                                        st.unsent_echo = text;
+                                    } else {
+                                        out.push_str(&sse_event(&ctx.chunk(
+                                            st.index,
+                                            &text,
+                                            None,
+                                            None,
+                                            serde_json::Value::Null,
+                                            false,
+                                        )));
+                                    }
                                 }
                             }
                         }
@@ -186,9 +187,14 @@ impl SseState {
                             };
                             let first = !st.started;
                             st.started = true;
+                            let text = if st.unsent_echo.is_empty() {
+                                Cow::Borrowed(out.new_text.as_str())
+                            } else {
+                                Cow::Owned(std::mem::take(&mut st.unsent_echo) + &out.new_text)
+                            };
                             let mut chunk = ctx.chunk(
                                 st.index,
-                                &out.new_text,
+                                &text,
                                 lp,
                                 finish,
                                 stop,

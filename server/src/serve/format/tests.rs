@@ -14,6 +14,7 @@ fn ctx(api: Api, logprobs: bool, tokens_as_ids: bool) -> Ctx {
         include_usage: true,
         continuous_usage: false,
         return_token_ids: false,
+        prompt_logprobs: false,
         text: Arc::new(|id: u32| format!("<{id}>")),
         metrics: Arc::new(Metrics::default()),
     }
@@ -39,6 +40,7 @@ fn out(ids: &[u32], text: &str, finished: bool) -> RequestOutput {
         num_cached_tokens: 2,
         num_output_tokens: 0,
         error: None,
+        prompt_logprobs: None,
         metrics: None,
     }
 }
@@ -132,4 +134,50 @@ fn usage_counts_prompts_once_per_prompt() {
     assert_eq!(r["choices"][2]["finish_reason"], "length");
     let chunk = c.usage_chunk(u);
     assert_eq!(chunk["choices"], json!([]));
+}
+
+fn plp(token_id: u32, logprob: f32, rank: u32, top: &[(u32, f32)]) -> PromptLogprob {
+    PromptLogprob {
+        token_id,
+        logprob,
+        rank,
+        top: top.to_vec(),
+    }
+}
+
+#[test]
+fn prompt_logprobs_list_has_the_token_and_ranked_alternatives() {
+    let c = ctx(Api::Completion, false, false);
+    let v = c.prompt_logprobs_json(&[
+        plp(5, -2.0, 3, &[(7, -0.1), (8, -1.0)]),
+        plp(7, -0.1, 1, &[(7, -0.1), (8, -1.0)]),
+    ]);
+    assert_eq!(v[0], Value::Null);
+    assert_eq!(v[1]["5"]["rank"], 3);
+    assert_eq!(v[1]["5"]["decoded_token"], "<5>");
+    assert_eq!(v[1]["7"]["rank"], 1);
+    assert_eq!(v[1]["8"]["rank"], 2);
+    // The prompt token among the top entries is listed once, with its own rank.
+    assert_eq!(v[2].as_object().unwrap().len(), 2);
+    assert_eq!(v[2]["7"]["rank"], 1);
+}
+
+#[test]
+fn echo_logprobs_fill_all_but_the_first_prompt_token() {
+    let c = ctx(Api::Completion, true, false);
+    let mut off = 0;
+    let v = c.echo_logprobs(
+        &[1, 5, 7],
+        Some(&[plp(5, -2.0, 3, &[(7, -0.5)]), plp(7, -0.5, 1, &[])]),
+        &mut off,
+    );
+    assert_eq!(v["tokens"], json!(["<1>", "<5>", "<7>"]));
+    assert_eq!(v["token_logprobs"], json!([null, -2.0, -0.5]));
+    assert_eq!(v["top_logprobs"][0], Value::Null);
+    assert_eq!(v["top_logprobs"][1], json!({"<7>": -0.5, "<5>": -2.0}));
+    assert_eq!(v["text_offset"], json!([0, 3, 6]));
+    assert_eq!(off, 9);
+    // Without values (none computed) every entry is null, as before.
+    let v = c.echo_logprobs(&[1, 5], None, &mut 0);
+    assert_eq!(v["token_logprobs"], json!([null, null]));
 }

@@ -36,6 +36,9 @@ const COMMON: &[&str] = &[
     "truncation_side",
     "allowed_token_ids",
     "return_token_ids",
+    "prompt_logprobs",
+    "bad_words",
+    "logprob_token_ids",
 ];
 
 const COMPLETION: &[&str] = &["prompt", "echo", "logprobs"];
@@ -62,15 +65,14 @@ fn is_off(field: &str, v: &Value) -> Option<bool> {
         "length_penalty" => null || v.as_f64() == Some(1.0),
         "suffix" => null || v.as_str() == Some(""),
         "spaces_between_special_tokens" => null || v == &Value::Bool(true),
-        "tools" | "bad_words" | "documents" => null || v.as_array().is_some_and(|a| a.is_empty()),
+        "tools" | "documents" => null || v.as_array().is_some_and(|a| a.is_empty()),
         "tool_choice" => null || v.as_str() == Some("none"),
         "parallel_tool_calls" | "include_reasoning" => true,
         "response_format" => null || v.get("type").and_then(Value::as_str) == Some("text"),
         "mm_processor_kwargs" | "vllm_xargs" | "kv_transfer_params" => {
             null || v.as_object().is_some_and(|o| o.is_empty())
         }
-        "prompt_logprobs"
-        | "logits_processors"
+        "logits_processors"
         | "structured_outputs"
         | "guided_json"
         | "guided_regex"
@@ -78,7 +80,6 @@ fn is_off(field: &str, v: &Value) -> Option<bool> {
         | "guided_grammar"
         | "guided_decoding_backend"
         | "guided_whitespace_pattern"
-        | "logprob_token_ids"
         | "prompt_embeds"
         | "chat_template"
         | "reasoning_effort"
@@ -169,8 +170,8 @@ mod tests {
     #[test]
     fn unimplemented_and_unknown_fields_are_named() {
         for (body, field) in [
-            (json!({"prompt_logprobs": 1}), "prompt_logprobs"),
-            (json!({"bad_words": ["x"]}), "bad_words"),
+            (json!({"logits_processors": ["x"]}), "logits_processors"),
+            (json!({"prompt_embeds": "x"}), "prompt_embeds"),
             (
                 json!({"response_format": {"type": "json_object"}}),
                 "response_format",
