@@ -103,9 +103,15 @@ fn request_histograms_match_the_requests() {
     n_params.push(3.0);
 
     let engine_requests = seen.len() as f64;
+    // Every token of every request went through some step: the steps' tokens add
+    // up to the prompts (each counted in the step of its first token) and the
+    // generated tokens. The engine's gauges and step counts reach `/metrics` after
+    // its loop's next turn, which may come after the last response: wait for it.
+    let want_steps = seen.iter().map(|s| s.0 + s.1).sum::<f64>() + completion_total;
     let text = s.wait_metrics(|m| {
         metric(m, "vllm:request_prompt_tokens_count") == Some(engine_requests)
-            && metric(m, "vllm:iteration_tokens_total_count").is_some_and(|c| c > 0.0)
+            && metric(m, "vllm:iteration_tokens_total_sum") == Some(want_steps)
+            && metric(m, "vllm:num_requests_running") == Some(0.0)
     });
     let prompts: Vec<f64> = seen.iter().map(|s| s.0).collect();
     check_histogram(&text, "vllm:request_prompt_tokens", &prompts);
@@ -183,11 +189,9 @@ fn request_histograms_match_the_requests() {
         e2e + 1e-6 >= queue + inference,
         "e2e {e2e} < queue {queue} + inference {inference}"
     );
-    // Every token of every request went through some step: the steps' tokens add
-    // up to the prompts (each counted in the step of its first token) and the
-    // generated tokens.
     let step_tokens = sum("vllm:iteration_tokens_total");
     assert_eq!(step_tokens, prompts.iter().sum::<f64>() + want, "{text}");
+    assert_eq!(step_tokens, want_steps);
     let b = buckets(&text, "vllm:iteration_tokens_total");
     assert!(b.windows(2).all(|w| w[0].1 <= w[1].1));
     assert_eq!(
