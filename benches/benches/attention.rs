@@ -17,9 +17,7 @@
 //! prefill 512/2048); `PAGODA_BENCH_BACKENDS=paged,flash` filters backends.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pagoda_backend_flash as _;
-use pagoda_backend_naive as _;
-use pagoda_backend_paged as _;
+use pagoda_backends as _;
 use pagoda_benches::attn::{self, Case, ModelShape, LLAMA8B, SMOLLM2};
 use pagoda_core::{registered_backends, BackendRegistration, Role};
 use std::time::Duration;

@@ -49,6 +49,7 @@ fn request(id: String, seed: u32, len: usize, max_tokens: Option<usize>) -> Requ
         ignore_eos: true,
         ..SamplingParams::greedy(1)
     };
+    let params = params.checked(usize::MAX).expect("valid parameters");
     Request::new(id, prompt(seed, len), params, vec![2])
 }
 

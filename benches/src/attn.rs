@@ -146,7 +146,7 @@ impl Case {
         let qo = 2 * self.batch.num_tokens() * c.num_heads * c.head_dim * 4;
         let kv: usize = self
             .batch
-            .seq_lens
+            .seq_lens()
             .iter()
             .map(|&s| 2 * s as usize * c.num_kv_heads * c.head_dim * 4)
             .sum();

@@ -1,7 +1,9 @@
 //! Benchmark support: this machine's ceilings (memory bandwidth, f32 GEMM rate,
 //! [`ceilings`]) and the attention shapes every backend is measured on
 //! ([`attn`]), shared by the criterion benches and the `ceilings` / `attn_table`
-//! binaries.
+//! binaries; and the unpacked matmul family ([`unpacked`]), the baseline the
+//! packed GEMMs are measured against (`benches/matmul.rs`, `bin/matmul_ab.rs`).
 
 pub mod attn;
 pub mod ceilings;
+pub mod unpacked;

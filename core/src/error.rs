@@ -20,6 +20,20 @@ pub enum CoreError {
     },
     #[error("attention backend `{backend}` failed: {message}")]
     BackendFailed { backend: String, message: String },
+    #[error("batch laid out for block size {batch}, the backend is configured for {config}")]
+    BlockSizeMismatch { batch: usize, config: usize },
+    #[error("block id {block} is out of range for a pool of {num_blocks} blocks")]
+    BlockOutOfRange { block: u32, num_blocks: usize },
+    #[error("attention backend `{backend}`: run called before a successful plan")]
+    NotPlanned { backend: String },
+    #[error(
+        "two attention backends are registered as `{name}`: one in `{first}`, one in `{second}`"
+    )]
+    DuplicateBackend {
+        name: &'static str,
+        first: &'static str,
+        second: &'static str,
+    },
     #[error("buffer `{name}` has {actual} elements, expected {expected}")]
     ShapeMismatch {
         name: &'static str,

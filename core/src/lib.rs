@@ -14,9 +14,9 @@ pub mod request;
 pub mod sched;
 
 pub use attention::{
-    merge_states, no_runtime_reasons, registered_backends, AttentionBackend, AttentionConfig,
-    BackendRegistration, BatchDescriptor, Capabilities, DType, Device, DeviceKind, InvalidReason,
-    LayerIo, Role,
+    merge_states, no_runtime_reasons, registered_backends, try_registered_backends,
+    AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor, Capabilities, DType,
+    Device, DeviceKind, InvalidReason, LayerIo, Role,
 };
 // `register_backend!` expands to `$crate::inventory::submit!`, so inventory must be
 // reachable from the crate root.
@@ -24,8 +24,8 @@ pub use attention::inventory;
 pub use error::CoreError;
 pub use kv::{write_kv, KvCache, KvCacheSpec, LayerKv};
 pub use request::{
-    BlockHash, FinishReason, Request, RequestId, RequestStatus, SamplingParams, StopReason,
-    ALL_PROMPT_LOGPROBS,
+    BlockHash, CheckedParams, FinishReason, Request, RequestId, RequestStatus, SamplingParams,
+    StopReason, ALL_PROMPT_LOGPROBS,
 };
 pub use sched::{
     CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, PromptLogprob,

@@ -303,6 +303,88 @@ impl SamplingParams {
     }
 }
 
+/// Sampling parameters checked once, where a request enters the engine: they passed
+/// [`SamplingParams::validate`] and every token id they name is inside the model's
+/// vocabulary. The layers below (scheduler, runner, sampler) take this type and
+/// never check again. Read the parameters through `Deref`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckedParams {
+    params: SamplingParams,
+    vocab_size: usize,
+}
+
+impl CheckedParams {
+    /// The vocabulary size the ids were checked against.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    pub fn into_inner(self) -> SamplingParams {
+        self.params
+    }
+
+    /// The engine's defaults for what the client left open, which keep the
+    /// parameters valid: a seed, and `max_tokens` capped by the `room` left in the
+    /// context (at least 1), `min_tokens` by `max_tokens`.
+    pub fn fill_defaults(&mut self, seed: u64, room: usize) {
+        let p = &mut self.params;
+        p.seed.get_or_insert(seed);
+        let room = room.max(1);
+        p.max_tokens = Some(p.max_tokens.map_or(room, |m| m.min(room)));
+        p.min_tokens = p.min_tokens.min(p.max_tokens.unwrap_or(0));
+    }
+}
+
+impl std::ops::Deref for CheckedParams {
+    type Target = SamplingParams;
+    fn deref(&self) -> &SamplingParams {
+        &self.params
+    }
+}
+
+impl SamplingParams {
+    /// [`Self::validate`], then every token id checked against `vocab_size`:
+    /// the one check a request's parameters get (see [`CheckedParams`]).
+    pub fn checked(self, vocab_size: usize) -> Result<CheckedParams, CoreError> {
+        self.validate()?;
+        let ids = self
+            .stop_token_ids
+            .iter()
+            .map(|&t| ("stop_token_ids", t))
+            .chain(
+                self.allowed_token_ids
+                    .iter()
+                    .flatten()
+                    .map(|&t| ("allowed_token_ids", t)),
+            )
+            .chain(self.logit_bias.iter().map(|&(t, _)| ("logit_bias", t)))
+            .chain(
+                self.logprob_token_ids
+                    .iter()
+                    .flatten()
+                    .map(|&t| ("logprob_token_ids", t)),
+            )
+            .chain(
+                self.bad_words_token_ids
+                    .iter()
+                    .flatten()
+                    .map(|&t| ("bad_words", t)),
+            );
+        for (param, t) in ids {
+            if t as usize >= vocab_size {
+                return Err(CoreError::InvalidSamplingParam {
+                    param,
+                    message: format!("token id {t} is outside the vocabulary ({vocab_size})"),
+                });
+            }
+        }
+        Ok(CheckedParams {
+            params: self,
+            vocab_size,
+        })
+    }
+}
+
 /// One request inside the scheduler. Token ids only: prompt then outputs.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -310,7 +392,7 @@ pub struct Request {
     /// Prompt followed by generated tokens.
     all_token_ids: Vec<u32>,
     num_prompt_tokens: usize,
-    pub sampling_params: SamplingParams,
+    pub sampling_params: CheckedParams,
     /// Token ids that end the request unless `ignore_eos` (the model's EOS ids).
     pub eos_token_ids: Vec<u32>,
     pub status: RequestStatus,
@@ -334,7 +416,7 @@ impl Request {
     pub fn new(
         request_id: impl Into<RequestId>,
         prompt_token_ids: Vec<u32>,
-        sampling_params: SamplingParams,
+        sampling_params: CheckedParams,
         eos_token_ids: Vec<u32>,
     ) -> Self {
         let num_prompt_tokens = prompt_token_ids.len();
@@ -390,7 +472,8 @@ impl Request {
     pub fn is_finished(&self) -> bool {
         self.status.is_finished()
     }
-    /// Output tokens still allowed by `max_tokens` (unbounded when it is None).
+    /// The cap on this request's output tokens: `max_tokens`, or `usize::MAX`
+    /// (only the model length bounds it) when that is None.
     pub fn max_tokens(&self) -> usize {
         self.sampling_params.max_tokens.unwrap_or(usize::MAX)
     }
@@ -399,6 +482,85 @@ impl Request {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checked_names_ids_outside_the_vocabulary() {
+        for (p, field) in [
+            (
+                SamplingParams {
+                    stop_token_ids: vec![3, 10],
+                    ..Default::default()
+                },
+                "stop_token_ids",
+            ),
+            (
+                SamplingParams {
+                    allowed_token_ids: Some(vec![10]),
+                    ..Default::default()
+                },
+                "allowed_token_ids",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(12, 1.0)],
+                    ..Default::default()
+                },
+                "logit_bias",
+            ),
+            (
+                SamplingParams {
+                    logprob_token_ids: Some(vec![0, 10]),
+                    ..Default::default()
+                },
+                "logprob_token_ids",
+            ),
+            (
+                SamplingParams {
+                    bad_words_token_ids: vec![vec![1, 99]],
+                    ..Default::default()
+                },
+                "bad_words",
+            ),
+        ] {
+            match p.clone().checked(10) {
+                Err(CoreError::InvalidSamplingParam { param, .. }) => assert_eq!(param, field),
+                other => panic!("{field}: unexpected {other:?}"),
+            }
+            assert!(p.checked(100).is_ok());
+        }
+        // validate() runs too.
+        let bad = SamplingParams {
+            top_p: 2.0,
+            ..Default::default()
+        };
+        assert!(bad.checked(10).is_err());
+    }
+
+    #[test]
+    fn fill_defaults_keeps_the_params_valid() {
+        let mut c = SamplingParams {
+            min_tokens: 50,
+            max_tokens: None,
+            ..Default::default()
+        }
+        .checked(10)
+        .unwrap();
+        c.fill_defaults(7, 20);
+        assert_eq!(
+            (c.seed, c.max_tokens, c.min_tokens),
+            (Some(7), Some(20), 20)
+        );
+        assert!(c.validate().is_ok());
+        let mut c = SamplingParams {
+            seed: Some(1),
+            max_tokens: Some(5),
+            ..Default::default()
+        }
+        .checked(10)
+        .unwrap();
+        c.fill_defaults(7, 20);
+        assert_eq!((c.seed, c.max_tokens), (Some(1), Some(5)));
+    }
 
     #[test]
     fn validate_names_the_bad_field() {
@@ -420,7 +582,8 @@ mod tests {
 
     #[test]
     fn request_token_views() {
-        let mut r = Request::new("a", vec![1, 2, 3], SamplingParams::greedy(4), vec![0]);
+        let p = SamplingParams::greedy(4).checked(8).unwrap();
+        let mut r = Request::new("a", vec![1, 2, 3], p, vec![0]);
         r.append_output_token(9);
         assert_eq!(r.prompt_token_ids(), &[1, 2, 3]);
         assert_eq!(r.output_token_ids(), &[9]);

@@ -5,7 +5,7 @@
 //! to running requests, how many tokens each request computes this step, and
 //! which requests left (finished or preempted) so their state can be dropped.
 
-use crate::request::{RequestId, SamplingParams};
+use crate::request::{CheckedParams, RequestId};
 
 /// A request's name inside the engine: the index of its scheduler entry and a
 /// generation that changes whenever that entry is reused, so a stale handle never
@@ -32,7 +32,7 @@ pub struct NewRequestData {
     pub block_ids: Vec<u32>,
     /// Tokens already in the cache (prefix hits) before this step.
     pub num_computed_tokens: usize,
-    pub sampling_params: SamplingParams,
+    pub sampling_params: CheckedParams,
     /// How many tokens had been generated before (so seeded sampling resumes exactly).
     pub num_output_tokens: usize,
 }

@@ -7,7 +7,7 @@
 //! KV blocks at the next step.
 
 use crate::{EngineError, EngineStats, LLMEngine, ModelInfo, PromptInput, RequestOutput};
-use pagoda_core::SamplingParams;
+use pagoda_core::{CheckedParams, SamplingParams};
 use pagoda_models::{ChatTemplate, Tokenizer};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -34,7 +34,7 @@ enum Command {
     Add {
         request_id: String,
         prompt_ids: Vec<u32>,
-        params: Box<SamplingParams>,
+        params: Box<CheckedParams>,
         cache_salt: Option<String>,
         priority: i32,
         tx: OutputSender,
@@ -185,12 +185,11 @@ impl EngineHandle {
     /// Tokenizes and validates on the caller's thread, then queues the request.
     pub fn submit(&self, req: SubmitRequest) -> Result<RequestStream, EngineError> {
         self.health()?;
-        req.params.validate()?;
         let prompt_ids = match req.prompt {
             PromptInput::Tokens(ids) => ids,
             PromptInput::Text(t) => self.tokenizer.encode(&t, true)?,
         };
-        crate::llm_engine::validate_prompt(&prompt_ids, &req.params, &self.info)?;
+        let params = crate::llm_engine::check_request(&prompt_ids, req.params, &self.info)?;
         let waiting = self.shared.num_waiting.load(Ordering::Acquire)
             + self.shared.num_pending.load(Ordering::Acquire);
         if waiting >= self.max_waiting {
@@ -204,7 +203,7 @@ impl EngineHandle {
             .send(Command::Add {
                 request_id: req.request_id.clone(),
                 prompt_ids,
-                params: Box::new(req.params),
+                params: Box::new(params),
                 cache_salt: req.cache_salt,
                 priority: req.priority,
                 tx: otx,
@@ -270,9 +269,9 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
                         let _ = tx.send(Err(EngineError::Shutdown));
                         continue;
                     }
-                    match engine.add_request_with_priority(
+                    match engine.add_checked(
                         request_id.clone(),
-                        PromptInput::Tokens(prompt_ids),
+                        prompt_ids,
                         *params,
                         cache_salt,
                         priority,

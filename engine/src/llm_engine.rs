@@ -9,7 +9,9 @@ use crate::{
     EngineConfig, EngineError, EngineStats, IterationTokens, ModelInfo, PromptInput,
     RequestMetrics, RequestOutput,
 };
-use pagoda_core::{FinishReason, PromptLogprob, ReqHandle, Request, SamplingParams, StopReason};
+use pagoda_core::{
+    CheckedParams, FinishReason, PromptLogprob, ReqHandle, Request, SamplingParams, StopReason,
+};
 use pagoda_models::{ChatTemplate, Tokenizer};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -63,12 +65,14 @@ pub struct LLMEngine {
     logged_prompt_tokens: u64,
 }
 
-/// Checks a tokenized prompt against the model before it is queued.
-pub fn validate_prompt(
+/// The one check of a request, where it enters the engine ([`crate::EngineHandle::submit`]
+/// or [`LLMEngine::add_request`]): the tokenized prompt against the model, and the
+/// parameters into [`CheckedParams`], which the layers below trust.
+pub fn check_request(
     prompt_ids: &[u32],
-    params: &SamplingParams,
+    params: SamplingParams,
     info: &ModelInfo,
-) -> Result<(), EngineError> {
+) -> Result<CheckedParams, EngineError> {
     if prompt_ids.is_empty() {
         return Err(EngineError::invalid("prompt", "the prompt is empty"));
     }
@@ -101,9 +105,9 @@ pub fn validate_prompt(
             ),
         ));
     }
-    params.validate()?;
-    check_something_samplable(params, info)?;
-    Ok(())
+    let params = params.checked(info.vocab_size)?;
+    check_something_samplable(&params, info)?;
+    Ok(params)
 }
 
 /// While `min_tokens` holds back EOS and `stop_token_ids`, those must leave at least
@@ -116,17 +120,6 @@ fn check_something_samplable(params: &SamplingParams, info: &ModelInfo) -> Resul
         &info.eos_token_ids
     };
     let vocab = info.vocab_size;
-    if let Some(bad) = params
-        .allowed_token_ids
-        .iter()
-        .flatten()
-        .find(|&&t| t as usize >= vocab)
-    {
-        return Err(EngineError::invalid(
-            "allowed_token_ids",
-            format!("token id {bad} is outside the vocabulary ({vocab})"),
-        ));
-    }
     let held_back = if params.min_tokens == 0 {
         0
     } else {
@@ -255,28 +248,45 @@ impl LLMEngine {
         &mut self,
         request_id: String,
         prompt: PromptInput,
-        mut params: SamplingParams,
+        params: SamplingParams,
+        cache_salt: Option<String>,
+        priority: i32,
+    ) -> Result<(), EngineError> {
+        let prompt_ids = match prompt {
+            PromptInput::Tokens(ids) => ids,
+            PromptInput::Text(t) => self.tokenizer.encode(&t, true)?,
+        };
+        let params = check_request(&prompt_ids, params, &self.info)?;
+        self.add_checked(request_id, prompt_ids, params, cache_salt, priority)
+    }
+
+    /// Queues a request whose prompt and parameters [`check_request`] accepted.
+    pub fn add_checked(
+        &mut self,
+        request_id: String,
+        prompt_ids: Vec<u32>,
+        mut params: CheckedParams,
         cache_salt: Option<String>,
         priority: i32,
     ) -> Result<(), EngineError> {
         if self.core.scheduler().handle_of(&request_id).is_some() {
             return Err(EngineError::DuplicateRequest { request_id });
         }
-        let prompt_ids = match prompt {
-            PromptInput::Tokens(ids) => ids,
-            PromptInput::Text(t) => self.tokenizer.encode(&t, true)?,
-        };
-        validate_prompt(&prompt_ids, &params, &self.info)?;
-        if params.seed.is_none() {
+        // Only requests without a seed of their own draw from the engine's RNG, so
+        // their draws depend on nothing but the order of unseeded arrivals.
+        let seed = if params.seed.is_some() {
+            0
+        } else {
             self.seed_counter += 1;
-            params.seed = Some(splitmix64(
+            splitmix64(
                 self.seed
                     .wrapping_add(self.seed_counter.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-            ));
-        }
-        let room = self.info.max_model_len - prompt_ids.len();
-        params.max_tokens = Some(params.max_tokens.map_or(room, |m| m.min(room)));
-        params.min_tokens = params.min_tokens.min(params.max_tokens.unwrap_or(0));
+            )
+        };
+        params.fill_defaults(
+            seed,
+            self.info.max_model_len.saturating_sub(prompt_ids.len()),
+        );
         let detok = IncrementalDetokenizer::new(
             self.hf_tokenizer.clone(),
             &prompt_ids,

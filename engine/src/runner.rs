@@ -12,8 +12,8 @@ use crate::prompt_logprobs;
 use crate::sampler::{RowResult, SampleInput, Sampler, SamplerError};
 use crate::EngineError;
 use pagoda_core::{
-    AttentionBackend, BatchDescriptor, KvCache, ModelRunnerOutput, PromptLogprobsChunk, ReqHandle,
-    RequestId, SamplingParams, SchedulerOutput,
+    AttentionBackend, BatchDescriptor, CheckedParams, KvCache, ModelRunnerOutput,
+    PromptLogprobsChunk, ReqHandle, RequestId, SchedulerOutput,
 };
 use pagoda_models::llama::{ForwardScratch, Llama};
 
@@ -54,7 +54,7 @@ struct ReqState {
     num_prompt_tokens: usize,
     block_ids: Vec<u32>,
     num_computed_tokens: usize,
-    params: SamplingParams,
+    params: CheckedParams,
     seed: u64,
     /// `prompt_logprobs` still to compute: set for a request that asked and has no
     /// output yet (one resumed after preemption delivered them already).

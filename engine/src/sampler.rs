@@ -41,7 +41,7 @@
 
 use std::sync::Mutex;
 
-use pagoda_core::{SamplingParams, TokenLogprobs};
+use pagoda_core::{CheckedParams, SamplingParams, TokenLogprobs};
 use pagoda_kernels::{first_nan_or_inf, max_index};
 use rayon::prelude::*;
 
@@ -80,6 +80,14 @@ pub enum SamplerError {
         param: &'static str,
         message: String,
     },
+    #[error(
+        "row {row}: parameters checked against a vocabulary of {checked}, the model has {vocab}"
+    )]
+    VocabMismatch {
+        row: usize,
+        checked: usize,
+        vocab: usize,
+    },
     #[error("row {row}: every token is masked (-inf), nothing can be sampled")]
     AllMasked { row: usize },
 }
@@ -91,7 +99,8 @@ pub type RowResult = Result<(u32, Option<TokenLogprobs>), SamplerError>;
 /// What the sampler needs to know about one request for one row of logits.
 #[derive(Debug, Clone, Copy)]
 pub struct SampleInput<'a> {
-    pub params: &'a SamplingParams,
+    /// Checked once where the request entered the engine: not re-checked here.
+    pub params: &'a CheckedParams,
     pub prompt_ids: &'a [u32],
     /// Tokens generated so far; its length is the index of the token being sampled.
     pub output_ids: &'a [u32],
@@ -225,25 +234,8 @@ fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The same rules as where the request entered ([`SamplingParams::validate`]), so
-/// a row can never be sampled under looser bounds than the API promised.
-fn validate_params(row: usize, p: &SamplingParams) -> Result<(), SamplerError> {
-    p.validate().map_err(|e| match e {
-        pagoda_core::CoreError::InvalidSamplingParam { param, message } => {
-            SamplerError::InvalidParam {
-                row,
-                param,
-                message,
-            }
-        }
-        other => SamplerError::InvalidParam {
-            row,
-            param: "sampling_params",
-            message: other.to_string(),
-        },
-    })
-}
-
+/// The runner's token ids (prompt, outputs) index the logits: one outside the
+/// vocabulary fails the row instead of panicking.
 fn check_ids(
     row: usize,
     field: &'static str,
@@ -269,30 +261,20 @@ fn sample_row(
 ) -> Result<(u32, Option<TokenLogprobs>), SamplerError> {
     let vocab = logits.len();
     let p = input.params;
-    validate_params(row, p)?;
+    // Every id the parameters name is below the vocabulary they were checked for.
+    if p.vocab_size() > vocab {
+        return Err(SamplerError::VocabMismatch {
+            row,
+            checked: p.vocab_size(),
+            vocab,
+        });
+    }
     if let Some(token) = first_nan_or_inf(logits) {
         let value = logits[token];
         return Err(SamplerError::NonFiniteLogit { row, token, value });
     }
     check_ids(row, "prompt_ids", input.prompt_ids, vocab)?;
     check_ids(row, "output_ids", input.output_ids, vocab)?;
-    if let Some(allowed) = &p.allowed_token_ids {
-        check_ids(row, "allowed_token_ids", allowed, vocab)?;
-    }
-    if let Some(ids) = &p.logprob_token_ids {
-        check_ids(row, "logprob_token_ids", ids, vocab)?;
-    }
-    for w in &p.bad_words_token_ids {
-        check_ids(row, "bad_words", w, vocab)?;
-    }
-    if let Some(&(token, _)) = p.logit_bias.iter().find(|(t, _)| *t as usize >= vocab) {
-        return Err(SamplerError::TokenOutOfRange {
-            row,
-            field: "logit_bias",
-            token,
-            vocab,
-        });
-    }
 
     process_logits(logits, input, scratch);
     // Huge biases or tiny repetition penalties can overflow to +inf.

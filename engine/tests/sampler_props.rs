@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use pagoda_core::{SamplingParams, TokenLogprobs};
+use pagoda_core::{CheckedParams, SamplingParams, TokenLogprobs};
 use pagoda_engine::sampler::{counter_uniform, SampleInput, Sampler, SamplerError};
 use proptest::prelude::*;
 
@@ -19,9 +19,14 @@ struct Case {
 }
 
 impl Case {
-    fn input(&self) -> SampleInput<'_> {
+    /// The parameters as the engine hands them to the sampler: checked once.
+    fn checked(&self, vocab: usize) -> CheckedParams {
+        self.params.clone().checked(vocab).expect("valid case")
+    }
+
+    fn input<'a>(&'a self, params: &'a CheckedParams) -> SampleInput<'a> {
         SampleInput {
-            params: &self.params,
+            params,
             prompt_ids: &self.prompt,
             output_ids: &self.output,
             seed: self.seed,
@@ -171,7 +176,7 @@ fn sample_one(logits: &[f32], case: &Case) -> (u32, Vec<f32>, Option<TokenLogpro
     let mut sampler = Sampler::new(logits.len());
     let mut buf = logits.to_vec();
     let out = sampler
-        .sample_batch(&mut buf, &[case.input()])
+        .sample_batch(&mut buf, &[case.input(&case.checked(logits.len()))])
         .expect("sample");
     let (t, lp) = out.into_iter().next().unwrap().expect("row samples");
     (t, buf, lp)
@@ -418,7 +423,8 @@ proptest! {
         let tail = batch.split_off(pos * v);
         batch.extend_from_slice(&logits);
         batch.extend(tail);
-        let inputs: Vec<SampleInput<'_>> = cases.iter().map(|c| c.input()).collect();
+        let checked: Vec<CheckedParams> = cases.iter().map(|c| c.checked(v)).collect();
+        let inputs: Vec<SampleInput<'_>> = cases.iter().zip(&checked).map(|(c, p)| c.input(p)).collect();
         let out = Sampler::new(v).sample_batch(&mut batch, &inputs).unwrap();
         let (tok, lp) = out[pos].clone().expect("row samples");
         prop_assert_eq!(tok, alone);
@@ -457,10 +463,12 @@ fn frequencies_match_softmax() {
     for axis in ["seed", "step"] {
         let mut counts = [0usize; 6];
         let mut sampler = Sampler::new(6);
-        let params = SamplingParams {
+        let checked = SamplingParams {
             temperature: t as f32,
             ..Default::default()
-        };
+        }
+        .checked(6)
+        .unwrap();
         let outputs: Vec<u32> = vec![0; n];
         for i in 0..n {
             let (seed, k) = if axis == "seed" {
@@ -469,7 +477,7 @@ fn frequencies_match_softmax() {
                 (12345, i)
             };
             let input = SampleInput {
-                params: &params,
+                params: &checked,
                 prompt_ids: &[],
                 output_ids: &outputs[..k],
                 seed,
@@ -506,8 +514,9 @@ fn min_tokens_masks_eos_and_stop_ids_until_reached() {
     let eos = [1u32];
     let run = |params: &SamplingParams, out: &[u32]| {
         let mut row = logits.to_vec();
+        let params = params.clone().checked(4).unwrap();
         let input = SampleInput {
-            params,
+            params: &params,
             prompt_ids: &[],
             output_ids: out,
             seed: 0,
@@ -538,7 +547,7 @@ fn min_tokens_masks_eos_and_stop_ids_until_reached() {
 
 #[test]
 fn bad_input_is_an_error_not_a_panic() {
-    let params = SamplingParams::default();
+    let params = SamplingParams::default().checked(4).unwrap();
     let input = SampleInput {
         params: &params,
         prompt_ids: &[],
@@ -594,38 +603,34 @@ fn bad_input_is_an_error_not_a_panic() {
             ..
         })
     ));
+    // Parameters naming tokens outside the vocabulary, or out of bounds, cannot
+    // reach the sampler: they are refused where the request is checked...
     let bias = SamplingParams {
         logit_bias: vec![(4, 1.0)],
         ..Default::default()
     };
-    assert!(matches!(
-        s.sample_batch(
-            &mut [0.0; 4],
-            &[SampleInput {
-                params: &bias,
-                ..input
-            }]
-        )
-        .unwrap()[0],
-        Err(SamplerError::TokenOutOfRange {
-            field: "logit_bias",
-            ..
-        })
-    ));
+    assert!(bias.clone().checked(4).is_err());
     let top_p = SamplingParams {
         top_p: 0.0,
         ..Default::default()
     };
+    assert!(top_p.checked(4).is_err());
+    // ...and parameters checked for a larger vocabulary fail the row, not the process.
+    let wide = bias.checked(5).unwrap();
     assert!(matches!(
         s.sample_batch(
             &mut [0.0; 4],
             &[SampleInput {
-                params: &top_p,
+                params: &wide,
                 ..input
             }]
         )
         .unwrap()[0],
-        Err(SamplerError::InvalidParam { param: "top_p", .. })
+        Err(SamplerError::VocabMismatch {
+            checked: 5,
+            vocab: 4,
+            ..
+        })
     ));
     let mut empty: Vec<f32> = vec![];
     assert_eq!(s.sample_batch(&mut empty, &[]).unwrap(), vec![]);

@@ -1,6 +1,6 @@
 //! CPU math kernels for the Llama forward pass: GEMM/GEMV (`out = x · wᵀ`; the
-//! model runs the packed GEMMs of [`packed`] and [`packed_bf16`], [`matmul`] is the
-//! unpacked API), RMS norm, rotary embeddings, SwiGLU, argmax and softmax. Behind
+//! model runs the packed GEMMs of [`packed`] and [`packed_bf16`]; [`matmul`] holds
+//! their shared checks and the slow reference), RMS norm, rotary embeddings, SwiGLU, argmax and softmax. Behind
 //! the `cuda` feature (reserved, empty for now) CUDA kernels will live.
 //!
 //! It is also the one place for the CPU helpers the attention backends share:
@@ -13,13 +13,10 @@
 //! so callers size one pool for the whole process.
 
 pub mod act;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
 pub mod blocks;
 pub mod error;
 pub mod isa;
 pub mod matmul;
-pub mod matmul_bf16;
 pub mod norm;
 pub mod packed;
 pub mod packed_bf16;
@@ -33,11 +30,7 @@ pub use act::{
 pub use blocks::StepBlocks;
 pub use error::KernelError;
 pub use isa::Isa;
-pub use matmul::{
-    matmul_t, matmul_t_ref, matmul_t_with, MatmulPath, AVX512_GEMV_MAX_M, GEMV_AUTO_MAX_M,
-    GEMV_MAX_M,
-};
-pub use matmul_bf16::{matmul_t_bf16, matmul_t_bf16_ref, matmul_t_bf16_with, to_bf16, Bf16Path};
+pub use matmul::matmul_t_ref;
 pub use norm::{add_rms_norm, rms_norm, rms_norm_ref};
 pub use packed::{matmul_packed, PackedMatrix, PANEL};
 pub use packed_bf16::{matmul_packed_bf16, PackedMatrixBf16};

@@ -1,5 +1,6 @@
 //! The Llama-family hyper-parameters, from `config.json` or GGUF metadata.
 
+use crate::error::ModelError;
 use serde::{Deserialize, Serialize};
 
 /// Llama-3-style RoPE frequency scaling (`rope_scaling.rope_type == "llama3"`).
@@ -27,4 +28,31 @@ pub struct LlamaConfig {
     /// The context length the model was trained for (the default max model length).
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
+}
+
+impl LlamaConfig {
+    /// Rejects sizes no real model has, so later products of them cannot overflow and
+    /// nothing is allocated from a corrupt count.
+    pub fn check_bounds(self) -> Result<Self, ModelError> {
+        let c = self;
+        const MAX_DIM: usize = 1 << 20;
+        const MAX_VOCAB: usize = 1 << 24;
+        let checks = [
+            ("hidden_size", c.hidden_size, MAX_DIM),
+            ("intermediate_size", c.intermediate_size, MAX_DIM),
+            ("num_layers", c.num_layers, 4096),
+            ("num_heads", c.num_heads, 4096),
+            ("head_dim", c.head_dim, 4096),
+            ("vocab_size", c.vocab_size, MAX_VOCAB),
+        ];
+        for (name, v, max) in checks {
+            if v == 0 || v > max {
+                return Err(ModelError::Metadata {
+                    key: name.to_string(),
+                    reason: format!("{v} is outside 1..={max}"),
+                });
+            }
+        }
+        Ok(c)
+    }
 }

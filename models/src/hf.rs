@@ -5,7 +5,7 @@
 use crate::chat::ChatTemplate;
 use crate::config::{LlamaConfig, RopeScaling};
 use crate::error::ModelError;
-use crate::loader::{display_name, LoadedModel, Progress};
+use crate::loaded::{display_name, LoadedModel, Progress};
 use crate::tokenizer::Tokenizer;
 use crate::weights::{LayerWeights, LlamaWeights, Mat};
 use half::{bf16, f16};
@@ -122,7 +122,7 @@ pub fn read_config(dir: &Path) -> Result<(LlamaConfig, Value), ModelError> {
             }
         }
     };
-    let cfg = crate::loader::check_config_bounds(LlamaConfig {
+    let cfg = LlamaConfig::check_bounds(LlamaConfig {
         vocab_size: req("vocab_size")?,
         hidden_size: hidden,
         intermediate_size: req("intermediate_size")?,

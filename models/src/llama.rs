@@ -136,26 +136,43 @@ pub struct Llama {
 pub struct ForwardScratch {
     /// Residual stream `[tokens, hidden]`.
     h: Vec<f32>,
-    /// Normed input of the next projection `[tokens, hidden]`.
-    xn: Vec<f32>,
     /// Fused QKV output `[tokens, q + 2 kv]`.
     qkv: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     attn: Vec<f32>,
+    mlp: LayerTail,
+    /// The logits rows' attention output and residual, gathered for the last
+    /// layer (which runs on those rows alone), then their final norm.
+    sel_attn: Vec<f32>,
+    sel: Vec<f32>,
+    sel_norm: Vec<f32>,
+}
+
+/// Buffers of the part of a layer after attention (o_proj, residual, MLP).
+#[derive(Debug, Default)]
+struct LayerTail {
+    /// Normed input of the next projection `[tokens, hidden]` (also the next
+    /// layer's attention input).
+    xn: Vec<f32>,
     /// Output of o_proj / down_proj `[tokens, hidden]`.
     proj: Vec<f32>,
     gate_up: Vec<f32>,
     act: Vec<f32>,
-    /// Residual rows selected for logits, then their final norm.
-    sel: Vec<f32>,
-    sel_norm: Vec<f32>,
 }
 
 /// Sets `v` to `len` elements, reusing its capacity (contents are overwritten by the caller).
 fn size(v: &mut Vec<f32>, len: usize) {
     v.resize(len, 0.0);
+}
+
+/// `dst` = rows `rows` of `src` (rows of `width`), in that order.
+fn gather_rows(src: &[f32], width: usize, rows: &[usize], dst: &mut Vec<f32>) {
+    size(dst, rows.len() * width);
+    for (i, &t) in rows.iter().enumerate() {
+        dst[i * width..(i + 1) * width].copy_from_slice(&src[t * width..(t + 1) * width]);
+    }
 }
 
 fn kernel(e: KernelError) -> ModelError {
@@ -342,13 +359,13 @@ impl Llama {
             (Some(head), _) => head.matmul(x, out, m, k, n),
             (None, Embedding::Tied(head)) => head.matmul(x, out, m, k, n),
             // Not built: an untied embedding always comes with its own head.
-            (None, Embedding::F32(e)) => pagoda_kernels::matmul_t(x, &e.data, out, m, k, n),
+            (None, Embedding::F32(e)) => pagoda_kernels::matmul_t_ref(x, &e.data, out, m, k, n),
         }
     }
 
     /// One engine step. `input_ids`/`positions` are the batch's tokens in
     /// `batch` order; the caller has already called `attn.plan(batch)`. New K/V go
-    /// into `kv` at `batch.slot_mapping`. `logits` becomes
+    /// into `kv` at `batch.slot_mapping()`. `logits` becomes
     /// `[logits_rows.len(), vocab]`, row `i` for token index `logits_rows[i]`.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
@@ -395,22 +412,10 @@ impl Llama {
     ) -> Result<(), ModelError> {
         let c = &self.config;
         let n = input_ids.len();
-        let (hidden, hd, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
-        let qkv_dim = q_dim + 2 * kv_dim;
-        let eps = c.rms_norm_eps;
+        let (hidden, q_dim) = (c.hidden_size, c.num_heads * c.head_dim);
         let s = scratch;
         size(&mut s.h, n * hidden);
-        size(&mut s.xn, n * hidden);
-        size(&mut s.qkv, n * qkv_dim);
-        size(&mut s.q, n * q_dim);
-        size(&mut s.k, n * kv_dim);
-        size(&mut s.v, n * kv_dim);
-        size(&mut s.attn, n * q_dim);
-        size(&mut s.proj, n * hidden);
-        size(&mut s.gate_up, n * 2 * inter);
-        size(&mut s.act, n * inter);
-
+        size(&mut s.mlp.xn, n * hidden);
         for (t, &id) in input_ids.iter().enumerate() {
             self.embed
                 .row_into(id as usize, &mut s.h[t * hidden..(t + 1) * hidden]);
@@ -420,128 +425,138 @@ impl Llama {
             return Ok(());
         }
         if let Some(first) = self.layers.first() {
-            rms_norm(&s.h, &first.attn_norm, eps, &mut s.xn).map_err(kernel)?;
+            rms_norm(&s.h, &first.attn_norm, c.rms_norm_eps, &mut s.mlp.xn).map_err(kernel)?;
         }
-        let mut pruned = false;
-        for (l, layer) in self.layers.iter().enumerate() {
-            // Attention block: xn holds rms_norm(h) with this layer's attn_norm.
-            layer
-                .wqkv
-                .matmul(&s.xn, &mut s.qkv, n, hidden, qkv_dim)
-                .map_err(kernel)?;
-            for t in 0..n {
-                let row = &s.qkv[t * qkv_dim..(t + 1) * qkv_dim];
-                s.q[t * q_dim..(t + 1) * q_dim].copy_from_slice(&row[..q_dim]);
-                s.k[t * kv_dim..(t + 1) * kv_dim].copy_from_slice(&row[q_dim..q_dim + kv_dim]);
-                s.v[t * kv_dim..(t + 1) * kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
-            }
-            self.rope
-                .apply(&mut s.q, c.num_heads, positions)
-                .map_err(kernel)?;
-            self.rope
-                .apply(&mut s.k, c.num_kv_heads, positions)
-                .map_err(kernel)?;
-            let pools = &mut kv.layers[l];
-            attn.write_kv(
-                &mut pools.k,
-                &mut pools.v,
-                &s.k,
-                &s.v,
-                &batch.slot_mapping,
-                kv_dim,
-            )?;
-            attn.run(LayerIo {
-                q: &s.q,
-                k_cache: &pools.k,
-                v_cache: &pools.v,
-                out: &mut s.attn,
-                lse: None,
-            })?;
-            // Past the last layer's attention only the logits rows matter: gather
-            // them (attention output into q's buffer, residual into sel's, by
-            // swapping the buffers) and finish the layer on those rows alone.
-            let mut m = n;
-            if l + 1 == self.layers.len() && logits_rows.len() < n {
-                m = logits_rows.len();
-                size(&mut s.sel, m * hidden);
-                for (i, &t) in logits_rows.iter().enumerate() {
-                    s.q[i * q_dim..(i + 1) * q_dim]
-                        .copy_from_slice(&s.attn[t * q_dim..(t + 1) * q_dim]);
-                    s.sel[i * hidden..(i + 1) * hidden]
-                        .copy_from_slice(&s.h[t * hidden..(t + 1) * hidden]);
-                }
-                std::mem::swap(&mut s.q, &mut s.attn);
-                std::mem::swap(&mut s.sel, &mut s.h);
-                pruned = true;
-            }
-            let (mh, mi) = (m * hidden, m * inter);
-            layer
-                .wo
-                .matmul(&s.attn[..m * q_dim], &mut s.proj[..mh], m, q_dim, hidden)
-                .map_err(kernel)?;
-            add_rms_norm(
-                &mut s.h[..mh],
-                &s.proj[..mh],
-                &layer.ffn_norm,
-                eps,
-                &mut s.xn[..mh],
-            )
-            .map_err(kernel)?;
-
-            // MLP block (SwiGLU).
-            layer
-                .w_gate_up
-                .matmul(&s.xn[..mh], &mut s.gate_up[..2 * mi], m, hidden, 2 * inter)
-                .map_err(kernel)?;
-            silu_mul_fused(&s.gate_up[..2 * mi], inter, &mut s.act[..mi]).map_err(kernel)?;
-            layer
-                .w_down
-                .matmul(&s.act[..mi], &mut s.proj[..mh], m, inter, hidden)
-                .map_err(kernel)?;
-            // Fuse this layer's residual add with the next layer's input norm; after
-            // the last layer the residual is only needed on the logits rows (below).
-            if let Some(next) = self.layers.get(l + 1) {
-                add_rms_norm(&mut s.h, &s.proj, &next.attn_norm, eps, &mut s.xn).map_err(kernel)?;
-            }
-        }
-
-        // Final norm + LM head on the requested rows only: their residual plus the
-        // last layer's MLP output.
         let r = logits_rows.len();
-        size(&mut s.sel_norm, r * hidden);
-        if pruned {
-            // s.h already holds just the logits rows.
-            for (a, b) in s.h[..r * hidden].iter_mut().zip(&s.proj[..r * hidden]) {
-                *a += b;
-            }
-        } else {
-            size(&mut s.sel, r * hidden);
-            let last_layer_pending = !self.layers.is_empty();
-            for (i, &t) in logits_rows.iter().enumerate() {
-                let dst = &mut s.sel[i * hidden..(i + 1) * hidden];
-                dst.copy_from_slice(&s.h[t * hidden..(t + 1) * hidden]);
-                if last_layer_pending {
-                    for (a, b) in dst.iter_mut().zip(&s.proj[t * hidden..(t + 1) * hidden]) {
-                        *a += b;
-                    }
-                }
+        // Past the last layer's attention only the logits rows matter: that layer
+        // finishes on those rows alone, gathered into their own buffers.
+        let prune = r < n;
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.attention(l, layer, positions, batch, attn, kv, s)?;
+            let next_norm = self.layers.get(l + 1).map(|x| &x.attn_norm);
+            if next_norm.is_none() && prune {
+                gather_rows(&s.attn, q_dim, logits_rows, &mut s.sel_attn);
+                gather_rows(&s.h, hidden, logits_rows, &mut s.sel);
+                self.finish_layer(layer, None, r, &s.sel_attn, &mut s.sel, &mut s.mlp)?;
+            } else {
+                self.finish_layer(layer, next_norm, n, &s.attn, &mut s.h, &mut s.mlp)?;
             }
         }
-        let vocab = c.vocab_size;
-        logits.resize(r * vocab, 0.0);
+        if !prune || self.layers.is_empty() {
+            gather_rows(&s.h, hidden, logits_rows, &mut s.sel);
+        }
+        // Final norm + LM head on the logits rows.
+        logits.resize(r * c.vocab_size, 0.0);
         if r > 0 {
-            let rows = if pruned {
-                &s.h[..r * hidden]
-            } else {
-                &s.sel[..]
-            };
-            rms_norm(rows, &self.norm, eps, &mut s.sel_norm).map_err(kernel)?;
+            size(&mut s.sel_norm, r * hidden);
+            rms_norm(&s.sel, &self.norm, c.rms_norm_eps, &mut s.sel_norm).map_err(kernel)?;
             self.head_matmul(&s.sel_norm, logits, r).map_err(kernel)?;
         }
-        if pruned {
-            // Hand the buffers back so each keeps its capacity for the next step.
-            std::mem::swap(&mut s.q, &mut s.attn);
-            std::mem::swap(&mut s.sel, &mut s.h);
+        Ok(())
+    }
+
+    /// QKV projection of `xn`, RoPE, this layer's K/V into the cache, attention
+    /// into `s.attn`, for every token of the batch.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        l: usize,
+        layer: &FusedLayer,
+        positions: &[u32],
+        batch: &BatchDescriptor,
+        attn: &mut dyn AttentionBackend,
+        kv: &mut KvCache,
+        s: &mut ForwardScratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let n = positions.len();
+        let (hidden, hd) = (c.hidden_size, c.head_dim);
+        let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let qkv_dim = q_dim + 2 * kv_dim;
+        size(&mut s.qkv, n * qkv_dim);
+        size(&mut s.q, n * q_dim);
+        size(&mut s.k, n * kv_dim);
+        size(&mut s.v, n * kv_dim);
+        size(&mut s.attn, n * q_dim);
+        layer
+            .wqkv
+            .matmul(&s.mlp.xn, &mut s.qkv, n, hidden, qkv_dim)
+            .map_err(kernel)?;
+        for t in 0..n {
+            let row = &s.qkv[t * qkv_dim..(t + 1) * qkv_dim];
+            s.q[t * q_dim..(t + 1) * q_dim].copy_from_slice(&row[..q_dim]);
+            s.k[t * kv_dim..(t + 1) * kv_dim].copy_from_slice(&row[q_dim..q_dim + kv_dim]);
+            s.v[t * kv_dim..(t + 1) * kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
+        }
+        self.rope
+            .apply(&mut s.q, c.num_heads, positions)
+            .map_err(kernel)?;
+        self.rope
+            .apply(&mut s.k, c.num_kv_heads, positions)
+            .map_err(kernel)?;
+        let pools = &mut kv.layers[l];
+        attn.write_kv(
+            &mut pools.k,
+            &mut pools.v,
+            &s.k,
+            &s.v,
+            batch.slot_mapping(),
+            kv_dim,
+        )?;
+        attn.run(LayerIo {
+            q: &s.q,
+            k_cache: &pools.k,
+            v_cache: &pools.v,
+            out: &mut s.attn,
+            lse: None,
+        })?;
+        Ok(())
+    }
+
+    /// The rest of a layer on `m` rows: o_proj of `attn`, residual add into `h`,
+    /// the SwiGLU MLP, and its residual add fused with the next layer's input norm
+    /// into `t.xn` (after the last layer, `next_norm` is None: just the add).
+    fn finish_layer(
+        &self,
+        layer: &FusedLayer,
+        next_norm: Option<&Vec<f32>>,
+        m: usize,
+        attn: &[f32],
+        h: &mut [f32],
+        t: &mut LayerTail,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (hidden, inter, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps);
+        let q_dim = c.num_heads * c.head_dim;
+        let (mh, mi) = (m * hidden, m * inter);
+        size(&mut t.proj, mh);
+        size(&mut t.gate_up, 2 * mi);
+        size(&mut t.act, mi);
+        if t.xn.len() < mh {
+            size(&mut t.xn, mh);
+        }
+        let h = &mut h[..mh];
+        layer
+            .wo
+            .matmul(&attn[..m * q_dim], &mut t.proj, m, q_dim, hidden)
+            .map_err(kernel)?;
+        add_rms_norm(h, &t.proj, &layer.ffn_norm, eps, &mut t.xn[..mh]).map_err(kernel)?;
+        layer
+            .w_gate_up
+            .matmul(&t.xn[..mh], &mut t.gate_up, m, hidden, 2 * inter)
+            .map_err(kernel)?;
+        silu_mul_fused(&t.gate_up, inter, &mut t.act).map_err(kernel)?;
+        layer
+            .w_down
+            .matmul(&t.act, &mut t.proj, m, inter, hidden)
+            .map_err(kernel)?;
+        match next_norm {
+            Some(norm) => add_rms_norm(h, &t.proj, norm, eps, &mut t.xn[..mh]).map_err(kernel)?,
+            None => {
+                for (a, b) in h.iter_mut().zip(&t.proj) {
+                    *a += b;
+                }
+            }
         }
         Ok(())
     }
@@ -562,11 +577,11 @@ impl Llama {
                 positions.len()
             )));
         }
-        if batch.num_tokens() != n || batch.slot_mapping.len() != n {
+        if batch.num_tokens() != n || batch.slot_mapping().len() != n {
             return Err(forward_err(format!(
                 "{n} input ids but the batch has {} tokens and {} slots",
                 batch.num_tokens(),
-                batch.slot_mapping.len()
+                batch.slot_mapping().len()
             )));
         }
         if let Some((t, &id)) = input_ids
@@ -609,10 +624,10 @@ impl Llama {
                 c.head_dim
             )));
         }
-        if spec.block_size != batch.block_size {
+        if spec.block_size != batch.block_size() {
             return Err(forward_err(format!(
                 "batch block size {} but cache block size {}",
-                batch.block_size, spec.block_size
+                batch.block_size(), spec.block_size
             )));
         }
         Ok(())

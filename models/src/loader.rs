@@ -4,27 +4,17 @@
 //!
 //! GGUF specifics live here (config from `llama.*` metadata, tensor names, undoing
 //! llama.cpp's Q/K row permutation); HF directories are handled in [`crate::hf`].
+//! What both share is in [`crate::loaded`] and [`crate::config`], so `hf` does not
+//! import this module (no import cycle).
 
 use crate::chat::ChatTemplate;
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::gguf::{has_gguf_magic, GgufFile};
+use crate::loaded::{display_name, LoadedModel, Progress};
 use crate::tokenizer::Tokenizer;
 use crate::weights::{LayerWeights, LlamaWeights, Mat};
 use std::path::Path;
-
-/// Everything needed to serve a model.
-#[derive(Debug)]
-pub struct LoadedModel {
-    pub config: LlamaConfig,
-    pub weights: LlamaWeights,
-    pub tokenizer: Tokenizer,
-    pub chat_template: Option<ChatTemplate>,
-    /// Token ids that end generation (EOS, plus end-of-turn ids when the model has them).
-    pub eos_token_ids: Vec<u32>,
-    /// Display name: the GGUF file stem or the HF directory name.
-    pub name: String,
-}
 
 /// Loads a GGUF file or an HF model directory.
 pub fn load_model(path: &Path) -> Result<LoadedModel, ModelError> {
@@ -72,52 +62,6 @@ fn classify(path: &Path) -> Result<Format, ModelError> {
             path: path.to_path_buf(),
             reason: "file does not start with the GGUF magic".into(),
         })
-    }
-}
-
-pub(crate) fn display_name(path: &Path) -> String {
-    let stem = if path.is_dir() {
-        path.file_name()
-    } else {
-        path.file_stem()
-    };
-    stem.map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| path.display().to_string())
-}
-
-/// Logs loading progress every 10% of tensors.
-pub(crate) struct Progress {
-    total: usize,
-    done: usize,
-    next_decile: usize,
-    what: String,
-}
-
-impl Progress {
-    pub(crate) fn new(total: usize, what: String) -> Self {
-        tracing::info!("loading {total} tensors from {what}");
-        Progress {
-            total,
-            done: 0,
-            next_decile: 1,
-            what,
-        }
-    }
-    pub(crate) fn tick(&mut self) {
-        self.done += 1;
-        while self.total > 0
-            && self.done * 10 >= self.next_decile * self.total
-            && self.next_decile <= 10
-        {
-            tracing::info!(
-                "{}: {}% of tensors loaded ({}/{})",
-                self.what,
-                self.next_decile * 10,
-                self.done,
-                self.total
-            );
-            self.next_decile += 1;
-        }
     }
 }
 
@@ -267,7 +211,7 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
             "per-frequency RoPE factors (llama3 scaling in GGUF) are not supported",
         ));
     }
-    check_config_bounds(LlamaConfig {
+    LlamaConfig::check_bounds(LlamaConfig {
         vocab_size: vocab,
         hidden_size: hidden,
         intermediate_size: req_u("feed_forward_length")?,
@@ -282,27 +226,6 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
         max_position_embeddings: req_u("context_length")?,
         tie_word_embeddings: f.tensor("output.weight").is_none(),
     })
-}
-
-/// Rejects sizes no real model has, so later products of them cannot overflow and
-/// nothing is allocated from a corrupt count.
-pub(crate) fn check_config_bounds(c: LlamaConfig) -> Result<LlamaConfig, ModelError> {
-    const MAX_DIM: usize = 1 << 20;
-    const MAX_VOCAB: usize = 1 << 24;
-    let checks = [
-        ("hidden_size", c.hidden_size, MAX_DIM),
-        ("intermediate_size", c.intermediate_size, MAX_DIM),
-        ("num_layers", c.num_layers, 4096),
-        ("num_heads", c.num_heads, 4096),
-        ("head_dim", c.head_dim, 4096),
-        ("vocab_size", c.vocab_size, MAX_VOCAB),
-    ];
-    for (name, v, max) in checks {
-        if v == 0 || v > max {
-            return Err(meta_err(name, &format!("{v} is outside 1..={max}")));
-        }
-    }
-    Ok(c)
 }
 
 /// Dequantizes `name`, checking its GGUF dims equal `shape` (outermost first).

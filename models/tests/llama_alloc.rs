@@ -1,9 +1,9 @@
 //! Once warm, a decode step of [`Llama::forward`] allocates nothing: a counting
 //! global allocator (this test binary only) watches the forward call of a step
 //! whose shapes were already seen (and after rayon's workers have started). Decode
-//! sizes (m = 1, 3, 8) cover the m = 1 GEMV, the small-m GEMV and the GEMM-tile
-//! paths, for f32 and bf16 weights, with shapes large enough to take the
-//! rayon-parallel branches.
+//! sizes (m = 1, 3, 8) cover the packed GEMM's partial row blocks (1 and 3 rows of
+//! its 6-row micro-kernel) and a full block plus a tail (8), for f32 and bf16
+//! weights, with shapes large enough to take the rayon-parallel branches.
 //! (Rayon's global injector allocates a small block every 63 jobs pushed from
 //! outside the pool; `forward` pushes one per step, so this test stays far below.)
 

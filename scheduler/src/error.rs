@@ -1,6 +1,6 @@
 //! The error type of the scheduler crate.
 
-use pagoda_core::{CoreError, RequestId};
+use pagoda_core::RequestId;
 use thiserror::Error;
 
 /// Everything the block pool, the KV cache manager and the scheduler refuse.
@@ -31,11 +31,6 @@ pub enum SchedulerError {
         num_prompt_tokens: usize,
         num_blocks_needed: usize,
         num_usable_blocks: usize,
-    },
-    #[error("request `{req_id}` has invalid sampling parameters: {source}")]
-    InvalidSamplingParams {
-        req_id: RequestId,
-        source: CoreError,
     },
     #[error("no free blocks available")]
     NoFreeBlocks,

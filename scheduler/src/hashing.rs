@@ -163,7 +163,7 @@ mod tests {
         let mut r = Request::new(
             "r",
             vec![0, 1, 2, 3, 4, 5, 6],
-            SamplingParams::greedy(4),
+            SamplingParams::greedy(4).checked(usize::MAX).unwrap(),
             vec![],
         )
         .with_cache_salt(Some("salt1".into()));

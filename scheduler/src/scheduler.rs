@@ -286,9 +286,7 @@ impl Scheduler {
         if n == 0 {
             return Err(SchedulerError::EmptyPrompt { req_id });
         }
-        if let Err(source) = req.sampling_params.validate() {
-            return Err(SchedulerError::InvalidSamplingParams { req_id, source });
-        }
+        // The parameters were checked where the request entered (`CheckedParams`).
         if n + 1 > self.config.max_model_len {
             return Err(SchedulerError::PromptTooLong {
                 req_id,
@@ -779,8 +777,9 @@ impl Scheduler {
     }
 }
 
-/// vLLM's stop check, after one token was appended. Length first, then (once
-/// `min_tokens` outputs exist) EOS unless `ignore_eos`, then stop token ids.
+/// vLLM's stop check, after one token was appended. Stop tokens first (once
+/// `min_tokens` outputs exist: EOS unless `ignore_eos`, then stop token ids), then
+/// the length cap (model length or `max_tokens`).
 fn check_stop(req: &mut Request, max_len: usize) -> bool {
     // Stop tokens are checked before the length cap (as vLLM does): an EOS sampled as
     // the last allowed token finishes with "stop", not "length".

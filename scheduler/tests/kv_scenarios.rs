@@ -9,7 +9,12 @@ use pagoda_scheduler::{
 };
 
 fn req(id: &str, tokens: Vec<u32>) -> Request {
-    Request::new(id, tokens, SamplingParams::greedy(16), vec![])
+    Request::new(
+        id,
+        tokens,
+        SamplingParams::greedy(16).checked(usize::MAX).unwrap(),
+        vec![],
+    )
 }
 
 /// Mimics the scheduler's admission: lookup, allocate the rest, mark computed.

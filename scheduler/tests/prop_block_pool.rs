@@ -166,7 +166,7 @@ proptest! {
                         next_tok += 1;
                     }
                     let salt = salt.then(|| "s".to_string());
-                    let mut req = Request::new(next_id.to_string(), toks, SamplingParams::greedy(4), vec![])
+                    let mut req = Request::new(next_id.to_string(), toks, SamplingParams::greedy(4).checked(usize::MAX).unwrap(), vec![])
                         .with_cache_salt(salt);
                     next_id += 1;
                     let (hit, n) = m.get_computed_blocks(&mut req);

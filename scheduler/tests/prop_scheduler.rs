@@ -131,8 +131,13 @@ fn run_alone(
         ..cfg.clone()
     };
     let mut s = Scheduler::new(roomy).unwrap();
-    s.add_request(Request::new(id, prompt.to_vec(), params.clone(), vec![EOS]))
-        .unwrap();
+    s.add_request(Request::new(
+        id,
+        prompt.to_vec(),
+        params.clone().checked(usize::MAX).unwrap(),
+        vec![EOS],
+    ))
+    .unwrap();
     let mut runner = FakeRunner::new(cfg.block_size, VOCAB);
     let mut got = Vec::new();
     while s.has_unfinished_requests() {
@@ -171,7 +176,7 @@ proptest! {
                         ignore_eos: sp.ignore_eos,
                         ..SamplingParams::greedy(sp.max_tokens)
                     };
-                    let req = Request::new(id.clone(), prompt.clone(), params.clone(), vec![EOS])
+                    let req = Request::new(id.clone(), prompt.clone(), params.clone().checked(usize::MAX).unwrap(), vec![EOS])
                         .with_priority(sp.priority)
                         .with_cache_salt(sp.salt.then(|| "tenant".to_string()));
                     match s.add_request(req) {

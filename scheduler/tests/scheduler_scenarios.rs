@@ -175,7 +175,7 @@ fn eos_at_max_tokens_is_a_stop() {
     s.add_request(Request::new(
         "a",
         vec![1, 2, 3],
-        SamplingParams::greedy(1),
+        SamplingParams::greedy(1).checked(usize::MAX).unwrap(),
         vec![2],
     ))
     .unwrap();
@@ -194,7 +194,7 @@ fn stop_reasons_from_update() {
     s.add_request(Request::new(
         "a",
         vec![1, 2, 3],
-        SamplingParams::greedy(8),
+        SamplingParams::greedy(8).checked(usize::MAX).unwrap(),
         vec![2],
     ))
     .unwrap();
@@ -212,8 +212,13 @@ fn stop_reasons_from_update() {
         stop_token_ids: vec![42],
         ..SamplingParams::greedy(8)
     };
-    s.add_request(Request::new("b", vec![1, 2, 3], p, vec![2]))
-        .unwrap();
+    s.add_request(Request::new(
+        "b",
+        vec![1, 2, 3],
+        p.checked(usize::MAX).unwrap(),
+        vec![2],
+    ))
+    .unwrap();
     let mut got: Vec<u32> = Vec::new();
     let mut last = None;
     for tok in [10, 42, 12] {
@@ -232,7 +237,7 @@ fn stop_reasons_from_update() {
     s.add_request(Request::new(
         "c",
         vec![1, 2, 3],
-        SamplingParams::greedy(2),
+        SamplingParams::greedy(2).checked(usize::MAX).unwrap(),
         vec![2],
     ))
     .unwrap();
@@ -255,8 +260,13 @@ fn stop_reasons_from_update() {
         ignore_eos: true,
         ..SamplingParams::greedy(3)
     };
-    s.add_request(Request::new("d", vec![1, 2, 3], p, vec![2]))
-        .unwrap();
+    s.add_request(Request::new(
+        "d",
+        vec![1, 2, 3],
+        p.checked(usize::MAX).unwrap(),
+        vec![2],
+    ))
+    .unwrap();
     let out = s.schedule();
     let res = s.update_from_output(&out, &one_token(&s, "d", 2));
     assert_eq!(res[0].finish_reason, None);
@@ -272,8 +282,13 @@ fn min_tokens_delays_eos_and_stop_ids() {
         stop_token_ids: vec![42],
         ..SamplingParams::greedy(10)
     };
-    s.add_request(Request::new("a", vec![1, 2], p, vec![2]))
-        .unwrap();
+    s.add_request(Request::new(
+        "a",
+        vec![1, 2],
+        p.checked(usize::MAX).unwrap(),
+        vec![2],
+    ))
+    .unwrap();
     for step in 0..4 {
         let out = s.schedule();
         let tok = if step % 2 == 0 { 2 } else { 42 };
@@ -291,8 +306,13 @@ fn min_tokens_delays_eos_and_stop_ids() {
         min_tokens: 0,
         ..SamplingParams::greedy(10)
     };
-    s.add_request(Request::new("b", vec![1, 2], p, vec![2]))
-        .unwrap();
+    s.add_request(Request::new(
+        "b",
+        vec![1, 2],
+        p.checked(usize::MAX).unwrap(),
+        vec![2],
+    ))
+    .unwrap();
     let out = s.schedule();
     assert_eq!(
         s.update_from_output(&out, &one_token(&s, "b", 2))[0].finish_reason,
@@ -352,7 +372,9 @@ fn run_to_completion_leaves_nothing() {
         r.sampling_params = SamplingParams {
             ignore_eos: true,
             ..SamplingParams::greedy(10)
-        };
+        }
+        .checked(usize::MAX)
+        .unwrap();
         s.add_request(r).unwrap();
     }
     let mut runner = FakeRunner::new(16, 1000);

@@ -39,7 +39,7 @@ impl AttentionBackend for HybridBackend {
 
     fn plan(&mut self, batch: &BatchDescriptor) -> Result<(), CoreError> {
         let (d, p) = batch.split_decode_prefill();
-        self.num_decode_tokens = batch.num_decode_tokens;
+        self.num_decode_tokens = batch.num_decode_tokens();
         self.num_tokens = batch.num_tokens();
         self.has_decode = d.num_reqs() > 0;
         self.has_prefill = p.num_reqs() > 0;

@@ -48,6 +48,8 @@ pub enum SelectorError {
     BadOverride { value: String, message: String },
     #[error("creating attention backend `{name}`: {message}")]
     Create { name: String, message: String },
+    #[error("{0}")]
+    Registry(pagoda_core::CoreError),
 }
 
 fn suffix(hint: &Option<String>) -> String {
@@ -275,6 +277,8 @@ pub fn select(
     cfg: &AttentionConfig,
     override_: &BackendOverride,
 ) -> Result<Selection, SelectorError> {
+    // Refuse two backends of one name before anything walks the registry.
+    pagoda_core::try_registered_backends().map_err(SelectorError::Registry)?;
     if let (Some(d), Some(p)) = (&override_.decode, &override_.prefill) {
         if d == p {
             let r = find(d)?;

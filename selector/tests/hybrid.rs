@@ -9,9 +9,7 @@ use pagoda_core::{AttentionBackend, AttentionConfig};
 use pagoda_selector::{select, BackendOverride};
 use proptest::prelude::*;
 
-use pagoda_backend_flash as _;
-use pagoda_backend_naive as _;
-use pagoda_backend_paged as _;
+use pagoda_backends as _;
 
 fn auto(cfg: &AttentionConfig) -> Box<dyn AttentionBackend> {
     let sel = select(cfg, &BackendOverride::default()).unwrap();

@@ -6,6 +6,5 @@
 
 pub mod args;
 pub mod backends_cmd;
-pub mod bench;
 pub mod generate;
 pub mod serve;

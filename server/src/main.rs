@@ -2,13 +2,11 @@
 //! batch generation) and `backends` (the attention-backend registry and the choice).
 
 use clap::{Parser, Subcommand};
-use pagoda_server::{args, backends_cmd, bench, generate, serve};
+use pagoda_loadgen as bench;
+use pagoda_server::{args, backends_cmd, generate, serve};
 
 // Inventory only sees linked crates: link every backend.
-use pagoda_backend_cuda as _;
-use pagoda_backend_flash as _;
-use pagoda_backend_naive as _;
-use pagoda_backend_paged as _;
+use pagoda_backends as _;
 
 #[derive(Parser)]
 #[command(

@@ -6,10 +6,7 @@ use serde::Deserialize;
 use std::path::PathBuf;
 
 // Inventory only sees linked crates: link every backend.
-use pagoda_backend_cuda as _;
-use pagoda_backend_flash as _;
-use pagoda_backend_naive as _;
-use pagoda_backend_paged as _;
+use pagoda_backends as _;
 
 /// The real model: `$PAGODA_MODEL`, else the cache path `scripts/fetch-model.sh` fills.
 pub fn model_path() -> PathBuf {

@@ -65,7 +65,8 @@ fn unavailable(backend: &str) -> CoreError {
     let message = if COMPILED {
         "CUDA kernels not implemented yet".to_string()
     } else {
-        "not compiled with CUDA (rebuild with `--features cuda`)".to_string()
+        "not compiled with CUDA (pagoda-backend-cuda was built without its `cuda` feature)"
+            .to_string()
     };
     CoreError::BackendFailed {
         backend: backend.into(),

@@ -23,7 +23,7 @@ pub mod kernel;
 use kernel::{Dims, Scratch, Tile, TileIo};
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
-    Capabilities, CoreError, DType, DeviceKind, InvalidReason, LayerIo, Role,
+    Capabilities, CoreError, InvalidReason, LayerIo, Role,
 };
 use pagoda_kernels::{Isa, StepBlocks};
 use rayon::prelude::*;
@@ -35,29 +35,13 @@ pub const NAME: &str = "flash";
 /// Largest supported head dim.
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// Errors of the flash backend.
+/// Errors of the flash backend's own API (the protocol's errors are [`CoreError`]s).
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum FlashError {
     #[error("flash backend cannot serve this configuration: {reasons:?}")]
     Unsupported { reasons: Vec<InvalidReason> },
-    #[error(
-        "flash backend serves prefill rows only; request {request} has query length 1 (a decode row)"
-    )]
-    DecodeRow { request: usize },
-    #[error("batch block size {batch} differs from the configured block size {config}")]
-    BlockSizeMismatch { batch: usize, config: usize },
-    #[error("run called before plan")]
-    NotPlanned,
     #[error("run called in a pool of {threads} threads, planned for {planned}")]
     PoolGrew { threads: usize, planned: usize },
-    #[error("buffer `{name}` has {actual} elements, expected {expected}")]
-    Shape {
-        name: &'static str,
-        expected: usize,
-        actual: usize,
-    },
-    #[error("block id {block} is out of range for a pool of {num_blocks} blocks")]
-    BlockOutOfRange { block: u32, num_blocks: usize },
 }
 
 impl From<FlashError> for CoreError {
@@ -66,19 +50,6 @@ impl From<FlashError> for CoreError {
             FlashError::Unsupported { reasons } => CoreError::BackendInvalid {
                 backend: NAME.into(),
                 reasons,
-            },
-            FlashError::Shape {
-                name,
-                expected,
-                actual,
-            } => CoreError::ShapeMismatch {
-                name,
-                expected,
-                actual,
-            },
-            FlashError::DecodeRow { .. } => CoreError::BackendInvalid {
-                backend: NAME.into(),
-                reasons: vec![InvalidReason::RoleUnsupported { role: Role::Decode }],
             },
             other => CoreError::BackendFailed {
                 backend: NAME.into(),
@@ -92,17 +63,10 @@ impl From<FlashError> for CoreError {
 /// size, LSE output.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        devices: vec![DeviceKind::Cpu],
-        q_dtypes: vec![DType::F32],
-        kv_dtypes: vec![DType::F32],
         head_dims: Some((1..=MAX_HEAD_DIM).collect()),
-        block_sizes: None,
         max_gqa_ratio: Some(kernel::TILE_ROWS),
-        sliding_window: false,
-        logits_soft_cap: false,
         decode: false,
-        prefill: true,
-        returns_lse: true,
+        ..Capabilities::cpu_f32()
     }
 }
 
@@ -186,29 +150,21 @@ impl FlashBackend {
         self.items.len()
     }
 
-    fn plan_batch(&mut self, b: &BatchDescriptor) -> Result<(), FlashError> {
+    fn plan_batch(&mut self, b: &BatchDescriptor) -> Result<(), CoreError> {
         self.planned = false;
-        if b.block_size != self.cfg.block_size {
-            return Err(FlashError::BlockSizeMismatch {
-                batch: b.block_size,
-                config: self.cfg.block_size,
-            });
-        }
+        capabilities().check_batch(NAME, &self.cfg, b)?;
         let (g, nkv, hd) = (
             self.cfg.gqa_ratio(),
             self.cfg.num_kv_heads,
             self.cfg.head_dim,
         );
-        if let Some(request) = (0..b.num_reqs()).find(|&r| b.query_len(r) == 1) {
-            return Err(FlashError::DecodeRow { request });
-        }
         let tile_tokens = (kernel::TILE_ROWS / g).max(1);
         self.num_tokens = b.num_tokens();
         self.blocks.copy_from(
-            b.block_size,
-            &b.block_table,
-            b.block_table_stride,
-            &b.seq_lens,
+            b.block_size(),
+            b.block_table(),
+            b.block_table_stride(),
+            b.seq_lens(),
         );
         self.items.clear();
         // Longest tiles (most keys) first, so that rayon's stealing ends balanced.
@@ -220,7 +176,7 @@ impl FlashBackend {
                 for h in 0..nkv {
                     let tile = Tile {
                         kv_head: h,
-                        token0: b.query_start_loc[r] as usize,
+                        token0: b.tokens(r).start,
                         q0,
                         q1,
                         context: b.context_len(r),
@@ -234,7 +190,7 @@ impl FlashBackend {
             .sort_by_key(|it| std::cmp::Reverse(it.tile.context + it.tile.q1));
         self.pack_off.clear();
         let mut total = 0;
-        for &s in &b.seq_lens {
+        for &s in b.seq_lens() {
             self.pack_off.push(total);
             total += s as usize;
         }
@@ -251,7 +207,9 @@ impl FlashBackend {
 
     fn run_layer(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
         if !self.planned {
-            return Err(FlashError::NotPlanned.into());
+            return Err(CoreError::NotPlanned {
+                backend: NAME.into(),
+            });
         }
         let threads = rayon::current_num_threads();
         if threads > self.scratch.len() {
@@ -270,7 +228,7 @@ impl FlashBackend {
         );
         let num_blocks = io.validate(self.num_tokens, cfg)?;
         if let Some(block) = self.blocks.out_of_range(num_blocks) {
-            return Err(FlashError::BlockOutOfRange { block, num_blocks }.into());
+            return Err(CoreError::BlockOutOfRange { block, num_blocks });
         }
         let lse_ptr = io.lse.map_or(std::ptr::null_mut(), |l| l.as_mut_ptr());
         let ptrs = OutPtr(io.out.as_mut_ptr(), lse_ptr);
@@ -369,7 +327,7 @@ impl AttentionBackend for FlashBackend {
     }
 
     fn plan(&mut self, batch: &BatchDescriptor) -> Result<(), CoreError> {
-        Ok(self.plan_batch(batch)?)
+        self.plan_batch(batch)
     }
 
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {

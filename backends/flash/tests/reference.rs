@@ -114,7 +114,7 @@ fn bad_buffers_and_blocks_are_errors_not_panics() {
     m.assert_refused();
     // A pool of one block cannot hold the request's blocks: the kernel says so.
     assert!(
-        matches!(m.one_block_pool, Err(CoreError::BackendFailed { .. })),
+        matches!(m.one_block_pool, Err(CoreError::BlockOutOfRange { .. })),
         "{:?}",
         m.one_block_pool
     );

@@ -16,7 +16,7 @@
 
 use pagoda_core::{
     no_runtime_reasons, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
-    Capabilities, CoreError, DType, DeviceKind, LayerIo, Role,
+    Capabilities, CoreError, LayerIo, Role,
 };
 
 /// The registered name.
@@ -26,17 +26,9 @@ pub const NAME: &str = "naive";
 /// roles, sliding window, soft-cap and LSE.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        devices: vec![DeviceKind::Cpu],
-        q_dtypes: vec![DType::F32],
-        kv_dtypes: vec![DType::F32],
-        head_dims: None,
-        block_sizes: None,
-        max_gqa_ratio: None,
         sliding_window: true,
         logits_soft_cap: true,
-        decode: true,
-        prefill: true,
-        returns_lse: true,
+        ..Capabilities::cpu_f32()
     }
 }
 
@@ -68,18 +60,15 @@ impl NaiveBackend {
     /// Creates the backend; errors if the configuration is outside [`capabilities`]
     /// (or has zero heads, head dim or block size).
     pub fn new(cfg: &AttentionConfig) -> Result<Self, CoreError> {
-        let reasons = capabilities().reasons(cfg, Role::Both);
-        if !reasons.is_empty() {
-            return Err(CoreError::BackendInvalid {
-                backend: NAME.into(),
-                reasons,
-            });
-        }
+        capabilities().require(NAME, cfg, Role::Both)?;
         if cfg.num_heads == 0 || cfg.head_dim == 0 || cfg.block_size == 0 {
-            return Err(failed(format!(
-                "degenerate config: {} heads, head dim {}, block size {}",
-                cfg.num_heads, cfg.head_dim, cfg.block_size
-            )));
+            return Err(CoreError::BackendFailed {
+                backend: NAME.into(),
+                message: format!(
+                    "degenerate config: {} heads, head dim {}, block size {}",
+                    cfg.num_heads, cfg.head_dim, cfg.block_size
+                ),
+            });
         }
         Ok(NaiveBackend {
             cfg: cfg.clone(),
@@ -96,59 +85,6 @@ impl NaiveBackend {
     }
 }
 
-fn failed(message: String) -> CoreError {
-    CoreError::BackendFailed {
-        backend: NAME.into(),
-        message,
-    }
-}
-
-/// Checks the descriptor's internal consistency (the fields are public, so a
-/// hand-built descriptor may be wrong in ways `BatchDescriptor::new` would reject).
-fn validate_batch(cfg: &AttentionConfig, b: &BatchDescriptor) -> Result<(), CoreError> {
-    let bad = |m: String| Err(CoreError::InvalidBatch { message: m });
-    if b.block_size != cfg.block_size {
-        return bad(format!(
-            "block size {} but the backend was built for {}",
-            b.block_size, cfg.block_size
-        ));
-    }
-    let n = b.seq_lens.len();
-    if b.query_start_loc.len() != n + 1 || b.query_start_loc.first().copied() != Some(0) {
-        return bad(format!(
-            "query_start_loc has {} entries for {n} requests",
-            b.query_start_loc.len()
-        ));
-    }
-    if b.block_table.len() < n * b.block_table_stride {
-        return bad(format!(
-            "block table has {} entries, needs {n} x {}",
-            b.block_table.len(),
-            b.block_table_stride
-        ));
-    }
-    for r in 0..n {
-        let (q0, q1) = (b.query_start_loc[r], b.query_start_loc[r + 1]);
-        if q1 < q0 {
-            return bad(format!("query_start_loc decreases at request {r}"));
-        }
-        let q = (q1 - q0) as usize;
-        let s = b.seq_lens[r] as usize;
-        if q > s {
-            return bad(format!(
-                "request {r}: query length {q} exceeds sequence length {s}"
-            ));
-        }
-        if s.div_ceil(b.block_size) > b.block_table_stride {
-            return bad(format!(
-                "request {r}: {s} tokens need more than {} blocks",
-                b.block_table_stride
-            ));
-        }
-    }
-    Ok(())
-}
-
 impl AttentionBackend for NaiveBackend {
     fn name(&self) -> &str {
         NAME
@@ -156,17 +92,18 @@ impl AttentionBackend for NaiveBackend {
 
     fn plan(&mut self, batch: &BatchDescriptor) -> Result<(), CoreError> {
         self.planned = false;
-        validate_batch(&self.cfg, batch)?;
+        capabilities().check_batch(NAME, &self.cfg, batch)?;
         self.batch.clone_from(batch);
-        let max_seq = batch.seq_lens.iter().copied().max().unwrap_or(0) as usize;
-        self.scores.resize(max_seq, 0.0);
+        self.scores.resize(batch.max_seq_len(), 0.0);
         self.planned = true;
         Ok(())
     }
 
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
         if !self.planned {
-            return Err(failed("run called before a successful plan".into()));
+            return Err(CoreError::NotPlanned {
+                backend: NAME.into(),
+            });
         }
         let cfg = &self.cfg;
         let b = &self.batch;
@@ -176,22 +113,15 @@ impl AttentionBackend for NaiveBackend {
             cfg.head_dim,
             cfg.block_size,
         );
-        let num_blocks = io.validate(b.num_tokens(), cfg)?;
+        io.validate_batch(b, cfg)?;
         let mut lse = io.lse;
         let group = h / kvh;
         let scale = cfg.scale as f64;
         let cap = cfg.logits_soft_cap.map(|c| c as f64);
         for r in 0..b.num_reqs() {
             let blocks = b.blocks(r);
-            if let Some(&bad) = blocks.iter().find(|&&blk| blk as usize >= num_blocks) {
-                return Err(CoreError::InvalidBatch {
-                    message: format!(
-                        "request {r}: block {bad} out of range for a pool of {num_blocks} blocks"
-                    ),
-                });
-            }
             let ctx = b.context_len(r);
-            let t0 = b.query_start_loc[r] as usize;
+            let t0 = b.tokens(r).start;
             for i in 0..b.query_len(r) {
                 let t = t0 + i;
                 let pos = ctx + i;

@@ -194,14 +194,14 @@ fn bad_input_is_an_error_not_a_panic() {
     let other = BatchDescriptor::new(4, &[1], &[1], &[&[0]]).unwrap();
     assert!(matches!(
         be.plan(&other),
-        Err(CoreError::InvalidBatch { .. })
+        Err(CoreError::BlockSizeMismatch { .. })
     ));
     // block id past the pool
     let b = BatchDescriptor::new(2, &[1], &[1], &[&[7]]).unwrap();
     be.plan(&b).unwrap();
     assert!(matches!(
         be.run(io(&[0.0; 8], &k, &mut out)),
-        Err(CoreError::InvalidBatch { .. })
+        Err(CoreError::BlockOutOfRange { block: 7, .. })
     ));
     // wrong q / out / lse lengths
     let b = BatchDescriptor::new(2, &[1], &[1], &[&[1]]).unwrap();

@@ -19,7 +19,7 @@ pub mod kernel;
 
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
-    Capabilities, CoreError, DType, DeviceKind, InvalidReason, LayerIo, Role,
+    Capabilities, CoreError, InvalidReason, LayerIo, Role,
 };
 use pagoda_kernels::{Isa, StepBlocks};
 use rayon::prelude::*;
@@ -32,29 +32,13 @@ pub const ITEMS_PER_THREAD: usize = 4;
 /// Splits never get shorter than this many keys (a split's merge costs ~one key).
 pub const MIN_SPLIT_TOKENS: usize = 256;
 
-/// Errors of the paged backend.
+/// Errors of the paged backend's own API (the protocol's errors are [`CoreError`]s).
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum PagedError {
     #[error("paged backend cannot serve this configuration: {reasons:?}")]
     Unsupported { reasons: Vec<InvalidReason> },
-    #[error(
-        "paged backend serves decode rows only; request {request} has query length {query_len}"
-    )]
-    PrefillRow { request: usize, query_len: usize },
-    #[error("batch block size {batch} differs from the configured block size {config}")]
-    BlockSizeMismatch { batch: usize, config: usize },
     #[error("instruction set {isa:?} is not available on this CPU")]
     IsaUnavailable { isa: Isa },
-    #[error("run called before plan")]
-    NotPlanned,
-    #[error("buffer `{name}` has {actual} elements, expected {expected}")]
-    Shape {
-        name: &'static str,
-        expected: usize,
-        actual: usize,
-    },
-    #[error("block id {block} is out of range for a pool of {num_blocks} blocks")]
-    BlockOutOfRange { block: u32, num_blocks: usize },
 }
 
 impl From<PagedError> for CoreError {
@@ -63,21 +47,6 @@ impl From<PagedError> for CoreError {
             PagedError::Unsupported { reasons } => CoreError::BackendInvalid {
                 backend: NAME.into(),
                 reasons,
-            },
-            PagedError::PrefillRow { .. } => CoreError::BackendInvalid {
-                backend: NAME.into(),
-                reasons: vec![InvalidReason::RoleUnsupported {
-                    role: Role::Prefill,
-                }],
-            },
-            PagedError::Shape {
-                name,
-                expected,
-                actual,
-            } => CoreError::ShapeMismatch {
-                name,
-                expected,
-                actual,
             },
             other => CoreError::BackendFailed {
                 backend: NAME.into(),
@@ -95,17 +64,10 @@ pub fn supported_head_dims() -> Vec<usize> {
 /// What `paged` serves: CPU, f32, decode only, any block size, LSE output.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        devices: vec![DeviceKind::Cpu],
-        q_dtypes: vec![DType::F32],
-        kv_dtypes: vec![DType::F32],
         head_dims: Some(supported_head_dims()),
-        block_sizes: None,
         max_gqa_ratio: Some(kernel::MAX_GROUP),
-        sliding_window: false,
-        logits_soft_cap: false,
-        decode: true,
         prefill: false,
-        returns_lse: true,
+        ..Capabilities::cpu_f32()
     }
 }
 
@@ -188,33 +150,20 @@ impl PagedBackend {
         &self.plan.items
     }
 
-    fn plan_batch(&mut self, b: &BatchDescriptor) -> Result<(), PagedError> {
+    fn plan_batch(&mut self, b: &BatchDescriptor) -> Result<(), CoreError> {
         self.plan.planned = false;
-        if b.block_size != self.cfg.block_size {
-            return Err(PagedError::BlockSizeMismatch {
-                batch: b.block_size,
-                config: self.cfg.block_size,
-            });
-        }
+        capabilities().check_batch(NAME, &self.cfg, b)?;
         let n = b.num_reqs();
-        for r in 0..n {
-            if b.query_len(r) != 1 {
-                return Err(PagedError::PrefillRow {
-                    request: r,
-                    query_len: b.query_len(r),
-                });
-            }
-        }
-        let (bs, nh, hd) = (b.block_size, self.cfg.num_heads, self.cfg.head_dim);
+        let (bs, nh, hd) = (b.block_size(), self.cfg.num_heads, self.cfg.head_dim);
         let p = &mut self.plan;
         p.num_reqs = n;
         p.blocks
-            .copy_from(bs, &b.block_table, b.block_table_stride, &b.seq_lens);
+            .copy_from(bs, b.block_table(), b.block_table_stride(), b.seq_lens());
 
         // Split size in blocks: total key-work spread over ~ITEMS_PER_THREAD items
         // per thread, never below MIN_SPLIT_TOKENS, always whole blocks.
         let target = ITEMS_PER_THREAD * rayon::current_num_threads().max(1);
-        let total_tokens: usize = b.seq_lens.iter().map(|&s| s as usize).sum::<usize>();
+        let total_tokens: usize = b.seq_lens().iter().map(|&s| s as usize).sum::<usize>();
         let split_tokens = total_tokens.div_ceil(target).max(MIN_SPLIT_TOKENS);
         let split_blocks = split_tokens.div_ceil(bs).max(1);
         let split_len = split_blocks * bs;
@@ -223,7 +172,7 @@ impl PagedBackend {
         p.first_item.clear();
         p.splits.clear();
         for r in 0..n {
-            let s = b.seq_lens[r] as usize;
+            let s = b.seq_len(r);
             let splits = s.div_ceil(split_len).max(1);
             p.first_item.push(p.items.len());
             p.splits.push(splits);
@@ -247,7 +196,9 @@ impl PagedBackend {
     fn run_layer(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
         let p = &mut self.plan;
         if !p.planned {
-            return Err(PagedError::NotPlanned.into());
+            return Err(CoreError::NotPlanned {
+                backend: NAME.into(),
+            });
         }
         let cfg = &self.cfg;
         let (nh, nkv, hd, bs) = (
@@ -259,7 +210,7 @@ impl PagedBackend {
         let g = cfg.gqa_ratio();
         let num_blocks = io.validate(p.num_reqs, cfg)?;
         if let Some(block) = p.blocks.out_of_range(num_blocks) {
-            return Err(PagedError::BlockOutOfRange { block, num_blocks }.into());
+            return Err(CoreError::BlockOutOfRange { block, num_blocks });
         }
 
         let (isa, scale) = (self.isa, cfg.scale);
@@ -363,7 +314,7 @@ impl AttentionBackend for PagedBackend {
     }
 
     fn plan(&mut self, batch: &BatchDescriptor) -> Result<(), CoreError> {
-        Ok(self.plan_batch(batch)?)
+        self.plan_batch(batch)
     }
 
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {

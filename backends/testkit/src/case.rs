@@ -121,7 +121,7 @@ impl Case {
         let mut new_v = Vec::new();
         for (layer, poisoned) in full.layers.iter().zip(cache.layers.iter_mut()) {
             let (mut k, mut v) = (Vec::new(), Vec::new());
-            for &s in &batch.slot_mapping {
+            for &s in batch.slot_mapping() {
                 let s = s as usize;
                 k.extend_from_slice(&layer.k[s * e..(s + 1) * e]);
                 v.extend_from_slice(&layer.v[s * e..(s + 1) * e]);
@@ -156,7 +156,7 @@ impl Case {
 
     /// Token range of request `r`.
     pub fn tokens_of(&self, r: usize) -> std::ops::Range<usize> {
-        self.batch.query_start_loc[r] as usize..self.batch.query_start_loc[r + 1] as usize
+        self.batch.tokens(r)
     }
 }
 
@@ -188,7 +188,7 @@ pub fn run(
             &mut layer.v,
             &case.new_k[l],
             &case.new_v[l],
-            &case.batch.slot_mapping,
+            case.batch.slot_mapping(),
             e,
         )
         .map_err(err("write_kv"))?;

@@ -21,22 +21,41 @@ pub enum Check {
     DecodeEqualsPrefill,
     /// GQA equals MHA over K/V heads repeated per group.
     GqaEqualsMha,
-    /// Attention over two KV halves merged by LSE ([`merge_states`]) equals the whole.
-    LseMerge,
+    /// Split-KV: a decode row over two halves of its keys, both on the subject,
+    /// merged by LSE ([`merge_states`]), equals the whole. Needs decode rows and LSE.
+    LseMergeKvHalves,
+    /// Chunked prefill: the new tokens' causal part (on the subject, context 0) merged
+    /// by LSE with their view of the cached context (on `naive`) equals the whole.
+    /// Needs prefill rows and LSE.
+    LseMergeContextAndChunk,
     /// Wrong buffer lengths, out-of-range blocks and a foreign block size are errors, not panics.
     BadBuffers,
 }
 
 impl Check {
-    pub const ALL: [Check; 7] = [
+    pub const ALL: [Check; 8] = [
         Check::RandomBatches,
         Check::BlockPermutation,
         Check::AloneEqualsInBatch,
         Check::DecodeEqualsPrefill,
         Check::GqaEqualsMha,
-        Check::LseMerge,
+        Check::LseMergeKvHalves,
+        Check::LseMergeContextAndChunk,
         Check::BadBuffers,
     ];
+
+    /// Why the check does not apply to a backend with these capabilities at all
+    /// (then the suite skips it), or `None`.
+    pub fn not_applicable(self, caps: &pagoda_core::Capabilities) -> Option<&'static str> {
+        match self {
+            Check::LseMergeKvHalves | Check::LseMergeContextAndChunk if !caps.returns_lse => {
+                Some("does not return LSE")
+            }
+            Check::LseMergeKvHalves if !caps.decode => Some("serves no decode rows"),
+            Check::LseMergeContextAndChunk if !caps.prefill => Some("serves no prefill rows"),
+            _ => None,
+        }
+    }
 
     /// Proptest cases per run (overridden by `PROPTEST_CASES`).
     pub fn cases(self) -> u32 {
@@ -64,7 +83,8 @@ impl Check {
             Check::AloneEqualsInBatch => alone_equals_in_batch(subject, spec, tol),
             Check::DecodeEqualsPrefill => decode_equals_prefill(subject, spec, tol),
             Check::GqaEqualsMha => gqa_equals_mha(subject, spec, tol),
-            Check::LseMerge => lse_merge(subject, spec, tol),
+            Check::LseMergeKvHalves => lse_merge_kv_halves(subject, spec, tol),
+            Check::LseMergeContextAndChunk => lse_merge_context_and_chunk(subject, spec, tol),
             Check::BadBuffers => bad_buffers(subject, spec),
         }
     }
@@ -393,177 +413,259 @@ struct Half {
     lse: Vec<f32>,
 }
 
-fn lse_merge(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<bool, KitError> {
-    const CHECK: &str = "LSE merge of two KV halves vs whole";
-    let caps = &subject.capabilities;
-    if !caps.returns_lse {
-        return Ok(false);
-    }
-    // Windows are relative to positions, which a split renumbers: test without.
-    let mut spec = spec.clone();
-    spec.sliding_window = None;
-    let cfg = spec.config(subject);
-    let case = Case::from_spec(&spec, cfg.clone(), 1)?;
-    let (h, d, bs) = (cfg.num_heads, cfg.head_dim, cfg.block_size);
-    let mut rng = Rng::new(spec.seed ^ 0x4D45_5247);
-    let pool = case.full.spec.num_blocks;
-    // Requests whose keys split in two non-empty halves.
-    let idx: Vec<usize> = (0..case.seq_lens.len())
-        .filter(|&r| {
-            if caps.decode {
-                case.seq_lens[r] >= 2
-            } else {
-                case.query_lens[r] >= 2
-            }
-        })
-        .collect();
-    if idx.is_empty() {
-        return Ok(false);
-    }
-    // Split point per request: decode splits keys at m; prefill splits context | new tokens.
-    let split: Vec<usize> = idx
-        .iter()
-        .map(|&r| {
-            if caps.decode {
-                1 + rng.below(case.seq_lens[r] - 1)
-            } else {
-                case.seq_lens[r] - case.query_lens[r]
-            }
-        })
-        .collect();
-    // The second half moves to fresh blocks, starting at position 0.
-    let fresh: Vec<usize> = idx
-        .iter()
-        .zip(&split)
-        .map(|(&r, &m)| (case.seq_lens[r] - m).div_ceil(bs))
-        .collect();
-    let mut full = KvCache::filled(
-        cache_spec(&cfg, 1, pool + fresh.iter().sum::<usize>()),
-        f32::NAN,
-    );
-    for b in 0..pool {
-        copy_block(&case.full, b, &mut full, b);
-    }
-    let mut next = pool as u32;
-    let mut b_rows = Vec::new();
-    for ((&r, &m), &n) in idx.iter().zip(&split).zip(&fresh) {
-        let row: Vec<u32> = (next..next + n as u32).collect();
-        next += n as u32;
-        for pos in m..case.seq_lens[r] {
-            copy_slot(
-                &case.full,
-                slot(&case.block_rows[r], bs, pos),
-                &mut full,
-                slot(&row, bs, pos - m),
-            );
-        }
-        b_rows.push(row);
-    }
-    let a_rows: Vec<Vec<u32>> = idx.iter().map(|&r| case.block_rows[r].clone()).collect();
-    let b_seqs: Vec<usize> = idx
-        .iter()
-        .zip(&split)
-        .map(|(&r, &m)| case.seq_lens[r] - m)
-        .collect();
-    let (whole, a, b);
-    if caps.decode {
-        // One query per request seeing all keys; halves: keys [0, m) and [m, seq).
-        let q = rng.fill(idx.len() * h * d, spec.amplitude);
-        let whole_seqs = idx.iter().map(|&r| case.seq_lens[r]).collect();
-        let n = idx.len();
-        whole = Case::from_parts(
-            cfg.clone(),
-            vec![1; n],
-            whole_seqs,
-            a_rows.clone(),
-            full.clone(),
-            vec![q.clone()],
-        )?;
-        let a_case = Case::from_parts(
-            cfg.clone(),
-            vec![1; n],
-            split.clone(),
-            a_rows,
-            full.clone(),
-            vec![q.clone()],
-        )?;
-        let b_case = Case::from_parts(cfg.clone(), vec![1; n], b_seqs, b_rows, full, vec![q])?;
-        let (Some(mut sa), Some(mut sb)) = (
-            subject_for(subject, &cfg, &a_case.query_lens)?,
-            subject_for(subject, &cfg, &b_case.query_lens)?,
-        ) else {
-            return Ok(false);
-        };
-        a = half(run(sa.as_mut(), &a_case, &[true])?);
-        b = half(run(sb.as_mut(), &b_case, &[true])?);
-    } else {
-        // Prefill-only: the subject computes the new tokens' causal part (context 0,
-        // fresh blocks); naive computes the context part as one decode row per query.
-        let q_lens: Vec<usize> = idx.iter().map(|&r| case.query_lens[r]).collect();
-        let q: Vec<f32> = idx
-            .iter()
-            .flat_map(|&r| {
-                case.q[0][case.tokens_of(r).start * h * d..case.tokens_of(r).end * h * d].to_vec()
-            })
+/// The common setup of both LSE-merge checks: the case (without a window), the
+/// requests that split, where each splits, and a pool where the part after the split
+/// also sits in fresh blocks from position 0.
+struct MergeSetup {
+    cfg: AttentionConfig,
+    case: Case,
+    /// Requests whose keys split in two non-empty parts.
+    idx: Vec<usize>,
+    /// Per request of `idx`: the first key position of the second part.
+    split: Vec<usize>,
+    /// The case's pool plus the fresh blocks.
+    full: KvCache,
+    /// Per request of `idx`: its blocks (first part) and its fresh blocks (second part).
+    a_rows: Vec<Vec<u32>>,
+    b_rows: Vec<Vec<u32>>,
+    /// Per request of `idx`: the length of the second part.
+    b_seqs: Vec<usize>,
+}
+
+impl MergeSetup {
+    /// `None` when no request splits. `split_at(case, r, rng)` picks request `r`'s
+    /// split point among those with `splits(case, r)`.
+    fn new(
+        subject: &Subject,
+        spec: &CaseSpec,
+        rng: &mut Rng,
+        splits: impl Fn(&Case, usize) -> bool,
+        split_at: impl Fn(&Case, usize, &mut Rng) -> usize,
+    ) -> Result<Option<MergeSetup>, KitError> {
+        // Windows are relative to positions, which a split renumbers: test without.
+        let mut spec = spec.clone();
+        spec.sliding_window = None;
+        let cfg = spec.config(subject);
+        let case = Case::from_spec(&spec, cfg.clone(), 1)?;
+        let bs = cfg.block_size;
+        let pool = case.full.spec.num_blocks;
+        let idx: Vec<usize> = (0..case.seq_lens.len())
+            .filter(|&r| splits(&case, r))
             .collect();
-        let whole_seqs = idx.iter().map(|&r| case.seq_lens[r]).collect();
-        whole = Case::from_parts(
-            cfg.clone(),
-            q_lens.clone(),
-            whole_seqs,
-            a_rows.clone(),
-            full.clone(),
-            vec![q.clone()],
-        )?;
-        let b_case = Case::from_parts(
-            cfg.clone(),
-            q_lens.clone(),
-            b_seqs,
+        if idx.is_empty() {
+            return Ok(None);
+        }
+        let split: Vec<usize> = idx.iter().map(|&r| split_at(&case, r, rng)).collect();
+        // The second part moves to fresh blocks, starting at position 0.
+        let fresh: Vec<usize> = idx
+            .iter()
+            .zip(&split)
+            .map(|(&r, &m)| (case.seq_lens[r] - m).div_ceil(bs))
+            .collect();
+        let mut full = KvCache::filled(
+            cache_spec(&cfg, 1, pool + fresh.iter().sum::<usize>()),
+            f32::NAN,
+        );
+        for b in 0..pool {
+            copy_block(&case.full, b, &mut full, b);
+        }
+        let mut next = pool as u32;
+        let mut b_rows = Vec::new();
+        for ((&r, &m), &n) in idx.iter().zip(&split).zip(&fresh) {
+            let row: Vec<u32> = (next..next + n as u32).collect();
+            next += n as u32;
+            for pos in m..case.seq_lens[r] {
+                copy_slot(
+                    &case.full,
+                    slot(&case.block_rows[r], bs, pos),
+                    &mut full,
+                    slot(&row, bs, pos - m),
+                );
+            }
+            b_rows.push(row);
+        }
+        let a_rows = idx.iter().map(|&r| case.block_rows[r].clone()).collect();
+        let b_seqs = idx
+            .iter()
+            .zip(&split)
+            .map(|(&r, &m)| case.seq_lens[r] - m)
+            .collect();
+        Ok(Some(MergeSetup {
+            cfg,
+            case,
+            idx,
+            split,
+            full,
+            a_rows,
             b_rows,
-            full.clone(),
-            vec![q.clone()],
-        )?;
-        let Some(mut sb) = subject_for(subject, &cfg, &b_case.query_lens)? else {
-            return Ok(false);
-        };
-        b = half(run(sb.as_mut(), &b_case, &[true])?);
-        let tokens = q.len() / (h * d);
-        let mut ctx = Half {
-            out: vec![0.0; tokens * h * d],
-            lse: vec![f32::NEG_INFINITY; tokens * h],
-        };
-        // Decode rows over the context for every query token of requests with one.
-        let (mut rows, mut seqs, mut dq, mut at) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut t = 0;
-        for (i, &m) in split.iter().enumerate() {
-            for _ in 0..q_lens[i] {
-                if m > 0 {
-                    rows.push(a_rows[i].clone());
-                    seqs.push(m);
-                    dq.extend_from_slice(&q[t * h * d..(t + 1) * h * d]);
-                    at.push(t);
-                }
-                t += 1;
-            }
-        }
-        if !at.is_empty() {
-            let a_case =
-                Case::from_parts(cfg.clone(), vec![1; at.len()], seqs, rows, full, vec![dq])?;
-            let got = half(run(naive(&cfg)?.as_mut(), &a_case, &[true])?);
-            for (j, &t) in at.iter().enumerate() {
-                ctx.out[t * h * d..(t + 1) * h * d]
-                    .copy_from_slice(&got.out[j * h * d..(j + 1) * h * d]);
-                ctx.lse[t * h..(t + 1) * h].copy_from_slice(&got.lse[j * h..(j + 1) * h]);
-            }
-        }
-        a = ctx;
+            b_seqs,
+        }))
     }
-    let want = half(run(naive(&cfg)?.as_mut(), &whole, &[true])?);
-    let mut out = vec![0.0; want.out.len()];
-    let mut lse = vec![0.0; want.lse.len()];
-    merge_states(&a.out, &a.lse, &b.out, &b.lse, d, &mut out, &mut lse);
-    doubled(tol).compare(CHECK, "merged out", &out, &want.out, h, d)?;
-    doubled(tol).compare(CHECK, "merged lse", &lse, &want.lse, h, 1)?;
+
+    /// `naive` over the whole keys with queries `q` of lengths `q_lens`, the merge of
+    /// `a` and `b`, and the comparison.
+    fn compare(
+        &self,
+        check: &'static str,
+        q_lens: Vec<usize>,
+        q: Vec<f32>,
+        a: Half,
+        b: Half,
+        tol: Tolerance,
+    ) -> Result<(), KitError> {
+        let (h, d) = (self.cfg.num_heads, self.cfg.head_dim);
+        let whole_seqs = self.idx.iter().map(|&r| self.case.seq_lens[r]).collect();
+        let whole = Case::from_parts(
+            self.cfg.clone(),
+            q_lens,
+            whole_seqs,
+            self.a_rows.clone(),
+            self.full.clone(),
+            vec![q],
+        )?;
+        let want = half(run(naive(&self.cfg)?.as_mut(), &whole, &[true])?);
+        let mut out = vec![0.0; want.out.len()];
+        let mut lse = vec![0.0; want.lse.len()];
+        merge_states(&a.out, &a.lse, &b.out, &b.lse, d, &mut out, &mut lse);
+        doubled(tol).compare(check, "merged out", &out, &want.out, h, d)?;
+        doubled(tol).compare(check, "merged lse", &lse, &want.lse, h, 1)?;
+        Ok(())
+    }
+}
+
+fn lse_merge_kv_halves(
+    subject: &Subject,
+    spec: &CaseSpec,
+    tol: Tolerance,
+) -> Result<bool, KitError> {
+    const CHECK: &str = "LSE merge of two KV halves vs whole";
+    if Check::LseMergeKvHalves
+        .not_applicable(&subject.capabilities)
+        .is_some()
+    {
+        return Ok(false);
+    }
+    let mut rng = Rng::new(spec.seed ^ 0x4D45_5247);
+    // One query per request seeing all keys; halves: keys [0, m) and [m, seq), m >= 1.
+    let Some(m) = MergeSetup::new(
+        subject,
+        spec,
+        &mut rng,
+        |c, r| c.seq_lens[r] >= 2,
+        |c, r, rng| 1 + rng.below(c.seq_lens[r] - 1),
+    )?
+    else {
+        return Ok(false);
+    };
+    let (h, d, n) = (m.cfg.num_heads, m.cfg.head_dim, m.idx.len());
+    let q = rng.fill(n * h * d, spec.amplitude);
+    let case = |seqs: Vec<usize>, rows: Vec<Vec<u32>>| {
+        Case::from_parts(
+            m.cfg.clone(),
+            vec![1; n],
+            seqs,
+            rows,
+            m.full.clone(),
+            vec![q.clone()],
+        )
+    };
+    let a_case = case(m.split.clone(), m.a_rows.clone())?;
+    let b_case = case(m.b_seqs.clone(), m.b_rows.clone())?;
+    let (Some(mut sa), Some(mut sb)) = (
+        subject_for(subject, &m.cfg, &a_case.query_lens)?,
+        subject_for(subject, &m.cfg, &b_case.query_lens)?,
+    ) else {
+        return Ok(false);
+    };
+    let a = half(run(sa.as_mut(), &a_case, &[true])?);
+    let b = half(run(sb.as_mut(), &b_case, &[true])?);
+    m.compare(CHECK, vec![1; n], q, a, b, tol)?;
+    Ok(true)
+}
+
+fn lse_merge_context_and_chunk(
+    subject: &Subject,
+    spec: &CaseSpec,
+    tol: Tolerance,
+) -> Result<bool, KitError> {
+    const CHECK: &str = "LSE merge of cached context and new chunk vs whole";
+    if Check::LseMergeContextAndChunk
+        .not_applicable(&subject.capabilities)
+        .is_some()
+    {
+        return Ok(false);
+    }
+    let mut rng = Rng::new(spec.seed ^ 0x4D45_5247);
+    // Prefill rows split at the context: [0, context) | the new tokens.
+    let Some(m) = MergeSetup::new(
+        subject,
+        spec,
+        &mut rng,
+        |c, r| c.query_lens[r] >= 2,
+        |c, r, _| c.seq_lens[r] - c.query_lens[r],
+    )?
+    else {
+        return Ok(false);
+    };
+    let (h, d) = (m.cfg.num_heads, m.cfg.head_dim);
+    let case = &m.case;
+    let q_lens: Vec<usize> = m.idx.iter().map(|&r| case.query_lens[r]).collect();
+    let q: Vec<f32> = m
+        .idx
+        .iter()
+        .flat_map(|&r| {
+            case.q[0][case.tokens_of(r).start * h * d..case.tokens_of(r).end * h * d].to_vec()
+        })
+        .collect();
+    // The subject computes the new tokens' causal part (context 0, fresh blocks).
+    let b_case = Case::from_parts(
+        m.cfg.clone(),
+        q_lens.clone(),
+        m.b_seqs.clone(),
+        m.b_rows.clone(),
+        m.full.clone(),
+        vec![q.clone()],
+    )?;
+    let Some(mut sb) = subject_for(subject, &m.cfg, &b_case.query_lens)? else {
+        return Ok(false);
+    };
+    let b = half(run(sb.as_mut(), &b_case, &[true])?);
+    // naive computes the context part: one decode row per query token of a request
+    // with context (the others see no context: lse -inf, output 0).
+    let tokens = q.len() / (h * d);
+    let mut a = Half {
+        out: vec![0.0; tokens * h * d],
+        lse: vec![f32::NEG_INFINITY; tokens * h],
+    };
+    let (mut rows, mut seqs, mut dq, mut at) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut t = 0;
+    for (i, &ctx) in m.split.iter().enumerate() {
+        for _ in 0..q_lens[i] {
+            if ctx > 0 {
+                rows.push(m.a_rows[i].clone());
+                seqs.push(ctx);
+                dq.extend_from_slice(&q[t * h * d..(t + 1) * h * d]);
+                at.push(t);
+            }
+            t += 1;
+        }
+    }
+    if !at.is_empty() {
+        let a_case = Case::from_parts(
+            m.cfg.clone(),
+            vec![1; at.len()],
+            seqs,
+            rows,
+            m.full.clone(),
+            vec![dq],
+        )?;
+        let got = half(run(naive(&m.cfg)?.as_mut(), &a_case, &[true])?);
+        for (j, &t) in at.iter().enumerate() {
+            a.out[t * h * d..(t + 1) * h * d].copy_from_slice(&got.out[j * h * d..(j + 1) * h * d]);
+            a.lse[t * h..(t + 1) * h].copy_from_slice(&got.lse[j * h..(j + 1) * h]);
+        }
+    }
+    m.compare(CHECK, q_lens, q, a, b, tol)?;
     Ok(true)
 }
 
@@ -599,7 +701,7 @@ fn bad_buffers(subject: &Subject, spec: &CaseSpec) -> Result<bool, KitError> {
         &mut layer.v,
         &case.new_k[0],
         &case.new_v[0],
-        &case.batch.slot_mapping,
+        case.batch.slot_mapping(),
         e,
     )
     .map_err(|source| KitError::Backend {
@@ -644,14 +746,7 @@ fn bad_buffers(subject: &Subject, spec: &CaseSpec) -> Result<bool, KitError> {
         accepted.push("an lse buffer one element short");
     }
     // A pool one block smaller than the largest block id used needs: reading it would be out of bounds.
-    let max_block = case
-        .batch
-        .block_table
-        .iter()
-        .filter(|&&b| b != u32::MAX)
-        .copied()
-        .max()
-        .unwrap_or(0) as usize;
+    let max_block = case.batch.max_block().unwrap_or(0) as usize;
     let block_elems = cfg.block_size * e;
     if attempt(
         "a pool too small for the block table",

@@ -307,7 +307,8 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@one conformance_request_alone_equals_in_batch, AloneEqualsInBatch, $subject, $tol);
         $crate::conformance_suite!(@one conformance_decode_equals_last_prefill_row, DecodeEqualsPrefill, $subject, $tol);
         $crate::conformance_suite!(@one conformance_gqa_equals_repeated_kv_mha, GqaEqualsMha, $subject, $tol);
-        $crate::conformance_suite!(@one conformance_lse_merge_of_halves_equals_whole, LseMerge, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_lse_merge_of_kv_halves_equals_whole, LseMergeKvHalves, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_lse_merge_of_context_and_chunk_equals_whole, LseMergeContextAndChunk, $subject, $tol);
         $crate::conformance_suite!(@one conformance_bad_buffers_are_errors, BadBuffers, $subject, $tol);
     };
     (@one $name:ident, $check:ident, $subject:expr, $tol:expr) => {

@@ -47,8 +47,8 @@ pub fn try_run_check(
         eprintln!("{check:?}: skipped, `{}` supports no GQA", subject.name);
         return Ok(());
     }
-    if check == Check::LseMerge && !caps.returns_lse {
-        eprintln!("{check:?}: skipped, `{}` does not return LSE", subject.name);
+    if let Some(why) = check.not_applicable(caps) {
+        eprintln!("{check:?}: skipped, `{}` {why}", subject.name);
         return Ok(());
     }
     let cases = std::env::var("PROPTEST_CASES")

@@ -53,12 +53,12 @@ impl AttentionBackend for Mutant {
     }
 
     fn plan(&mut self, batch: &BatchDescriptor) -> Result<(), CoreError> {
-        if batch.block_size != self.cfg.block_size && self.bug != Bug::NoValidation {
+        if batch.block_size() != self.cfg.block_size && self.bug != Bug::NoValidation {
             return Err(CoreError::InvalidBatch {
                 message: "block size".into(),
             });
         }
-        if self.bug != Bug::StalePlan || self.batch.seq_lens.is_empty() {
+        if self.bug != Bug::StalePlan || self.batch.seq_lens().is_empty() {
             self.batch = batch.clone();
         }
         Ok(())
@@ -103,9 +103,9 @@ impl AttentionBackend for Mutant {
                 b.context_len(r)
             };
             for i in 0..b.query_len(r) {
-                let tok = b.query_start_loc[r] as usize + i;
+                let tok = b.query_start_loc()[r] as usize + i;
                 let last = match self.bug {
-                    Bug::IgnoresCausalMask => b.seq_lens[r] as usize - 1,
+                    Bug::IgnoresCausalMask => b.seq_lens()[r] as usize - 1,
                     Bug::OffByOneCausal => ctx + i + 1,
                     _ => ctx + i,
                 };
@@ -238,7 +238,8 @@ fn reading_one_key_too_many_fails() {
 fn a_wrong_lse_base_fails() {
     let report = fails(Bug::LseInLog2, Check::RandomBatches);
     assert!(report.contains("lse"), "{report}");
-    fails(Bug::LseInLog2, Check::LseMerge);
+    fails(Bug::LseInLog2, Check::LseMergeKvHalves);
+    fails(Bug::LseInLog2, Check::LseMergeContextAndChunk);
 }
 
 #[test]

@@ -9,9 +9,7 @@
 //!
 //! `cargo run --release -p pagoda-benches --bin attn_table [-- --skip-naive]`
 
-use pagoda_backend_flash as _;
-use pagoda_backend_naive as _;
-use pagoda_backend_paged as _;
+use pagoda_backends as _;
 use pagoda_benches::attn::{self, Case, ModelShape, LLAMA8B, SMOLLM2};
 use pagoda_core::{registered_backends, AttentionBackend, Role};
 use pagoda_selector::BackendOverride;

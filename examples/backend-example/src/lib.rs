@@ -8,34 +8,25 @@
 
 use pagoda_core::{
     no_runtime_reasons, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
-    Capabilities, CoreError, DType, DeviceKind, LayerIo, Role,
+    Capabilities, CoreError, LayerIo, Role,
 };
 
 /// The registered name (what `--attention-backend example` selects).
 pub const NAME: &str = "example";
 
-/// Step 1: what the backend supports. `None` means "any".
+/// Step 1: what the backend supports: the common CPU f32 case (any head dim, block
+/// size and GQA ratio, decode and prefill rows, LSE), so no sliding window and no
+/// soft-cap, which the selector reports as reasons.
 pub fn capabilities() -> Capabilities {
-    Capabilities {
-        devices: vec![DeviceKind::Cpu],
-        q_dtypes: vec![DType::F32],
-        kv_dtypes: vec![DType::F32],
-        head_dims: None,
-        block_sizes: None,
-        max_gqa_ratio: None,
-        sliding_window: false,
-        logits_soft_cap: false,
-        decode: true,
-        prefill: true,
-        returns_lse: true,
-    }
+    Capabilities::cpu_f32()
 }
 
 // Step 2: registration. `inventory` collects it when this crate is linked.
 pagoda_core::register_backend!(BackendRegistration {
     name: NAME,
-    // Above `naive` (0), below the optimized CPU backends.
-    priority: 1,
+    // Below `naive` (0): linked into every binary through `pagoda-backends`, an
+    // example is used only when asked for (`--attention-backend example`).
+    priority: -1,
     description: "example: per-row online-softmax f32 attention (docs/new-backend.md)",
     capabilities,
     runtime_reasons: no_runtime_reasons,
@@ -46,47 +37,27 @@ fn create(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError>
     Ok(Box::new(ExampleBackend::new(cfg)?))
 }
 
-/// Per-token metadata built once per step by `plan`.
-#[derive(Debug, Clone, Copy)]
-struct TokenPlan {
-    /// Row (request) of the token.
-    req: u32,
-    /// Its position in the sequence: `context_len + i`.
-    pos: u32,
-}
-
 /// Step 3: the backend.
 pub struct ExampleBackend {
     cfg: AttentionConfig,
+    /// The planned batch (valid by construction: no need to re-check it).
     batch: BatchDescriptor,
-    tokens: Vec<TokenPlan>,
+    planned: bool,
     /// Accumulator of one (token, head), allocated once.
     acc: Vec<f32>,
-    planned: bool,
 }
 
 impl ExampleBackend {
     /// Fails with every reason when `cfg` is outside [`capabilities`].
     pub fn new(cfg: &AttentionConfig) -> Result<Self, CoreError> {
-        let reasons = capabilities().reasons(cfg, Role::Both);
-        if !reasons.is_empty() {
-            return Err(CoreError::BackendInvalid {
-                backend: NAME.into(),
-                reasons,
-            });
-        }
+        capabilities().require(NAME, cfg, Role::Both)?;
         Ok(ExampleBackend {
             cfg: cfg.clone(),
             batch: BatchDescriptor::default(),
-            tokens: Vec::new(),
-            acc: vec![0.0; cfg.head_dim],
             planned: false,
+            acc: vec![0.0; cfg.head_dim],
         })
     }
-}
-
-fn invalid(message: String) -> CoreError {
-    CoreError::InvalidBatch { message }
 }
 
 impl AttentionBackend for ExampleBackend {
@@ -94,39 +65,11 @@ impl AttentionBackend for ExampleBackend {
         NAME
     }
 
-    /// Once per step: check the descriptor and flatten it to per-token metadata.
+    /// Once per step: check what depends on this backend (block size, kinds of
+    /// rows) and keep the batch.
     fn plan(&mut self, batch: &BatchDescriptor) -> Result<(), CoreError> {
         self.planned = false;
-        if batch.block_size != self.cfg.block_size {
-            return Err(invalid(format!(
-                "block size {} (configured {})",
-                batch.block_size, self.cfg.block_size
-            )));
-        }
-        let n = batch.seq_lens.len();
-        if batch.query_start_loc.len() != n + 1
-            || batch.block_table.len() < n * batch.block_table_stride
-        {
-            return Err(invalid(
-                "query_start_loc or block_table does not match seq_lens".into(),
-            ));
-        }
-        self.tokens.clear();
-        for r in 0..n {
-            let (start, end) = (batch.query_start_loc[r], batch.query_start_loc[r + 1]);
-            let seq = batch.seq_lens[r];
-            if end < start
-                || end - start > seq
-                || (seq as usize).div_ceil(batch.block_size) > batch.block_table_stride
-            {
-                return Err(invalid(format!("request {r} is inconsistent")));
-            }
-            let ctx = seq - (end - start);
-            self.tokens.extend((0..end - start).map(|i| TokenPlan {
-                req: r as u32,
-                pos: ctx + i,
-            }));
-        }
+        capabilities().check_batch(NAME, &self.cfg, batch)?;
         self.batch.clone_from(batch);
         self.planned = true;
         Ok(())
@@ -135,9 +78,8 @@ impl AttentionBackend for ExampleBackend {
     /// Once per layer: attention of every planned token and head.
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
         if !self.planned {
-            return Err(CoreError::BackendFailed {
+            return Err(CoreError::NotPlanned {
                 backend: NAME.into(),
-                message: "run before plan".into(),
             });
         }
         let (h, kvh, d, bs) = (
@@ -146,53 +88,44 @@ impl AttentionBackend for ExampleBackend {
             self.cfg.head_dim,
             self.cfg.block_size,
         );
-        // Buffer lengths (q, out, lse, whole-block K/V pools of equal size).
-        let pool_blocks = io.validate(self.tokens.len(), &self.cfg)?;
+        // Buffer lengths, and every block the batch names exists in the pool.
+        io.validate_batch(&self.batch, &self.cfg)?;
         let mut lse = io.lse;
-        // Every block the batch names must exist in this layer's pool.
-        for r in 0..self.batch.num_reqs() {
-            if let Some(b) = self
-                .batch
-                .blocks(r)
-                .iter()
-                .find(|&&b| b as usize >= pool_blocks)
-            {
-                return Err(invalid(format!(
-                    "request {r}: block {b} outside a pool of {pool_blocks}"
-                )));
-            }
-        }
+        let b = &self.batch;
         let group = h / kvh;
-        for (ti, tok) in self.tokens.iter().enumerate() {
-            let blocks = self.batch.blocks(tok.req as usize);
-            for head in 0..h {
-                let kv = head / group;
-                let q = &io.q[(ti * h + head) * d..][..d];
-                let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-                self.acc.fill(0.0);
-                // Causal: position `pos` sees keys 0..=pos.
-                for p in 0..=tok.pos as usize {
-                    let at = ((blocks[p / bs] as usize * bs + p % bs) * kvh + kv) * d;
-                    let k = &io.k_cache[at..at + d];
-                    let s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * self.cfg.scale;
-                    if s > max {
-                        // Rescale what was accumulated under the old max.
-                        let c = (max - s).exp();
-                        sum *= c;
-                        self.acc.iter_mut().for_each(|a| *a *= c);
-                        max = s;
+        for r in 0..b.num_reqs() {
+            let blocks = b.blocks(r);
+            // Token t of the batch sits at position pos of its sequence.
+            for (t, pos) in b.tokens(r).zip(b.context_len(r)..) {
+                for head in 0..h {
+                    let kv = head / group;
+                    let q = &io.q[(t * h + head) * d..][..d];
+                    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+                    self.acc.fill(0.0);
+                    // Causal: position `pos` sees keys 0..=pos.
+                    for p in 0..=pos {
+                        let at = ((blocks[p / bs] as usize * bs + p % bs) * kvh + kv) * d;
+                        let k = &io.k_cache[at..at + d];
+                        let s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * self.cfg.scale;
+                        if s > max {
+                            // Rescale what was accumulated under the old max.
+                            let c = (max - s).exp();
+                            sum *= c;
+                            self.acc.iter_mut().for_each(|a| *a *= c);
+                            max = s;
+                        }
+                        let w = (s - max).exp();
+                        sum += w;
+                        for (a, v) in self.acc.iter_mut().zip(&io.v_cache[at..at + d]) {
+                            *a += w * v;
+                        }
                     }
-                    let w = (s - max).exp();
-                    sum += w;
-                    for (a, v) in self.acc.iter_mut().zip(&io.v_cache[at..at + d]) {
-                        *a += w * v;
+                    for (o, a) in io.out[(t * h + head) * d..][..d].iter_mut().zip(&self.acc) {
+                        *o = a / sum;
                     }
-                }
-                for (o, a) in io.out[(ti * h + head) * d..][..d].iter_mut().zip(&self.acc) {
-                    *o = a / sum;
-                }
-                if let Some(l) = lse.as_deref_mut() {
-                    l[ti * h + head] = max + sum.ln();
+                    if let Some(l) = lse.as_deref_mut() {
+                        l[t * h + head] = max + sum.ln();
+                    }
                 }
             }
         }

@@ -169,7 +169,14 @@ impl FakeRunner {
 }
 
 pub fn greedy_req(id: &str, prompt: Vec<u32>, max_tokens: usize) -> Request {
-    Request::new(id, prompt, SamplingParams::greedy(max_tokens), vec![])
+    Request::new(
+        id,
+        prompt,
+        SamplingParams::greedy(max_tokens)
+            .checked(usize::MAX)
+            .unwrap(),
+        vec![],
+    )
 }
 
 /// A runner output that samples `tok` for every scheduled row that finishes its prompt.

@@ -171,12 +171,31 @@ pub async fn request_id_header(
         .get(&X_REQUEST_ID)
         .cloned()
         .unwrap_or_else(|| {
-            let v: u128 = rand::random();
-            HeaderValue::from_str(&format!("{v:032x}")).expect("hex is a valid header")
+            HeaderValue::from_str(&fresh_request_id()).expect("hex is a valid header")
         });
     let mut resp = next.run(req).await;
     resp.headers_mut().insert(X_REQUEST_ID, id);
     resp
+}
+
+/// 32 hex digits, unpredictable and unique in practice (vLLM's `uuid4().hex`):
+/// std's randomly keyed SipHash over a process-wide counter and the clock.
+fn fresh_request_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let half = |salt: u64| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(salt);
+        h.write_u64(n);
+        h.write_u128(nanos);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(1), half(2))
 }
 
 /// Routes whose requests `/load` counts (vLLM's `load_aware_call` ones that exist here).

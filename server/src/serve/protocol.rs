@@ -546,7 +546,8 @@ pub fn sampling_params(
         }
         p.logprob_token_ids = Some(ids.clone());
     }
-    p.validate()?;
+    // The bounds of `SamplingParams::validate` are checked once, where the request
+    // enters the engine (`EngineHandle::submit`); this only parses.
     Ok(p)
 }
 

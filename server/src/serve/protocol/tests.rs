@@ -11,7 +11,10 @@ fn completion(json: &str) -> Result<CompletionRequest, ApiError> {
 fn params(json: &str) -> Result<SamplingParams, ApiError> {
     let r = completion(json)?;
     let lp = r.logprobs()?;
-    sampling_params(&r.common, r.common.max_tokens, lp, VOCAB)
+    let p = sampling_params(&r.common, r.common.max_tokens, lp, VOCAB)?;
+    // The bounds are checked where the request enters the engine: the same check.
+    p.clone().checked(VOCAB).map_err(ApiError::from)?;
+    Ok(p)
 }
 
 fn bad_param(r: Result<SamplingParams, ApiError>) -> String {

@@ -1,15 +1,13 @@
 //! Quick interleaved A/B timing of matmul paths (rounds of every variant in turn,
 //! median per variant), for tuning on a shared machine; criterion's
 //! `benches/matmul.rs` gives the reported numbers.
-//! `cargo run --release -p pagoda-kernels --example matmul_ab -- k n m [rounds]`;
+//! `cargo run --release -p pagoda-benches --bin matmul_ab -- k n m [rounds]`;
 //! without arguments it prints the machine's ceilings: one core's f32 FMA peak and
 //! the parallel read bandwidth.
 
 use half::bf16;
-use pagoda_kernels::{
-    matmul_packed, matmul_packed_bf16, matmul_t_bf16_with, matmul_t_with, to_bf16, Bf16Path,
-    MatmulPath, PackedMatrix, PackedMatrixBf16,
-};
+use pagoda_benches::unpacked::{matmul_t_bf16_with, matmul_t_with, to_bf16, Bf16Path, MatmulPath};
+use pagoda_kernels::{matmul_packed, matmul_packed_bf16, PackedMatrix, PackedMatrixBf16};
 use std::time::Instant;
 
 fn main() {

@@ -1,5 +1,9 @@
 //! `pagoda bench`: load generators against OpenAI-compatible servers.
 //!
+//! Its own crate (`pagoda-loadgen`): a client, not part of the server, so the
+//! server library links neither it nor `plotters`; the `pagoda` binary dispatches
+//! `pagoda bench ...` here.
+//!
 //! `pagoda bench serve` streams `/v1/completions` requests (token-id prompts,
 //! `ignore_eos`, greedy) at fixed concurrency levels against any OpenAI-compatible
 //! server (ours, llama.cpp's `llama-server`, vLLM) and reports vLLM-style latency

@@ -9,14 +9,12 @@
 //! shape and `m` run back to back and only their ratios are meaningful.
 //! Throughput is weight bytes/s for `m <= 8` and FLOP/s (2·m·n·k) above.
 //!
-//! `cargo bench -p pagoda-kernels --bench matmul -- 'qkv/'` runs one shape.
+//! `cargo bench -p pagoda-benches --bench matmul -- 'qkv/'` runs one shape.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::bf16;
-use pagoda_kernels::{
-    matmul_packed, matmul_packed_bf16, matmul_t_bf16_with, matmul_t_with, to_bf16, Bf16Path,
-    MatmulPath, PackedMatrix, PackedMatrixBf16,
-};
+use pagoda_benches::unpacked::{matmul_t_bf16_with, matmul_t_with, to_bf16, Bf16Path, MatmulPath};
+use pagoda_kernels::{matmul_packed, matmul_packed_bf16, PackedMatrix, PackedMatrixBf16};
 use rayon::prelude::*;
 use std::time::Duration;
 

@@ -9,9 +9,9 @@
 //! reference (exact bf16 weights, unrounded f32 activations): the AVX-512 paths
 //! differ from it by the rounding of `x` to bf16, at most 2⁻⁸ of Σ|x·w|.
 
-use crate::error::KernelError;
-use crate::matmul::{check, trivial};
+use crate::unpacked::{check, trivial};
 use half::bf16;
+use pagoda_kernels::KernelError;
 use rayon::prelude::*;
 
 /// Which implementation [`matmul_t_bf16_with`] uses.
@@ -58,10 +58,10 @@ pub fn matmul_t_bf16_with(
     if trivial(out, m, k, n) {
         return Ok(());
     }
-    let avx = crate::Isa::detect().avx512_bf16();
+    let avx = pagoda_kernels::Isa::detect().avx512_bf16();
     let path = match path {
         // As for f32 (see matmul.rs): GEMV tiles up to m = 4, GEMM tiles above.
-        Bf16Path::Auto if avx && m <= crate::matmul::AVX512_GEMV_MAX_M => Bf16Path::Avx512Gemv,
+        Bf16Path::Auto if avx && m <= crate::unpacked::AVX512_GEMV_MAX_M => Bf16Path::Avx512Gemv,
         Bf16Path::Auto if avx => Bf16Path::Avx512Gemm,
         Bf16Path::Auto => Bf16Path::Portable,
         _ if !avx => Bf16Path::Portable,
@@ -79,8 +79,8 @@ pub fn matmul_t_bf16_with(
 
 #[cfg(target_arch = "x86_64")]
 fn avx512(gemv: bool, x: &[f32], w: &[bf16], out: &mut [f32], m: usize, k: usize, n: usize) {
-    use crate::avx512::{drive, gemm_tiles_bf16, gemv_tiles, gemv_tiles_bf16, Args};
-    let par = crate::matmul::parallel(m, k, n);
+    use crate::unpacked::avx512::{drive, gemm_tiles_bf16, gemv_tiles, gemv_tiles_bf16, Args};
+    let par = crate::unpacked::parallel(m, k, n);
     // bf16 is a transparent u16.
     let wp = w.as_ptr() as *const u16;
     if gemv {
@@ -131,7 +131,7 @@ fn portable(x: &[f32], w: &[bf16], out: &mut [f32], m: usize, k: usize, n: usize
             *o = s;
         }
     };
-    if crate::matmul::parallel(m, k, n) {
+    if crate::unpacked::parallel(m, k, n) {
         out.par_chunks_mut(n).enumerate().for_each(body);
     } else {
         out.chunks_mut(n).enumerate().for_each(body);

@@ -12,7 +12,7 @@
 //! and use `vdpbf16ps` (pairs of bf16 products accumulated in f32), reading half
 //! the bytes of f32 weights.
 //!
-//! Callers check the CPU features ([`crate::Isa::detect`]: `avx512()` for the f32
+//! Callers check the CPU features ([`pagoda_kernels::Isa::detect`]: `avx512()` for the f32
 //! kernels, `avx512_bf16()` for the bf16 ones) before calling anything `unsafe` here.
 
 #![cfg(target_arch = "x86_64")]
