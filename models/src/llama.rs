@@ -627,7 +627,8 @@ impl Llama {
         if spec.block_size != batch.block_size() {
             return Err(forward_err(format!(
                 "batch block size {} but cache block size {}",
-                batch.block_size(), spec.block_size
+                batch.block_size(),
+                spec.block_size
             )));
         }
         Ok(())
