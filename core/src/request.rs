@@ -164,8 +164,11 @@ impl Default for SamplingParams {
     }
 }
 
-/// Largest `logprobs` a request may ask for (OpenAI allows 20 for chat).
-pub const MAX_LOGPROBS: usize = 20;
+/// Most top logprobs the engine computes per token: the ceiling of a server's
+/// `--max-logprobs`, whose default is [`DEFAULT_MAX_LOGPROBS`].
+pub const MAX_LOGPROBS: usize = 1024;
+/// vLLM's default `--max-logprobs` (OpenAI allows 20 for chat).
+pub const DEFAULT_MAX_LOGPROBS: usize = 20;
 
 /// `prompt_logprobs` value for "every token of the vocabulary" (vLLM's `-1`).
 pub const ALL_PROMPT_LOGPROBS: usize = usize::MAX;

@@ -23,6 +23,12 @@ pub struct EngineConfig {
     pub scheduling_policy: pagoda_scheduler::SchedulingPolicy,
     /// Test-only fault injection (`--debug-inject-fault`, debug builds only).
     pub fault_injection: Option<FaultInjectionConfig>,
+    /// vLLM's `--seed`: requests without a seed of their own get one drawn from an
+    /// engine RNG seeded with this, in arrival order, so a run is reproducible
+    /// (vLLM V1's default is 0 too).
+    pub seed: u64,
+    /// vLLM's `--disable-log-stats`: no periodic throughput/queue log lines.
+    pub disable_log_stats: bool,
 }
 
 /// Prompts that trigger the runner's test-only faults (see
@@ -50,6 +56,8 @@ impl EngineConfig {
             weight_dtype: pagoda_models::WeightDtype::F32,
             scheduling_policy: pagoda_scheduler::SchedulingPolicy::Fcfs,
             fault_injection: None,
+            seed: 0,
+            disable_log_stats: false,
         }
     }
 }

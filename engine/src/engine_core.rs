@@ -22,6 +22,8 @@ pub struct EngineCore {
     /// Prompt logprobs gathered chunk by chunk until the request's first output
     /// carries them (as vLLM's output processor holds them).
     prompt_logprobs: HashMap<ReqHandle, Vec<PromptLogprob>>,
+    /// Requests admitted (or resumed) by the latest step's schedule.
+    newly_scheduled: Vec<ReqHandle>,
 }
 
 impl EngineCore {
@@ -111,6 +113,7 @@ impl EngineCore {
                 scheduler,
                 runner,
                 prompt_logprobs: HashMap::new(),
+                newly_scheduled: Vec::new(),
             },
             info,
         ))
@@ -201,6 +204,9 @@ impl EngineCore {
     /// schedule -> execute -> update.
     pub fn step(&mut self) -> Result<Vec<EngineCoreOutput>, EngineError> {
         let so = self.scheduler.schedule();
+        self.newly_scheduled.clear();
+        self.newly_scheduled
+            .extend(so.scheduled_new_reqs.iter().map(|r| r.handle));
         if so.total_num_scheduled_tokens == 0 {
             // Still let the runner drop finished requests' state.
             self.runner.execute(&so)?;
@@ -245,6 +251,12 @@ impl EngineCore {
                 o.prompt_logprobs = Some(lps);
             }
         }
+    }
+
+    /// The requests the latest [`EngineCore::step`] admitted from the waiting queue
+    /// (new or resumed after a preemption).
+    pub fn newly_scheduled(&self) -> &[ReqHandle] {
+        &self.newly_scheduled
     }
 
     pub fn stats(&self) -> EngineStats {

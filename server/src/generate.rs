@@ -23,8 +23,6 @@ pub struct GenerateArgs {
     pub top_p: f32,
     #[arg(long, default_value_t = 0)]
     pub top_k: i32,
-    #[arg(long)]
-    pub seed: Option<u64>,
     /// Keep generating after EOS.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -34,13 +32,13 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    args.engine.log_compat_notes();
     let config = args.engine.engine_config();
     let mut engine = LLMEngine::new(config).context("starting the engine")?;
     let params = SamplingParams {
         temperature: args.temperature,
         top_p: args.top_p,
         top_k: args.top_k,
-        seed: args.seed,
         max_tokens: Some(args.max_tokens),
         ignore_eos: args.ignore_eos,
         ..SamplingParams::default()

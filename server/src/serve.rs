@@ -3,10 +3,12 @@
 //! The engine runs on its own thread behind an [`EngineHandle`]; handlers only
 //! parse, validate, tokenize and submit, then stream the request's outputs back.
 //! Routes: `/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`,
-//! `/version`, `/metrics`, `/tokenize`, `/detokenize`.
+//! `/ping`, `/version`, `/metrics`, `/tokenize`, `/detokenize`, `/load`,
+//! `/invocations`, `/v1/chat/completions/batch`, and `/tokenizer_info` behind its
+//! flag ([`frontend`]).
 //!
 //! Shutdown on SIGINT/SIGTERM: stop accepting, let in-flight requests finish for
-//! up to [`SHUTDOWN_GRACE`], then abort what is left and exit cleanly; a second
+//! up to `--shutdown-timeout` ([`SHUTDOWN_GRACE`] by default), then abort what is left and exit cleanly; a second
 //! signal ends the grace period at once.
 //!
 //! Connections are served by [`conn`] (timeouts, a connection cap); handlers parse
@@ -16,6 +18,7 @@
 pub mod conn;
 pub mod error;
 pub mod format;
+pub mod frontend;
 pub mod handlers;
 pub mod metrics;
 pub mod protocol;
@@ -39,7 +42,7 @@ use std::time::Duration;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// [`SHUTDOWN_GRACE`], unless `PAGODA_SHUTDOWN_GRACE_SECS` overrides it.
-fn shutdown_grace() -> Duration {
+pub fn shutdown_grace() -> Duration {
     std::env::var("PAGODA_SHUTDOWN_GRACE_SECS")
         .ok()
         .and_then(|v| v.trim().parse::<f64>().ok())
@@ -56,6 +59,9 @@ pub struct AppState {
     /// Other names accepted in `model` (without `--served-model-name`: the model's
     /// file name, e.g. with its `.gguf` extension).
     pub model_aliases: Vec<String>,
+    /// The further `--served-model-name`s (also in `model_aliases`), which
+    /// `/v1/models` lists after the first.
+    pub served_aliases: Vec<String>,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
     pub metrics: Arc<Metrics>,
@@ -76,6 +82,26 @@ pub struct AppState {
     /// longest token, twice over for slack (normalizers may shrink text). Longer
     /// prompts cannot fit and are refused before tokenization.
     pub max_prompt_bytes: usize,
+    /// `--chat-template`: replaces the model's template.
+    pub chat_template_override: Option<Arc<pagoda_models::ChatTemplate>>,
+    /// `--generation-config`: defaults for fields a request leaves out.
+    pub generation_defaults: frontend::GenerationDefaults,
+    /// `--max-logprobs`.
+    pub max_logprobs: usize,
+    /// `--return-tokens-as-token-ids`.
+    pub return_tokens_as_token_ids: bool,
+    /// `--enable-force-include-usage`.
+    pub force_include_usage: bool,
+    /// `--enable-request-id-headers`.
+    pub request_id_headers: bool,
+    /// `--enable-server-load-tracking`, and the count `/load` reports.
+    pub server_load_tracking: bool,
+    pub server_load: std::sync::atomic::AtomicUsize,
+    /// `--enable-tokenizer-info-endpoint`, and what `/tokenizer_info` answers.
+    pub tokenizer_info_endpoint: bool,
+    pub tokenizer_info: serde_json::Value,
+    /// `--enable-log-requests`.
+    pub log_requests: bool,
 }
 
 /// Bodies at least this large mark the heap for trimming once the server is idle.
@@ -94,9 +120,10 @@ impl AppState {
             engine,
             model_name,
             model_aliases: Vec::new(),
+            served_aliases: Vec::new(),
             api_key: api_key.filter(|k| !k.is_empty()),
             max_body_bytes,
-            metrics: Arc::new(Metrics::default()),
+            metrics: Arc::new(Metrics::new(engine_for_len.model_info().max_model_len)),
             created: handlers::unix_now(),
             max_seqs_per_request: usize::MAX,
             priority_scheduling: false,
@@ -104,7 +131,25 @@ impl AppState {
             needs_trim: std::sync::atomic::AtomicBool::new(false),
             body_read_timeout: Duration::from_secs(60),
             max_prompt_bytes: max_prompt_bytes(&engine_for_len),
+            chat_template_override: None,
+            generation_defaults: Default::default(),
+            max_logprobs: pagoda_core::request::DEFAULT_MAX_LOGPROBS,
+            return_tokens_as_token_ids: false,
+            force_include_usage: false,
+            request_id_headers: false,
+            server_load_tracking: false,
+            server_load: std::sync::atomic::AtomicUsize::new(0),
+            tokenizer_info_endpoint: false,
+            tokenizer_info: serde_json::Value::Null,
+            log_requests: false,
         }
+    }
+
+    /// The chat template in use: `--chat-template`, else the model's.
+    pub fn chat_template(&self) -> Option<&Arc<pagoda_models::ChatTemplate>> {
+        self.chat_template_override
+            .as_ref()
+            .or_else(|| self.engine.chat_template())
     }
 
     /// Runs CPU-heavy request preparation (JSON parsing, chat templates,
@@ -161,16 +206,26 @@ fn cpu_pool_size() -> usize {
 /// The full router over a started engine.
 pub fn router(state: Arc<AppState>) -> Router {
     let limit = state.max_body_bytes;
-    Router::new()
+    let mut r = Router::new()
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat_completions))
+        .route(
+            "/v1/chat/completions/batch",
+            post(frontend::batch_chat_completions),
+        )
+        .route("/invocations", post(frontend::invocations))
         .route("/v1/models", get(handlers::models))
         .route("/health", get(handlers::health))
+        .route("/ping", get(handlers::health).post(handlers::health))
+        .route("/load", get(frontend::load))
         .route("/version", get(handlers::version))
         .route("/metrics", get(handlers::metrics))
         .route("/tokenize", post(handlers::tokenize))
-        .route("/detokenize", post(handlers::detokenize))
-        .fallback(handlers::not_found)
+        .route("/detokenize", post(handlers::detokenize));
+    if state.tokenizer_info_endpoint {
+        r = r.route("/tokenizer_info", get(frontend::tokenizer_info));
+    }
+    r.fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(
@@ -186,12 +241,23 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             require_api_key,
         ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            frontend::track_load,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            frontend::request_id_header,
+        ))
         .with_state(state)
 }
 
 /// Paths that stay open when `--api-key` is set (probes and scrapers).
 fn is_open_path(path: &str) -> bool {
-    matches!(path, "/health" | "/metrics" | "/version")
+    matches!(
+        path,
+        "/health" | "/ping" | "/metrics" | "/version" | "/load"
+    )
 }
 
 /// Compares without an early exit, so the key does not leak through timing.
@@ -312,7 +378,25 @@ async fn count_signals(tx: tokio::sync::watch::Sender<u8>) {
 }
 
 /// `pagoda serve`: loads the model, starts the engine thread, serves until a signal.
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+    args.resolve_model();
+    args.engine.log_compat_notes();
+    let model_path = args.engine.model_path();
+    // Flag values that can be wrong are checked before the model loads.
+    let chat_template_source = args
+        .chat_template
+        .as_deref()
+        .map(frontend::load_chat_template)
+        .transpose()?;
+    let generation_defaults =
+        frontend::GenerationDefaults::load(&args.generation_config, &model_path)?;
+    if args.max_logprobs > pagoda_core::request::MAX_LOGPROBS {
+        anyhow::bail!(
+            "--max-logprobs {} is above what the engine computes ({})",
+            args.max_logprobs,
+            pagoda_core::request::MAX_LOGPROBS
+        );
+    }
     let config = args.engine.engine_config();
     tracing::info!("loading model {}", config.model_path.display());
     let engine = LLMEngine::new(config).context("starting the engine")?;
@@ -322,26 +406,63 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .thread_name("pagoda-http")
         .build()
         .context("building the tokio runtime")?;
+    let mut names = args.served_model_name.clone().into_iter();
     let mut state = AppState::new(
         handle.clone(),
-        args.served_model_name.clone(),
+        names.next(),
         args.api_key.clone(),
         args.max_body_bytes,
     );
-    if args.served_model_name.is_none() {
+    // Every further --served-model-name is accepted (and listed by /v1/models).
+    state.served_aliases.extend(names);
+    state.model_aliases.extend(state.served_aliases.clone());
+    if args.served_model_name.is_empty() {
         // Clients may also name the model by its file name (e.g. with `.gguf`).
-        let path = args.engine.model_path();
-        if let Some(f) = path.file_name().map(|f| f.to_string_lossy().into_owned()) {
+        if let Some(f) = model_path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+        {
             if f != state.model_name {
                 state.model_aliases.push(f);
             }
         }
     }
+    if let Some(source) = chat_template_source {
+        let tok = handle.tokenizer();
+        let token = |id: Option<u32>| id.and_then(|i| tok.id_to_token(i));
+        let t = pagoda_models::ChatTemplate::new(
+            source,
+            token(tok.bos_token_id()),
+            token(handle.model_info().eos_token_ids.first().copied()),
+        )
+        .context("compiling --chat-template")?;
+        tracing::info!("chat template from --chat-template");
+        state.chat_template_override = Some(Arc::new(t));
+    }
+    state.generation_defaults = generation_defaults;
+    state.max_logprobs = args.max_logprobs;
+    state.return_tokens_as_token_ids = args.return_tokens_as_token_ids;
+    state.force_include_usage = args.enable_force_include_usage;
+    state.request_id_headers = args.enable_request_id_headers;
+    state.server_load_tracking = args.enable_server_load_tracking;
+    state.log_requests = args.log_requests();
+    state.tokenizer_info_endpoint = args.enable_tokenizer_info_endpoint;
+    state.tokenizer_info = frontend::tokenizer_info_json(&state, &model_path);
     state.max_seqs_per_request = args
         .max_seqs_per_request
         .unwrap_or(args.engine.max_num_seqs);
     state.priority_scheduling = args.engine.scheduling_policy == SchedulingPolicyArg::Priority;
     state.body_read_timeout = secs(args.body_read_timeout);
+    state.metrics.set_cache_config(metrics::CacheConfigInfo {
+        block_size: args.engine.block_size,
+        gpu_memory_utilization: args
+            .engine
+            .gpu_memory_utilization
+            .unwrap_or(crate::args::DEFAULT_GPU_MEMORY_UTILIZATION),
+        cache_dtype: args.engine.kv_cache_dtype.clone(),
+        enable_prefix_caching: !args.engine.no_enable_prefix_caching,
+        num_gpu_blocks: handle.model_info().num_kv_blocks,
+    });
     let limits = args.conn_limits();
     tracing::info!(
         "connections: at most {} (+{} for probes), keep-alive {:?}, header read {:?}, body read {:?}",
@@ -352,7 +473,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         limits.body_read
     );
     let state = Arc::new(state);
-    let result = runtime.block_on(serve(args.host.clone(), args.port, state, limits));
+    let grace = args.shutdown_grace();
+    let result = runtime.block_on(serve(args.host.clone(), args.port, state, limits, grace));
     // Whatever is still running (after the grace period) is aborted here.
     handle.shutdown(true);
     runtime.shutdown_timeout(Duration::from_secs(1));
@@ -383,12 +505,14 @@ async fn trim_when_idle(state: Arc<AppState>) {
     }
 }
 
-/// Binds, serves, and on a signal drains gracefully (see [`SHUTDOWN_GRACE`]).
+/// Binds, serves, and on a signal lets in-flight requests run on for up to `grace`
+/// (see [`SHUTDOWN_GRACE`]).
 pub async fn serve(
     host: String,
     port: u16,
     state: Arc<AppState>,
     limits: conn::ConnLimits,
+    grace: Duration,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind((host.as_str(), port))
         .await
@@ -399,7 +523,6 @@ pub async fn serve(
         state.model_name,
         state.engine.model_info().attention
     );
-    let grace = shutdown_grace();
     let (sig_tx, sig_rx) = tokio::sync::watch::channel(0u8);
     let mut log_rx = sig_rx.clone();
     tokio::spawn(count_signals(sig_tx));

@@ -42,7 +42,22 @@ fn sigterm_drains_in_flight_requests_and_exits_zero() {
 /// and the server still exits with status 0.
 #[test]
 fn sigterm_aborts_requests_that_outlast_the_grace_period() {
-    let mut s = Server::start_with_env(&[], &[("PAGODA_SHUTDOWN_GRACE_SECS", "1")]);
+    aborts_after_grace(Server::start_with_env(
+        &[],
+        &[("PAGODA_SHUTDOWN_GRACE_SECS", "1")],
+    ));
+}
+
+/// vLLM's `--shutdown-timeout` sets the grace period (and wins over the variable).
+#[test]
+fn shutdown_timeout_flag_sets_the_grace_period() {
+    aborts_after_grace(Server::start_with_env(
+        &["--shutdown-timeout", "1"],
+        &[("PAGODA_SHUTDOWN_GRACE_SECS", "600")],
+    ));
+}
+
+fn aborts_after_grace(mut s: Server) {
     let body = json!({"prompt": "Tell me a story:", "max_tokens": 4000, "ignore_eos": true, "stream": true});
     let mut r = s.open_stream("/v1/completions", &body);
     assert!(r.next_event().is_some(), "a first chunk before the signal");

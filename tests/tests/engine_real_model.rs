@@ -317,3 +317,73 @@ fn prompt_logprobs_survive_chunking_preemption_and_cache() {
         }
     }
 }
+
+/// `EngineConfig::seed` (vLLM's `--seed`): unseeded requests draw their seeds from
+/// the engine's RNG in arrival order, so two engines with the same seed sample the
+/// same tokens and another seed samples others.
+#[test]
+fn engine_seed_replays_unseeded_sampling() {
+    let params = SamplingParams {
+        temperature: 1.5,
+        max_tokens: Some(16),
+        ..SamplingParams::default()
+    };
+    let prompts = [
+        PromptInput::Text("Once upon a time".into()),
+        PromptInput::Text("The best thing about".into()),
+    ];
+    let run = |seed: u64| {
+        let mut c = test_config();
+        c.seed = seed;
+        let outs = engine(c).generate(&prompts, &params).expect("generate");
+        outs.into_iter().map(|o| o.token_ids).collect::<Vec<_>>()
+    };
+    let a = run(5);
+    assert_ne!(a[0], a[1], "each request draws its own seed");
+    assert_eq!(a, run(5), "the same engine seed replays the run");
+    assert_ne!(a, run(6), "another seed samples differently");
+}
+
+/// A finished request's output carries its timeline: queued <= first scheduled <=
+/// first token <= last token, with its token counts and effective `max_tokens`.
+#[test]
+fn finished_outputs_carry_request_metrics() {
+    let mut e = engine(test_config());
+    e.add_request(
+        "m".into(),
+        PromptInput::Text("The capital of France is".into()),
+        SamplingParams::greedy(5),
+        None,
+    )
+    .unwrap();
+    let mut last = None;
+    while e.has_unfinished_requests() {
+        for o in e.step().unwrap() {
+            assert_eq!(
+                o.metrics.is_some(),
+                o.finished,
+                "metrics on the final output only"
+            );
+            if o.finished {
+                last = o.metrics;
+            }
+        }
+    }
+    let m = last.expect("a final output");
+    let (s, f, l) = (
+        m.scheduled.unwrap(),
+        m.first_token.unwrap(),
+        m.last_token.unwrap(),
+    );
+    assert!(m.queued <= s && s < f && f <= l, "{m:?}");
+    assert_eq!(m.num_generation_tokens, 5);
+    assert_eq!(m.max_tokens, 5);
+    assert!(m.num_prompt_tokens > 0);
+    assert_eq!(
+        m.inference_time().unwrap(),
+        m.prefill_time().unwrap() + m.decode_time().unwrap()
+    );
+    let it = e.stats().iteration_tokens;
+    assert_eq!(it.sum, (m.num_prompt_tokens + 5) as u64);
+    assert_eq!(it.count, 5, "one prefill step and four decode steps");
+}

@@ -377,6 +377,9 @@ impl ChoiceState {
             self.finish_reason = Some(reason);
             self.stop_reason = out.stop_reason.clone();
             self.timer.on_finish(&ctx.metrics, reason);
+            if let Some(m) = &out.metrics {
+                ctx.metrics.observe_finished(m);
+            }
         }
         if ctx.prompt_logprobs && self.prompt_logprobs.is_none() {
             let entries = out.prompt_logprobs.as_deref().unwrap_or(&[]);

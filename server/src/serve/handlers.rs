@@ -7,7 +7,7 @@ use super::format::{Api, ChoiceState, Ctx};
 use super::protocol::{
     chat_mode, check_prompt_len, params_for_sample, parse_body, parse_generation, sampling_params,
     truncate_ids, ChatMessageIn, ChatRequest, CommonFields, CompletionRequest, DetokenizeRequest,
-    MessageContent, PromptField, TokenizeRequest,
+    MessageContent, PromptField, TokenizeRequest, ALL_LOGPROBS,
 };
 use super::stream::{collect, sse_response, Sample};
 use super::AppState;
@@ -28,7 +28,7 @@ use std::time::Instant;
 type Body = Result<Bytes, BytesRejection>;
 
 /// A tokenized prompt, with its text when `echo` shows it.
-type Prompt = (Vec<u32>, Option<String>);
+pub(super) type Prompt = (Vec<u32>, Option<String>);
 
 /// Unique ids: a per-process random-ish prefix plus a counter.
 fn next_id(prefix: &str) -> String {
@@ -63,6 +63,39 @@ impl AppState {
         }
     }
 
+    /// `--max-logprobs`, with vLLM's message (`-1` asks for the whole vocabulary).
+    fn check_logprobs(&self, param: &str, k: Option<usize>) -> Result<Option<usize>, ApiError> {
+        let vocab = self.engine.model_info().vocab_size;
+        let k = k.map(|k| if k == ALL_LOGPROBS { vocab } else { k });
+        match k {
+            Some(k) if k > self.max_logprobs => Err(ApiError::bad(
+                param,
+                format!(
+                    "Requested sample logprobs of {k}, which is greater than max allowed: {}",
+                    self.max_logprobs
+                ),
+            )),
+            k => Ok(k),
+        }
+    }
+
+    /// `prompt_logprobs` under `--max-logprobs`, with vLLM's message (`-1`, every
+    /// token, is left to the engine).
+    fn check_prompt_logprobs(&self, k: Option<usize>) -> Result<(), ApiError> {
+        match k {
+            Some(k) if k != pagoda_core::ALL_PROMPT_LOGPROBS && k > self.max_logprobs => {
+                Err(ApiError::bad(
+                    "prompt_logprobs",
+                    format!(
+                        "Requested prompt logprobs of {k}, which is greater than max allowed: {}",
+                        self.max_logprobs
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn read_body(&self, body: Body) -> Result<Bytes, ApiError> {
         body.map_err(|r| ApiError::from_body_rejection(r, self.max_body_bytes))
     }
@@ -76,9 +109,16 @@ impl AppState {
             model: self.model_name.clone(),
             // `logprob_token_ids` alone asks for logprobs too (of those tokens).
             logprobs: logprobs || c.logprob_token_ids.is_some(),
-            tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false),
-            include_usage: c.include_usage(),
-            continuous_usage: c.continuous_usage(),
+            tokens_as_ids: c.return_tokens_as_token_ids.unwrap_or(false)
+                || self.return_tokens_as_token_ids,
+            // `--enable-force-include-usage` acts as `include_usage: true` (vLLM).
+            include_usage: c.include_usage() || self.force_include_usage,
+            continuous_usage: c.continuous_usage()
+                || (self.force_include_usage
+                    && c.stream_options
+                        .as_ref()
+                        .and_then(|o| o.continuous_usage_stats)
+                        .unwrap_or(false)),
             return_token_ids: c.return_token_ids.unwrap_or(false),
             prompt_logprobs: c.prompt_logprobs.is_some(),
             text: Arc::new(move |id: u32| tok.decode(&[id], false).unwrap_or_default()),
@@ -184,7 +224,7 @@ impl AppState {
     }
 
     /// Submits `n` samples per prompt (seeds offset per sample) and answers.
-    async fn run(&self, prep: Prepared, arrival: Instant) -> Result<Response, ApiError> {
+    pub(super) async fn run(&self, prep: Prepared, arrival: Instant) -> Result<Response, ApiError> {
         let Prepared {
             ctx,
             prompts,
@@ -218,7 +258,20 @@ impl AppState {
             ));
         }
         let mut samples = Vec::with_capacity(prompts.len() * n);
+        for (p, (ids, _)) in prompts.iter().enumerate() {
+            if self.log_requests {
+                // Not under the HTTP layer's target: `--uvicorn-log-level` leaves it be.
+                tracing::info!(
+                    target: "pagoda::requests",
+                    "Received request {}-{p}: prompt tokens: {}, n: {n}, params: {params:?}",
+                    ctx.id,
+                    ids.len()
+                );
+            }
+        }
         for (p, (ids, echo)) in prompts.into_iter().enumerate() {
+            // vLLM observes `n` once per prompt (its parent request).
+            self.metrics.observe_n(n);
             let echo = echo.map(|t| (t, ids.clone()));
             for i in 0..n {
                 let index = p * n + i;
@@ -256,7 +309,7 @@ impl AppState {
         (add_generation_prompt, continue_final): (bool, bool),
         kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Result<String, ApiError> {
-        let tmpl = self.engine.chat_template().ok_or_else(|| {
+        let tmpl = self.chat_template().ok_or_else(|| {
             ApiError::bad(
                 "messages",
                 "this model has no chat template; use /v1/completions",
@@ -303,7 +356,7 @@ impl AppState {
 }
 
 /// Reads the body, then runs `f` on it on the blocking pool ([`AppState::offload`]).
-async fn on_pool<T: Send + 'static>(
+pub(super) async fn on_pool<T: Send + 'static>(
     st: &Arc<AppState>,
     body: Body,
     f: fn(&AppState, &[u8]) -> Result<T, ApiError>,
@@ -313,14 +366,14 @@ async fn on_pool<T: Send + 'static>(
     st.offload(move || f(&st2, &bytes)).await
 }
 
-fn respond(r: Result<Response, ApiError>) -> Response {
+pub(super) fn respond(r: Result<Response, ApiError>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// A parsed, tokenized and checked generation request, ready to submit.
-struct Prepared {
+pub(super) struct Prepared {
     ctx: Ctx,
-    prompts: Vec<Prompt>,
+    pub(super) prompts: Vec<Prompt>,
     params: SamplingParams,
     n: usize,
     common: CommonFields,
@@ -369,16 +422,19 @@ pub async fn completions(State(st): State<Arc<AppState>>, body: Body) -> Respons
 
 /// Parses, tokenizes and checks a completions body (on the blocking pool).
 fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let req: CompletionRequest = parse_generation(body, false)?;
+    let mut req: CompletionRequest = parse_generation(body, false)?;
     st.check_model(req.common.model.as_deref())?;
-    let logprobs = req.logprobs()?;
+    let logprobs = st.check_logprobs("logprobs", req.logprobs()?)?;
+    st.generation_defaults.apply(&mut req.common);
     // Completions default to 16 tokens (OpenAI's and vLLM's default); chat to the room left.
     let mut params = sampling_params(
         &req.common,
-        Some(req.common.max_tokens.unwrap_or(16)),
+        st.generation_defaults
+            .cap_max_tokens(Some(req.common.max_tokens.unwrap_or(16))),
         logprobs,
         st.engine.model_info().vocab_size,
     )?;
+    st.check_prompt_logprobs(params.prompt_logprobs)?;
     let n = req.common.n()?;
     let echo = req.echo.unwrap_or(false);
     if let Some(w) = &req.common.bad_words {
@@ -444,16 +500,18 @@ pub async fn chat_completions(State(st): State<Arc<AppState>>, body: Body) -> Re
 }
 
 /// Parses, renders, tokenizes and checks a chat body (on the blocking pool).
-fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let req: ChatRequest = parse_generation(body, true)?;
+pub(super) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
+    let mut req: ChatRequest = parse_generation(body, true)?;
     st.check_model(req.common.model.as_deref())?;
-    let logprobs = req.logprobs()?;
+    let logprobs = st.check_logprobs("top_logprobs", req.logprobs()?)?;
+    st.generation_defaults.apply(&mut req.common);
     let mut params = sampling_params(
         &req.common,
-        req.max_tokens(),
+        st.generation_defaults.cap_max_tokens(req.max_tokens()),
         logprobs,
         st.engine.model_info().vocab_size,
     )?;
+    st.check_prompt_logprobs(params.prompt_logprobs)?;
     if let Some(w) = &req.common.bad_words {
         params.bad_words_token_ids = st.bad_words_ids(w)?;
     }
@@ -494,20 +552,23 @@ fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
 /// `GET /v1/models`.
 pub async fn models(State(st): State<Arc<AppState>>) -> Response {
     let info = st.engine.model_info();
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": st.model_name,
-            "object": "model",
-            "created": st.created,
-            "owned_by": "pagoda",
-            "root": info.name,
-            "parent": null,
-            "max_model_len": info.max_model_len,
-            "permission": [],
-        }]
-    }))
-    .into_response()
+    // Every --served-model-name is listed, as vLLM lists its base model paths.
+    let names = std::iter::once(&st.model_name).chain(&st.served_aliases);
+    let data: Vec<_> = names
+        .map(|name| {
+            json!({
+                "id": name,
+                "object": "model",
+                "created": st.created,
+                "owned_by": "pagoda",
+                "root": info.name,
+                "parent": null,
+                "max_model_len": info.max_model_len,
+                "permission": [],
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 /// `GET /health`: 200 with an empty body, or 500 naming the engine fault.

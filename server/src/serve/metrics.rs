@@ -1,11 +1,15 @@
-//! `/metrics`: Prometheus text exposition with vLLM's metric names, so existing
-//! vLLM dashboards work unchanged. Gauges and counters come from the engine's
-//! [`EngineStats`]; the latency histograms are measured here, in the server, where
-//! the client's view of time lives.
+//! `/metrics`: Prometheus text exposition with vLLM's metric names, labels
+//! (`model_name`, `engine`) and bucket bounds (`vllm/v1/metrics/loggers.py`), so
+//! existing vLLM dashboards work unchanged. Gauges, counters and the per-step
+//! `iteration_tokens_total` come from the engine's [`EngineStats`]; TTFT, ITL and
+//! e2e latency are measured here, in the server, where the client's view of time
+//! lives; the per-request histograms (prompt/generation tokens, `n`, `max_tokens`,
+//! queue/prefill/decode/inference time) from the engine's [`RequestMetrics`] of
+//! each finished request.
 
-use pagoda_engine::EngineStats;
+use pagoda_engine::{EngineStats, RequestMetrics, ITERATION_TOKENS_BUCKETS};
 use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// vLLM's bucket bounds (seconds).
@@ -22,10 +26,33 @@ pub const E2E_BUCKETS: &[f64] = &[
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
+/// vLLM's `request_latency_buckets` (queue, inference, prefill and decode time too).
+pub const REQUEST_LATENCY_BUCKETS: &[f64] = E2E_BUCKETS;
+/// vLLM's `vllm:request_params_n` bounds.
+pub const N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
+
+/// vLLM's `build_1_2_5_buckets(max_value)`: 1, 2, 5, 10, 20, 50, ... up to `max_value`.
+pub fn build_1_2_5_buckets(max_value: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut scale = 1usize;
+    loop {
+        for m in [1usize, 2, 5] {
+            match m.checked_mul(scale) {
+                Some(v) if v <= max_value => out.push(v as f64),
+                _ => return out,
+            }
+        }
+        scale = match scale.checked_mul(10) {
+            Some(s) => s,
+            None => return out,
+        };
+    }
+}
+
 /// A Prometheus histogram: per-bucket counts (not cumulative; cumulated when rendered).
 #[derive(Debug, Clone)]
 pub struct Histogram {
-    bounds: &'static [f64],
+    bounds: Arc<[f64]>,
     /// `counts[i]` = observations in (bounds[i-1], bounds[i]]; the last slot is +Inf.
     counts: Vec<u64>,
     sum: f64,
@@ -33,10 +60,11 @@ pub struct Histogram {
 }
 
 impl Histogram {
-    pub fn new(bounds: &'static [f64]) -> Self {
+    pub fn new(bounds: impl Into<Arc<[f64]>>) -> Self {
+        let bounds: Arc<[f64]> = bounds.into();
         Histogram {
-            bounds,
             counts: vec![0; bounds.len() + 1],
+            bounds,
             sum: 0.0,
             count: 0,
         }
@@ -65,6 +93,10 @@ impl Histogram {
         self.count
     }
 
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+
     fn render(&self, name: &str, help: &str, labels: &str, out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} histogram");
@@ -85,27 +117,99 @@ fn fmt_f64(v: f64) -> String {
     format!("{v:?}")
 }
 
-/// Server-side request latency histograms.
+/// The `vllm:cache_config_info` labels (vLLM's `CacheConfig` fields that apply).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheConfigInfo {
+    pub block_size: usize,
+    pub gpu_memory_utilization: f64,
+    pub cache_dtype: String,
+    pub enable_prefix_caching: bool,
+    pub num_gpu_blocks: usize,
+}
+
+/// Histograms of finished requests, observed from their [`RequestMetrics`].
+struct RequestHistograms {
+    prompt_tokens: Histogram,
+    generation_tokens: Histogram,
+    max_tokens: Histogram,
+    queue: Histogram,
+    inference: Histogram,
+    prefill: Histogram,
+    decode: Histogram,
+}
+
+/// Server-side request histograms.
 pub struct Metrics {
     ttft: Mutex<Histogram>,
     itl: Mutex<Histogram>,
     e2e: Mutex<Histogram>,
+    n: Mutex<Histogram>,
+    requests: Mutex<RequestHistograms>,
+    cache_config: Mutex<Option<CacheConfigInfo>>,
     /// Finished requests by reason: stop, length, abort, error.
     finished: Mutex<[u64; 4]>,
 }
 
 impl Default for Metrics {
+    /// Token-count buckets up to 8192 tokens; servers use [`Metrics::new`].
     fn default() -> Self {
-        Metrics {
-            ttft: Mutex::new(Histogram::new(TTFT_BUCKETS)),
-            itl: Mutex::new(Histogram::new(ITL_BUCKETS)),
-            e2e: Mutex::new(Histogram::new(E2E_BUCKETS)),
-            finished: Mutex::new([0; 4]),
-        }
+        Metrics::new(8192)
     }
 }
 
 impl Metrics {
+    /// Token-count histograms get vLLM's 1-2-5 buckets up to `max_model_len`.
+    pub fn new(max_model_len: usize) -> Self {
+        let tokens: Arc<[f64]> = build_1_2_5_buckets(max_model_len).into();
+        Metrics {
+            ttft: Mutex::new(Histogram::new(TTFT_BUCKETS)),
+            itl: Mutex::new(Histogram::new(ITL_BUCKETS)),
+            e2e: Mutex::new(Histogram::new(E2E_BUCKETS)),
+            n: Mutex::new(Histogram::new(N_BUCKETS)),
+            requests: Mutex::new(RequestHistograms {
+                prompt_tokens: Histogram::new(tokens.clone()),
+                generation_tokens: Histogram::new(tokens.clone()),
+                max_tokens: Histogram::new(tokens),
+                queue: Histogram::new(REQUEST_LATENCY_BUCKETS),
+                inference: Histogram::new(REQUEST_LATENCY_BUCKETS),
+                prefill: Histogram::new(REQUEST_LATENCY_BUCKETS),
+                decode: Histogram::new(REQUEST_LATENCY_BUCKETS),
+            }),
+            cache_config: Mutex::new(None),
+            finished: Mutex::new([0; 4]),
+        }
+    }
+
+    /// Sets what `vllm:cache_config_info` reports.
+    pub fn set_cache_config(&self, c: CacheConfigInfo) {
+        *self.cache_config.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+    }
+
+    /// `vllm:request_params_n`: once per prompt of a request.
+    pub fn observe_n(&self, n: usize) {
+        self.n
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .observe(n as f64);
+    }
+
+    /// The per-request histograms of a finished request (vLLM observes
+    /// `max_tokens` only when set, which it always is here: the request's or the
+    /// room left in the context).
+    pub fn observe_finished(&self, m: &RequestMetrics) {
+        let mut h = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        h.prompt_tokens.observe(m.num_prompt_tokens as f64);
+        h.generation_tokens.observe(m.num_generation_tokens as f64);
+        if m.max_tokens > 0 {
+            h.max_tokens.observe(m.max_tokens as f64);
+        }
+        let secs = |d: Option<Duration>| d.unwrap_or_default().as_secs_f64();
+        h.queue.observe(secs(m.queue_time()));
+        h.inference.observe(secs(m.inference_time()));
+        h.prefill.observe(secs(m.prefill_time()));
+        h.decode.observe(secs(m.decode_time()));
+    }
+
     pub fn observe_ttft(&self, d: Duration) {
         self.ttft
             .lock()
@@ -139,7 +243,7 @@ impl Metrics {
 
     /// The whole exposition: engine gauges and counters, then server histograms.
     pub fn render(&self, stats: &EngineStats, model_name: &str) -> String {
-        let labels = format!("model_name=\"{}\"", escape_label(model_name));
+        let labels = format!("model_name=\"{}\",engine=\"0\"", escape_label(model_name));
         let mut out = String::with_capacity(8192);
         let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(out, "# HELP {name} {help}");
@@ -232,6 +336,87 @@ impl Metrics {
             &labels,
             &mut out,
         );
+        let mut iteration = Histogram::new(
+            ITERATION_TOKENS_BUCKETS
+                .iter()
+                .map(|&b| b as f64)
+                .collect::<Vec<_>>(),
+        );
+        iteration.counts = stats.iteration_tokens.buckets.to_vec();
+        iteration.sum = stats.iteration_tokens.sum as f64;
+        iteration.count = stats.iteration_tokens.count;
+        iteration.render(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            &labels,
+            &mut out,
+        );
+        lock(&self.n).render(
+            "vllm:request_params_n",
+            "Histogram of the n request parameter.",
+            &labels,
+            &mut out,
+        );
+        let h = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        for (hist, name, help) in [
+            (
+                &h.prompt_tokens,
+                "vllm:request_prompt_tokens",
+                "Number of prefill tokens processed.",
+            ),
+            (
+                &h.generation_tokens,
+                "vllm:request_generation_tokens",
+                "Number of generation tokens processed.",
+            ),
+            (
+                &h.max_tokens,
+                "vllm:request_params_max_tokens",
+                "Histogram of the max_tokens request parameter.",
+            ),
+            (
+                &h.queue,
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+            ),
+            (
+                &h.inference,
+                "vllm:request_inference_time_seconds",
+                "Histogram of time spent in RUNNING phase for request.",
+            ),
+            (
+                &h.prefill,
+                "vllm:request_prefill_time_seconds",
+                "Histogram of time spent in PREFILL phase for request.",
+            ),
+            (
+                &h.decode,
+                "vllm:request_decode_time_seconds",
+                "Histogram of time spent in DECODE phase for request.",
+            ),
+        ] {
+            hist.render(name, help, &labels, &mut out);
+        }
+        drop(h);
+        if let Some(c) = &*self.cache_config.lock().unwrap_or_else(|e| e.into_inner()) {
+            // An info metric: a gauge at 1 whose labels are the configuration, with
+            // Python's spelling of the values (vLLM's `metrics_info()`).
+            let py_bool = |b: bool| if b { "True" } else { "False" };
+            let _ = writeln!(
+                out,
+                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig"
+            );
+            let _ = writeln!(out, "# TYPE vllm:cache_config_info gauge");
+            let _ = writeln!(
+                out,
+                "vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"{}\",cpu_offload_gb=\"0\",enable_prefix_caching=\"{}\",engine=\"0\",gpu_memory_utilization=\"{}\",is_attention_free=\"False\",num_cpu_blocks=\"None\",num_gpu_blocks=\"{}\",num_gpu_blocks_override=\"None\",sliding_window=\"None\",swap_space=\"0\"}} 1.0",
+                c.block_size,
+                escape_label(&c.cache_dtype),
+                py_bool(c.enable_prefix_caching),
+                fmt_f64(c.gpu_memory_utilization),
+                c.num_gpu_blocks,
+            );
+        }
         out
     }
 }
@@ -318,24 +503,25 @@ mod tests {
             prompt_tokens: 100,
             generation_tokens: 50,
             num_steps: 7,
+            iteration_tokens: Default::default(),
         };
         let text = m.render(&stats, "smol\"lm");
         for line in [
-            "vllm:num_requests_running{model_name=\"smol\\\"lm\"} 2.0",
-            "vllm:num_requests_waiting{model_name=\"smol\\\"lm\"} 1.0",
-            "vllm:kv_cache_usage_perc{model_name=\"smol\\\"lm\"} 0.25",
-            "vllm:prefix_cache_queries_total{model_name=\"smol\\\"lm\"} 10",
-            "vllm:prefix_cache_hits_total{model_name=\"smol\\\"lm\"} 4",
-            "vllm:num_preemptions_total{model_name=\"smol\\\"lm\"} 1",
-            "vllm:prompt_tokens_total{model_name=\"smol\\\"lm\"} 100",
-            "vllm:generation_tokens_total{model_name=\"smol\\\"lm\"} 50",
-            "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",le=\"0.02\"} 0",
-            "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",le=\"0.04\"} 1",
-            "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",le=\"+Inf\"} 1",
-            "vllm:time_to_first_token_seconds_count{model_name=\"smol\\\"lm\"} 1",
-            "vllm:inter_token_latency_seconds_count{model_name=\"smol\\\"lm\"} 0",
-            "vllm:e2e_request_latency_seconds_count{model_name=\"smol\\\"lm\"} 1",
-            "vllm:request_success_total{model_name=\"smol\\\"lm\",finished_reason=\"stop\"} 1",
+            "vllm:num_requests_running{model_name=\"smol\\\"lm\",engine=\"0\"} 2.0",
+            "vllm:num_requests_waiting{model_name=\"smol\\\"lm\",engine=\"0\"} 1.0",
+            "vllm:kv_cache_usage_perc{model_name=\"smol\\\"lm\",engine=\"0\"} 0.25",
+            "vllm:prefix_cache_queries_total{model_name=\"smol\\\"lm\",engine=\"0\"} 10",
+            "vllm:prefix_cache_hits_total{model_name=\"smol\\\"lm\",engine=\"0\"} 4",
+            "vllm:num_preemptions_total{model_name=\"smol\\\"lm\",engine=\"0\"} 1",
+            "vllm:prompt_tokens_total{model_name=\"smol\\\"lm\",engine=\"0\"} 100",
+            "vllm:generation_tokens_total{model_name=\"smol\\\"lm\",engine=\"0\"} 50",
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",engine=\"0\",le=\"0.02\"} 0",
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",engine=\"0\",le=\"0.04\"} 1",
+            "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",engine=\"0\",le=\"+Inf\"} 1",
+            "vllm:time_to_first_token_seconds_count{model_name=\"smol\\\"lm\",engine=\"0\"} 1",
+            "vllm:inter_token_latency_seconds_count{model_name=\"smol\\\"lm\",engine=\"0\"} 0",
+            "vllm:e2e_request_latency_seconds_count{model_name=\"smol\\\"lm\",engine=\"0\"} 1",
+            "vllm:request_success_total{model_name=\"smol\\\"lm\",engine=\"0\",finished_reason=\"stop\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
@@ -346,6 +532,68 @@ mod tests {
         for l in text.lines().filter(|l| !l.starts_with('#')) {
             let v = l.rsplit(' ').next().unwrap();
             assert!(v.parse::<f64>().is_ok(), "bad value in {l}");
+        }
+    }
+
+    #[test]
+    fn one_two_five_buckets_as_vllm() {
+        assert_eq!(
+            build_1_2_5_buckets(100),
+            vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
+        );
+        assert_eq!(build_1_2_5_buckets(8192).last(), Some(&5000.0));
+        assert_eq!(build_1_2_5_buckets(0), Vec::<f64>::new());
+    }
+
+    #[test]
+    fn request_histograms_and_info_metrics() {
+        let m = Metrics::new(100);
+        m.set_cache_config(CacheConfigInfo {
+            block_size: 16,
+            gpu_memory_utilization: 0.9,
+            cache_dtype: "auto".into(),
+            enable_prefix_caching: true,
+            num_gpu_blocks: 512,
+        });
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        m.observe_finished(&RequestMetrics {
+            queued: t0,
+            scheduled: Some(ms(100)),
+            first_token: Some(ms(400)),
+            last_token: Some(ms(1400)),
+            num_prompt_tokens: 7,
+            num_generation_tokens: 30,
+            max_tokens: 30,
+        });
+        m.observe_n(2);
+        let mut stats = EngineStats::default();
+        stats.iteration_tokens.observe(9);
+        stats.iteration_tokens.observe(1);
+        let text = m.render(&stats, "m");
+        for line in [
+            "vllm:request_prompt_tokens_bucket{model_name=\"m\",engine=\"0\",le=\"5.0\"} 0",
+            "vllm:request_prompt_tokens_bucket{model_name=\"m\",engine=\"0\",le=\"10.0\"} 1",
+            "vllm:request_prompt_tokens_sum{model_name=\"m\",engine=\"0\"} 7.0",
+            "vllm:request_generation_tokens_bucket{model_name=\"m\",engine=\"0\",le=\"50.0\"} 1",
+            "vllm:request_generation_tokens_bucket{model_name=\"m\",engine=\"0\",le=\"100.0\"} 1",
+            "vllm:request_params_max_tokens_sum{model_name=\"m\",engine=\"0\"} 30.0",
+            "vllm:request_params_n_bucket{model_name=\"m\",engine=\"0\",le=\"1.0\"} 0",
+            "vllm:request_params_n_bucket{model_name=\"m\",engine=\"0\",le=\"2.0\"} 1",
+            "vllm:request_queue_time_seconds_sum{model_name=\"m\",engine=\"0\"} 0.1",
+            "vllm:request_prefill_time_seconds_sum{model_name=\"m\",engine=\"0\"} 0.3",
+            "vllm:request_decode_time_seconds_sum{model_name=\"m\",engine=\"0\"} 1.0",
+            "vllm:request_inference_time_seconds_sum{model_name=\"m\",engine=\"0\"} 1.3",
+            "vllm:request_inference_time_seconds_bucket{model_name=\"m\",engine=\"0\",le=\"1.0\"} 0",
+            "vllm:request_inference_time_seconds_bucket{model_name=\"m\",engine=\"0\",le=\"1.5\"} 1",
+            "vllm:iteration_tokens_total_bucket{model_name=\"m\",engine=\"0\",le=\"1.0\"} 1",
+            "vllm:iteration_tokens_total_bucket{model_name=\"m\",engine=\"0\",le=\"8.0\"} 1",
+            "vllm:iteration_tokens_total_bucket{model_name=\"m\",engine=\"0\",le=\"16.0\"} 2",
+            "vllm:iteration_tokens_total_bucket{model_name=\"m\",engine=\"0\",le=\"+Inf\"} 2",
+            "vllm:iteration_tokens_total_sum{model_name=\"m\",engine=\"0\"} 10.0",
+            "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",cpu_offload_gb=\"0\",enable_prefix_caching=\"True\",engine=\"0\",gpu_memory_utilization=\"0.9\",is_attention_free=\"False\",num_cpu_blocks=\"None\",num_gpu_blocks=\"512\",num_gpu_blocks_override=\"None\",sliding_window=\"None\",swap_space=\"0\"} 1.0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing line {line}\n{text}");
         }
     }
 }

@@ -16,6 +16,8 @@ use std::collections::HashMap;
 pub const MAX_N: usize = 128;
 /// Largest `logprobs` / `top_logprobs` (vLLM's default `max_logprobs`).
 pub const MAX_LOGPROBS: usize = pagoda_core::request::MAX_LOGPROBS;
+/// `logprobs: -1`: the whole vocabulary (checked against `--max-logprobs` by the handlers).
+pub const ALL_LOGPROBS: usize = usize::MAX;
 
 /// A completions prompt: text, texts, token ids, or lists of token ids.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -297,13 +299,15 @@ impl ChatRequest {
 
     /// Chat style: `logprobs: bool` plus `top_logprobs: int`.
     pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        // -1 is vLLM's "the whole vocabulary" (then bounded by `--max-logprobs`).
         let top = match self.top_logprobs {
             None => None,
-            Some(k) if (0..=MAX_LOGPROBS as i64).contains(&k) => Some(k as usize),
+            Some(-1) => Some(ALL_LOGPROBS),
+            Some(k) if k >= 0 => Some(usize::try_from(k).unwrap_or(ALL_LOGPROBS)),
             Some(k) => {
                 return Err(ApiError::bad(
                     "top_logprobs",
-                    format!("top_logprobs must be in [0, {MAX_LOGPROBS}], got {k}"),
+                    format!("top_logprobs must be -1 or at least 0, got {k}"),
                 ))
             }
         };
@@ -322,10 +326,11 @@ impl CompletionRequest {
     pub fn logprobs(&self) -> Result<Option<usize>, ApiError> {
         match self.logprobs {
             None => Ok(None),
-            Some(k) if (0..=MAX_LOGPROBS as i64).contains(&k) => Ok(Some(k as usize)),
+            Some(-1) => Ok(Some(ALL_LOGPROBS)),
+            Some(k) if k >= 0 => Ok(Some(usize::try_from(k).unwrap_or(ALL_LOGPROBS))),
             Some(k) => Err(ApiError::bad(
                 "logprobs",
-                format!("logprobs must be in [0, {MAX_LOGPROBS}], got {k}"),
+                format!("logprobs must be -1 or at least 0, got {k}"),
             )),
         }
     }

@@ -41,6 +41,7 @@ fn out(ids: &[u32], text: &str, finished: bool) -> RequestOutput {
         num_output_tokens: 0,
         error: None,
         prompt_logprobs: None,
+        metrics: None,
     }
 }
 

@@ -100,7 +100,9 @@ fn invalid_values_name_their_param() {
         bad_param(params(r#"{"logit_bias":{"5":101}}"#)),
         "logit_bias"
     );
-    assert_eq!(bad_param(params(r#"{"logprobs":21}"#)), "logprobs");
+    assert_eq!(bad_param(params(r#"{"logprobs":-2}"#)), "logprobs");
+    // Above the engine's ceiling (a server's --max-logprobs is checked by the handlers).
+    assert_eq!(bad_param(params(r#"{"logprobs":1025}"#)), "logprobs");
     assert_eq!(
         bad_param(params(r#"{"stop_token_ids":[999999]}"#)),
         "stop_token_ids"

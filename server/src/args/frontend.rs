@@ -1,0 +1,193 @@
+//! Flags of `pagoda serve` beyond the engine's: vLLM's Frontend group (HTTP,
+//! OpenAI-API behaviour, logging) plus the model-facing server options vLLM files
+//! under ModelConfig (`--served-model-name`, `--generation-config`,
+//! `--max-logprobs`), and Pagoda's own connection limits.
+
+use super::EngineArgs;
+use clap::{ArgAction, Args};
+use std::path::PathBuf;
+
+/// Flags of `pagoda serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// The model (GGUF file or HF model directory), as `vllm serve MODEL`; wins over
+    /// --model.
+    #[arg(value_name = "MODEL", help_heading = "ModelConfig")]
+    pub model_tag: Option<PathBuf>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Model name(s) clients may use in `model`; the first is the one responses
+    /// report and `/metrics` labels (default: the model's file name). Several may
+    /// follow one flag (`--served-model-name a b`; put MODEL before it, as with vLLM).
+    #[arg(long, num_args = 1.., help_heading = "ModelConfig")]
+    pub served_model_name: Vec<String>,
+    /// Request defaults: `auto` takes temperature, top_p, top_k, min_p,
+    /// repetition_penalty and max_new_tokens (a cap on max_tokens) from the model
+    /// directory's generation_config.json; `vllm` uses none; a folder path reads
+    /// that folder's generation_config.json.
+    #[arg(long, default_value = "auto", help_heading = "ModelConfig")]
+    pub generation_config: String,
+    /// Most logprobs a request may ask for (`logprobs`, `top_logprobs`); above it
+    /// a 400.
+    #[arg(long, default_value_t = 20, help_heading = "ModelConfig")]
+    pub max_logprobs: usize,
+    /// Address to bind (loopback by default).
+    #[arg(long, default_value = "127.0.0.1", help_heading = "Frontend")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000, help_heading = "Frontend")]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY`.
+    #[arg(long, env = "PAGODA_API_KEY", help_heading = "Frontend")]
+    pub api_key: Option<String>,
+    /// Chat template, as a file path or an inline Jinja string; overrides the model's.
+    #[arg(long, help_heading = "Frontend")]
+    pub chat_template: Option<String>,
+    /// Logprob tokens as `token_id:N` for every request (the request field of the
+    /// same name can also ask for it).
+    #[arg(long, help_heading = "Frontend")]
+    pub return_tokens_as_token_ids: bool,
+    /// Streams always end with a usage chunk, as if every request set
+    /// `stream_options.include_usage`.
+    #[arg(long, help_heading = "Frontend")]
+    pub enable_force_include_usage: bool,
+    /// Echo the request's `X-Request-Id` header on the response (or a fresh one
+    /// when it has none).
+    #[arg(long, help_heading = "Frontend")]
+    pub enable_request_id_headers: bool,
+    /// Count in-flight generation requests for `GET /load` (0 without this flag).
+    #[arg(long, help_heading = "Frontend")]
+    pub enable_server_load_tracking: bool,
+    /// Serve `GET /tokenizer_info` (the tokenizer's configuration and chat template).
+    #[arg(long, help_heading = "Frontend")]
+    pub enable_tokenizer_info_endpoint: bool,
+    /// Log each request's id, sampling parameters and prompt length (info level).
+    #[arg(long, action = ArgAction::SetTrue, overrides_with = "disable_log_requests", help_heading = "Frontend")]
+    pub enable_log_requests: bool,
+    /// Do not log requests (the default).
+    #[arg(long, action = ArgAction::SetTrue, overrides_with = "enable_log_requests", help_heading = "Frontend")]
+    pub disable_log_requests: bool,
+    /// Seconds in-flight requests may run on after SIGINT/SIGTERM before they are
+    /// aborted (default 30; `PAGODA_SHUTDOWN_GRACE_SECS` when the flag is absent).
+    #[arg(long, help_heading = "Frontend")]
+    pub shutdown_timeout: Option<f64>,
+    /// Level of the HTTP layer's logs (target `pagoda_server::serve`), as uvicorn's
+    /// flag sets its own; `RUST_LOG`, when set, wins.
+    #[arg(long, value_enum, default_value_t = LogLevelArg::Info, help_heading = "Frontend")]
+    pub uvicorn_log_level: LogLevelArg,
+    /// Accepted: `usage.prompt_tokens_details` (`cached_tokens`) is always returned.
+    #[arg(long, help_heading = "Frontend")]
+    pub enable_prompt_tokens_details: bool,
+    /// Accepted: Pagoda writes no per-request access log.
+    #[arg(long, help_heading = "Frontend")]
+    pub disable_uvicorn_access_log: bool,
+    /// Accepted: Pagoda serves no API docs pages.
+    #[arg(long, help_heading = "Frontend")]
+    pub disable_fastapi_docs: bool,
+    /// Most requests waiting for admission before new ones get 503.
+    #[arg(long, default_value_t = 1024, help_heading = "Frontend")]
+    pub max_waiting_requests: usize,
+    /// Largest request body in bytes (413 above it).
+    #[arg(long, default_value_t = 8 * 1024 * 1024, help_heading = "Frontend")]
+    pub max_body_bytes: usize,
+    /// Most sequences (prompts x `n`) in one request; 400 above it (default:
+    /// --max-num-seqs, so one request fills at most one batch).
+    #[arg(long, help_heading = "Frontend")]
+    pub max_seqs_per_request: Option<usize>,
+    /// Seconds an idle keep-alive connection (or a socket that never sends) stays
+    /// open (uvicorn's `--timeout-keep-alive`).
+    #[arg(long, default_value_t = 5.0, help_heading = "Frontend")]
+    pub timeout_keep_alive: f64,
+    /// Seconds a client has to send a request's headers once it starts.
+    #[arg(long, default_value_t = 10.0, help_heading = "Frontend")]
+    pub header_read_timeout: f64,
+    /// Seconds a client has to send a whole request body (408 after).
+    #[arg(long, default_value_t = 60.0, help_heading = "Frontend")]
+    pub body_read_timeout: f64,
+    /// Most open client connections (default: the open-file limit, raised to its
+    /// hard maximum at start, less a reserve). At the cap the longest-idle
+    /// connection is closed for a new one; when all are busy, a few more are let in
+    /// to answer /health and /metrics, others get 503.
+    #[arg(long, help_heading = "Frontend")]
+    pub max_connections: Option<usize>,
+}
+
+/// `--uvicorn-log-level` values (uvicorn's), mapped to tracing levels.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevelArg {
+    Critical,
+    Error,
+    Warning,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevelArg {
+    /// The tracing level: `critical` and `error` are both `error`.
+    pub fn tracing_level(self) -> &'static str {
+        match self {
+            LogLevelArg::Critical | LogLevelArg::Error => "error",
+            LogLevelArg::Warning => "warn",
+            LogLevelArg::Info => "info",
+            LogLevelArg::Debug => "debug",
+            LogLevelArg::Trace => "trace",
+        }
+    }
+}
+
+impl ServeArgs {
+    /// Settles the model: the positional `MODEL` wins over `--model`/`PAGODA_MODEL`.
+    pub fn resolve_model(&mut self) {
+        if let Some(tag) = self.model_tag.take() {
+            if let Some(m) = &self.engine.model {
+                if *m != tag {
+                    tracing::warn!(
+                        "both MODEL ({}) and --model ({}) given: serving MODEL",
+                        tag.display(),
+                        m.display()
+                    );
+                }
+            }
+            self.engine.model = Some(tag);
+        }
+    }
+
+    /// Whether requests are logged (`--enable-log-requests`; vLLM's default is off).
+    pub fn log_requests(&self) -> bool {
+        self.enable_log_requests && !self.disable_log_requests
+    }
+
+    /// The grace period after a shutdown signal.
+    pub fn shutdown_grace(&self) -> std::time::Duration {
+        match self.shutdown_timeout {
+            Some(s) => crate::serve::secs(s),
+            None => crate::serve::shutdown_grace(),
+        }
+    }
+
+    /// The connection limits these flags describe (raises the open-file limit).
+    pub fn conn_limits(&self) -> crate::serve::conn::ConnLimits {
+        use crate::serve::conn::{raise_open_file_limit, FD_RESERVE};
+        let headroom = 16;
+        let by_fds = raise_open_file_limit()
+            .map(|n| n.saturating_sub(FD_RESERVE + headroom).max(16))
+            .unwrap_or(4096);
+        let max_connections = match self.max_connections {
+            Some(m) if m > by_fds => {
+                tracing::warn!(
+                    "--max-connections {m} is above what the open-file limit allows; using {by_fds}"
+                );
+                by_fds
+            }
+            Some(m) => m.max(1),
+            None => by_fds,
+        };
+        crate::serve::conn::ConnLimits {
+            keep_alive: crate::serve::secs(self.timeout_keep_alive),
+            header_read: crate::serve::secs(self.header_read_timeout),
+            body_read: crate::serve::secs(self.body_read_timeout),
+            max_connections,
+            probe_headroom: headroom,
+        }
+    }
+}
