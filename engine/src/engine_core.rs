@@ -37,23 +37,28 @@ impl EngineCore {
     ) -> Result<(Self, ModelInfo), EngineError> {
         let model_max = model_config.max_position_embeddings;
         let requested_len = check_max_model_len(config.max_model_len, model_max)?;
-        let acfg = AttentionConfig::cpu_f32(
+        let attn_config = AttentionConfig::cpu_f32(
             model_config.num_heads,
             model_config.num_kv_heads,
             model_config.head_dim,
             config.block_size,
         );
-        let over = BackendOverride::parse(config.attention_backend.as_deref().unwrap_or(""))
+        let backend_override = BackendOverride::parse(
+            config.attention_backend.as_deref().unwrap_or(""),
+        )
+        .map_err(|e| EngineError::Selector {
+            message: e.to_string(),
+        })?;
+        let selection =
+            select(&attn_config, &backend_override).map_err(|e| EngineError::Selector {
+                message: e.to_string(),
+            })?;
+        tracing::info!("attention backend: {selection}");
+        let attn = selection
+            .build(&attn_config)
             .map_err(|e| EngineError::Selector {
                 message: e.to_string(),
             })?;
-        let selection = select(&acfg, &over).map_err(|e| EngineError::Selector {
-            message: e.to_string(),
-        })?;
-        tracing::info!("attention backend: {selection}");
-        let attn = selection.build(&acfg).map_err(|e| EngineError::Selector {
-            message: e.to_string(),
-        })?;
         let mut spec = KvCacheSpec {
             num_layers: model_config.num_layers,
             num_blocks: 0,
@@ -203,22 +208,22 @@ impl EngineCore {
 
     /// schedule -> execute -> update.
     pub fn step(&mut self) -> Result<Vec<EngineCoreOutput>, EngineError> {
-        let so = self.scheduler.schedule();
+        let sched_out = self.scheduler.schedule();
         self.newly_scheduled.clear();
         self.newly_scheduled
-            .extend(so.scheduled_new_reqs.iter().map(|r| r.handle));
-        if so.total_num_scheduled_tokens == 0 {
+            .extend(sched_out.scheduled_new_reqs.iter().map(|r| r.handle));
+        if sched_out.total_num_scheduled_tokens == 0 {
             // Still let the runner drop finished requests' state.
-            self.runner.execute(&so)?;
+            self.runner.execute(&sched_out)?;
             return Ok(Vec::new());
         }
-        let out = self.runner.execute(&so)?;
-        let mut outputs = self.scheduler.update_from_output(&so, &out);
+        let out = self.runner.execute(&sched_out)?;
+        let mut outputs = self.scheduler.update_from_output(&sched_out, &out);
         // Grammars go with their request, not one step later.
         for o in outputs.iter().filter(|o| o.finish_reason.is_some()) {
             self.runner.drop_grammar(o.handle);
         }
-        self.attach_prompt_logprobs(&so, &out, &mut outputs);
+        self.attach_prompt_logprobs(&sched_out, &out, &mut outputs);
         Ok(outputs)
     }
 
@@ -226,11 +231,11 @@ impl EngineCore {
     /// list to its first output.
     fn attach_prompt_logprobs(
         &mut self,
-        so: &SchedulerOutput,
+        sched_out: &SchedulerOutput,
         out: &ModelRunnerOutput,
         outputs: &mut [EngineCoreOutput],
     ) {
-        for h in &so.finished_reqs {
+        for h in &sched_out.finished_reqs {
             self.prompt_logprobs.remove(h);
         }
         for (h, chunk) in &out.prompt_logprobs {

@@ -252,19 +252,29 @@ impl EngineHandle {
     }
 }
 
-fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<Shared>) {
-    let mut senders: std::collections::HashMap<String, OutputSender> = Default::default();
-    let mut draining = false;
-    let mut last_log = std::time::Instant::now();
+/// The engine thread's state: the engine, where each request's outputs go, and
+/// whether it is draining for shutdown.
+struct EngineLoop {
+    engine: LLMEngine,
+    shared: Arc<Shared>,
+    senders: std::collections::HashMap<String, OutputSender>,
+    draining: bool,
+    last_log: std::time::Instant,
+}
+
+fn engine_loop(engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<Shared>) {
+    let mut l = EngineLoop {
+        engine,
+        shared,
+        senders: Default::default(),
+        draining: false,
+        last_log: std::time::Instant::now(),
+    };
     loop {
         // Block only when idle; otherwise take what has arrived and step.
-        let first = if engine.has_unfinished_requests() {
-            match rx.try_recv() {
-                Ok(c) => Some(c),
-                Err(mpsc::TryRecvError::Empty) => None,
-                Err(mpsc::TryRecvError::Disconnected) => None,
-            }
-        } else if draining {
+        let first = if l.engine.has_unfinished_requests() {
+            rx.try_recv().ok()
+        } else if l.draining {
             break;
         } else {
             match rx.recv_timeout(Duration::from_millis(200)) {
@@ -273,126 +283,155 @@ fn engine_loop(mut engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<S
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
         };
-        let mut cmds: Vec<Command> = first.into_iter().collect();
-        cmds.extend(rx.try_iter());
-        for cmd in cmds {
-            match cmd {
-                Command::Add {
-                    request_id,
+        for cmd in first.into_iter().chain(rx.try_iter()) {
+            l.command(cmd);
+        }
+        if l.engine.has_unfinished_requests() && !l.step() {
+            break;
+        }
+        l.publish_stats();
+    }
+    l.shared.stopped.store(true, Ordering::Release);
+    for (_, tx) in l.senders.drain() {
+        let _ = tx.send(Err(EngineError::Shutdown));
+    }
+}
+
+impl EngineLoop {
+    /// Applies one command from the handles.
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Add {
+                request_id,
+                prompt_ids,
+                params,
+                cache_salt,
+                priority,
+                grammar,
+                tx,
+            } => {
+                self.shared.num_pending.fetch_sub(1, Ordering::AcqRel);
+                if self.draining {
+                    let _ = tx.send(Err(EngineError::Shutdown));
+                    return;
+                }
+                match self.engine.add_checked(
+                    request_id.clone(),
                     prompt_ids,
-                    params,
+                    *params,
                     cache_salt,
                     priority,
-                    grammar,
-                    tx,
-                } => {
-                    shared.num_pending.fetch_sub(1, Ordering::AcqRel);
-                    if draining {
-                        let _ = tx.send(Err(EngineError::Shutdown));
-                        continue;
+                    grammar.map(|g| *g),
+                ) {
+                    Ok(()) => {
+                        self.senders.insert(request_id, tx);
                     }
-                    match engine.add_checked(
-                        request_id.clone(),
-                        prompt_ids,
-                        *params,
-                        cache_salt,
-                        priority,
-                        grammar.map(|g| *g),
-                    ) {
-                        Ok(()) => {
-                            senders.insert(request_id, tx);
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Err(e));
-                        }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
                     }
                 }
-                Command::Abort(id) => {
-                    engine.abort_request(&id);
-                    senders.remove(&id);
-                }
-                Command::Shutdown { abort_running } => {
-                    draining = true;
-                    if abort_running {
-                        for id in engine.unfinished_request_ids() {
-                            engine.abort_request(&id);
-                            // Cut short by shutdown: an error (503), not a partial answer.
-                            if let Some(tx) = senders.remove(&id) {
-                                let _ = tx.send(Err(EngineError::Shutdown));
-                            }
+            }
+            Command::Abort(id) => {
+                self.engine.abort_request(&id);
+                self.senders.remove(&id);
+            }
+            Command::Shutdown { abort_running } => {
+                self.draining = true;
+                if abort_running {
+                    for id in self.engine.unfinished_request_ids() {
+                        self.engine.abort_request(&id);
+                        // Cut short by shutdown: an error (503), not a partial answer.
+                        if let Some(tx) = self.senders.remove(&id) {
+                            let _ = tx.send(Err(EngineError::Shutdown));
                         }
                     }
                 }
             }
-        }
-        if engine.has_unfinished_requests() {
-            // A panic inside a step (a kernel, the allocator) leaves the engine's state
-            // unknown: it is an engine-wide fault, reported like any other.
-            let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step()))
-                .unwrap_or_else(|panic| {
-                    Err(EngineError::Fault {
-                        message: format!("panic in an engine step: {}", panic_message(&panic)),
-                    })
-                });
-            match step {
-                Ok(outputs) => {
-                    for out in outputs {
-                        let finished = out.finished;
-                        let id = out.request_id.clone();
-                        // A request that failed alone gets its error; the loop goes on.
-                        let item = match out.error {
-                            Some(message) => Err(EngineError::RequestFailed {
-                                request_id: id.clone(),
-                                message,
-                            }),
-                            None => Ok(out),
-                        };
-                        let gone = match senders.get(&id) {
-                            Some(tx) => tx.send(item).is_err(),
-                            None => false,
-                        };
-                        if finished {
-                            senders.remove(&id);
-                        } else if gone {
-                            // The receiver is gone without a Drop-abort (e.g. runtime shut down).
-                            engine.abort_request(&id);
-                            senders.remove(&id);
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::error!("{e}");
-                    let e = match e {
-                        e @ EngineError::Fault { .. } => e,
-                        other => EngineError::Fault {
-                            message: other.to_string(),
-                        },
-                    };
-                    *shared.fault.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
-                    for (_, tx) in senders.drain() {
-                        let _ = tx.send(Err(e.clone()));
-                    }
-                    break;
-                }
-            }
-        }
-        let stats = engine.stats();
-        shared
-            .num_waiting
-            .store(stats.num_waiting, Ordering::Release);
-        if last_log.elapsed() >= Duration::from_secs(5)
-            && (stats.num_running + stats.num_waiting) > 0
-        {
-            engine.log_stats(last_log.elapsed());
-            last_log = std::time::Instant::now();
-        }
-        if let Ok(mut s) = shared.stats.lock() {
-            *s = stats;
         }
     }
-    shared.stopped.store(true, Ordering::Release);
-    for (_, tx) in senders.drain() {
-        let _ = tx.send(Err(EngineError::Shutdown));
+
+    /// One engine step, its outputs sent to their requests. False after an
+    /// engine-wide fault (every request failed with it; the loop ends).
+    fn step(&mut self) -> bool {
+        // A panic inside a step (a kernel, the allocator) leaves the engine's state
+        // unknown: it is an engine-wide fault, reported like any other.
+        let engine = &mut self.engine;
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step()))
+            .unwrap_or_else(|panic| {
+                Err(EngineError::Fault {
+                    message: format!("panic in an engine step: {}", panic_message(&panic)),
+                })
+            });
+        match step {
+            Ok(outputs) => {
+                for out in outputs {
+                    self.send(out);
+                }
+                true
+            }
+            Err(e) => {
+                self.fail_all(e);
+                false
+            }
+        }
+    }
+
+    /// Sends one output to its request's stream; a request that failed alone gets
+    /// its error, and one whose receiver is gone is aborted.
+    fn send(&mut self, out: RequestOutput) {
+        let finished = out.finished;
+        let id = out.request_id.clone();
+        let item = match out.error {
+            Some(message) => Err(EngineError::RequestFailed {
+                request_id: id.clone(),
+                message,
+            }),
+            None => Ok(out),
+        };
+        let gone = match self.senders.get(&id) {
+            Some(tx) => tx.send(item).is_err(),
+            None => false,
+        };
+        if finished {
+            self.senders.remove(&id);
+        } else if gone {
+            // The receiver is gone without a Drop-abort (e.g. runtime shut down).
+            self.engine.abort_request(&id);
+            self.senders.remove(&id);
+        }
+    }
+
+    /// An engine-wide fault: recorded for `/health` and new requests, and sent to
+    /// every request in flight.
+    fn fail_all(&mut self, e: EngineError) {
+        tracing::error!("{e}");
+        let e = match e {
+            e @ EngineError::Fault { .. } => e,
+            other => EngineError::Fault {
+                message: other.to_string(),
+            },
+        };
+        *self.shared.fault.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
+        for (_, tx) in self.senders.drain() {
+            let _ = tx.send(Err(e.clone()));
+        }
+    }
+
+    /// Counters for the handles (queue length, `/metrics`) and the periodic log line.
+    fn publish_stats(&mut self) {
+        let stats = self.engine.stats();
+        self.shared
+            .num_waiting
+            .store(stats.num_waiting, Ordering::Release);
+        if self.last_log.elapsed() >= Duration::from_secs(5)
+            && (stats.num_running + stats.num_waiting) > 0
+        {
+            self.engine.log_stats(self.last_log.elapsed());
+            self.last_log = std::time::Instant::now();
+        }
+        if let Ok(mut s) = self.shared.stats.lock() {
+            *s = stats;
+        }
     }
 }
 

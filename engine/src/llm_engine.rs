@@ -399,85 +399,85 @@ impl LLMEngine {
         let mut stopped = Vec::new();
         let mut failed = Vec::new();
         let mut finished = Vec::new();
-        for co in core_outputs {
-            let Some(st) = self.texts.get_mut(&co.handle) else {
+        for core_out in core_outputs {
+            let Some(st) = self.texts.get_mut(&core_out.handle) else {
                 continue;
             };
-            if !co.new_token_ids.is_empty() {
+            if !core_out.new_token_ids.is_empty() {
                 if st.num_output_tokens == 0 {
                     // The step that ended a prefill: its prompt counts in the step's tokens.
                     step_tokens += st.num_prompt_tokens as u64;
                     st.times.first_token = Some(now);
                 }
                 st.times.last_token = Some(now);
-                step_tokens += co.new_token_ids.len() as u64;
+                step_tokens += core_out.new_token_ids.len() as u64;
             }
-            st.num_output_tokens += co.new_token_ids.len();
+            st.num_output_tokens += core_out.new_token_ids.len();
             st.times.num_generation_tokens = st.num_output_tokens;
-            self.generation_tokens += co.new_token_ids.len() as u64;
+            self.generation_tokens += core_out.new_token_ids.len() as u64;
             // A stop token (EOS or one of `stop_token_ids`) ends the request but is
             // not part of its text unless `include_stop_str_in_output`, as in vLLM;
             // its id still counts among the output tokens.
-            let text_ids = match &co.stop_reason {
+            let text_ids = match &core_out.stop_reason {
                 Some(StopReason::Eos(_) | StopReason::StopTokenId(_))
                     if !st.include_stop_str_in_output =>
                 {
-                    &co.new_token_ids[..co.new_token_ids.len().saturating_sub(1)]
+                    &core_out.new_token_ids[..core_out.new_token_ids.len().saturating_sub(1)]
                 }
-                _ => &co.new_token_ids[..],
+                _ => &core_out.new_token_ids[..],
             };
             let delta = match st.detok.push(text_ids) {
                 Ok(d) => d,
                 Err(e) => {
                     // This request's text is broken, not the engine: it fails alone.
-                    failed.push(co.handle);
+                    failed.push(core_out.handle);
                     outputs.push(RequestOutput {
                         request_id: st.request_id.clone(),
-                        new_token_ids: co.new_token_ids,
+                        new_token_ids: core_out.new_token_ids,
                         new_text: String::new(),
-                        new_logprobs: co.new_logprobs,
+                        new_logprobs: core_out.new_logprobs,
                         finished: true,
                         finish_reason: Some(FinishReason::Error),
                         stop_reason: None,
                         num_prompt_tokens: st.num_prompt_tokens,
-                        num_cached_tokens: co.num_cached_tokens,
+                        num_cached_tokens: core_out.num_cached_tokens,
                         num_output_tokens: st.num_output_tokens,
                         error: Some(format!("detokenizer: {e}")),
-                        prompt_logprobs: co.prompt_logprobs,
+                        prompt_logprobs: core_out.prompt_logprobs,
                         metrics: Some(st.times),
                     });
                     continue;
                 }
             };
             let mut text = delta.text;
-            let mut finish_reason = co.finish_reason;
-            let mut stop_reason = co.stop_reason.clone();
+            let mut finish_reason = core_out.finish_reason;
+            let mut stop_reason = core_out.stop_reason.clone();
             if let Some(s) = delta.stop_matched {
                 if finish_reason.is_none() || finish_reason == Some(FinishReason::Length) {
-                    stopped.push(co.handle);
+                    stopped.push(core_out.handle);
                 }
                 finish_reason = Some(FinishReason::Stop);
                 stop_reason = Some(StopReason::StopString(s));
-            } else if finish_reason.is_some() && co.error.is_none() {
+            } else if finish_reason.is_some() && core_out.error.is_none() {
                 text.push_str(&st.detok.finish());
             }
             let is_finished = finish_reason.is_some();
             if is_finished {
-                finished.push(co.handle);
+                finished.push(core_out.handle);
             }
             outputs.push(RequestOutput {
                 request_id: st.request_id.clone(),
-                new_token_ids: co.new_token_ids,
+                new_token_ids: core_out.new_token_ids,
                 new_text: text,
-                new_logprobs: co.new_logprobs,
+                new_logprobs: core_out.new_logprobs,
                 finished: is_finished,
                 finish_reason,
                 stop_reason,
                 num_prompt_tokens: st.num_prompt_tokens,
-                num_cached_tokens: co.num_cached_tokens,
+                num_cached_tokens: core_out.num_cached_tokens,
                 num_output_tokens: st.num_output_tokens,
-                error: co.error,
-                prompt_logprobs: co.prompt_logprobs,
+                error: core_out.error,
+                prompt_logprobs: core_out.prompt_logprobs,
                 metrics: is_finished.then_some(st.times),
             });
         }

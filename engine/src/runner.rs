@@ -195,18 +195,22 @@ impl ModelRunner {
             .filter(|s| s.handle == h)
     }
 
-    fn update_states(&mut self, so: &SchedulerOutput) -> Result<(), EngineError> {
-        for &h in so.finished_reqs.iter().chain(&so.preempted_reqs) {
+    fn update_states(&mut self, sched_out: &SchedulerOutput) -> Result<(), EngineError> {
+        for &h in sched_out
+            .finished_reqs
+            .iter()
+            .chain(&sched_out.preempted_reqs)
+        {
             if self.state(h).is_some() {
                 self.requests[h.index as usize] = None;
             }
         }
         // A preempted request keeps its grammar: it follows the generated tokens,
         // which the recompute does not change.
-        for h in &so.finished_reqs {
+        for h in &sched_out.finished_reqs {
             self.grammars.remove(h);
         }
-        for r in &so.scheduled_new_reqs {
+        for r in &sched_out.scheduled_new_reqs {
             let seed = r.sampling_params.seed.unwrap_or(0);
             let i = r.handle.index as usize;
             if self.requests.len() <= i {
@@ -227,7 +231,7 @@ impl ModelRunner {
                     .filter(|_| r.token_ids.len() == r.num_prompt_tokens),
             });
         }
-        for r in &so.scheduled_cached_reqs {
+        for r in &sched_out.scheduled_cached_reqs {
             let st = self.state_mut(r.handle).ok_or_else(|| EngineError::Fault {
                 message: format!(
                     "model runner has no state for running request {:?}",
@@ -257,7 +261,7 @@ impl ModelRunner {
 
     /// Hands the grammars of this step's constrained sampled rows to the mask
     /// worker (started on first use).
-    fn start_masks(&mut self, so: &SchedulerOutput) -> Result<(), EngineError> {
+    fn start_masks(&mut self, sched_out: &SchedulerOutput) -> Result<(), EngineError> {
         self.grammar_errors.clear();
         self.grammar_errors.resize(self.sample_rows.len(), None);
         if self.grammars.is_empty() {
@@ -265,7 +269,7 @@ impl ModelRunner {
         }
         let mut job = MaskJob::default();
         for (k, &i) in self.sample_rows.iter().enumerate() {
-            let h = so.num_scheduled_tokens[i].0;
+            let h = sched_out.num_scheduled_tokens[i].0;
             let Some(g) = self.grammars.remove(&h) else {
                 continue;
             };
@@ -294,7 +298,11 @@ impl ModelRunner {
 
     /// Joins the mask worker, applies the masks to the logits (when `apply`) and
     /// puts the grammars back.
-    fn finish_masks(&mut self, so: &SchedulerOutput, apply: bool) -> Result<(), EngineError> {
+    fn finish_masks(
+        &mut self,
+        sched_out: &SchedulerOutput,
+        apply: bool,
+    ) -> Result<(), EngineError> {
         let Some(worker) = self.mask_worker.as_mut().filter(|w| w.in_flight()) else {
             return Ok(());
         };
@@ -313,7 +321,7 @@ impl ModelRunner {
                     Err(e) => self.grammar_errors[k] = Some(e),
                 }
             }
-            let h = so.num_scheduled_tokens[self.sample_rows[k]].0;
+            let h = sched_out.num_scheduled_tokens[self.sample_rows[k]].0;
             self.grammars.insert(h, g);
         }
         self.mask_stats.apply += t1.elapsed();
@@ -321,10 +329,13 @@ impl ModelRunner {
     }
 
     /// Executes one scheduled step and returns the sampled tokens in the scheduler's order.
-    pub fn execute(&mut self, so: &SchedulerOutput) -> Result<ModelRunnerOutput, EngineError> {
-        self.update_states(so)?;
+    pub fn execute(
+        &mut self,
+        sched_out: &SchedulerOutput,
+    ) -> Result<ModelRunnerOutput, EngineError> {
+        self.update_states(sched_out)?;
         let mut out = ModelRunnerOutput::default();
-        if so.num_scheduled_tokens.is_empty() {
+        if sched_out.num_scheduled_tokens.is_empty() {
             return Ok(out);
         }
         // The batch keeps the scheduler's order, which puts decode rows first (the
@@ -336,9 +347,9 @@ impl ModelRunner {
         self.logits_rows.clear();
         self.sample_rows.clear();
         self.prompt_rows.clear();
-        let mut rows: Vec<&[u32]> = Vec::with_capacity(so.num_scheduled_tokens.len());
-        for (i, &(_, n)) in so.num_scheduled_tokens.iter().enumerate() {
-            let h = so.num_scheduled_tokens[i].0;
+        let mut rows: Vec<&[u32]> = Vec::with_capacity(sched_out.num_scheduled_tokens.len());
+        for (i, &(_, n)) in sched_out.num_scheduled_tokens.iter().enumerate() {
+            let h = sched_out.num_scheduled_tokens[i].0;
             let st = self
                 .requests
                 .get(h.index as usize)
@@ -398,17 +409,17 @@ impl ModelRunner {
             .map_err(EngineError::from)?;
         drop(rows);
         // Grammar masks are computed on the worker while the model runs.
-        self.start_masks(so)?;
+        self.start_masks(sched_out)?;
         let forward = self.forward();
         // Joined even when the forward pass failed, so no grammar is lost.
-        let masks = self.finish_masks(so, forward.is_ok());
+        let masks = self.finish_masks(sched_out, forward.is_ok());
         forward?;
         masks?;
 
         // Sample the rows that need a token.
         let mut inputs = Vec::with_capacity(self.sample_rows.len());
         for &i in &self.sample_rows {
-            let h = so.num_scheduled_tokens[i].0;
+            let h = sched_out.num_scheduled_tokens[i].0;
             let st = self.requests[h.index as usize]
                 .as_ref()
                 .expect("checked above");
@@ -429,11 +440,15 @@ impl ModelRunner {
             })?;
         drop(inputs);
 
-        out.handles = so.num_scheduled_tokens.iter().map(|&(h, _)| h).collect();
+        out.handles = sched_out
+            .num_scheduled_tokens
+            .iter()
+            .map(|&(h, _)| h)
+            .collect();
         out.sampled_token_ids = vec![None; out.handles.len()];
         out.logprobs = vec![None; out.handles.len()];
         for (k, (&i, row)) in self.sample_rows.iter().zip(sampled).enumerate() {
-            let h = so.num_scheduled_tokens[i].0;
+            let h = sched_out.num_scheduled_tokens[i].0;
             let Some(st) = self.requests[h.index as usize].as_mut() else {
                 continue;
             };
@@ -467,12 +482,12 @@ impl ModelRunner {
                 }
             }
         }
-        for &(h, n) in &so.num_scheduled_tokens {
+        for &(h, n) in &sched_out.num_scheduled_tokens {
             if let Some(Some(st)) = self.requests.get_mut(h.index as usize) {
                 st.num_computed_tokens += n;
             }
         }
-        self.collect_prompt_logprobs(so, num_sample_rows, &mut out);
+        self.collect_prompt_logprobs(sched_out, num_sample_rows, &mut out);
         Ok(out)
     }
 
@@ -480,7 +495,7 @@ impl ModelRunner {
     /// prompt-logprob chunks, and marks requests whose prompt is done.
     fn collect_prompt_logprobs(
         &mut self,
-        so: &SchedulerOutput,
+        sched_out: &SchedulerOutput,
         num_sample_rows: usize,
         out: &mut ModelRunnerOutput,
     ) {
@@ -490,7 +505,7 @@ impl ModelRunner {
         let vocab = self.model.config().vocab_size;
         let mut offset = num_sample_rows * vocab;
         for pr in &self.prompt_rows {
-            let h = so.num_scheduled_tokens[pr.sched_index].0;
+            let h = sched_out.num_scheduled_tokens[pr.sched_index].0;
             let rows = &self.logits[offset..offset + pr.count * vocab];
             offset += pr.count * vocab;
             let Some(st) = self.requests[h.index as usize].as_mut() else {

@@ -80,7 +80,7 @@ impl Linear {
 #[derive(Debug, Clone)]
 enum Embedding {
     /// Untied: the table as loaded.
-    F32(Mat),
+    Table(Mat),
     /// Tied to the LM head: the head's packed matrix, shared (lookups gather a
     /// row back out of the panels, exactly as stored).
     Tied(Linear),
@@ -89,7 +89,7 @@ enum Embedding {
 impl Embedding {
     fn row_into(&self, r: usize, dst: &mut [f32]) {
         match self {
-            Embedding::F32(m) => dst.copy_from_slice(m.row(r)),
+            Embedding::Table(m) => dst.copy_from_slice(m.row(r)),
             // r < vocab (checked by forward's input validation), dst has k elements.
             Embedding::Tied(Linear::F32(p)) => {
                 let _ = p.row_into(r, dst);
@@ -319,7 +319,7 @@ impl Llama {
         .map_err(|e| config_err(format!("rope: {e}")))?;
         let (embed, lm_head) = match (weights.lm_head, dtype) {
             (Some(head), _) => (
-                Embedding::F32(weights.embed),
+                Embedding::Table(weights.embed),
                 Some(Linear::new(head.data, c.vocab_size, hidden, dtype)?),
             ),
             (None, _) => (
@@ -359,7 +359,7 @@ impl Llama {
             (Some(head), _) => head.matmul(x, out, m, k, n),
             (None, Embedding::Tied(head)) => head.matmul(x, out, m, k, n),
             // Not built: an untied embedding always comes with its own head.
-            (None, Embedding::F32(e)) => pagoda_kernels::matmul_t_ref(x, &e.data, out, m, k, n),
+            (None, Embedding::Table(e)) => pagoda_kernels::matmul_t_ref(x, &e.data, out, m, k, n),
         }
     }
 

@@ -35,7 +35,7 @@ pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
     };
     let (cfg, name) = pagoda_models::inspect_model(&path)
         .with_context(|| format!("reading {}", path.display()))?;
-    let acfg = AttentionConfig::cpu_f32(
+    let attn_config = AttentionConfig::cpu_f32(
         cfg.num_heads,
         cfg.num_kv_heads,
         cfg.head_dim,
@@ -45,7 +45,7 @@ pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
         "\nmodel {name}: {} q heads, {} kv heads, head dim {}, block size {}, device cpu, f32",
         cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, args.block_size
     );
-    for v in verdicts(&acfg) {
+    for v in verdicts(&attn_config) {
         for (role, reasons) in [
             (Role::Decode, &v.decode_reasons),
             (Role::Prefill, &v.prefill_reasons),
@@ -62,8 +62,8 @@ pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
             println!("  {:<12} {:<8} {}", v.name, role.to_string(), verdict);
         }
     }
-    let over = BackendOverride::parse(args.attention_backend.as_deref().unwrap_or(""))?;
-    match select(&acfg, &over) {
+    let backend_override = BackendOverride::parse(args.attention_backend.as_deref().unwrap_or(""))?;
+    match select(&attn_config, &backend_override) {
         Ok(sel) => println!("\nchoice: {sel}"),
         Err(e) => {
             println!("\nchoice: none: {e}");

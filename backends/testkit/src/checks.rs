@@ -1,5 +1,5 @@
 //! The checks of the suite. Each takes the subject, one drawn [`CaseSpec`] and a
-//! tolerance, and returns `Ok(true)` (passed), `Ok(false)` (case not applicable,
+//! tolerance, and returns an [`Outcome`] (passed, or not applicable to the case,
 //! e.g. refused by a runtime reason) or the first [`KitError`].
 
 use crate::case::{cache_spec, run, slot, Case, Outputs};
@@ -7,6 +7,15 @@ use crate::gen::{CaseSpec, Rng};
 use crate::{KitError, Subject, Tolerance};
 use pagoda_backend_naive::NaiveBackend;
 use pagoda_core::{merge_states, AttentionBackend, AttentionConfig, DType, Device, KvCache};
+
+/// What a check concluded about one case (an error is a failure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Passed,
+    /// The case is outside what the backend serves (e.g. a runtime reason refused
+    /// it): drawn again, not counted.
+    NotApplicable,
+}
 
 /// One check of the suite; the macro generates one `#[test]` per variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +85,12 @@ impl Check {
     }
 
     /// Runs the check on one case.
-    pub fn run(self, subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<bool, KitError> {
+    pub fn run(
+        self,
+        subject: &Subject,
+        spec: &CaseSpec,
+        tol: Tolerance,
+    ) -> Result<Outcome, KitError> {
         match self {
             Check::RandomBatches => random_batches(subject, spec, tol),
             Check::BlockPermutation => block_permutation(subject, spec, tol),
@@ -165,12 +179,12 @@ fn compare_outputs(
     Ok(())
 }
 
-fn random_batches(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<bool, KitError> {
+fn random_batches(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<Outcome, KitError> {
     const CHECK: &str = "random batch vs naive";
     let cfg = spec.config(subject);
     let case = Case::from_spec(spec, cfg.clone(), 2)?;
     let Some(mut be) = subject_for(subject, &cfg, &case.query_lens)? else {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     };
     // LSE on the first layer only: the second checks that `lse: None` works too.
     let got = run(
@@ -181,7 +195,7 @@ fn random_batches(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<
     let want = run(naive(&cfg)?.as_mut(), &case, &[true, true])?;
     same_pools(CHECK, &got.cache, &want.cache)?;
     compare_outputs(CHECK, &case, &got, &want, tol)?;
-    Ok(true)
+    Ok(Outcome::Passed)
 }
 
 /// Moves block `src_block` of every layer of `src` to `dst_block` of `dst`.
@@ -206,12 +220,16 @@ fn copy_slot(src: &KvCache, src_slot: usize, dst: &mut KvCache, dst_slot: usize)
     }
 }
 
-fn block_permutation(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<bool, KitError> {
+fn block_permutation(
+    subject: &Subject,
+    spec: &CaseSpec,
+    tol: Tolerance,
+) -> Result<Outcome, KitError> {
     const CHECK: &str = "block permutation";
     let cfg = spec.config(subject);
     let case = Case::from_spec(spec, cfg.clone(), 1)?;
     let Some(mut be) = subject_for(subject, &cfg, &case.query_lens)? else {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     };
     let pool = case.full.spec.num_blocks;
     let pi = Rng::new(spec.seed ^ 0xB10C_u64).permutation(pool);
@@ -237,19 +255,19 @@ fn block_permutation(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Resu
     let a = run(be.as_mut(), &case, &lse)?;
     let b = run(be.as_mut(), &moved, &lse)?;
     compare_outputs(CHECK, &case, &b, &a, doubled(tol))?;
-    Ok(true)
+    Ok(Outcome::Passed)
 }
 
 fn alone_equals_in_batch(
     subject: &Subject,
     spec: &CaseSpec,
     tol: Tolerance,
-) -> Result<bool, KitError> {
+) -> Result<Outcome, KitError> {
     const CHECK: &str = "request alone vs in batch";
     let cfg = spec.config(subject);
     let case = Case::from_spec(spec, cfg.clone(), 1)?;
     let Some(mut be) = subject_for(subject, &cfg, &case.query_lens)? else {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     };
     let lse = [subject.capabilities.returns_lse];
     let batch = run(be.as_mut(), &case, &lse)?;
@@ -279,14 +297,14 @@ fn alone_equals_in_batch(
             doubled(tol).compare(CHECK, "lse", a, &b[t.start * h..t.end * h], h, 1)?;
         }
     }
-    Ok(true)
+    Ok(Outcome::Passed)
 }
 
 fn decode_equals_prefill(
     subject: &Subject,
     spec: &CaseSpec,
     tol: Tolerance,
-) -> Result<bool, KitError> {
+) -> Result<Outcome, KitError> {
     const CHECK: &str = "decode vs last prefill row";
     let cfg = spec.config(subject);
     let case = Case::from_spec(spec, cfg.clone(), 1)?;
@@ -295,7 +313,7 @@ fn decode_equals_prefill(
         .filter(|&r| case.seq_lens[r] >= 2)
         .collect();
     if idx.is_empty() {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     }
     let mut rng = Rng::new(spec.seed ^ 0xDEC0DE);
     let (mut p_lens, mut p_q, mut d_q) = (Vec::new(), Vec::new(), Vec::new());
@@ -338,7 +356,7 @@ fn decode_equals_prefill(
         }
     };
     let (Some(p), Some(dec)) = (side(caps.prefill, &prefill)?, side(caps.decode, &decode)?) else {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     };
     for (i, _) in idx.iter().enumerate() {
         let last = prefill.tokens_of(i).end - 1;
@@ -362,23 +380,23 @@ fn decode_equals_prefill(
             )?;
         }
     }
-    Ok(true)
+    Ok(Outcome::Passed)
 }
 
-fn gqa_equals_mha(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<bool, KitError> {
+fn gqa_equals_mha(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<Outcome, KitError> {
     const CHECK: &str = "GQA vs MHA with repeated K/V";
     if spec.group < 2 {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     }
     let cfg = spec.config(subject);
     let case = Case::from_spec(spec, cfg.clone(), 1)?;
     let Some(mut be) = subject_for(subject, &cfg, &case.query_lens)? else {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     };
     let mut mha_cfg = cfg.clone();
     mha_cfg.num_kv_heads = cfg.num_heads;
     let Some(mut mha_be) = subject_for(subject, &mha_cfg, &case.query_lens)? else {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     };
     let (h, d, g) = (cfg.num_heads, cfg.head_dim, spec.group);
     let mut full = KvCache::filled(cache_spec(&mha_cfg, 1, case.full.spec.num_blocks), f32::NAN);
@@ -404,7 +422,7 @@ fn gqa_equals_mha(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<
     let a = run(be.as_mut(), &case, &lse)?;
     let b = run(mha_be.as_mut(), &mha, &lse)?;
     compare_outputs(CHECK, &case, &a, &b, doubled(tol))?;
-    Ok(true)
+    Ok(Outcome::Passed)
 }
 
 /// `[tokens, heads]` rows of LSE and `[tokens, heads, dim]` outputs of one half.
@@ -537,13 +555,13 @@ fn lse_merge_kv_halves(
     subject: &Subject,
     spec: &CaseSpec,
     tol: Tolerance,
-) -> Result<bool, KitError> {
+) -> Result<Outcome, KitError> {
     const CHECK: &str = "LSE merge of two KV halves vs whole";
     if Check::LseMergeKvHalves
         .not_applicable(&subject.capabilities)
         .is_some()
     {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     }
     let mut rng = Rng::new(spec.seed ^ 0x4D45_5247);
     // One query per request seeing all keys; halves: keys [0, m) and [m, seq), m >= 1.
@@ -555,7 +573,7 @@ fn lse_merge_kv_halves(
         |c, r, rng| 1 + rng.below(c.seq_lens[r] - 1),
     )?
     else {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     };
     let (h, d, n) = (m.cfg.num_heads, m.cfg.head_dim, m.idx.len());
     let q = rng.fill(n * h * d, spec.amplitude);
@@ -575,25 +593,25 @@ fn lse_merge_kv_halves(
         subject_for(subject, &m.cfg, &a_case.query_lens)?,
         subject_for(subject, &m.cfg, &b_case.query_lens)?,
     ) else {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     };
     let a = half(run(sa.as_mut(), &a_case, &[true])?);
     let b = half(run(sb.as_mut(), &b_case, &[true])?);
     m.compare(CHECK, vec![1; n], q, a, b, tol)?;
-    Ok(true)
+    Ok(Outcome::Passed)
 }
 
 fn lse_merge_context_and_chunk(
     subject: &Subject,
     spec: &CaseSpec,
     tol: Tolerance,
-) -> Result<bool, KitError> {
+) -> Result<Outcome, KitError> {
     const CHECK: &str = "LSE merge of cached context and new chunk vs whole";
     if Check::LseMergeContextAndChunk
         .not_applicable(&subject.capabilities)
         .is_some()
     {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     }
     let mut rng = Rng::new(spec.seed ^ 0x4D45_5247);
     // Prefill rows split at the context: [0, context) | the new tokens.
@@ -605,7 +623,7 @@ fn lse_merge_context_and_chunk(
         |c, r, _| c.seq_lens[r] - c.query_lens[r],
     )?
     else {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     };
     let (h, d) = (m.cfg.num_heads, m.cfg.head_dim);
     let case = &m.case;
@@ -627,7 +645,7 @@ fn lse_merge_context_and_chunk(
         vec![q.clone()],
     )?;
     let Some(mut sb) = subject_for(subject, &m.cfg, &b_case.query_lens)? else {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     };
     let b = half(run(sb.as_mut(), &b_case, &[true])?);
     // naive computes the context part: one decode row per query token of a request
@@ -666,7 +684,7 @@ fn lse_merge_context_and_chunk(
         }
     }
     m.compare(CHECK, q_lens, q, a, b, tol)?;
-    Ok(true)
+    Ok(Outcome::Passed)
 }
 
 fn half(o: Outputs) -> Half {
@@ -686,12 +704,12 @@ fn no_panic<T>(check: &'static str, what: &str, f: impl FnOnce() -> T) -> Result
     })
 }
 
-fn bad_buffers(subject: &Subject, spec: &CaseSpec) -> Result<bool, KitError> {
+fn bad_buffers(subject: &Subject, spec: &CaseSpec) -> Result<Outcome, KitError> {
     const CHECK: &str = "bad buffers";
     let cfg = spec.config(subject);
     let case = Case::from_spec(spec, cfg.clone(), 1)?;
     let Some(mut be) = subject_for(subject, &cfg, &case.query_lens)? else {
-        return Ok(false);
+        return Ok(Outcome::NotApplicable);
     };
     let mut cache = case.cache.clone();
     let e = cache.spec.slot_elems();
@@ -769,7 +787,7 @@ fn bad_buffers(subject: &Subject, spec: &CaseSpec) -> Result<bool, KitError> {
         }
     }
     if accepted.is_empty() {
-        Ok(true)
+        Ok(Outcome::Passed)
     } else {
         Err(KitError::Protocol {
             check: CHECK,

@@ -26,7 +26,7 @@ pub mod direct;
 pub mod gen;
 pub mod suite;
 
-pub use checks::Check;
+pub use checks::{Check, Outcome};
 pub use pagoda_core;
 pub use suite::{run_check, try_run_check};
 

@@ -2,6 +2,7 @@
 //! capabilities, run one [`Check`] on each, shrink failures.
 
 use crate::checks::Check;
+use crate::checks::Outcome;
 use crate::gen::{case_spec, Shapes};
 use crate::{IntoSubject, Subject, Tolerance};
 use pagoda_core::DeviceKind;
@@ -69,8 +70,8 @@ pub fn try_run_check(
     let mut runner = TestRunner::new(config);
     let strategy = case_spec(&shapes, check.min_group());
     let result = runner.run(&strategy, |spec| match check.run(subject, &spec, tol) {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(TestCaseError::reject("not applicable to this case")),
+        Ok(Outcome::Passed) => Ok(()),
+        Ok(Outcome::NotApplicable) => Err(TestCaseError::reject("not applicable to this case")),
         Err(e) => Err(TestCaseError::fail(e.to_string())),
     });
     match result {
