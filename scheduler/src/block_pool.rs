@@ -339,6 +339,16 @@ impl BlockPool {
         true
     }
 
+    /// Forgets the hashes of blocks whose content will never be written (their
+    /// request was preempted before the step that fills them ran).
+    pub fn uncache(&mut self, ids: &[u32]) {
+        for &id in ids {
+            if (id as usize) < self.blocks.len() {
+                self.maybe_evict(id);
+            }
+        }
+    }
+
     /// Takes a reference on each block (prefix hits); a free one leaves the free queue.
     pub fn touch(&mut self, ids: &[u32]) -> Result<(), SchedulerError> {
         for &id in ids {

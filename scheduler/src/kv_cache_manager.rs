@@ -323,6 +323,22 @@ impl KvCacheManager {
         Some(new_blocks)
     }
 
+    /// [`Self::free`] for a request preempted with `num_computed_tokens` in the cache:
+    /// full blocks past those were cached when allocated (for this step's rows) but
+    /// will not be written now, so their hashes are dropped before the blocks go
+    /// back, or a later prefix hit would read garbage.
+    pub fn free_preempted(&mut self, req_id: &str, num_computed_tokens: usize) {
+        if let Some(&i) = self.req_to_blocks.get(req_id) {
+            let t = &self.tables[i as usize];
+            let first = (num_computed_tokens / self.block_size).min(t.num_cached);
+            if t.num_cached > first {
+                let ids = t.blocks[first..t.num_cached].to_vec();
+                self.block_pool.uncache(&ids);
+            }
+        }
+        self.free(req_id);
+    }
+
     /// Releases every block of the request, tail first. Unknown ids are ignored.
     pub fn free(&mut self, req_id: &str) {
         if let Some(i) = self.req_to_blocks.remove(req_id) {

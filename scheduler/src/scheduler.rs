@@ -353,7 +353,9 @@ impl Scheduler {
     /// Frees a running request's blocks and sends it back to waiting (recompute).
     fn preempt(&mut self, idx: u32) -> ReqHandle {
         let r = self.entries[idx as usize].as_mut().expect("live");
-        self.kv.free(&r.request_id);
+        // A victim already scheduled this step had blocks cached ahead of the
+        // computation that now will not run.
+        self.kv.free_preempted(&r.request_id, r.num_computed_tokens);
         self.kv_handles[idx as usize] = None;
         r.status = RequestStatus::Preempted;
         r.num_computed_tokens = 0;
