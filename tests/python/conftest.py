@@ -4,6 +4,7 @@ The binary is `$PAGODA_BIN` or `target/release/pagoda`; the model is `$PAGODA_MO
 or `~/.cache/pagoda/models/SmolLM2-135M-Instruct.Q4_1.gguf`.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -51,16 +52,16 @@ def reference():
     pytest.fail("smollm2-greedy.json not found (set PAGODA_REFERENCE)")
 
 
-@pytest.fixture(scope="session")
-def server():
-    model = _model_path()
+@contextlib.contextmanager
+def running_server(args, log_prefix="pagoda-py-", check_exit=True):
+    """`pagoda serve ARGS` on a free loopback port, healthy; yields its base URL.
+    Stopped with SIGTERM at the end (a clean exit is asserted when `check_exit`)."""
     port = _free_port()
-    log = tempfile.NamedTemporaryFile(prefix="pagoda-py-", suffix=".log", delete=False)
+    log = tempfile.NamedTemporaryFile(prefix=log_prefix, suffix=".log", delete=False)
     env = dict(os.environ)
     env.pop("PAGODA_API_KEY", None)
     proc = subprocess.Popen(
-        [str(_binary()), "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--model", str(model), "--api-key", API_KEY],
+        [str(_binary()), "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=log, env=env,
     )
     base = f"http://127.0.0.1:{port}"
@@ -86,7 +87,14 @@ def server():
         proc.kill()
         code = proc.wait()
     os.unlink(log.name)
-    assert code == 0, f"server exit status {code}"
+    if check_exit:
+        assert code == 0, f"server exit status {code}"
+
+
+@pytest.fixture(scope="session")
+def server():
+    with running_server(["--model", str(_model_path()), "--api-key", API_KEY]) as base:
+        yield base
 
 
 @pytest.fixture(scope="session")

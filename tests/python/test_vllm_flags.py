@@ -6,58 +6,25 @@
 official `openai` client."""
 
 import json
-import os
-import signal
-import subprocess
-import tempfile
 import time
 import urllib.request
 
 import openai
 import pytest
 
-from conftest import _binary, _free_port, _model_path
+from conftest import _model_path, running_server
 
 NAMES = ["first-name", "second-name"]
 
 
 @pytest.fixture(scope="module")
 def flagged():
-    port = _free_port()
-    log = tempfile.NamedTemporaryFile(prefix="pagoda-py-flags-", suffix=".log", delete=False)
-    env = dict(os.environ)
-    env.pop("PAGODA_API_KEY", None)
-    proc = subprocess.Popen(
-        [str(_binary()), "serve", str(_model_path()), "--host", "127.0.0.1", "--port", str(port),
-         "--served-model-name", *NAMES, "--max-logprobs", "5",
-         "--enable-request-id-headers", "--enable-force-include-usage",
-         "--return-tokens-as-token-ids", "--enable-server-load-tracking",
-         "--enable-tokenizer-info-endpoint"],
-        stdout=subprocess.DEVNULL, stderr=log, env=env,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{open(log.name).read()}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not become healthy:\n{open(log.name).read()}")
-        time.sleep(0.1)
-    yield base
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    os.unlink(log.name)
+    args = [str(_model_path()), "--served-model-name", *NAMES, "--max-logprobs", "5",
+            "--enable-request-id-headers", "--enable-force-include-usage",
+            "--return-tokens-as-token-ids", "--enable-server-load-tracking",
+            "--enable-tokenizer-info-endpoint"]
+    with running_server(args, "pagoda-py-flags-", check_exit=False) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
