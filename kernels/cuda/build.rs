@@ -19,7 +19,8 @@ use std::process::Command;
 const KERNELS: [&str; 5] = ["write_kv", "naive", "paged", "flash", "mma_probe"];
 
 fn main() {
-    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let manifest =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo:rerun-if-changed=cu");
     println!("cargo:rerun-if-changed=emu");
@@ -123,8 +124,20 @@ fn parse_ptxas(text: &str) -> Vec<Usage> {
                 out.push(u);
             }
             let kernel = rest.split('\'').next().unwrap_or("").to_string();
-            let arch = line.rsplit("for '").next().unwrap_or("").trim_end_matches('\'').to_string();
-            cur = Some(Usage { kernel, arch, registers: 0, spill_stores: 0, spill_loads: 0, line: String::new() });
+            let arch = line
+                .rsplit("for '")
+                .next()
+                .unwrap_or("")
+                .trim_end_matches('\'')
+                .to_string();
+            cur = Some(Usage {
+                kernel,
+                arch,
+                registers: 0,
+                spill_stores: 0,
+                spill_loads: 0,
+                line: String::new(),
+            });
         } else if let Some(u) = cur.as_mut() {
             let num_before = |key: &str| -> Option<u32> {
                 let i = line.find(key)?;
@@ -174,24 +187,33 @@ fn build_fatbins(manifest: &Path, out: &Path) {
             })
         })
         .collect();
-    let mut report = String::from("# kernel arch registers spill_stores spill_loads | ptxas line\n");
+    let mut report =
+        String::from("# kernel arch registers spill_stores spill_loads | ptxas line\n");
     let mut spills = Vec::new();
     for h in handles {
-        let log = h.join().unwrap_or_else(|_| panic!("an nvcc thread panicked"));
+        let log = h
+            .join()
+            .unwrap_or_else(|_| panic!("an nvcc thread panicked"));
         for u in parse_ptxas(&log) {
             report += &format!(
                 "{} {} {} {} {} | {}\n",
                 u.kernel, u.arch, u.registers, u.spill_stores, u.spill_loads, u.line
             );
             if u.spill_stores > 0 || u.spill_loads > 0 {
-                spills.push(format!("{} ({}): {} B stores, {} B loads", u.kernel, u.arch, u.spill_stores, u.spill_loads));
+                spills.push(format!(
+                    "{} ({}): {} B stores, {} B loads",
+                    u.kernel, u.arch, u.spill_stores, u.spill_loads
+                ));
             }
         }
     }
     std::fs::write(out.join("ptxas.txt"), &report).expect("write ptxas.txt");
     // Every kernel here is on a hot path; a spill is a performance bug, so it fails the build.
     if !spills.is_empty() && env::var_os("PAGODA_ALLOW_SPILLS").is_none() {
-        panic!("ptxas reports register spills (set PAGODA_ALLOW_SPILLS=1 to build anyway):\n{}", spills.join("\n"));
+        panic!(
+            "ptxas reports register spills (set PAGODA_ALLOW_SPILLS=1 to build anyway):\n{}",
+            spills.join("\n")
+        );
     }
     println!("cargo:rerun-if-env-changed=PAGODA_ALLOW_SPILLS");
 }

@@ -72,15 +72,19 @@ fn expect_len(what: &'static str, got: usize, want: usize) -> Result<(), Error> 
 }
 
 fn checked_mul(what: &'static str, a: usize, b: usize) -> Result<usize, Error> {
-    a.checked_mul(b).ok_or_else(|| invalid(what, "size overflows"))
+    a.checked_mul(b)
+        .ok_or_else(|| invalid(what, "size overflows"))
 }
 
 /// Checks the shape and returns the elements of one pool block.
 fn check_shape(s: &Shape) -> Result<usize, Error> {
-    if s.num_heads == 0 || s.num_kv_heads == 0 || s.num_heads % s.num_kv_heads != 0 {
+    if s.num_heads == 0 || s.num_kv_heads == 0 || !s.num_heads.is_multiple_of(s.num_kv_heads) {
         return Err(invalid(
             "heads",
-            format!("num_heads {} must be a positive multiple of num_kv_heads {}", s.num_heads, s.num_kv_heads),
+            format!(
+                "num_heads {} must be a positive multiple of num_kv_heads {}",
+                s.num_heads, s.num_kv_heads
+            ),
         ));
     }
     if s.head_dim == 0 || s.block_size == 0 {
@@ -99,9 +103,12 @@ fn check_shape(s: &Shape) -> Result<usize, Error> {
 /// Number of blocks in a pool pair, checked against the block layout.
 fn pool_blocks(key: usize, value: usize, block_elems: usize) -> Result<usize, Error> {
     if key != value {
-        return Err(invalid("kv cache", format!("key pool has {key} elements, value pool {value}")));
+        return Err(invalid(
+            "kv cache",
+            format!("key pool has {key} elements, value pool {value}"),
+        ));
     }
-    if key % block_elems != 0 {
+    if !key.is_multiple_of(block_elems) {
         return Err(invalid(
             "kv cache",
             format!("{key} elements is not a whole number of blocks of {block_elems}"),
@@ -120,7 +127,11 @@ struct Checked {
     all_decode: bool,
 }
 
-fn check_attn<T: Element>(io: &mut Io<'_, T>, batch: &Batch<'_>, s: &Shape) -> Result<Checked, Error> {
+fn check_attn<T: Element>(
+    io: &mut Io<'_, T>,
+    batch: &Batch<'_>,
+    s: &Shape,
+) -> Result<Checked, Error> {
     let block_elems = check_shape(s)?;
     let qsl = batch.query_start_loc;
     if qsl.is_empty() || qsl[0] != 0 {
@@ -137,7 +148,10 @@ fn check_attn<T: Element>(io: &mut Io<'_, T>, batch: &Batch<'_>, s: &Shape) -> R
         checked_mul("block_table", num_seqs, batch.max_blocks_per_seq)?,
     )?;
     if batch.seqs.start > batch.seqs.end || batch.seqs.end > num_seqs {
-        return Err(invalid("seqs", format!("{:?} is not a range of 0..{num_seqs}", batch.seqs)));
+        return Err(invalid(
+            "seqs",
+            format!("{:?} is not a range of 0..{num_seqs}", batch.seqs),
+        ));
     }
     let num_tokens = qsl[num_seqs] as usize;
     to_i32("num_tokens", num_tokens)?;
@@ -156,18 +170,27 @@ fn check_attn<T: Element>(io: &mut Io<'_, T>, batch: &Batch<'_>, s: &Shape) -> R
         let seq_len = batch.seq_lens[seq] as usize;
         to_i32("seq_lens", seq_len)?;
         if seq_len < q_len {
-            return Err(invalid("seq_lens", format!("sequence {seq}: {seq_len} < its {q_len} new tokens")));
+            return Err(invalid(
+                "seq_lens",
+                format!("sequence {seq}: {seq_len} < its {q_len} new tokens"),
+            ));
         }
         let used = seq_len.div_ceil(s.block_size);
         if used > batch.max_blocks_per_seq {
             return Err(invalid(
                 "block_table",
-                format!("sequence {seq} needs {used} blocks, the table row has {}", batch.max_blocks_per_seq),
+                format!(
+                    "sequence {seq} needs {used} blocks, the table row has {}",
+                    batch.max_blocks_per_seq
+                ),
             ));
         }
         let row = &batch.block_table[seq * batch.max_blocks_per_seq..][..used];
         if let Some(b) = row.iter().find(|&&b| b as usize >= num_blocks) {
-            return Err(invalid("block_table", format!("sequence {seq}: block {b} >= pool size {num_blocks}")));
+            return Err(invalid(
+                "block_table",
+                format!("sequence {seq}: block {b} >= pool size {num_blocks}"),
+            ));
         }
         max_q_len = max_q_len.max(q_len);
         max_seq_len = max_seq_len.max(seq_len);
@@ -178,7 +201,10 @@ fn check_attn<T: Element>(io: &mut Io<'_, T>, batch: &Batch<'_>, s: &Shape) -> R
         key_cache: io.key_cache.as_ptr().cast(),
         value_cache: io.value_cache.as_ptr().cast(),
         out: io.out.as_mut_ptr().cast(),
-        lse: io.lse.as_deref_mut().map_or(ptr::null_mut(), <[f32]>::as_mut_ptr),
+        lse: io
+            .lse
+            .as_deref_mut()
+            .map_or(ptr::null_mut(), <[f32]>::as_mut_ptr),
         // u32 and i32 share their layout; every value was checked to fit in i32 above
         // (offsets <= num_tokens, lengths, block ids < num_blocks).
         query_start_loc: qsl.as_ptr().cast(),
@@ -192,18 +218,30 @@ fn check_attn<T: Element>(io: &mut Io<'_, T>, batch: &Batch<'_>, s: &Shape) -> R
         block_size: to_i32("block_size", s.block_size)?,
         max_blocks_per_seq: to_i32("max_blocks_per_seq", batch.max_blocks_per_seq)?,
         max_q_len: to_i32("max_q_len", max_q_len)?,
-        num_rows: to_i32("rows", (qsl[batch.seqs.end] - qsl[batch.seqs.start]) as usize)?,
+        num_rows: to_i32(
+            "rows",
+            (qsl[batch.seqs.end] - qsl[batch.seqs.start]) as usize,
+        )?,
         scale: s.scale,
         ..AttnParams::default()
     };
-    Ok(Checked { params, max_q_len, max_seq_len, all_decode })
+    Ok(Checked {
+        params,
+        max_q_len,
+        max_seq_len,
+        all_decode,
+    })
 }
 
 fn status(kernel: &'static str, rc: i32, dtype: Dtype, head_dim: usize) -> Result<(), Error> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(Error::Unsupported { kernel, dtype, head_dim })
+        Err(Error::Unsupported {
+            kernel,
+            dtype,
+            head_dim,
+        })
     }
 }
 
@@ -222,22 +260,43 @@ pub fn naive<T: Element>(mut io: Io<'_, T>, batch: &Batch<'_>, shape: &Shape) ->
 
 /// Paged decode (every launched sequence must have exactly one new token), split as
 /// `plan` says; partials are merged by the second kernel when `plan.num_splits > 1`.
-pub fn paged<T: Element>(mut io: Io<'_, T>, batch: &Batch<'_>, shape: &Shape, plan: SplitPlan) -> Result<(), Error> {
+pub fn paged<T: Element>(
+    mut io: Io<'_, T>,
+    batch: &Batch<'_>,
+    shape: &Shape,
+    plan: SplitPlan,
+) -> Result<(), Error> {
     if !paged_head_dims(T::DTYPE).contains(&shape.head_dim) {
-        return Err(Error::Unsupported { kernel: "paged", dtype: T::DTYPE, head_dim: shape.head_dim });
+        return Err(Error::Unsupported {
+            kernel: "paged",
+            dtype: T::DTYPE,
+            head_dim: shape.head_dim,
+        });
     }
     let mut c = check_attn(&mut io, batch, shape)?;
     if !c.all_decode {
-        return Err(invalid("seqs", "paged serves decode rows (one new token) only"));
+        return Err(invalid(
+            "seqs",
+            "paged serves decode rows (one new token) only",
+        ));
     }
     if batch.seqs.is_empty() {
         return Ok(());
     }
-    if plan.num_splits == 0 || plan.partition_size == 0 || plan.partition_size % shape.block_size != 0 {
-        return Err(invalid("split plan", format!("{plan:?}: partition must be a positive multiple of the block size")));
+    if plan.num_splits == 0
+        || plan.partition_size == 0
+        || !plan.partition_size.is_multiple_of(shape.block_size)
+    {
+        return Err(invalid(
+            "split plan",
+            format!("{plan:?}: partition must be a positive multiple of the block size"),
+        ));
     }
     if checked_mul("split plan", plan.num_splits, plan.partition_size)? < c.max_seq_len {
-        return Err(invalid("split plan", format!("{plan:?} covers fewer than {} keys", c.max_seq_len)));
+        return Err(invalid(
+            "split plan",
+            format!("{plan:?} covers fewer than {} keys", c.max_seq_len),
+        ));
     }
     c.params.num_splits = to_i32("num_splits", plan.num_splits)?;
     c.params.partition_size = to_i32("partition_size", plan.partition_size)?;
@@ -261,7 +320,11 @@ fn flash_impl<T: Element>(
     run: unsafe extern "C" fn(*const AttnParams, i32) -> i32,
 ) -> Result<(), Error> {
     if !flash_head_dims(T::DTYPE).contains(&shape.head_dim) {
-        return Err(Error::Unsupported { kernel: "flash", dtype: T::DTYPE, head_dim: shape.head_dim });
+        return Err(Error::Unsupported {
+            kernel: "flash",
+            dtype: T::DTYPE,
+            head_dim: shape.head_dim,
+        });
     }
     let c = check_attn(&mut io, batch, shape)?;
     if c.max_q_len == 0 {
@@ -281,7 +344,11 @@ pub fn flash<T: Element>(io: Io<'_, T>, batch: &Batch<'_>, shape: &Shape) -> Res
 /// `flash` built with a planted fragment-layout bug (P's registers a2a3/a4a5 swapped):
 /// only for the test that shows the emulator catches it.
 #[doc(hidden)]
-pub fn flash_planted_bug<T: Element>(io: Io<'_, T>, batch: &Batch<'_>, shape: &Shape) -> Result<(), Error> {
+pub fn flash_planted_bug<T: Element>(
+    io: Io<'_, T>,
+    batch: &Batch<'_>,
+    shape: &Shape,
+) -> Result<(), Error> {
     flash_impl(io, batch, shape, ffi::pg_emu_flash_planted)
 }
 
@@ -296,14 +363,22 @@ pub fn write_kv<T: Element>(
     slot_mapping: &[i64],
     shape: &Shape,
 ) -> Result<(), Error> {
-    let block_elems = check_shape(&Shape { num_heads: shape.num_kv_heads, scale: 1.0, ..*shape })?;
+    let block_elems = check_shape(&Shape {
+        num_heads: shape.num_kv_heads,
+        scale: 1.0,
+        ..*shape
+    })?;
     let row = shape.num_kv_heads * shape.head_dim;
     let n = checked_mul("key", slot_mapping.len(), row)?;
     expect_len("key", key.len(), n)?;
     expect_len("value", value.len(), n)?;
-    let slots = pool_blocks(key_cache.len(), value_cache.len(), block_elems)? as i64 * shape.block_size as i64;
+    let slots = pool_blocks(key_cache.len(), value_cache.len(), block_elems)? as i64
+        * shape.block_size as i64;
     if let Some(s) = slot_mapping.iter().find(|&&s| s < -1 || s >= slots) {
-        return Err(invalid("slot_mapping", format!("slot {s} outside -1..{slots}")));
+        return Err(invalid(
+            "slot_mapping",
+            format!("slot {s} outside -1..{slots}"),
+        ));
     }
     if slot_mapping.is_empty() {
         return Ok(());
@@ -331,10 +406,19 @@ pub fn mma_probe<T: Element>(a: &[T], b: &[T], c: &[f32]) -> Result<Vec<f32>, Er
     expect_len("b", b.len(), 128)?;
     expect_len("c", c.len(), 128)?;
     if T::DTYPE == Dtype::F32 {
-        return Err(Error::Unsupported { kernel: "mma_probe", dtype: T::DTYPE, head_dim: 0 });
+        return Err(Error::Unsupported {
+            kernel: "mma_probe",
+            dtype: T::DTYPE,
+            head_dim: 0,
+        });
     }
     let mut d = vec![0.0f32; 128];
-    let p = MmaProbeParams { a: a.as_ptr().cast(), b: b.as_ptr().cast(), c: c.as_ptr(), d: d.as_mut_ptr() };
+    let p = MmaProbeParams {
+        a: a.as_ptr().cast(),
+        b: b.as_ptr().cast(),
+        c: c.as_ptr(),
+        d: d.as_mut_ptr(),
+    };
     // SAFETY: the four buffers have the fixed sizes the probe kernel reads and writes.
     let rc = unsafe { ffi::pg_emu_mma_probe(&p, T::DTYPE as i32) };
     status("mma_probe", rc, T::DTYPE, 0)?;

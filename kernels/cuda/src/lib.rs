@@ -22,7 +22,7 @@ pub mod params;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
-pub use params::{AttnParams, Launch, SplitPlan, WriteKvParams};
+pub use params::{AttnParams, Launch, MmaProbeParams, SplitPlan, WriteKvParams};
 
 /// Element type of q/out/K/V (f32 only where cheap: `write_kv`, `naive`, `paged`).
 /// The discriminants are the kernels' ABI (`PG_F32`, `PG_BF16`, `PG_F16` in params.h).
@@ -122,5 +122,8 @@ pub enum Error {
 }
 
 pub(crate) fn invalid(what: &'static str, detail: impl Into<String>) -> Error {
-    Error::Invalid { what, detail: detail.into() }
+    Error::Invalid {
+        what,
+        detail: detail.into(),
+    }
 }

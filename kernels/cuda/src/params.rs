@@ -191,19 +191,30 @@ impl SplitPlan {
     /// One partition covering `max_seq_len` keys (no merge pass).
     pub fn single(max_seq_len: usize, block_size: usize) -> Self {
         let bs = block_size.max(1);
-        SplitPlan { num_splits: 1, partition_size: max_seq_len.max(1).div_ceil(bs) * bs }
+        SplitPlan {
+            num_splits: 1,
+            partition_size: max_seq_len.max(1).div_ceil(bs) * bs,
+        }
     }
 
     /// Splits enough to give `num_sms` SMs about two CTAs each, given `ctas_per_split`
     /// CTAs per partition (sequences x KV-head groups), never below `MIN_PARTITION` keys.
-    pub fn choose(max_seq_len: usize, block_size: usize, ctas_per_split: usize, num_sms: usize) -> Self {
+    pub fn choose(
+        max_seq_len: usize,
+        block_size: usize,
+        ctas_per_split: usize,
+        num_sms: usize,
+    ) -> Self {
         let bs = block_size.max(1);
         let max_seq_len = max_seq_len.max(1);
         let want = (2 * num_sms).div_ceil(ctas_per_split.max(1)).max(1);
         let cap = max_seq_len.div_ceil(Self::MIN_PARTITION).max(1);
         let splits = want.min(cap);
         let partition = max_seq_len.div_ceil(splits).div_ceil(bs) * bs;
-        SplitPlan { num_splits: max_seq_len.div_ceil(partition), partition_size: partition }
+        SplitPlan {
+            num_splits: max_seq_len.div_ceil(partition),
+            partition_size: partition,
+        }
     }
 
     /// f32 elements of the partial outputs and LSEs for `seqs` sequences (0, 0 with one split).

@@ -9,7 +9,13 @@ use pagoda_cuda_kernels::{AttnParams, Launch, WriteKvParams};
 use proptest::prelude::*;
 
 fn write_kv_case<T: Conv>(slots: &[i64], kvh: usize, d: usize, bs: usize, blocks: usize) {
-    let shape = Shape { num_heads: kvh, num_kv_heads: kvh, head_dim: d, block_size: bs, scale: 1.0 };
+    let shape = Shape {
+        num_heads: kvh,
+        num_kv_heads: kvh,
+        head_dim: d,
+        block_size: bs,
+        scale: 1.0,
+    };
     let mut rng = Rng(7);
     let row = kvh * d;
     let key: Vec<f32> = (0..slots.len() * row).map(|_| rng.unit()).collect();
@@ -43,7 +49,13 @@ fn write_kv_all_dtypes() {
 
 #[test]
 fn write_kv_rejects_bad_slots_and_lengths() {
-    let shape = Shape { num_heads: 1, num_kv_heads: 1, head_dim: 4, block_size: 2, scale: 1.0 };
+    let shape = Shape {
+        num_heads: 1,
+        num_kv_heads: 1,
+        head_dim: 4,
+        block_size: 2,
+        scale: 1.0,
+    };
     let (k, v) = (vec![0.0f32; 4], vec![0.0f32; 4]);
     let mut kc = vec![bf16::ZERO; 8];
     let mut vc = vec![bf16::ZERO; 8];
@@ -63,9 +75,16 @@ fn mma_case<T: Conv>(seed: u64) {
     let d = emu::mma_probe(&a, &b, &c).unwrap();
     for m in 0..16 {
         for n in 0..8 {
-            let want = f64::from(c[m * 8 + n]) + (0..16).map(|k| a[m * 16 + k].to_f64() * b[k * 8 + n].to_f64()).sum::<f64>();
+            let want = f64::from(c[m * 8 + n])
+                + (0..16)
+                    .map(|k| a[m * 16 + k].to_f64() * b[k * 8 + n].to_f64())
+                    .sum::<f64>();
             // 16 exact products summed in f32: |error| <= 17 * 2^-24 * sum|terms| < 1e-5.
-            assert!((f64::from(d[m * 8 + n]) - want).abs() < 1e-5, "D[{m}][{n}] = {}, want {want}", d[m * 8 + n]);
+            assert!(
+                (f64::from(d[m * 8 + n]) - want).abs() < 1e-5,
+                "D[{m}][{n}] = {}, want {want}",
+                d[m * 8 + n]
+            );
         }
     }
 }
@@ -127,8 +146,20 @@ fn broken(case: &Case<bf16>, which: u8) -> Result<(), pagoda_cuda_kernels::Error
         _ => shape.scale = f32::NAN,
     }
     let mut out = vec![bf16::ZERO; out_len];
-    let batch = Batch { query_start_loc: &qsl, seq_lens: &seq_lens, block_table: &table, max_blocks_per_seq: case.max_blocks, seqs };
-    let io = Io { q: &case.q, key_cache: &case.k, value_cache: &case.v, out: &mut out, lse: None };
+    let batch = Batch {
+        query_start_loc: &qsl,
+        seq_lens: &seq_lens,
+        block_table: &table,
+        max_blocks_per_seq: case.max_blocks,
+        seqs,
+    };
+    let io = Io {
+        q: &case.q,
+        key_cache: &case.k,
+        value_cache: &case.v,
+        out: &mut out,
+        lse: None,
+    };
     emu::naive(io, &batch, &shape)
 }
 

@@ -7,12 +7,20 @@ use half::{bf16, f16};
 use pagoda_cuda_kernels::emu;
 use proptest::prelude::*;
 
-fn run<T: Conv>(seqs: &[SeqSpec], h: usize, kvh: usize, d: usize, bs: usize, seed: u64) -> Result<(), String> {
+fn run<T: Conv>(
+    seqs: &[SeqSpec],
+    h: usize,
+    kvh: usize,
+    d: usize,
+    bs: usize,
+    seed: u64,
+) -> Result<(), String> {
     let case = Case::<T>::new(seqs, h, kvh, d, bs, seed);
     let mut out = vec![T::default(); case.q.len()];
     let mut lse = vec![0.0f32; case.num_tokens * h];
     let n = seqs.len();
-    emu::naive(case.io(&mut out, &mut lse), &case.batch(0..n), &case.shape).map_err(|e| e.to_string())?;
+    emu::naive(case.io(&mut out, &mut lse), &case.batch(0..n), &case.shape)
+        .map_err(|e| e.to_string())?;
     let (want, want_lse) = case.reference(0..n);
     let err = max_err(&out, &want);
     if err > tolerance::<T>(false) {
@@ -23,7 +31,11 @@ fn run<T: Conv>(seqs: &[SeqSpec], h: usize, kvh: usize, d: usize, bs: usize, see
 
 #[test]
 fn naive_fixed_shapes() {
-    let seqs = [SeqSpec { q_len: 1, ctx: 40 }, SeqSpec { q_len: 1, ctx: 3 }, SeqSpec { q_len: 5, ctx: 130 }];
+    let seqs = [
+        SeqSpec { q_len: 1, ctx: 40 },
+        SeqSpec { q_len: 1, ctx: 3 },
+        SeqSpec { q_len: 5, ctx: 130 },
+    ];
     run::<f32>(&seqs, 4, 2, 64, 16, 1).unwrap();
     run::<bf16>(&seqs, 4, 1, 128, 32, 2).unwrap();
     run::<f16>(&seqs, 3, 3, 80, 7, 3).unwrap();

@@ -19,22 +19,39 @@ fn scratch(name: &str) -> PathBuf {
 
 fn gxx() -> Command {
     let mut c = Command::new(std::env::var("CXX").unwrap_or_else(|_| "g++".into()));
-    c.args(["-std=c++20", "-O1", "-g", "-fsanitize=thread", "-pthread", "-Wno-unknown-pragmas"]);
+    c.args([
+        "-std=c++20",
+        "-O1",
+        "-g",
+        "-fsanitize=thread",
+        "-pthread",
+        "-Wno-unknown-pragmas",
+    ]);
     c
 }
 
 fn compile(cmd: &mut Command) {
     let out = cmd.output().expect("run g++");
-    assert!(out.status.success(), "g++ failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "g++ failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Runs a TSan binary; returns (stdout, stderr). TSan's reports go to stderr.
 fn run(bin: &Path) -> (String, String) {
     let out = Command::new(bin)
-        .env("TSAN_OPTIONS", "halt_on_error=0 exitcode=0 report_signal_unsafe=0")
+        .env(
+            "TSAN_OPTIONS",
+            "halt_on_error=0 exitcode=0 report_signal_unsafe=0",
+        )
         .output()
         .expect("run the TSan binary");
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 const RACE: &str = "WARNING: ThreadSanitizer: data race";
@@ -45,11 +62,25 @@ fn missing_syncthreads_is_reported_as_a_race() {
     let src = crate_dir().join("emu/tsan/barrier_probe.cu");
     let (good, bad) = (dir.join("good"), dir.join("bad"));
     compile(gxx().arg("-x").arg("c++").arg(&src).arg("-o").arg(&good));
-    compile(gxx().arg("-DPLANT_MISSING_SYNC").arg("-x").arg("c++").arg(&src).arg("-o").arg(&bad));
+    compile(
+        gxx()
+            .arg("-DPLANT_MISSING_SYNC")
+            .arg("-x")
+            .arg("c++")
+            .arg(&src)
+            .arg("-o")
+            .arg(&bad),
+    );
     let (out, err) = run(&good);
-    assert!(out.contains("ok") && !err.contains("ThreadSanitizer"), "with the barrier:\n{out}\n{err}");
+    assert!(
+        out.contains("ok") && !err.contains("ThreadSanitizer"),
+        "with the barrier:\n{out}\n{err}"
+    );
     let (_, err) = run(&bad);
-    assert!(err.contains(RACE), "TSan missed the planted missing __syncthreads:\n{err}");
+    assert!(
+        err.contains(RACE),
+        "TSan missed the planted missing __syncthreads:\n{err}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -60,13 +91,30 @@ fn kernels_run_race_free_under_tsan() {
     let mut objs = Vec::new();
     for k in ["write_kv", "naive", "paged", "flash"] {
         let obj = dir.join(format!("{k}.o"));
-        compile(gxx().arg("-x").arg("c++").arg("-c").arg(cu.join(format!("{k}.cu"))).arg("-o").arg(&obj));
+        compile(
+            gxx()
+                .arg("-x")
+                .arg("c++")
+                .arg("-c")
+                .arg(cu.join(format!("{k}.cu")))
+                .arg("-o")
+                .arg(&obj),
+        );
         objs.push(obj);
     }
     let bin = dir.join("kernels");
-    compile(gxx().arg(crate_dir().join("emu/tsan/kernels_main.cpp")).args(&objs).arg("-o").arg(&bin));
+    compile(
+        gxx()
+            .arg(crate_dir().join("emu/tsan/kernels_main.cpp"))
+            .args(&objs)
+            .arg("-o")
+            .arg(&bin),
+    );
     let (out, err) = run(&bin);
     assert!(out.contains("ok"), "kernel launches failed:\n{out}\n{err}");
-    assert!(!err.contains("ThreadSanitizer"), "TSan reports in the kernels:\n{err}");
+    assert!(
+        !err.contains("ThreadSanitizer"),
+        "TSan reports in the kernels:\n{err}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

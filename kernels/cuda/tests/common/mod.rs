@@ -95,9 +95,19 @@ impl Rng {
 }
 
 impl<T: Conv> Case<T> {
-    pub fn new(seqs: &[SeqSpec], num_heads: usize, num_kv_heads: usize, head_dim: usize, block_size: usize, seed: u64) -> Self {
+    pub fn new(
+        seqs: &[SeqSpec],
+        num_heads: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+        seed: u64,
+    ) -> Self {
         let mut rng = Rng(seed | 1);
-        let blocks_per: Vec<usize> = seqs.iter().map(|s| (s.ctx + s.q_len).div_ceil(block_size)).collect();
+        let blocks_per: Vec<usize> = seqs
+            .iter()
+            .map(|s| (s.ctx + s.q_len).div_ceil(block_size))
+            .collect();
         let max_blocks = blocks_per.iter().copied().max().unwrap_or(0) + 1;
         let num_blocks = blocks_per.iter().sum::<usize>() + 3;
         // A shuffled pool: sequences get scattered, non-contiguous blocks.
@@ -124,8 +134,24 @@ impl<T: Conv> Case<T> {
         let pool_len = num_blocks * block_size * num_kv_heads * head_dim;
         let k = rand(pool_len);
         let v = rand(pool_len);
-        let shape = Shape { num_heads, num_kv_heads, head_dim, block_size, scale: 1.0 / (head_dim as f32).sqrt() };
-        Case { shape, qsl, seq_lens, block_table, max_blocks, q, k, v, num_tokens }
+        let shape = Shape {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            block_size,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        Case {
+            shape,
+            qsl,
+            seq_lens,
+            block_table,
+            max_blocks,
+            q,
+            k,
+            v,
+            num_tokens,
+        }
     }
 
     pub fn batch(&self, seqs: std::ops::Range<usize>) -> Batch<'_> {
@@ -139,12 +165,24 @@ impl<T: Conv> Case<T> {
     }
 
     pub fn io<'a>(&'a self, out: &'a mut [T], lse: &'a mut [f32]) -> Io<'a, T> {
-        Io { q: &self.q, key_cache: &self.k, value_cache: &self.v, out, lse: Some(lse) }
+        Io {
+            q: &self.q,
+            key_cache: &self.k,
+            value_cache: &self.v,
+            out,
+            lse: Some(lse),
+        }
     }
 
     /// f64 attention of every row of `seqs`: (out, lse), NaN for rows outside.
     pub fn reference(&self, seqs: std::ops::Range<usize>) -> (Vec<f64>, Vec<f64>) {
-        let Shape { num_heads: h, num_kv_heads: kvh, head_dim: d, block_size: bs, scale } = self.shape;
+        let Shape {
+            num_heads: h,
+            num_kv_heads: kvh,
+            head_dim: d,
+            block_size: bs,
+            scale,
+        } = self.shape;
         let mut out = vec![f64::NAN; self.num_tokens * h * d];
         let mut lse = vec![f64::NAN; self.num_tokens * h];
         for s in seqs {
@@ -156,19 +194,30 @@ impl<T: Conv> Case<T> {
                 for head in 0..h {
                     let kv = head / (h / kvh);
                     let qv = &self.q[(row * h + head) * d..][..d];
-                    let at = |j: usize| ((self.block_table[s * self.max_blocks + j / bs] as usize * bs + j % bs) * kvh + kv) * d;
+                    let at = |j: usize| {
+                        ((self.block_table[s * self.max_blocks + j / bs] as usize * bs + j % bs)
+                            * kvh
+                            + kv)
+                            * d
+                    };
                     let scores: Vec<f64> = (0..n_keys)
                         .map(|j| {
                             let kr = &self.k[at(j)..][..d];
-                            qv.iter().zip(kr).map(|(a, b)| a.to_f64() * b.to_f64()).sum::<f64>() * f64::from(scale)
+                            qv.iter()
+                                .zip(kr)
+                                .map(|(a, b)| a.to_f64() * b.to_f64())
+                                .sum::<f64>()
+                                * f64::from(scale)
                         })
                         .collect();
                     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                     let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
                     let l: f64 = w.iter().sum();
                     for dd in 0..d {
-                        out[(row * h + head) * d + dd] =
-                            (0..n_keys).map(|j| w[j] * self.v[at(j) + dd].to_f64()).sum::<f64>() / l;
+                        out[(row * h + head) * d + dd] = (0..n_keys)
+                            .map(|j| w[j] * self.v[at(j) + dd].to_f64())
+                            .sum::<f64>()
+                            / l;
                     }
                     lse[row * h + head] = m + l.ln();
                 }
@@ -180,7 +229,11 @@ impl<T: Conv> Case<T> {
 
 /// Largest |got - want| over the rows the reference computed, and the LSE check.
 pub fn max_err<T: Conv>(got: &[T], want: &[f64]) -> f64 {
-    got.iter().zip(want).filter(|(_, w)| !w.is_nan()).map(|(g, w)| (g.to_f64() - w).abs()).fold(0.0, f64::max)
+    got.iter()
+        .zip(want)
+        .filter(|(_, w)| !w.is_nan())
+        .map(|(g, w)| (g.to_f64() - w).abs())
+        .fold(0.0, f64::max)
 }
 
 pub fn check_lse(got: &[f32], want: &[f64]) -> Result<(), String> {
@@ -193,6 +246,13 @@ pub fn check_lse(got: &[f32], want: &[f64]) -> Result<(), String> {
 }
 
 /// Sequences for proptests: a few rows, short contexts (the emulator is slow).
-pub fn seq_specs(max_seqs: usize, max_q: usize, max_ctx: usize) -> impl Strategy<Value = Vec<SeqSpec>> {
-    prop::collection::vec((1..=max_q, 0..=max_ctx).prop_map(|(q_len, ctx)| SeqSpec { q_len, ctx }), 1..=max_seqs)
+pub fn seq_specs(
+    max_seqs: usize,
+    max_q: usize,
+    max_ctx: usize,
+) -> impl Strategy<Value = Vec<SeqSpec>> {
+    prop::collection::vec(
+        (1..=max_q, 0..=max_ctx).prop_map(|(q_len, ctx)| SeqSpec { q_len, ctx }),
+        1..=max_seqs,
+    )
 }
