@@ -54,6 +54,8 @@ fn build_emu(manifest: &Path, out: &Path) {
     for k in KERNELS {
         b.file(manifest.join("cu").join(format!("{k}.cu")));
     }
+    // The emulator's own self-test kernels (host only).
+    b.file(manifest.join("emu").join("selftest.cu"));
     b.compile("pagoda_cuda_emu");
 
     let planted_dir = out.join("planted");

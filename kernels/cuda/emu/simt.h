@@ -135,6 +135,9 @@ void launch(dim3 grid, dim3 block, size_t dyn_bytes, K kernel, A... args) {
   std::vector<std::thread> threads;
   threads.reserve(n);
   for (unsigned t = 0; t < n; ++t) {
+    // A thread the OS refuses would leave the others waiting at a barrier forever:
+    // stop loudly instead.
+    try {
     threads.emplace_back([&, t] {
       tl_block = &state;
       tl_lane = t % 32;
@@ -150,6 +153,9 @@ void launch(dim3 grid, dim3 block, size_t dyn_bytes, K kernel, A... args) {
         state.bar.arrive_and_wait();
       }
     });
+    } catch (const std::exception&) {
+      fail("could not start an emulated CUDA thread (the OS refused a thread)");
+    }
   }
   for (auto& th : threads) th.join();
 }

@@ -18,6 +18,8 @@
 pub mod emu;
 mod ffi;
 pub mod params;
+#[doc(hidden)]
+pub mod selftest;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
