@@ -55,35 +55,45 @@ __device__ __forceinline__ void paged_body(const PgAttnParams& p) {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[g][i] = 0.0f;
   }
+  // kU token groups per warp iteration: their K/V loads are all issued before any is
+  // used, so a warp keeps several 16-byte loads in flight (decode is bandwidth-bound).
   // The loop bound is the same for all lanes of a warp, so the shuffles stay converged.
-  for (int base = k_begin + int(warp) * TPW; base < k_end; base += int(kWarps) * TPW) {
-    const int j = base + slot_in_warp;
-    const bool valid = j < k_end;
-    float kf[VEC], vf[VEC];
-    if (valid) {
-      const int64_t slot = int64_t(blocks[j / p.block_size]) * p.block_size + j % p.block_size;
-      pg::load16(kc + slot * kv_row, kf);
-      pg::load16(vc + slot * kv_row, vf);
-    } else {
+  constexpr int kU = 2;
+  for (int base = k_begin + int(warp) * TPW * kU; base < k_end; base += int(kWarps) * TPW * kU) {
+    float kf[kU][VEC], vf[kU][VEC];
+    bool valid[kU];
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) kf[i] = vf[i] = 0.0f;
+    for (int u = 0; u < kU; ++u) {
+      const int j = base + u * TPW + slot_in_warp;
+      valid[u] = j < k_end;
+      if (valid[u]) {
+        const int64_t slot = int64_t(blocks[j / p.block_size]) * p.block_size + j % p.block_size;
+        pg::load16(kc + slot * kv_row, kf[u]);
+        pg::load16(vc + slot * kv_row, vf[u]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) kf[u][i] = vf[u][i] = 0.0f;
+      }
     }
 #pragma unroll
-    for (int g = 0; g < kMaxG; ++g) {
-      if (g < ng) {  // uniform across the warp
-        float s = 0.0f;
+    for (int u = 0; u < kU; ++u) {
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) s += q_s[g][sub * VEC + i] * kf[i];
+      for (int g = 0; g < kMaxG; ++g) {
+        if (g < ng) {  // uniform across the warp
+          float s = 0.0f;
 #pragma unroll
-        for (int o = LPT / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (valid) {
-          const float m_new = fmaxf(m[g], s);
-          const float alpha = __expf(m[g] - m_new);
-          const float pj = __expf(s - m_new);
-          l[g] = l[g] * alpha + pj;
+          for (int i = 0; i < VEC; ++i) s += q_s[g][sub * VEC + i] * kf[u][i];
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) acc[g][i] = acc[g][i] * alpha + pj * vf[i];
-          m[g] = m_new;
+          for (int o = LPT / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+          if (valid[u]) {
+            const float m_new = fmaxf(m[g], s);
+            const float alpha = __expf(m[g] - m_new);
+            const float pj = __expf(s - m_new);
+            l[g] = l[g] * alpha + pj;
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) acc[g][i] = acc[g][i] * alpha + pj * vf[u][i];
+            m[g] = m_new;
+          }
         }
       }
     }
