@@ -127,6 +127,29 @@ __device__ __forceinline__ void mma_m16n8k16(float d[4], const uint32_t a[4], co
 #endif
 }
 
+// ldmatrix .x4 (b16) from shared memory: `row` is this lane's 16-byte row (lane l names
+// row l % 8 of matrix l / 8); register i gets matrix i in the mma fragment order (.trans:
+// transposed). See simt.h's ldmatrix_x4 for the exact mapping the host reproduces.
+template <bool Trans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* row) {
+#ifdef __CUDACC__
+#if defined(__CUDA_ARCH__)
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (Trans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  }
+#endif
+#else
+  pagoda_emu::ldmatrix_x4<Trans>(r, row);
+#endif
+}
+
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 

@@ -29,11 +29,6 @@ struct Tile {
   static constexpr int STRIDE = D + 8;           // +16 bytes per row against bank conflicts
 };
 
-template <class T>
-__device__ __forceinline__ uint32_t ld32(const T* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
 template <class T, int D>
 __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
   constexpr int BN = Tile<D>::BN, STRIDE = Tile<D>::STRIDE;
@@ -62,7 +57,7 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
   alignas(16) __shared__ T v_s[BN * STRIDE];
   const unsigned tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
-  const int r0 = int(warp) * 16 + g, r1 = r0 + 8;  // this lane's two rows in the tile
+  const int r0 = int(warp) * 16 + g;  // this lane holds rows r0 and r0 + 8 of the tile
 
   for (int c = tid; c < kBM * CH; c += kThreads) {
     const int r = c / CH, cc = c % CH;
@@ -75,15 +70,13 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
     }
   }
   __syncthreads();
-  // Q as A fragments: reg 0 = (r0, 2t..), 1 = (r1, 2t..), 2 = (r0, 2t+8..), 3 = (r1, 2t+8..).
+  // Q as A fragments (reg 0 = (r0, 2t..), 1 = (r1, 2t..), 2 = (r0, 2t+8..), 3 = (r1, 2t+8..))
+  // by ldmatrix.x4: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) of the warp's 16 rows.
+  const int lrow = int(lane % 8) + 8 * int((lane / 8) % 2), lcol = 8 * int(lane / 16);
   uint32_t qa[KS][4];
 #pragma unroll
-  for (int ks = 0; ks < KS; ++ks) {
-    qa[ks][0] = ld32(&q_s[r0 * STRIDE + ks * 16 + 2 * t]);
-    qa[ks][1] = ld32(&q_s[r1 * STRIDE + ks * 16 + 2 * t]);
-    qa[ks][2] = ld32(&q_s[r0 * STRIDE + ks * 16 + 2 * t + 8]);
-    qa[ks][3] = ld32(&q_s[r1 * STRIDE + ks * 16 + 2 * t + 8]);
-  }
+  for (int ks = 0; ks < KS; ++ks)
+    pg::ldmatrix_x4<false>(qa[ks], &q_s[(int(warp) * 16 + lrow) * STRIDE + ks * 16 + lcol]);
 
   const float scale2 = p.scale * kLog2e;  // scores in log2 units: exp2 is one instruction
   const int qpos0 = ctx + tile * kBM + r0, qpos1 = qpos0 + 8;
@@ -112,16 +105,20 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
     }
     __syncthreads();
 
-    // S = Q K^T. B (k = dim, n = key): b0 = K[n=g][2t..], b1 = K[g][2t+8..].
+    // S = Q K^T. B (k = dim, n = key): b0 = K[n=g][2t..], b1 = K[g][2t+8..]. One
+    // ldmatrix.x4 loads the B fragments of two k-steps: matrices = dims +0, +8, +16, +24
+    // of keys nt*8..nt*8+7 (lane l: key l % 8, dims 8 (l / 8)).
     float s[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        const uint32_t b[2] = {ld32(&k_s[(nt * 8 + g) * STRIDE + ks * 16 + 2 * t]),
-                               ld32(&k_s[(nt * 8 + g) * STRIDE + ks * 16 + 2 * t + 8])};
-        pg::mma_m16n8k16<T>(s[nt], qa[ks], b, s[nt]);
+      for (int ks = 0; ks < KS; ks += 2) {
+        uint32_t kb[4];
+        pg::ldmatrix_x4<false>(kb, &k_s[(nt * 8 + int(lane % 8)) * STRIDE + ks * 16 + 8 * int(lane / 8)]);
+        const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+        pg::mma_m16n8k16<T>(s[nt], qa[ks], b0, s[nt]);
+        pg::mma_m16n8k16<T>(s[nt], qa[ks + 1], b1, s[nt]);
       }
     }
     // Scale, mask; element i of s[nt] is row (i < 2 ? r0 : r1), key kt + nt*8 + 2t + i%2.
@@ -180,15 +177,18 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
       pa[kk][2] = tmp;
 #endif
     }
-    // O += P V. B (k = key, n = dim): b0 = V[2t..2t+1][g], b1 = V[2t+8..2t+9][g].
+    // O += P V. B (k = key, n = dim): b0 = V[2t..2t+1][g], b1 = V[2t+8..2t+9][g]: V is
+    // stored [key][dim], so ldmatrix.x4.trans; matrices = (keys +0 | +8) x (dims dn | dn+1)
+    // (lane l: key kk*16 + l % 8 + 8 ((l / 8) % 2), dims 8 (dn + l / 16)).
 #pragma unroll
-    for (int dn = 0; dn < DN; ++dn) {
+    for (int dn = 0; dn < DN; dn += 2) {
 #pragma unroll
       for (int kk = 0; kk < PK; ++kk) {
-        const T* vcol = &v_s[(kk * 16 + 2 * t) * STRIDE + dn * 8 + g];
-        const uint32_t b[2] = {pg::pack2<T>(vcol[0], vcol[STRIDE]),
-                               pg::pack2<T>(vcol[8 * STRIDE], vcol[9 * STRIDE])};
-        pg::mma_m16n8k16<T>(o[dn], pa[kk], b, o[dn]);
+        uint32_t vb[4];
+        pg::ldmatrix_x4<true>(vb, &v_s[(kk * 16 + lrow) * STRIDE + dn * 8 + lcol]);
+        const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+        pg::mma_m16n8k16<T>(o[dn], pa[kk], b0, o[dn]);
+        pg::mma_m16n8k16<T>(o[dn + 1], pa[kk], b1, o[dn + 1]);
       }
     }
   }

@@ -27,8 +27,9 @@
 //     every lane of a 32-lane warp participating (a partial last warp aborts).
 //   * A thread that returns early must not be followed by a `__syncthreads()` of the
 //     others (they would wait for it forever; the GPU tolerates this in practice).
-//   * cp.async, ldmatrix, wgmma, TMA, clusters are not emulated: hide them behind helpers
-//     with a host fallback.
+//   * ldmatrix (m8n8 .x4, plain and .trans, b16) is emulated through the warp slots;
+//     cp.async, stmatrix, wgmma, TMA, clusters are not: hide them behind helpers with a
+//     host fallback.
 //   * Tensor-core rounding differs: the host sums the 16 products of an mma in f32 in
 //     order; hardware may accumulate with a different order and truncation. Tests need
 //     tolerances, never bit equality, for mma results.
@@ -352,6 +353,33 @@ void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const fl
   }
   w.bar.arrive_and_wait();
   for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l names row l % 8 of matrix
+// l / 8 (16 bytes); register i of lane l receives matrix i's row l / 4, elements
+// 2 (l % 4) and 2 (l % 4) + 1 (plain), or column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1
+// (.trans). Low 16 bits = the first element.
+template <bool Trans>
+void ldmatrix_x4(uint32_t r[4], const void* row) {
+  Warp& w = full_warp();
+  const unsigned lane = tl_lane;
+  w.slot[lane] = reinterpret_cast<uint64_t>(row);
+  w.bar.arrive_and_wait();
+  for (unsigned i = 0; i < 4; ++i) {
+    uint16_t lo, hi;
+    if (!Trans) {
+      const auto* p = reinterpret_cast<const uint16_t*>(w.slot[i * 8 + lane / 4]);
+      lo = p[2 * (lane % 4)];
+      hi = p[2 * (lane % 4) + 1];
+    } else {
+      const auto* p0 = reinterpret_cast<const uint16_t*>(w.slot[i * 8 + 2 * (lane % 4)]);
+      const auto* p1 = reinterpret_cast<const uint16_t*>(w.slot[i * 8 + 2 * (lane % 4) + 1]);
+      lo = p0[lane / 4];
+      hi = p1[lane / 4];
+    }
+    r[i] = uint32_t(lo) | (uint32_t(hi) << 16);
+  }
+  w.bar.arrive_and_wait();
 }
 
 }  // namespace pagoda_emu
