@@ -150,6 +150,33 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* row) {
 #endif
 }
 
+// cp.async (16 bytes, global -> shared, L2 only) with zero fill when !valid (then `src`
+// must still be a valid address; nothing is read). The emulator copies synchronously,
+// so a missing cp_async_wait is NOT found on the CPU (docs/gpu.md, limits).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+#ifdef __CUDACC__
+#if defined(__CUDA_ARCH__)
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
+#endif
+#else
+  if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 

@@ -23,15 +23,28 @@ constexpr unsigned kWarps = 4;
 constexpr unsigned kThreads = kWarps * 32;
 constexpr int kBM = 64;  // query rows per CTA (16 per warp)
 
-template <int D>
+// Shared memory: the Q tile and two K/V stages (double buffering: tile i+1 is copied by
+// cp.async while tile i is computed). When the three do not fit in 48 KiB of static
+// shared memory (D = 128), stage 1 reuses Q's space: Q lives in registers after the
+// first ldmatrix, and stage 1 is first written after a barrier that follows it.
+template <class T, int D>
 struct Tile {
-  static constexpr int BN = D <= 64 ? 64 : 32;  // keys per KV tile (fits 48 KiB static smem)
+  static constexpr int BN = D <= 64 ? 64 : 32;  // keys per KV tile
   static constexpr int STRIDE = D + 8;           // +16 bytes per row against bank conflicts
+  static constexpr int QE = kBM * STRIDE;        // elements of the Q tile
+  static constexpr int KVE = BN * STRIDE;        // elements of one K (or V) tile
+  static constexpr int STAGE = 2 * KVE;          // K then V
+  static constexpr bool ALIAS = (QE + 2 * STAGE) * int(sizeof(T)) > 48 * 1024;
+  static constexpr int S0 = ALIAS ? (QE > STAGE ? QE : STAGE) : QE;
+  static constexpr int S1 = ALIAS ? 0 : QE + STAGE;
+  static constexpr int ELEMS = (ALIAS ? S0 : S1) + STAGE;  // past the later stage
+  static_assert(ELEMS * int(sizeof(T)) <= 48 * 1024, "flash tile does not fit static smem");
 };
 
 template <class T, int D>
 __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
-  constexpr int BN = Tile<D>::BN, STRIDE = Tile<D>::STRIDE;
+  using Cfg = Tile<T, D>;
+  constexpr int BN = Cfg::BN, STRIDE = Cfg::STRIDE, KVE = Cfg::KVE;
   constexpr int KS = D / 16;   // k-steps of Q K^T
   constexpr int NT = BN / 8;   // n-tiles of S
   constexpr int PK = BN / 16;  // k-steps of P V
@@ -52,9 +65,10 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
   const T* kc = static_cast<const T*>(p.key_cache) + int64_t(kvh) * D;
   const T* vc = static_cast<const T*>(p.value_cache) + int64_t(kvh) * D;
 
-  alignas(16) __shared__ T q_s[kBM * STRIDE];
-  alignas(16) __shared__ T k_s[BN * STRIDE];
-  alignas(16) __shared__ T v_s[BN * STRIDE];
+  alignas(16) __shared__ T smem[Cfg::ELEMS];
+  T* const q_s = smem;
+  // Stage i's base (arithmetic, not an array: an indexed local array goes to the stack).
+  auto stage = [&](int i) { return smem + ((i & 1) ? Cfg::S1 : Cfg::S0); };
   const unsigned tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
   const int r0 = int(warp) * 16 + g;  // this lane holds rows r0 and r0 + 8 of the tile
@@ -62,13 +76,12 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
   for (int c = tid; c < kBM * CH; c += kThreads) {
     const int r = c / CH, cc = c % CH;
     const int qi = tile * kBM + r;
-    T* dst = &q_s[r * STRIDE + cc * 8];
-    if (qi < q_len) {
-      pg::copy16(dst, qg + (int64_t(q0 + qi) * p.num_heads + head) * D + cc * 8);
-    } else {
-      *reinterpret_cast<uint4*>(dst) = uint4{0, 0, 0, 0};
-    }
+    const bool valid = qi < q_len;
+    const T* src = valid ? qg + (int64_t(q0 + qi) * p.num_heads + head) * D + cc * 8 : qg;
+    pg::cp_async16(&q_s[r * STRIDE + cc * 8], src, valid);
   }
+  pg::cp_async_commit();
+  pg::cp_async_wait<0>();
   __syncthreads();
   // Q as A fragments (reg 0 = (r0, 2t..), 1 = (r1, 2t..), 2 = (r0, 2t+8..), 3 = (r1, 2t+8..))
   // by ldmatrix.x4: matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) of the warp's 16 rows.
@@ -87,23 +100,35 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
 
   // Keys up to the tile's last query position (causal), within the sequence.
   const int k_end = pg::imin(seq_len, ctx + pg::imin(q_len, (tile + 1) * kBM));
-  for (int kt = 0; kt < k_end; kt += BN) {
-    __syncthreads();  // every warp is done reading the previous tile
+  // K/V rows kt..kt+BN into a stage (rows past the sequence zero-filled), one commit group.
+  auto load_kv = [&](int kt, T* st) {
     for (int c = tid; c < BN * CH; c += kThreads) {
       const int r = c / CH, cc = c % CH;
       const int key = kt + r;
-      T* kd = &k_s[r * STRIDE + cc * 8];
-      T* vd = &v_s[r * STRIDE + cc * 8];
-      if (key < seq_len) {
-        const int64_t slot = int64_t(blocks[key / p.block_size]) * p.block_size + key % p.block_size;
-        pg::copy16(kd, kc + slot * kv_row + cc * 8);
-        pg::copy16(vd, vc + slot * kv_row + cc * 8);
-      } else {
-        *reinterpret_cast<uint4*>(kd) = uint4{0, 0, 0, 0};
-        *reinterpret_cast<uint4*>(vd) = uint4{0, 0, 0, 0};
-      }
+      const bool valid = key < seq_len;
+      const int64_t slot =
+          valid ? int64_t(blocks[key / p.block_size]) * p.block_size + key % p.block_size : 0;
+      pg::cp_async16(&st[r * STRIDE + cc * 8], kc + slot * kv_row + cc * 8, valid);
+      pg::cp_async16(&st[KVE + r * STRIDE + cc * 8], vc + slot * kv_row + cc * 8, valid);
     }
-    __syncthreads();
+    pg::cp_async_commit();
+  };
+  const int n_tiles = (k_end + BN - 1) / BN;  // >= 1: key 0 is always visible
+  load_kv(0, stage(0));
+  for (int it = 0; it < n_tiles; ++it) {
+    const int kt = it * BN;
+    if (it + 1 < n_tiles) {
+      // Every warp is done with the other stage (tile it - 1; at it == 0, Q's ldmatrix,
+      // which stage 1 may alias) before it is refilled.
+      __syncthreads();
+      load_kv(kt + BN, stage(it + 1));
+      pg::cp_async_wait<1>();  // this thread's copies of tile it have landed
+    } else {
+      pg::cp_async_wait<0>();
+    }
+    __syncthreads();  // ... and everyone's
+    const T* k_s = stage(it);
+    const T* v_s = k_s + KVE;
 
     // S = Q K^T. B (k = dim, n = key): b0 = K[n=g][2t..], b1 = K[g][2t+8..]. One
     // ldmatrix.x4 loads the B fragments of two k-steps: matrices = dims +0, +8, +16, +24
@@ -221,7 +246,7 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
 }  // namespace
 
 #define PG_FLASH(T, NAME, D)                                                            \
-  extern "C" __global__ void __launch_bounds__(kThreads)                                \
+  extern "C" __global__ void __launch_bounds__(kThreads, 2)                             \
       PG_SYM(pg_flash_##NAME##_d##D)(PgAttnParams p) {                                  \
     flash_body<T, D>(p);                                                                \
   }

@@ -1,7 +1,8 @@
-//! ThreadSanitizer over the emulator: a kernel missing its `__syncthreads()` is reported
-//! as a data race (and the same kernel with the barrier is not), and the real kernels run
-//! race-free. Builds with g++ `-fsanitize=thread` at test time (g++ and libtsan are part
-//! of the CI image: gcc 12).
+//! Sanitizers over the emulator, built with g++ at test time (gcc 12's libtsan/libasan):
+//! * ThreadSanitizer: a kernel missing its `__syncthreads()` is reported as a data race
+//!   (and the same kernel with the barrier is not), and the real kernels run race-free;
+//! * AddressSanitizer: the real kernels stay inside their buffers, shared memory
+//!   included (`__shared__` arrays are statics on the host, with redzones).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,17 +18,22 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-fn gxx() -> Command {
+/// g++ for the emulator with `-fsanitize=<sanitizer>`.
+fn gxx_with(sanitizer: &str) -> Command {
     let mut c = Command::new(std::env::var("CXX").unwrap_or_else(|_| "g++".into()));
     c.args([
         "-std=c++20",
         "-O1",
         "-g",
-        "-fsanitize=thread",
         "-pthread",
         "-Wno-unknown-pragmas",
     ]);
+    c.arg(format!("-fsanitize={sanitizer}"));
     c
+}
+
+fn gxx() -> Command {
+    gxx_with("thread")
 }
 
 fn compile(cmd: &mut Command) {
@@ -59,7 +65,7 @@ const RACE: &str = "WARNING: ThreadSanitizer: data race";
 #[test]
 fn missing_syncthreads_is_reported_as_a_race() {
     let dir = scratch("barrier");
-    let src = crate_dir().join("emu/tsan/barrier_probe.cu");
+    let src = crate_dir().join("emu/sanitize/barrier_probe.cu");
     let (good, bad) = (dir.join("good"), dir.join("bad"));
     compile(gxx().arg("-x").arg("c++").arg(&src).arg("-o").arg(&good));
     compile(
@@ -84,15 +90,15 @@ fn missing_syncthreads_is_reported_as_a_race() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-fn kernels_run_race_free_under_tsan() {
-    let dir = scratch("kernels");
+/// Builds the kernels and their driver with `sanitizer`; returns the binary.
+fn build_kernels(sanitizer: &str) -> (PathBuf, PathBuf) {
+    let dir = scratch(sanitizer);
     let cu = crate_dir().join("cu");
     let mut objs = Vec::new();
     for k in ["write_kv", "naive", "paged", "flash"] {
         let obj = dir.join(format!("{k}.o"));
         compile(
-            gxx()
+            gxx_with(sanitizer)
                 .arg("-x")
                 .arg("c++")
                 .arg("-c")
@@ -104,17 +110,41 @@ fn kernels_run_race_free_under_tsan() {
     }
     let bin = dir.join("kernels");
     compile(
-        gxx()
-            .arg(crate_dir().join("emu/tsan/kernels_main.cpp"))
+        gxx_with(sanitizer)
+            .arg(crate_dir().join("emu/sanitize/kernels_main.cpp"))
             .args(&objs)
             .arg("-o")
             .arg(&bin),
     );
+    (dir, bin)
+}
+
+#[test]
+fn kernels_run_race_free_under_tsan() {
+    let (dir, bin) = build_kernels("thread");
     let (out, err) = run(&bin);
     assert!(out.contains("ok"), "kernel launches failed:\n{out}\n{err}");
     assert!(
         !err.contains("ThreadSanitizer"),
         "TSan reports in the kernels:\n{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn kernels_stay_in_bounds_under_asan() {
+    let (dir, bin) = build_kernels("address");
+    let out = Command::new(&bin)
+        .env("ASAN_OPTIONS", "detect_leaks=0")
+        .output()
+        .expect("run");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.contains("ok") && !stderr.contains("AddressSanitizer"),
+        "ASan reports in the kernels:\n{stdout}\n{stderr}"
     );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -1,4 +1,4 @@
-// Runs the real kernels (write_kv, naive, paged with splits + merge, flash, mma probe)
+// Runs the real kernels (write_kv, naive, paged with splits + merge, flash)
 // once on small shapes under ThreadSanitizer: any race between emulated threads (a
 // missing barrier in a kernel) is reported. Correctness is the Rust tests' job.
 #include <cstdint>
@@ -11,6 +11,26 @@ extern "C" int pg_emu_write_kv(const PgWriteKvParams*, int);
 extern "C" int pg_emu_naive(const PgAttnParams*, int);
 extern "C" int pg_emu_paged(const PgAttnParams*, int);
 extern "C" int pg_emu_flash(const PgAttnParams*, int);
+
+// Flash over one sequence of 18 new tokens after `ctx` cached ones, head dim D: with
+// 118 keys it takes several KV tiles, so both cp.async stages (and, at D = 128, the
+// stage that reuses Q's shared memory) are refilled under TSan's eye.
+static int run_flash(int D, int ctx) {
+  const int H = 2, KVH = 1, BS = 16, q_len = 18, seq_len = ctx + q_len;
+  const int nb = (seq_len + BS - 1) / BS;
+  std::vector<int32_t> qsl = {0, q_len}, lens = {seq_len}, table(nb);
+  for (int i = 0; i < nb; ++i) table[i] = nb - 1 - i;
+  std::vector<uint16_t> q(q_len * H * D, 0x3e80), out(q.size()), kc(nb * BS * KVH * D, 0x3f00),
+      vc(kc.size(), 0x3f80);
+  std::vector<float> lse(q_len * H);
+  PgAttnParams p{};
+  p.q = q.data(); p.key_cache = kc.data(); p.value_cache = vc.data(); p.out = out.data();
+  p.lse = lse.data(); p.query_start_loc = qsl.data(); p.seq_lens = lens.data();
+  p.block_table = table.data(); p.seq_begin = 0; p.seq_end = 1; p.num_heads = H;
+  p.num_kv_heads = KVH; p.head_dim = D; p.block_size = BS; p.max_blocks_per_seq = nb;
+  p.max_q_len = q_len; p.num_splits = 1; p.scale = 0.125f;
+  return pg_emu_flash(&p, PG_BF16);
+}
 
 int main() {
   const int H = 2, KVH = 1, D = 64, BS = 16, NB = 4;
@@ -43,6 +63,8 @@ int main() {
   n.q = qf.data(); n.key_cache = kcf.data(); n.value_cache = vcf.data(); n.out = outf.data();
   n.seq_begin = 0; n.seq_end = 2; n.num_rows = tokens;
   rc |= pg_emu_naive(&n, PG_F32);
+  rc |= run_flash(64, 60);   // 2 KV tiles of 64
+  rc |= run_flash(128, 60);  // 3 KV tiles of 32, stage 1 aliasing Q
   std::printf(rc == 0 ? "ok\n" : "launch error\n");
   return rc;
 }
