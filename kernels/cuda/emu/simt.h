@@ -28,8 +28,11 @@
 //   * A thread that returns early must not be followed by a `__syncthreads()` of the
 //     others (they would wait for it forever; the GPU tolerates this in practice).
 //   * ldmatrix (m8n8 .x4, plain and .trans, b16) is emulated through the warp slots;
-//     cp.async, stmatrix, wgmma, TMA, clusters are not: hide them behind helpers with a
+//     cp.async (common.cuh) is a synchronous copy, so a missing wait_group is not found;
+//     stmatrix, wgmma, TMA, clusters are not emulated: hide them behind helpers with a
 //     host fallback.
+//   * Out-of-bounds accesses are not caught (a __shared__ overflow lands in other
+//     statics): build the kernels with -fsanitize=address (tests/sanitizers.rs).
 //   * Tensor-core rounding differs: the host sums the 16 products of an mma in f32 in
 //     order; hardware may accumulate with a different order and truncation. Tests need
 //     tolerances, never bit equality, for mma results.
