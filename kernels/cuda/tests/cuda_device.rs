@@ -6,11 +6,11 @@
 
 mod common;
 use common::*;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use half::bf16;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits};
+use half::{bf16, f16};
 use pagoda_cuda_kernels::cuda::{probe, CudaKernels, PTXAS_REPORT};
 use pagoda_cuda_kernels::{
-    emu, AttnParams, Element, Error, MmaProbeParams, SplitPlan, WriteKvParams,
+    emu, AttnParams, Dtype, Element, Error, MmaProbeParams, SplitPlan, WriteKvParams,
 };
 use std::sync::Arc;
 
@@ -64,21 +64,21 @@ fn up<T: cudarc::driver::DeviceRepr>(s: &Arc<CudaStream>, v: &[T]) -> CudaSlice<
 }
 
 /// Device copies of a case's buffers and the params that point at them.
-struct Dev {
-    q: CudaSlice<bf16>,
-    k: CudaSlice<bf16>,
-    v: CudaSlice<bf16>,
-    out: CudaSlice<bf16>,
+struct Dev<T> {
+    q: CudaSlice<T>,
+    k: CudaSlice<T>,
+    v: CudaSlice<T>,
+    out: CudaSlice<T>,
     lse: CudaSlice<f32>,
     qsl: CudaSlice<u32>,
     seq_lens: CudaSlice<u32>,
     table: CudaSlice<u32>,
 }
 
-fn params(
+fn params<T: Conv>(
     s: &Arc<CudaStream>,
-    d: &mut Dev,
-    case: &Case<bf16>,
+    d: &mut Dev<T>,
+    case: &Case<T>,
     seqs: std::ops::Range<usize>,
 ) -> AttnParams {
     let ptr = |p: u64| p as usize as *const std::ffi::c_void;
@@ -121,12 +121,11 @@ fn params(
     }
 }
 
-#[test]
-fn kernels_on_the_device_match_the_reference() {
-    let Some(kern) = device() else { return };
-    kern.preload().expect("load fatbins");
+/// naive over the whole batch, then paged (decode rows, split-KV + merge) and flash
+/// (prefill rows; bf16/f16 only) into a zeroed output, each against the f64 reference.
+fn device_case<T: Conv + DeviceRepr + ValidAsZeroBits>(kern: &CudaKernels, d: usize, bs: usize) {
     let s = kern.context().default_stream();
-    // Three decode rows then two prefill rows with context (chunked prefill).
+    // Three decode rows then two prefill rows, one with context (chunked prefill).
     let seqs = [
         SeqSpec { q_len: 1, ctx: 700 },
         SeqSpec { q_len: 1, ctx: 5 },
@@ -140,53 +139,66 @@ fn kernels_on_the_device_match_the_reference() {
             ctx: 500,
         },
     ];
-    for (d, bs) in [(128usize, 16usize), (64, 32)] {
-        let case = Case::<bf16>::new(&seqs, 8, 2, d, bs, 11);
-        let mut dev = Dev {
-            q: up(&s, &case.q),
-            k: up(&s, &case.k),
-            v: up(&s, &case.v),
-            out: s.alloc_zeros::<bf16>(case.q.len()).unwrap(),
-            lse: s.alloc_zeros::<f32>(case.num_tokens * 8).unwrap(),
-            qsl: up(&s, &case.qsl),
-            seq_lens: up(&s, &case.seq_lens),
-            table: up(&s, &case.block_table),
-        };
-        let (want, want_lse) = case.reference(0..5);
-        let tol_naive = tolerance::<bf16>(false);
-        // naive over everything.
-        let p = params(&s, &mut dev, &case, 0..5);
-        // SAFETY: every pointer is a live allocation of this context sized for `case`.
-        unsafe { kern.naive(&s, &p, bf16::DTYPE) }.unwrap();
-        let got = s.clone_dtoh(&dev.out).unwrap();
-        assert!(
-            max_err(&got, &want) <= tol_naive,
-            "naive d{d}: {}",
-            max_err(&got, &want)
-        );
-        check_lse(&s.clone_dtoh(&dev.lse).unwrap(), &want_lse).unwrap();
-        // paged (decode rows, split) then flash (prefill rows) into a zeroed output.
-        s.memset_zeros(&mut dev.out).unwrap();
-        let plan = SplitPlan::choose(2001, bs, 3 * 2, 132);
-        let (wo, wl) = plan.workspace_len(3, 8, d);
-        let mut split_out = s.alloc_zeros::<f32>(wo.max(1)).unwrap();
-        let mut split_lse = s.alloc_zeros::<f32>(wl.max(1)).unwrap();
-        let mut p = params(&s, &mut dev, &case, 0..3);
-        p.num_splits = plan.num_splits as i32;
-        p.partition_size = plan.partition_size as i32;
-        let (so, _x) = split_out.device_ptr_mut(&s);
-        let (sl, _y) = split_lse.device_ptr_mut(&s);
-        p.split_out = so as usize as *mut f32;
-        p.split_lse = sl as usize as *mut f32;
-        // SAFETY: as above; the split buffers hold workspace_len floats.
-        unsafe { kern.paged(&s, &p, bf16::DTYPE) }.unwrap();
+    let case = Case::<T>::new(&seqs, 8, 2, d, bs, 11);
+    let mut dev = Dev {
+        q: up(&s, &case.q),
+        k: up(&s, &case.k),
+        v: up(&s, &case.v),
+        out: s.alloc_zeros::<T>(case.q.len()).unwrap(),
+        lse: s.alloc_zeros::<f32>(case.num_tokens * 8).unwrap(),
+        qsl: up(&s, &case.qsl),
+        seq_lens: up(&s, &case.seq_lens),
+        table: up(&s, &case.block_table),
+    };
+    let (want, want_lse) = case.reference(0..5);
+    let what = format!("{:?} d{d} bs{bs}", T::DTYPE);
+    let p = params(&s, &mut dev, &case, 0..5);
+    // SAFETY: every pointer is a live allocation of this context sized for `case`.
+    unsafe { kern.naive(&s, &p, T::DTYPE) }.unwrap();
+    let err = max_err(&s.clone_dtoh(&dev.out).unwrap(), &want);
+    assert!(err <= tolerance::<T>(false), "naive {what}: {err}");
+    check_lse(&s.clone_dtoh(&dev.lse).unwrap(), &want_lse).unwrap();
+
+    s.memset_zeros(&mut dev.out).unwrap();
+    let plan = SplitPlan::choose(2001, bs, 3 * 2, 132);
+    let (wo, wl) = plan.workspace_len(3, 8, d);
+    let mut split_out = s.alloc_zeros::<f32>(wo.max(1)).unwrap();
+    let mut split_lse = s.alloc_zeros::<f32>(wl.max(1)).unwrap();
+    let mut p = params(&s, &mut dev, &case, 0..3);
+    p.num_splits = plan.num_splits as i32;
+    p.partition_size = plan.partition_size as i32;
+    let (so, _x) = split_out.device_ptr_mut(&s);
+    let (sl, _y) = split_lse.device_ptr_mut(&s);
+    p.split_out = so as usize as *mut f32;
+    p.split_lse = sl as usize as *mut f32;
+    // SAFETY: as above; the split buffers hold workspace_len floats.
+    unsafe { kern.paged(&s, &p, T::DTYPE) }.unwrap();
+    let decode_rows = case.qsl[3] as usize * 8 * d;
+    let got = s.clone_dtoh(&dev.out).unwrap();
+    let err = max_err(&got[..decode_rows], &want[..decode_rows]);
+    assert!(
+        err <= tolerance::<T>(false),
+        "paged {what} ({plan:?}): {err}"
+    );
+    if T::DTYPE != Dtype::F32 {
         let p = params(&s, &mut dev, &case, 3..5);
         // SAFETY: as above.
-        unsafe { kern.flash(&s, &p, bf16::DTYPE) }.unwrap();
+        unsafe { kern.flash(&s, &p, T::DTYPE) }.unwrap();
         let got = s.clone_dtoh(&dev.out).unwrap();
-        let err = max_err(&got, &want);
-        assert!(err <= tolerance::<bf16>(true), "paged+flash d{d}: {err}");
+        let err = max_err(&got[decode_rows..], &want[decode_rows..]);
+        assert!(err <= tolerance::<T>(true), "flash {what}: {err}");
         check_lse(&s.clone_dtoh(&dev.lse).unwrap(), &want_lse).unwrap();
+    }
+}
+
+#[test]
+fn kernels_on_the_device_match_the_reference() {
+    let Some(kern) = device() else { return };
+    kern.preload().expect("load fatbins");
+    for (d, bs) in [(128usize, 16usize), (64, 32)] {
+        device_case::<bf16>(&kern, d, bs);
+        device_case::<f16>(&kern, d, bs);
+        device_case::<f32>(&kern, d, bs);
     }
 }
 
