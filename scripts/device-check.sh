@@ -42,10 +42,11 @@ for l in sys.stdin:
   du -sh "$DIR" | sed 's/^/device-check: carry /'
 }
 
-# libcuda's folder on the GPU machine (its driver is mounted, not always in ld.so.conf).
+# libcuda's folder on the GPU machine (its driver is mounted, not always in ld.so.conf);
+# PAGODA_LIBCUDA_DIR names another one.
 find_driver() {
   local d
-  for d in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/cuda/compat; do
+  for d in ${PAGODA_LIBCUDA_DIR:-} /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/cuda/compat; do
     if [ -e "$d/libcuda.so.1" ]; then echo "$d"; return 0; fi
   done
   ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1/ {print $NF; exit}' | xargs -r dirname
