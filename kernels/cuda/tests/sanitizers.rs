@@ -45,19 +45,33 @@ fn compile(cmd: &mut Command) {
     );
 }
 
-/// Runs a TSan binary; returns (stdout, stderr). TSan's reports go to stderr.
+/// Runs a TSan binary; returns (stdout, stderr). TSan's reports go to stderr. Kernels
+/// with high mmap entropy make gcc 12's TSan refuse to start ("unexpected memory
+/// mapping"); then it runs again with ASLR off (setarch -R), as TSan's docs advise.
 fn run(bin: &Path) -> (String, String) {
-    let out = Command::new(bin)
-        .env(
-            "TSAN_OPTIONS",
-            "halt_on_error=0 exitcode=0 report_signal_unsafe=0",
+    let go = |cmd: &mut Command| {
+        let out = cmd
+            .env(
+                "TSAN_OPTIONS",
+                "halt_on_error=0 exitcode=0 report_signal_unsafe=0",
+            )
+            .output()
+            .expect("run the TSan binary");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
         )
-        .output()
-        .expect("run the TSan binary");
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    };
+    let (out, err) = go(&mut Command::new(bin));
+    if err.contains("unexpected memory mapping") {
+        let arch = if cfg!(target_arch = "aarch64") {
+            "aarch64"
+        } else {
+            "x86_64"
+        };
+        return go(Command::new("setarch").arg(arch).arg("-R").arg(bin));
+    }
+    (out, err)
 }
 
 const RACE: &str = "WARNING: ThreadSanitizer: data race";
