@@ -14,11 +14,12 @@
 /* Element types of q/out/K/V. Values are the ABI: Rust's `Dtype` repeats them. */
 enum { PG_F32 = 0, PG_BF16 = 1, PG_F16 = 2 };
 
-/* reshape_and_cache: f32 rows [num_tokens, num_kv_heads, head_dim] into the pools at
- * slot_mapping[token] (block = slot / block_size, offset = slot % block_size); -1 skips. */
+/* reshape_and_cache: rows [num_tokens, num_kv_heads, head_dim] of src_dtype into the
+ * pools (the dtype named at launch) at slot_mapping[token] (block = slot / block_size,
+ * offset = slot % block_size); -1 skips. */
 typedef struct PgWriteKvParams {
-  const float* key;
-  const float* value;
+  const void* key;
+  const void* value;
   void* key_cache;
   void* value_cache;
   const int64_t* slot_mapping;
@@ -26,6 +27,8 @@ typedef struct PgWriteKvParams {
   int32_t num_kv_heads;
   int32_t head_dim;
   int32_t block_size;
+  int32_t src_dtype; /* PG_F32, PG_BF16 or PG_F16 */
+  int32_t pad;
 } PgWriteKvParams;
 
 /* One struct for naive, paged and flash attention; each kernel reads what it needs.

@@ -1,4 +1,4 @@
-// write_kv (vLLM's reshape_and_cache): the step's new K/V rows, f32
+// write_kv (vLLM's reshape_and_cache): the step's new K/V rows (f32, bf16 or f16)
 // [num_tokens, num_kv_heads, head_dim], into the paged pools
 // [num_blocks, block_size, num_kv_heads, head_dim] of f32/bf16/f16 at slot_mapping[token];
 // slot -1 (padding) is skipped. One block per token; the pool row of a slot is contiguous
@@ -8,19 +8,29 @@
 namespace {
 constexpr unsigned kThreads = 256;
 
+// Element i of a source row of the given dtype, as f32 (the switch is uniform per launch).
+__device__ __forceinline__ float load_src(const void* row, int64_t i, int dtype) {
+  switch (dtype) {
+    case PG_BF16: return pg::Dt<pg::bf16>::to(static_cast<const pg::bf16*>(row)[i]);
+    case PG_F16: return pg::Dt<pg::f16>::to(static_cast<const pg::f16*>(row)[i]);
+    default: return static_cast<const float*>(row)[i];
+  }
+}
+
 template <class T>
 __device__ __forceinline__ void write_kv_body(const PgWriteKvParams& p) {
   const int token = blockIdx.x;
   const int64_t slot = p.slot_mapping[token];
   if (slot < 0) return;
   const int64_t row = int64_t(p.num_kv_heads) * p.head_dim;
-  const float* k = p.key + token * row;
-  const float* v = p.value + token * row;
+  const int esz = p.src_dtype == PG_F32 ? 4 : 2;
+  const void* k = static_cast<const char*>(p.key) + token * row * esz;
+  const void* v = static_cast<const char*>(p.value) + token * row * esz;
   T* kc = static_cast<T*>(p.key_cache) + slot * row;
   T* vc = static_cast<T*>(p.value_cache) + slot * row;
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
-    kc[i] = pg::Dt<T>::from(k[i]);
-    vc[i] = pg::Dt<T>::from(v[i]);
+    kc[i] = pg::Dt<T>::from(load_src(k, i, p.src_dtype));
+    vc[i] = pg::Dt<T>::from(load_src(v, i, p.src_dtype));
   }
 }
 }  // namespace

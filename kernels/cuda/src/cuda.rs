@@ -11,6 +11,10 @@
 //! filled when a module is first used; [`CudaKernels::preload`] fills them all, e.g.
 //! before capturing a CUDA graph).
 
+/// The cudarc this crate was built with (allocate buffers and streams with it, so the
+/// versions always match).
+pub use cudarc;
+
 use crate::params::{AttnParams, Launch, MmaProbeParams, WriteKvParams};
 use crate::{flash_head_dims, paged_head_dims, Dtype, Error};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};

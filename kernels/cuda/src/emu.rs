@@ -352,12 +352,12 @@ pub fn flash_planted_bug<T: Element>(
     flash_impl(io, batch, shape, ffi::pg_emu_flash_planted)
 }
 
-/// reshape_and_cache: f32 rows `[slot_mapping.len(), num_kv_heads, head_dim]` into the
-/// pools at their slots (`-1` skipped). Only `num_kv_heads`, `head_dim` and `block_size`
-/// of `shape` matter.
-pub fn write_kv<T: Element>(
-    key: &[f32],
-    value: &[f32],
+/// reshape_and_cache: rows `[slot_mapping.len(), num_kv_heads, head_dim]` (f32, bf16 or
+/// f16) into the pools at their slots (`-1` skipped), converted to the pools' type. Only
+/// `num_kv_heads`, `head_dim` and `block_size` of `shape` matter.
+pub fn write_kv<S: Element, T: Element>(
+    key: &[S],
+    value: &[S],
     key_cache: &mut [T],
     value_cache: &mut [T],
     slot_mapping: &[i64],
@@ -384,8 +384,8 @@ pub fn write_kv<T: Element>(
         return Ok(());
     }
     let p = WriteKvParams {
-        key: key.as_ptr(),
-        value: value.as_ptr(),
+        key: key.as_ptr().cast(),
+        value: value.as_ptr().cast(),
         key_cache: key_cache.as_mut_ptr().cast(),
         value_cache: value_cache.as_mut_ptr().cast(),
         slot_mapping: slot_mapping.as_ptr(),
@@ -393,6 +393,8 @@ pub fn write_kv<T: Element>(
         num_kv_heads: to_i32("num_kv_heads", shape.num_kv_heads)?,
         head_dim: to_i32("head_dim", shape.head_dim)?,
         block_size: to_i32("block_size", shape.block_size)?,
+        src_dtype: S::DTYPE as i32,
+        pad: 0,
     };
     // SAFETY: lengths checked above; every slot is -1 or inside the pools.
     let rc = unsafe { ffi::pg_emu_write_kv(&p, T::DTYPE as i32) };

@@ -5,15 +5,15 @@
 use std::ffi::c_void;
 use std::ptr;
 
-/// `PgWriteKvParams`: f32 rows `[num_tokens, num_kv_heads, head_dim]` into the pools
-/// `[num_blocks, block_size, num_kv_heads, head_dim]` at `slot_mapping` (-1 skipped).
+/// `PgWriteKvParams`: rows `[num_tokens, num_kv_heads, head_dim]` of `src_dtype` into the
+/// pools `[num_blocks, block_size, num_kv_heads, head_dim]` at `slot_mapping` (-1 skipped).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct WriteKvParams {
-    /// New keys, f32.
-    pub key: *const f32,
-    /// New values, f32.
-    pub value: *const f32,
+    /// New keys (`src_dtype`).
+    pub key: *const c_void,
+    /// New values (`src_dtype`).
+    pub value: *const c_void,
     /// Key pool (the dtype given at launch).
     pub key_cache: *mut c_void,
     /// Value pool.
@@ -28,6 +28,10 @@ pub struct WriteKvParams {
     pub head_dim: i32,
     /// Tokens per cache block.
     pub block_size: i32,
+    /// Element type of `key`/`value`: a [`crate::Dtype`] as i32.
+    pub src_dtype: i32,
+    /// Padding (write 0).
+    pub pad: i32,
 }
 
 /// `PgAttnParams`: one struct for naive, paged and flash attention (each reads what it

@@ -231,8 +231,8 @@ fn write_kv_on_the_device_matches_the_emulator() {
         let (e, _e) = dvc.device_ptr_mut(&s);
         let (f, _f) = ds.device_ptr(&s);
         let p = WriteKvParams {
-            key: a as usize as *const f32,
-            value: b as usize as *const f32,
+            key: a as usize as *const _,
+            value: b as usize as *const _,
             key_cache: c as usize as *mut _,
             value_cache: e as usize as *mut _,
             slot_mapping: f as usize as *const i64,
@@ -240,6 +240,8 @@ fn write_kv_on_the_device_matches_the_emulator() {
             num_kv_heads: kvh as i32,
             head_dim: d as i32,
             block_size: bs as i32,
+            src_dtype: Dtype::F32 as i32,
+            pad: 0,
         };
         // SAFETY: live allocations of the sizes `p` states; slots inside the pools.
         unsafe { kern.write_kv(&s, &p, bf16::DTYPE) }.unwrap();

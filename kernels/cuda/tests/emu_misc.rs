@@ -8,7 +8,8 @@ use pagoda_cuda_kernels::emu::{self, Batch, Io, Shape};
 use pagoda_cuda_kernels::{AttnParams, Launch, WriteKvParams};
 use proptest::prelude::*;
 
-fn write_kv_case<T: Conv>(slots: &[i64], kvh: usize, d: usize, bs: usize, blocks: usize) {
+/// Source rows of type S into pools of type T.
+fn write_kv_case<S: Conv, T: Conv>(slots: &[i64], kvh: usize, d: usize, bs: usize, blocks: usize) {
     let shape = Shape {
         num_heads: kvh,
         num_kv_heads: kvh,
@@ -18,8 +19,12 @@ fn write_kv_case<T: Conv>(slots: &[i64], kvh: usize, d: usize, bs: usize, blocks
     };
     let mut rng = Rng(7);
     let row = kvh * d;
-    let key: Vec<f32> = (0..slots.len() * row).map(|_| rng.unit()).collect();
-    let value: Vec<f32> = (0..slots.len() * row).map(|_| rng.unit()).collect();
+    let key: Vec<S> = (0..slots.len() * row)
+        .map(|_| S::from_f32(rng.unit()))
+        .collect();
+    let value: Vec<S> = (0..slots.len() * row)
+        .map(|_| S::from_f32(rng.unit()))
+        .collect();
     let fill = T::from_f32(9.0);
     let mut kc = vec![fill; blocks * bs * row];
     let mut vc = vec![fill; blocks * bs * row];
@@ -29,8 +34,9 @@ fn write_kv_case<T: Conv>(slots: &[i64], kvh: usize, d: usize, bs: usize, blocks
     for (t, &s) in slots.iter().enumerate() {
         if s >= 0 {
             for i in 0..row {
-                want_k[s as usize * row + i] = T::from_f32(key[t * row + i]).to_f64();
-                want_v[s as usize * row + i] = T::from_f32(value[t * row + i]).to_f64();
+                let conv = |x: S| T::from_f32(x.to_f64() as f32).to_f64();
+                want_k[s as usize * row + i] = conv(key[t * row + i]);
+                want_v[s as usize * row + i] = conv(value[t * row + i]);
             }
         }
     }
@@ -42,9 +48,13 @@ fn write_kv_case<T: Conv>(slots: &[i64], kvh: usize, d: usize, bs: usize, blocks
 #[test]
 fn write_kv_all_dtypes() {
     let slots = [3i64, -1, 0, 17, 9];
-    write_kv_case::<f32>(&slots, 2, 8, 4, 5);
-    write_kv_case::<bf16>(&slots, 2, 64, 16, 2);
-    write_kv_case::<f16>(&slots, 3, 24, 6, 3);
+    write_kv_case::<f32, f32>(&slots, 2, 8, 4, 5);
+    write_kv_case::<f32, bf16>(&slots, 2, 64, 16, 2);
+    write_kv_case::<f32, f16>(&slots, 3, 24, 6, 3);
+    write_kv_case::<bf16, bf16>(&slots, 2, 64, 16, 2);
+    write_kv_case::<f16, f16>(&slots, 1, 16, 16, 2);
+    write_kv_case::<bf16, f32>(&slots, 1, 16, 4, 5);
+    write_kv_case::<f16, bf16>(&slots, 1, 16, 4, 5);
 }
 
 #[test]

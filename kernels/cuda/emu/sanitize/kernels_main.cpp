@@ -42,7 +42,7 @@ int main() {
   std::vector<uint16_t> kc(NB * BS * KVH * D, 0x3f80), vc(kc.size(), 0x3f80);  // bf16 1.0
   std::vector<int64_t> slots(tokens);
   for (int t = 0; t < tokens; ++t) slots[t] = 40 + t;
-  PgWriteKvParams w{kf.data(), vf.data(), kc.data(), vc.data(), slots.data(), tokens, KVH, D, BS};
+  PgWriteKvParams w{kf.data(), vf.data(), kc.data(), vc.data(), slots.data(), tokens, KVH, D, BS, PG_F32, 0};
   int rc = pg_emu_write_kv(&w, PG_BF16);
 
   std::vector<uint16_t> q(tokens * H * D, 0x3f00), out(q.size());
