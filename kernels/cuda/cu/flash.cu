@@ -23,22 +23,20 @@ constexpr unsigned kWarps = 4;
 constexpr unsigned kThreads = kWarps * 32;
 constexpr int kBM = 64;  // query rows per CTA (16 per warp)
 
-// Shared memory: the Q tile and two K/V stages (double buffering: tile i+1 is copied by
-// cp.async while tile i is computed). When the three do not fit in 48 KiB of static
-// shared memory (D = 128), stage 1 reuses Q's space: Q lives in registers after the
-// first ldmatrix, and stage 1 is first written after a barrier that follows it.
+// Shared memory (dynamic): the Q tile and two K/V stages of 64 keys (double buffering:
+// tile i+1 is copied by cp.async while tile i is computed). 45 KiB at d64, 85 KiB at d128
+// (above the 48 KiB default: the CUDA side raises the kernel's dynamic shared memory
+// limit when it loads the module; two CTAs per SM fit on sm_80 and sm_90).
 template <class T, int D>
 struct Tile {
-  static constexpr int BN = D <= 64 ? 64 : 32;  // keys per KV tile
-  static constexpr int STRIDE = D + 8;           // +16 bytes per row against bank conflicts
-  static constexpr int QE = kBM * STRIDE;        // elements of the Q tile
-  static constexpr int KVE = BN * STRIDE;        // elements of one K (or V) tile
-  static constexpr int STAGE = 2 * KVE;          // K then V
-  static constexpr bool ALIAS = (QE + 2 * STAGE) * int(sizeof(T)) > 48 * 1024;
-  static constexpr int S0 = ALIAS ? (QE > STAGE ? QE : STAGE) : QE;
-  static constexpr int S1 = ALIAS ? 0 : QE + STAGE;
-  static constexpr int ELEMS = (ALIAS ? S0 : S1) + STAGE;  // past the later stage
-  static_assert(ELEMS * int(sizeof(T)) <= 48 * 1024, "flash tile does not fit static smem");
+  static constexpr int BN = 64;               // keys per KV tile
+  static constexpr int STRIDE = D + 8;        // +16 bytes per row against bank conflicts
+  static constexpr int QE = kBM * STRIDE;     // elements of the Q tile
+  static constexpr int KVE = BN * STRIDE;     // elements of one K (or V) tile
+  static constexpr int STAGE = 2 * KVE;       // K then V
+  static constexpr int S0 = QE, S1 = QE + STAGE;
+  static constexpr int ELEMS = QE + 2 * STAGE;
+  static constexpr unsigned BYTES = unsigned(ELEMS * sizeof(T));
 };
 
 template <class T, int D>
@@ -65,7 +63,7 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
   const T* kc = static_cast<const T*>(p.key_cache) + int64_t(kvh) * D;
   const T* vc = static_cast<const T*>(p.value_cache) + int64_t(kvh) * D;
 
-  alignas(16) __shared__ T smem[Cfg::ELEMS];
+  PG_DYN_SHARED(T, smem);  // Cfg::BYTES, 16-byte aligned
   T* const q_s = smem;
   // Stage i's base (arithmetic, not an array: an indexed local array goes to the stack).
   auto stage = [&](int i) { return smem + ((i & 1) ? Cfg::S1 : Cfg::S0); };
@@ -118,8 +116,7 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
   for (int it = 0; it < n_tiles; ++it) {
     const int kt = it * BN;
     if (it + 1 < n_tiles) {
-      // Every warp is done with the other stage (tile it - 1; at it == 0, Q's ldmatrix,
-      // which stage 1 may alias) before it is refilled.
+      // Every warp is done with the other stage (tile it - 1) before it is refilled.
       __syncthreads();
       load_kv(kt + BN, stage(it + 1));
       pg::cp_async_wait<1>();  // this thread's copies of tile it have landed
@@ -257,10 +254,14 @@ PG_FLASH(pg::f16, f16, 128)
 
 #if PG_HOST_ONLY
 extern "C" PgLaunch PG_SYM(pg_flash_launch)(const PgAttnParams* p) {
+  // bf16 and f16 tiles have the same size.
+  const unsigned smem = p->head_dim == 64 ? Tile<pg::bf16, 64>::BYTES
+                        : p->head_dim == 128 ? Tile<pg::bf16, 128>::BYTES
+                                             : 0;
   return PgLaunch{{uint32_t((p->max_q_len + kBM - 1) / kBM), uint32_t(p->num_heads),
                    uint32_t(p->seq_end - p->seq_begin)},
                   {kThreads, 1, 1},
-                  0};
+                  smem};
 }
 
 extern "C" int PG_SYM(pg_emu_flash)(const PgAttnParams* p, int dtype) {

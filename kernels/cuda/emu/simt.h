@@ -100,13 +100,13 @@ struct Warp {
 };
 
 struct Block {
-  Block(unsigned threads, size_t dyn_bytes) : bar(threads), dyn((dyn_bytes + 15) / 16 + 1) {
+  Block(unsigned threads, size_t dyn_bytes) : bar(threads), dyn(std::max<size_t>(1, (dyn_bytes + 15) / 16)) {
     for (unsigned w = 0; w * 32 < threads; ++w)
       warps.push_back(std::make_unique<Warp>(std::min(32u, threads - w * 32)));
   }
   std::barrier<> bar;
   std::vector<std::unique_ptr<Warp>> warps;
-  std::vector<uint4> dyn;  // dynamic shared memory, 16-byte aligned
+  std::vector<uint4> dyn;  // dynamic shared memory, 16-byte aligned, exact size (ASan sees overflows)
 };
 
 inline thread_local Block* tl_block = nullptr;

@@ -163,7 +163,22 @@ impl CudaKernels {
                 .map_err(drv)?;
             let mut fns = HashMap::new();
             for &name in spec.functions {
-                fns.insert(name, module.load_function(name).map_err(drv)?);
+                let f = module.load_function(name).map_err(drv)?;
+                if m == FLASH {
+                    // Its d128 tile needs more than the default 48 KiB of dynamic shared
+                    // memory; the limit is per function and must be raised before launch.
+                    let p = AttnParams {
+                        head_dim: 128,
+                        ..AttnParams::default()
+                    };
+                    let bytes = i32::try_from(p.flash_launch().shared_bytes).unwrap_or(i32::MAX);
+                    f.set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes,
+                    )
+                    .map_err(drv)?;
+                }
+                fns.insert(name, f);
             }
             Ok((module, fns))
         });
