@@ -379,7 +379,7 @@ fn split_shapes(shape: Shape, at: usize) -> (Shape, Shape) {
     let dims = shape.dims();
     let row: usize = dims.iter().skip(1).product();
     let n = shape.numel();
-    if dims.len() > 1 && row > 0 && at % row == 0 {
+    if dims.len() > 1 && row > 0 && at.is_multiple_of(row) {
         let (mut a, mut b) = (shape, shape);
         a.dims[0] = at / row;
         b.dims[0] = (n - at) / row;
