@@ -76,6 +76,25 @@ impl Isa {
     }
 }
 
+/// Whether the CPU has AVX-512 BW and VNNI (`vpdpbusd`), for the int8 kernels of
+/// [`crate::quant`]; false under `PAGODA_DISABLE_AVX512=1`. Not an [`Isa`] level:
+/// VNNI and BF16 come in either order (Intel Cascade Lake has VNNI only).
+pub fn avx512_vnni() -> bool {
+    static VNNI: OnceLock<bool> = OnceLock::new();
+    Isa::detect().avx512() && *VNNI.get_or_init(probe_vnni)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn probe_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn probe_vnni() -> bool {
+    false
+}
+
 /// The CPU's `(avx2 + fma, avx512f, avx512bw + avx512bf16)`.
 #[cfg(target_arch = "x86_64")]
 fn probe() -> (bool, bool, bool) {

@@ -20,6 +20,7 @@ pub mod matmul;
 pub mod norm;
 pub mod packed;
 pub mod packed_bf16;
+pub mod quant;
 pub mod rope;
 pub mod simd;
 
@@ -34,4 +35,5 @@ pub use matmul::matmul_t_ref;
 pub use norm::{add_rms_norm, rms_norm, rms_norm_ref};
 pub use packed::{matmul_packed, PackedMatrix, PANEL};
 pub use packed_bf16::{matmul_packed_bf16, PackedMatrixBf16};
+pub use quant::{matmul_quant, QuantFormat, QuantKernel, QuantMatrix};
 pub use rope::{inv_freq, rope_ref, Llama3Scaling, RopeCache};
