@@ -134,6 +134,8 @@ pub struct QuantMatrix {
     n: usize,
     k: usize,
     storage: Storage,
+    /// The format it came from (`Q4_1`, ...; `Q8_0` when quantized at load).
+    format_name: &'static str,
     /// `n.div_ceil(QP) * k / QB` records of `storage.record_bytes()`.
     data: Vec<Chunk>,
 }
@@ -161,6 +163,11 @@ impl QuantMatrix {
 
     pub fn storage(&self) -> Storage {
         self.storage
+    }
+
+    /// The format it came from (`Q4_1`, ...; `Q8_0` when quantized at load).
+    pub fn format_name(&self) -> &'static str {
+        self.format_name
     }
 
     /// Bytes held, padding included.
@@ -250,13 +257,45 @@ pub fn matmul_quant(
     out: &mut [f32],
     m: usize,
 ) -> Result<(), KernelError> {
+    matmul_quant_fused(x, std::slice::from_ref(w), out, m)
+}
+
+/// [`matmul_quant`] for a matrix stored as consecutive row ranges `parts` (a
+/// fused projection whose parts have different formats): `x` is quantized once,
+/// each part writes its columns of `out[m, Σ n]`.
+pub fn matmul_quant_fused(
+    x: &[f32],
+    parts: &[QuantMatrix],
+    out: &mut [f32],
+    m: usize,
+) -> Result<(), KernelError> {
     thread_local! {
         static ACTS: std::cell::RefCell<QuantActs> = std::cell::RefCell::new(QuantActs::default());
     }
-    check_len("out", out.len(), m * w.n)?;
+    let n: usize = parts.iter().map(|p| p.n).sum();
+    let k = parts.first().map_or(0, |p| p.k);
+    check_len("out", out.len(), m * n)?;
+    if let Some(p) = parts.iter().find(|p| p.k != k) {
+        return Err(KernelError::ShapeMismatch {
+            name: "parts",
+            expected: k,
+            actual: p.k,
+        });
+    }
+    if m == 0 {
+        return Ok(());
+    }
+    let kernel = QuantKernel::detect();
     ACTS.with_borrow_mut(|acts| {
-        acts.quantize(x, m, w.k)?;
-        matmul_quant_acts(acts, w, out, w.n, QuantKernel::detect())
+        acts.quantize(x, m, k)?;
+        let mut col = 0;
+        for p in parts {
+            // Rows at stride n from column `col`: the last row ends at col + p.n.
+            let end = (m - 1) * n + col + p.n;
+            matmul_quant_acts(acts, p, &mut out[col..end], n, kernel)?;
+            col += p.n;
+        }
+        Ok(())
     })
 }
 
@@ -284,7 +323,7 @@ pub fn matmul_quant_acts(
             actual: acts.k(),
         });
     }
-    if ldo < n || out.len() < m.saturating_sub(1) * ldo + n {
+    if m > 0 && (ldo < n || out.len() < (m - 1) * ldo + n) {
         return Err(KernelError::InvalidArgument {
             name: "out",
             message: format!("{} elements at stride {ldo} for {m} x {n}", out.len()),

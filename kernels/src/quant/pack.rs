@@ -169,7 +169,7 @@ impl QuantMatrix {
         }
         let row_bytes = k / be * bb;
         crate::error::check_len("data", data.len(), n * row_bytes)?;
-        Ok(Self::build(fmt.storage(), n, k, |r, sb| {
+        Ok(Self::build(fmt.storage(), fmt.name(), n, k, |r, sb| {
             let blk = &data[r * row_bytes + sb * QB / be * bb..][..bb];
             canon(fmt, blk, sb % (be / QB))
         }))
@@ -185,7 +185,7 @@ impl QuantMatrix {
             });
         }
         crate::error::check_len("w", w.len(), n * k)?;
-        Ok(Self::build(Storage::Bytes, n, k, |r, sb| {
+        Ok(Self::build(Storage::Bytes, "Q8_0", n, k, |r, sb| {
             let x = &w[r * k + sb * QB..][..QB];
             let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
             let d = amax / 127.0;
@@ -203,6 +203,7 @@ impl QuantMatrix {
     /// Packs `n` rows, block `sb` of row `r` given by `block(r, sb)`.
     fn build(
         storage: Storage,
+        format_name: &'static str,
         n: usize,
         k: usize,
         block: impl Fn(usize, usize) -> Canon + Sync,
@@ -232,6 +233,7 @@ impl QuantMatrix {
             n,
             k,
             storage,
+            format_name,
             data,
         }
     }
