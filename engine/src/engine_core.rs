@@ -100,6 +100,12 @@ impl EngineCore {
         };
         tracing::info!("linear-layer weights: {:?}", config.weight_dtype);
         let model = Llama::new_with_dtype(model_config, weights, config.weight_dtype)?;
+        for (kind, bytes) in model.weight_summary() {
+            tracing::info!(
+                "linear-layer weights: {kind}, {:.1} MiB",
+                bytes as f64 / (1 << 20) as f64
+            );
+        }
         let runner = ModelRunner::new(model, KvCache::new(spec), attn, eos_token_ids);
         release_freed_memory();
         let scheduler = Scheduler::new(SchedulerConfig {
