@@ -114,22 +114,6 @@ fn ld512f(rec: &[u8], o: usize) -> __m512 {
     _mm512_castsi512_ps(ld512(rec, o))
 }
 
-/// 32 bytes of a record at `o`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn ld256(rec: &[u8], o: usize) -> __m256i {
-    let v = &rec[o..o + 32];
-    // SAFETY: `v` holds the 32 bytes read; unaligned loads are allowed.
-    unsafe { _mm256_loadu_si256(v.as_ptr() as *const _) }
-}
-
-/// 8 f32 of a record at byte `o`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn ld256f(rec: &[u8], o: usize) -> __m256 {
-    _mm256_castsi256_ps(ld256(rec, o))
-}
-
 /// # Safety
 /// As [`tile_vnni`] with `h = H`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
@@ -200,6 +184,8 @@ unsafe fn vnni<const S: u8, const H: usize>(
 
 /// # Safety
 /// As [`tile_avx2`] with `h = H`.
+///
+/// The hot loop reads through raw pointers (bounds-checked slices cost ~40 % here).
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::needless_range_loop)]
 unsafe fn avx2<const S: u8, const H: usize>(
@@ -212,7 +198,12 @@ unsafe fn avx2<const S: u8, const H: usize>(
 ) {
     let st = storage_of(S);
     let (rb, qo) = (st.record_bytes(), st.quant_offset());
+    let kb = recs.len() / rb;
     let rows = rows::<H>(acts, r0);
+    // Every row has kb blocks of QB int8 (QuantActs' layout), checked once here.
+    for (a, blocks) in &rows {
+        assert!(a.len() >= kb * QB && blocks.len() >= kb);
+    }
     let m4 = _mm256_set1_epi8(0x0F);
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
@@ -222,39 +213,53 @@ unsafe fn avx2<const S: u8, const H: usize>(
             break;
         }
         let mut acc = [_mm256_setzero_ps(); H];
-        for (b, rec) in recs.chunks_exact(rb).enumerate() {
+        for b in 0..kb {
+            // SAFETY: record b of kb lies inside `recs`; every offset below
+            // (scales at 128·hh + lo, offsets at 128·hh + 64 + lo, integers at
+            // qo + 64·g + lo) plus 32 bytes stays inside its `rb` bytes.
+            let r = unsafe { recs.as_ptr().add(b * rb) };
+            // SAFETY: `o` is one of the offsets above: 32 bytes inside the record.
+            let ld = |o: usize| unsafe { _mm256_loadu_si256(r.add(o) as *const __m256i) };
+            // SAFETY: as for `ld`.
+            let ldf = |o: usize| unsafe { _mm256_loadu_ps(r.add(o) as *const f32) };
             let mut w = [_mm256_setzero_si256(); 8];
             let mut wa = [_mm256_setzero_si256(); 8];
             if S == NIB {
                 for t in 0..4 {
-                    let c = ld256(rec, qo + 64 * t + lo);
+                    let c = ld(qo + 64 * t + lo);
                     w[t] = _mm256_and_si256(c, m4);
                     w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
                 }
             } else {
                 for g in 0..8 {
-                    let c = ld256(rec, qo + 64 * g + lo);
-                    w[g] = _mm256_xor_si256(c, flip); // q = u - 128, as i8
+                    w[g] = _mm256_xor_si256(ld(qo + 64 * g + lo), flip); // q = u - 128
                     wa[g] = _mm256_abs_epi8(w[g]);
                 }
             }
             for i in 0..H {
-                let (a, ab) = (rows[i].0, &rows[i].1[b]);
+                // SAFETY: b < kb, checked against both row buffers above.
+                let (ab, ap) = unsafe {
+                    (
+                        &*rows[i].1.as_ptr().add(b),
+                        rows[i].0.as_ptr().add(b * QB) as *const i32,
+                    )
+                };
+                // SAFETY: group g (< 8) of the block: 4 bytes inside its 32.
+                let av = |g: usize| _mm256_set1_epi32(unsafe { ap.add(g).read_unaligned() });
                 let d = _mm256_set1_ps(ab.d);
                 // Exact Σ u·a over groups g0..g1 as 8 i32 lanes.
                 let isum = |g0: usize, g1: usize, s: i32| {
                     if S == NIB {
-                        let mut p = _mm256_setzero_si256();
-                        for g in g0..g1 {
-                            let av = _mm256_set1_epi32(group(a, b, g));
-                            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[g], av));
+                        let mut p = _mm256_maddubs_epi16(w[g0], av(g0));
+                        for g in g0 + 1..g1 {
+                            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[g], av(g)));
                         }
                         _mm256_madd_epi16(p, ones)
                     } else {
                         let mut p = _mm256_set1_epi32(128 * s);
                         for g in g0..g1 {
-                            let av = _mm256_sign_epi8(_mm256_set1_epi32(group(a, b, g)), w[g]);
-                            let pg = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[g], av), ones);
+                            let sa = _mm256_sign_epi8(av(g), w[g]);
+                            let pg = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[g], sa), ones);
                             p = _mm256_add_epi32(p, pg);
                         }
                         p
@@ -263,16 +268,14 @@ unsafe fn avx2<const S: u8, const H: usize>(
                 if S == B16 {
                     for hh in 0..2 {
                         let s = isum(4 * hh, 4 * hh + 4, ab.s16[hh]);
-                        let sc = ld256f(rec, 128 * hh + lo);
-                        let mn = ld256f(rec, 128 * hh + 64 + lo);
+                        let (sc, mn) = (ldf(128 * hh + lo), ldf(128 * hh + 64 + lo));
                         acc[i] =
                             _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sc, d), acc[i]);
                         acc[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ab.a16[hh]), acc[i]);
                     }
                 } else {
                     let s = isum(0, 8, ab.s16[0] + ab.s16[1]);
-                    let sc = ld256f(rec, lo);
-                    let mn = ld256f(rec, 64 + lo);
+                    let (sc, mn) = (ldf(lo), ldf(64 + lo));
                     acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sc, d), acc[i]);
                     acc[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ab.a32), acc[i]);
                 }
