@@ -18,7 +18,7 @@ use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::linear::{Linear, WeightDtype};
 use crate::weights::{LlamaWeights, Mat};
-use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, LayerIo};
+use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, LayerIo, TensorMut, TensorRef};
 use pagoda_kernels::{
     add_rms_norm, rms_norm, silu_mul_fused, KernelError, Llama3Scaling, RopeCache,
 };
@@ -460,20 +460,25 @@ impl Llama {
         self.rope
             .apply(&mut s.k, c.num_kv_heads, positions)
             .map_err(kernel)?;
+        // Activations live in host memory; they are tagged with the cache's device
+        // (cpu, or emu when the CUDA kernels run emulated on the host).
+        let device = kv.device();
         let pools = &mut kv.layers[l];
+        let (k_pool, v_pool) = pools.views_mut();
         attn.write_kv(
-            &mut pools.k,
-            &mut pools.v,
-            &s.k,
-            &s.v,
+            k_pool,
+            v_pool,
+            TensorRef::host(device, &s.k)?,
+            TensorRef::host(device, &s.v)?,
             batch.slot_mapping(),
             kv_dim,
         )?;
+        let (k_cache, v_cache) = pools.views();
         attn.run(LayerIo {
-            q: &s.q,
-            k_cache: &pools.k,
-            v_cache: &pools.v,
-            out: &mut s.attn,
+            q: TensorRef::host(device, &s.q)?,
+            k_cache,
+            v_cache,
+            out: TensorMut::host(device, &mut s.attn)?,
             lse: None,
         })?;
         Ok(())

@@ -115,6 +115,7 @@ fn check_no_alloc(dtype: WeightDtype) {
         block_size: bs,
         num_kv_heads: 2,
         head_dim: 64,
+        dtype: pagoda_core::DType::F32,
     };
     let mut kv = KvCache::new(spec);
     let mut backend = NaiveBackend::new(&AttentionConfig::cpu_f32(4, 2, 64, bs)).unwrap();

@@ -108,6 +108,7 @@ impl Session {
             block_size: BLOCK,
             num_kv_heads: c.num_kv_heads,
             head_dim: c.head_dim,
+            dtype: pagoda_core::DType::F32,
         };
         let cfg = AttentionConfig::cpu_f32(c.num_heads, c.num_kv_heads, c.head_dim, BLOCK);
         Session {

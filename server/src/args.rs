@@ -110,6 +110,12 @@ pub struct EngineArgs {
     /// No periodic log of throughput, queue sizes and KV usage.
     #[arg(long, help_heading = "ObservabilityConfig")]
     pub disable_log_stats: bool,
+    /// Device of the KV cache and attention (vLLM's `--device`): `auto` (= `cpu`),
+    /// `cpu`, `cuda`/`cuda:N` (refused with the reason until the model forward runs on
+    /// CUDA), or `emu` (the CUDA attention kernels compiled for the host: slow, a
+    /// debugging aid).
+    #[arg(long, default_value = "auto", value_parser = parse_device, help_heading = "DeviceConfig")]
+    pub device: pagoda_core::Device,
     /// Force attention backends: `NAME` or `decode=NAME,prefill=NAME`.
     #[arg(long, env = "PAGODA_ATTENTION_BACKEND", help_heading = "Pagoda")]
     pub attention_backend: Option<String>,
@@ -181,6 +187,13 @@ fn parse_kv_cache_dtype(s: &str) -> Result<String, String> {
     }
 }
 
+fn parse_device(s: &str) -> Result<pagoda_core::Device, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(pagoda_core::Device::Cpu);
+    }
+    s.parse().map_err(|e: pagoda_core::CoreError| e.to_string())
+}
+
 fn parse_tensor_parallel_size(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(1) => Ok(1),
@@ -248,6 +261,7 @@ impl EngineArgs {
         c.weight_dtype = self.quantization.unwrap_or(self.dtype);
         c.seed = self.seed;
         c.disable_log_stats = self.disable_log_stats;
+        c.device = self.device;
         c.scheduling_policy = match self.scheduling_policy {
             SchedulingPolicyArg::Fcfs => pagoda_engine::SchedulingPolicy::Fcfs,
             SchedulingPolicyArg::Priority => pagoda_engine::SchedulingPolicy::Priority,

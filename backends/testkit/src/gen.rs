@@ -56,7 +56,8 @@ impl CaseSpec {
         self.num_kv_heads * self.group
     }
 
-    /// The configuration this case runs under for `subject` (CPU and f32 preferred).
+    /// The configuration this case runs under for `subject`: its placement if chosen,
+    /// else CPU (then emu, then cuda:0) and f32 preferred.
     pub fn config(&self, subject: &Subject) -> AttentionConfig {
         let caps = &subject.capabilities;
         let mut cfg = AttentionConfig::cpu_f32(
@@ -65,11 +66,25 @@ impl CaseSpec {
             self.head_dim,
             self.block_size,
         );
-        if !caps.devices.contains(&DeviceKind::Cpu) && caps.devices.contains(&DeviceKind::Cuda) {
-            cfg.device = Device::Cuda(0);
+        match subject.placement {
+            Some(p) => {
+                cfg.device = p.device;
+                cfg.q_dtype = p.q_dtype;
+                cfg.kv_dtype = p.kv_dtype;
+            }
+            None => {
+                cfg.device = [
+                    (DeviceKind::Cpu, Device::Cpu),
+                    (DeviceKind::Emu, Device::Emu),
+                    (DeviceKind::Cuda, Device::Cuda(0)),
+                ]
+                .into_iter()
+                .find(|(k, _)| caps.devices.contains(k))
+                .map_or(Device::Cpu, |(_, d)| d);
+                cfg.q_dtype = prefer_f32(&caps.q_dtypes);
+                cfg.kv_dtype = prefer_f32(&caps.kv_dtypes);
+            }
         }
-        cfg.q_dtype = prefer_f32(&caps.q_dtypes);
-        cfg.kv_dtype = prefer_f32(&caps.kv_dtypes);
         cfg.sliding_window = self.sliding_window;
         cfg.logits_soft_cap = self.soft_cap;
         cfg

@@ -24,6 +24,7 @@ pub mod case;
 pub mod checks;
 pub mod direct;
 pub mod gen;
+pub mod place;
 pub mod suite;
 
 pub use checks::{Check, Outcome};
@@ -176,10 +177,14 @@ pub enum KitError {
 type Create = dyn Fn(&AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError>;
 type Reasons = dyn Fn(&AttentionConfig) -> Vec<InvalidReason>;
 
-/// The backend under test: a name, its capabilities and a constructor.
+/// The backend under test: a name, its capabilities, a constructor, and where its
+/// buffers live ([`Subject::on`]; by default the first of cpu, emu, cuda:0 that its
+/// capabilities list, with f32 where supported, else its first dtype).
 pub struct Subject {
     pub name: String,
     pub capabilities: Capabilities,
+    /// Device and dtypes of every case, if chosen.
+    pub placement: Option<place::Placement>,
     runtime_reasons: Box<Reasons>,
     create: Box<Create>,
 }
@@ -194,6 +199,7 @@ impl Subject {
         Subject {
             name: name.into(),
             capabilities,
+            placement: None,
             runtime_reasons: Box::new(|_| Vec::new()),
             create: Box::new(create),
         }
@@ -215,6 +221,7 @@ impl Subject {
         Subject {
             name: reg.name.to_string(),
             capabilities: (reg.capabilities)(),
+            placement: None,
             runtime_reasons: Box::new(reg.runtime_reasons),
             create: Box::new(reg.create),
         }
@@ -231,6 +238,22 @@ impl Subject {
                 registered: all.iter().map(|r| r.name).collect::<Vec<_>>().join(", "),
             }),
         }
+    }
+
+    /// The same subject with its buffers on `device`, queries (and outputs) of
+    /// `q_dtype`, the KV cache of `kv_dtype`: one test body per device and dtype.
+    pub fn on(
+        mut self,
+        device: pagoda_core::Device,
+        q_dtype: pagoda_core::DType,
+        kv_dtype: pagoda_core::DType,
+    ) -> Self {
+        self.placement = Some(place::Placement {
+            device,
+            q_dtype,
+            kv_dtype,
+        });
+        self
     }
 
     /// Every reason the subject cannot serve `cfg` in `role`.
@@ -279,6 +302,12 @@ impl IntoSubject for &str {
 impl IntoSubject for String {
     fn into_subject(self) -> Result<Subject, KitError> {
         Subject::registered(&self)
+    }
+}
+
+impl IntoSubject for Result<Subject, KitError> {
+    fn into_subject(self) -> Result<Subject, KitError> {
+        self
     }
 }
 

@@ -118,6 +118,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         block_size: 16,
         num_kv_heads: c.num_kv_heads,
         head_dim: c.head_dim,
+        dtype: pagoda_core::DType::F32,
     };
     let cfg = AttentionConfig::cpu_f32(c.num_heads, c.num_kv_heads, c.head_dim, 16);
     let reg = registered_backends()
