@@ -130,6 +130,12 @@ impl EngineCore {
         };
         tracing::info!("linear-layer weights: {:?}", config.weight_dtype);
         let model = Llama::new_with_dtype(model_config, weights, config.weight_dtype)?;
+        for (kind, bytes) in model.weight_summary() {
+            tracing::info!(
+                "linear-layer weights: {kind}, {:.1} MiB",
+                bytes as f64 / (1 << 20) as f64
+            );
+        }
         // The device's owner allocates the cache.
         let kv = KvCache::allocate(spec, runtime.as_ref()).map_err(|e| EngineError::Device {
             device: runtime.device(),

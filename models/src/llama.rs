@@ -1,10 +1,9 @@
 //! The Llama-family forward pass on CPU in f32, through the pluggable attention
 //! backend and the paged KV cache.
 //!
-//! The linear-layer weights are packed at construction into the column panels of
-//! `pagoda_kernels::packed` (the broadcast-form GEMM), in f32 or, with
-//! [`WeightDtype::Bf16`], in bf16 (rounded to nearest even: half the bytes per
-//! decode step and twice the multiply-adds per instruction). Norms stay f32; the
+//! The linear-layer weights are [`Linear`]s, stored at construction as
+//! [`WeightDtype`] says: packed f32 or bf16 panels, or quantized (a GGUF's blocks
+//! as stored, or Q8_0 made at load), see `crate::linear`. Norms stay f32; the
 //! embedding table stays as loaded unless it is tied to the LM head, in which case
 //! the head's one packed copy serves both (a lookup gathers the row back out).
 //!
@@ -17,64 +16,12 @@
 
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
+use crate::linear::{Linear, WeightDtype};
 use crate::weights::{LlamaWeights, Mat};
 use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, LayerIo, TensorMut, TensorRef};
 use pagoda_kernels::{
-    add_rms_norm, matmul_packed, matmul_packed_bf16, rms_norm, silu_mul_fused, KernelError,
-    Llama3Scaling, PackedMatrix, PackedMatrixBf16, RopeCache,
+    add_rms_norm, rms_norm, silu_mul_fused, KernelError, Llama3Scaling, RopeCache,
 };
-
-/// How [`Llama::new_with_dtype`] stores the linear-layer weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WeightDtype {
-    /// As loaded (exact for the reference tests).
-    #[default]
-    F32,
-    /// Rounded to bf16 (nearest even); activations stay f32, products accumulate
-    /// in f32.
-    Bf16,
-}
-
-/// A linear layer's weight matrix `[n, k]` (`nn.Linear` layout) in its storage dtype.
-#[derive(Debug, Clone)]
-enum Linear {
-    /// Packed into column panels for the broadcast-form GEMM (see
-    /// `pagoda_kernels::packed`).
-    F32(PackedMatrix),
-    /// Rounded to bf16 and packed the same way, for `vdpbf16ps`.
-    Bf16(PackedMatrixBf16),
-}
-
-impl Linear {
-    /// `data` is `[n, k]`.
-    fn new(data: Vec<f32>, n: usize, k: usize, dtype: WeightDtype) -> Result<Self, ModelError> {
-        Ok(match dtype {
-            WeightDtype::F32 => Linear::F32(PackedMatrix::pack(&data, n, k).map_err(kernel)?),
-            WeightDtype::Bf16 => Linear::Bf16(PackedMatrixBf16::pack(&data, n, k).map_err(kernel)?),
-        })
-    }
-
-    /// `out[m, n] = x[m, k] · selfᵀ`.
-    fn matmul(
-        &self,
-        x: &[f32],
-        out: &mut [f32],
-        m: usize,
-        k: usize,
-        n: usize,
-    ) -> Result<(), KernelError> {
-        match self {
-            Linear::F32(w) => {
-                debug_assert_eq!((w.k(), w.n()), (k, n));
-                matmul_packed(x, w, out, m)
-            }
-            Linear::Bf16(w) => {
-                debug_assert_eq!((w.k(), w.n()), (k, n));
-                matmul_packed_bf16(x, w, out, m)
-            }
-        }
-    }
-}
 
 /// The token embedding table `[vocab, hidden]`.
 #[derive(Debug, Clone)]
@@ -91,11 +38,8 @@ impl Embedding {
         match self {
             Embedding::Table(m) => dst.copy_from_slice(m.row(r)),
             // r < vocab (checked by forward's input validation), dst has k elements.
-            Embedding::Tied(Linear::F32(p)) => {
-                let _ = p.row_into(r, dst);
-            }
-            Embedding::Tied(Linear::Bf16(p)) => {
-                let _ = p.row_into(r, dst);
+            Embedding::Tied(head) => {
+                let _ = head.row_into(r, dst);
             }
         }
     }
@@ -290,18 +234,18 @@ impl Llama {
             check_mat(n("w_gate"), &l.w_gate, c.intermediate_size, hidden)?;
             check_mat(n("w_up"), &l.w_up, c.intermediate_size, hidden)?;
             check_mat(n("w_down"), &l.w_down, hidden, c.intermediate_size)?;
-            let mut wqkv = l.wq.data;
-            wqkv.extend_from_slice(&l.wk.data);
-            wqkv.extend_from_slice(&l.wv.data);
-            let mut w_gate_up = l.w_gate.data;
-            w_gate_up.extend_from_slice(&l.w_up.data);
+            let wqkv = vec![l.wq, l.wk, l.wv];
+            let w_gate_up = vec![l.w_gate, l.w_up];
+            let inter = c.intermediate_size;
+            let lin =
+                |s: &str, parts: Vec<Mat>, k: usize| Linear::from_parts(&n(s), parts, k, dtype);
             layers.push(FusedLayer {
                 attn_norm: l.attn_norm,
-                wqkv: Linear::new(wqkv, q_dim + 2 * kv_dim, hidden, dtype)?,
-                wo: Linear::new(l.wo.data, hidden, q_dim, dtype)?,
+                wqkv: lin("wqkv", wqkv, hidden)?,
+                wo: lin("wo", vec![l.wo], q_dim)?,
                 ffn_norm: l.ffn_norm,
-                w_gate_up: Linear::new(w_gate_up, 2 * c.intermediate_size, hidden, dtype)?,
-                w_down: Linear::new(l.w_down.data, hidden, c.intermediate_size, dtype)?,
+                w_gate_up: lin("w_gate_up", w_gate_up, hidden)?,
+                w_down: lin("w_down", vec![l.w_down], inter)?,
             });
         }
         let scaling = c.rope_scaling.map(|s| Llama3Scaling {
@@ -317,15 +261,15 @@ impl Llama {
             scaling.as_ref(),
         )
         .map_err(|e| config_err(format!("rope: {e}")))?;
-        let (embed, lm_head) = match (weights.lm_head, dtype) {
-            (Some(head), _) => (
+        let (embed, lm_head) = match weights.lm_head {
+            Some(head) => (
                 Embedding::Table(weights.embed),
-                Some(Linear::new(head.data, c.vocab_size, hidden, dtype)?),
+                Some(Linear::from_parts("lm_head", vec![head], hidden, dtype)?),
             ),
-            (None, _) => (
-                Embedding::Tied(Linear::new(
-                    weights.embed.data,
-                    c.vocab_size,
+            None => (
+                Embedding::Tied(Linear::from_parts(
+                    "token_embd",
+                    vec![weights.embed],
                     hidden,
                     dtype,
                 )?),
@@ -347,9 +291,31 @@ impl Llama {
         &self.config
     }
 
-    /// How the linear-layer weights are stored.
+    /// How the linear-layer weights were asked to be stored.
     pub fn weight_dtype(&self) -> WeightDtype {
         self.dtype
+    }
+
+    /// Each distinct (storage, kernel) of the linear layers with its bytes, e.g.
+    /// `("Q4_1 avx2", 63_700_000)`: what a decode step reads and what runs it.
+    pub fn weight_summary(&self) -> Vec<(String, usize)> {
+        let mut out: Vec<(String, usize)> = Vec::new();
+        let head = match (&self.lm_head, &self.embed) {
+            (Some(h), _) | (None, Embedding::Tied(h)) => Some(h),
+            _ => None,
+        };
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]);
+        for lin in layers.chain(head) {
+            let (name, bytes) = (lin.describe(), lin.num_bytes());
+            match out.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, b)) => *b += bytes,
+                None => out.push((name, bytes)),
+            }
+        }
+        out
     }
 
     /// `out[m, vocab] = x[m, hidden] · headᵀ` (the embedding when tied).

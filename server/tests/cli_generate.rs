@@ -64,6 +64,9 @@ fn generate_matches_reference(extra: &[&str]) {
         "0",
         "--max-tokens",
         "48",
+        // The exact path (the default keeps the GGUF's quantization).
+        "--dtype",
+        "float32",
     ];
     for c in &cases {
         args.push("--prompt");
