@@ -203,6 +203,27 @@ fn backends_command_shows_verdicts_and_choice() {
         s.contains("naive") && s.contains("paged") && s.contains("flash"),
         "{s}"
     );
-    assert!(s.contains("not compiled with CUDA"), "{s}");
+    assert!(s.contains("cuda-paged") && s.contains("cuda-flash"), "{s}");
     assert!(s.contains("choice: decode=paged,prefill=flash"), "{s}");
+}
+
+#[test]
+fn backends_on_cuda_say_not_compiled() {
+    let model = model_path();
+    let out = pagoda(&[
+        "backends",
+        "--model",
+        model.to_str().unwrap(),
+        "--device",
+        "cuda",
+    ]);
+    let s = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["cuda-naive", "cuda-paged", "cuda-flash"] {
+        assert!(s.contains(name), "{s}");
+    }
+    assert!(s.contains("not compiled with CUDA"), "{s}");
 }

@@ -174,6 +174,24 @@ pub enum KitError {
     },
 }
 
+/// A cap on a subject's cases ([`Subject::small_cases`]): the work budget per case
+/// (query-key-dim products over heads, at most [`gen::WORK_BUDGET`]; rows are dropped,
+/// then the last row's context and query halved, to fit) and the cases per check (at
+/// most each check's own number).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaseLimit {
+    pub work: u64,
+    pub cases: u32,
+}
+
+impl CaseLimit {
+    /// What the emulated CUDA backends use: ~20k multiply-adds, 10 cases per check.
+    pub const EMULATOR: CaseLimit = CaseLimit {
+        work: 20_000,
+        cases: 10,
+    };
+}
+
 type Create = dyn Fn(&AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError>;
 type Reasons = dyn Fn(&AttentionConfig) -> Vec<InvalidReason>;
 
@@ -185,6 +203,8 @@ pub struct Subject {
     pub capabilities: Capabilities,
     /// Device and dtypes of every case, if chosen.
     pub placement: Option<place::Placement>,
+    /// Smaller cases for a slow subject ([`Subject::small_cases`]).
+    pub case_limit: Option<CaseLimit>,
     runtime_reasons: Box<Reasons>,
     create: Box<Create>,
 }
@@ -200,6 +220,7 @@ impl Subject {
             name: name.into(),
             capabilities,
             placement: None,
+            case_limit: None,
             runtime_reasons: Box::new(|_| Vec::new()),
             create: Box::new(create),
         }
@@ -222,6 +243,7 @@ impl Subject {
             name: reg.name.to_string(),
             capabilities: (reg.capabilities)(),
             placement: None,
+            case_limit: None,
             runtime_reasons: Box::new(reg.runtime_reasons),
             create: Box::new(reg.create),
         }
@@ -253,6 +275,14 @@ impl Subject {
             q_dtype,
             kv_dtype,
         });
+        self
+    }
+
+    /// The same subject checked on smaller and fewer cases: for a backend that runs
+    /// slowly here (the CUDA kernels through the SIMT emulator), so that its suite
+    /// keeps every check and stays within a test's time.
+    pub fn small_cases(mut self, limit: CaseLimit) -> Self {
+        self.case_limit = Some(limit);
         self
     }
 
