@@ -1,6 +1,6 @@
 //! Cases on devices: the kit keeps every case's truth as host f32 ([`HostKv`], the
 //! queries), rounded once to the subject's dtypes, and places it on the subject's
-//! device and dtypes for each run ([`Placed`]); results come back widened to f32.
+//! device and dtypes for each run ([`Placement`], [`upload`]); results come back widened to f32.
 //!
 //! The reference ([`Reference`]) wraps `naive` so that it runs on any placement: it
 //! copies its inputs to the host, widens them to f32 and computes in f64, then writes
