@@ -84,7 +84,7 @@ impl PackedMatrixBf16 {
 
 /// `out[m, n] = x[m, k] · wᵀ` for a packed bf16 `w`, products accumulated in f32.
 /// With AVX-512 BF16 `x` is rounded to bf16 as it is used (`vdpbf16ps`); the
-/// fallbacks ([`Bf16Path`]) widen the weights to f32 instead (a 16-bit shift) and
+/// fallbacks ([`crate::dispatch::GemmPath`]) widen the weights to f32 instead (a 16-bit shift) and
 /// multiply them with `x` as it is, at the f32 kernel's FMA count on half its
 /// bytes, so no CPU runs bf16 slower than f32.
 pub fn matmul_packed_bf16(
