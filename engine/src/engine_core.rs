@@ -7,10 +7,10 @@ use crate::runner::ModelRunner;
 use crate::structured::{Grammar, MaskStats};
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
 use pagoda_core::{
-    AttentionConfig, EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob,
+    EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob,
     ReqHandle, Request, RequestStatus, SchedulerOutput,
 };
-use pagoda_models::{llama::Llama, LlamaConfig, LlamaWeights};
+use pagoda_models::{llama::Llama, merge_attention_configs, LlamaConfig, LlamaWeights};
 use pagoda_scheduler::{Scheduler, SchedulerConfig};
 use pagoda_selector::{select, BackendOverride};
 use std::collections::HashMap;
@@ -37,11 +37,20 @@ impl EngineCore {
     ) -> Result<(Self, ModelInfo), EngineError> {
         let model_max = model_config.max_position_embeddings;
         let requested_len = check_max_model_len(config.max_model_len, model_max)?;
-        let attn_config = AttentionConfig::cpu_f32(
-            model_config.num_heads,
-            model_config.num_kv_heads,
-            model_config.head_dim,
-            config.block_size,
+        // One attention config per kind of layer (Gemma 2: sliding and global); the
+        // selection must serve their union of needs (`merged`), then one backend
+        // is built per kind.
+        let attn_configs = model_config.attention_configs(config.block_size);
+        let merged = merge_attention_configs(&attn_configs);
+        let features = model_config.arch.features();
+        tracing::info!(
+            "architecture: {} ({})",
+            model_config.arch.architecture,
+            if features.is_empty() {
+                "no extra features".to_string()
+            } else {
+                features.join(", ")
+            }
         );
         let backend_override = BackendOverride::parse(
             config.attention_backend.as_deref().unwrap_or(""),
@@ -49,13 +58,14 @@ impl EngineCore {
         .map_err(|e| EngineError::Selector {
             message: e.to_string(),
         })?;
-        let selection =
-            select(&attn_config, &backend_override).map_err(|e| EngineError::Selector {
-                message: e.to_string(),
-            })?;
+        let selection = select(&merged, &backend_override).map_err(|e| EngineError::Selector {
+            message: e.to_string(),
+        })?;
         tracing::info!("attention backend: {selection}");
-        let attn = selection
-            .build(&attn_config)
+        let attn = attn_configs
+            .iter()
+            .map(|c| selection.build(c))
+            .collect::<Result<Vec<_>, _>>()
             .map_err(|e| EngineError::Selector {
                 message: e.to_string(),
             })?;

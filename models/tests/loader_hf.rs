@@ -331,10 +331,10 @@ fn hf_errors() {
         Err(ModelError::TensorShape { name, .. }) => assert!(name.contains("mlp"), "{name}"),
         other => panic!("expected TensorShape, got {:?}", other.map(|_| ())),
     }
-    c["architectures"] = json!(["Qwen2ForCausalLM"]);
+    c["architectures"] = json!(["GPTNeoXForCausalLM"]);
     std::fs::write(&cfg, c.to_string()).unwrap();
     assert!(
-        matches!(load_model(dir.path()), Err(ModelError::UnsupportedArchitecture { arch }) if arch == "Qwen2ForCausalLM")
+        matches!(load_model(dir.path()), Err(ModelError::UnsupportedArchitecture { arch }) if arch == "GPTNeoXForCausalLM")
     );
     std::fs::write(&cfg, "{not json").unwrap();
     assert!(matches!(

@@ -3,7 +3,8 @@
 
 use anyhow::Context;
 use clap::Args;
-use pagoda_core::{AttentionConfig, Role};
+use pagoda_core::Role;
+use pagoda_models::merge_attention_configs;
 use pagoda_selector::{select, verdicts, BackendOverride};
 use std::path::PathBuf;
 
@@ -35,15 +36,20 @@ pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
     };
     let (cfg, name) = pagoda_models::inspect_model(&path)
         .with_context(|| format!("reading {}", path.display()))?;
-    let attn_config = AttentionConfig::cpu_f32(
-        cfg.num_heads,
-        cfg.num_kv_heads,
-        cfg.head_dim,
-        args.block_size,
+    // The backend must serve every layer's attention (Gemma 2: sliding and global).
+    let attn_config = merge_attention_configs(&cfg.attention_configs(args.block_size));
+    let features = cfg.arch.features();
+    println!(
+        "\nmodel {name}: architecture {}, {} q heads, {} kv heads, head dim {}, block size {}, device cpu, f32",
+        cfg.arch.architecture, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, args.block_size
     );
     println!(
-        "\nmodel {name}: {} q heads, {} kv heads, head dim {}, block size {}, device cpu, f32",
-        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, args.block_size
+        "needs: {}",
+        if features.is_empty() {
+            "nothing beyond Llama".to_string()
+        } else {
+            features.join(", ")
+        }
     );
     for v in verdicts(&attn_config) {
         for (role, reasons) in [
