@@ -9,7 +9,7 @@
 
 use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, KvCacheSpec, SamplingParams};
 use pagoda_engine::{EngineConfig, LLMEngine, PromptInput};
-use pagoda_models::{load_model, merge_attention_configs, ForwardScratch, Llama};
+use pagoda_models::{load_model, merge_attention_configs, ChatMessage, ForwardScratch, Llama};
 use pagoda_selector::{select, BackendOverride};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -32,10 +32,17 @@ struct Prompt {
 }
 
 #[derive(Deserialize)]
+struct Chat {
+    messages: Vec<ChatMessage>,
+    rendered: String,
+}
+
+#[derive(Deserialize)]
 struct Reference {
     architecture: String,
     prompts: Vec<Prompt>,
     corpus_ids: Vec<u32>,
+    chat: Chat,
 }
 
 fn dir(family: &str) -> PathBuf {
@@ -169,8 +176,8 @@ fn run_schedule(model: &Llama, refs: &Reference, schedule: &[Step], forced: &str
             let row = &logits[i * c.vocab_size..(i + 1) * c.vocab_size];
             let pr = &refs.prompts[r];
             let what = format!("[{label}] prompt {:?} position {p}", pr.text);
-            let g = p + 1 - pr.ids.len(); // index of the greedy token these logits pick
             if p + 1 >= pr.ids.len() {
+                let g = p + 1 - pr.ids.len(); // the greedy token these logits pick
                 assert_eq!(argmax(row), pr.greedy[g], "{what}: greedy token {g}");
                 checks += 1;
             }
@@ -302,10 +309,10 @@ fn engine_greedy_ids_match_transformers() {
                 .iter()
                 .map(|p| PromptInput::Text(p.text.clone()))
                 .collect();
-            let n = refs.prompts[0].greedy.len();
-            let outs = engine
-                .generate(&prompts, &SamplingParams::greedy(n))
-                .unwrap();
+            // transformers generated past EOS (the fixtures are random models).
+            let mut params = SamplingParams::greedy(refs.prompts[0].greedy.len());
+            params.ignore_eos = true;
+            let outs = engine.generate(&prompts, &params).unwrap();
             for (p, o) in refs.prompts.iter().zip(&outs) {
                 assert_eq!(o.prompt_token_ids, p.ids, "{family} {}", path.display());
                 assert_eq!(o.token_ids, p.greedy, "{family} {}: greedy ids", path.display());
@@ -334,4 +341,40 @@ fn tokenizers_match_on_the_corpus() {
             );
         }
     }
+}
+
+/// Each family's own chat template (tokenizer_config.json / chat_template.jinja, and
+/// GGUF `tokenizer.chat_template`) renders as transformers renders it; templates
+/// that refuse a conversation (`raise_exception`) refuse it here too.
+#[test]
+fn chat_templates_render_as_transformers() {
+    for family in FAMILIES {
+        let refs = reference(family);
+        for path in sources(family) {
+            let m = load_model(&path).unwrap();
+            let t = m.chat_template.as_ref().expect("the fixture has a template");
+            assert_eq!(
+                t.render(&refs.chat.messages, true).unwrap(),
+                refs.chat.rendered,
+                "{family} {}",
+                path.display()
+            );
+            if matches!(family, "mistral" | "mixtral" | "gemma2") {
+                let two_users = [refs.chat.messages[0].clone(), refs.chat.messages[0].clone()];
+                let e = t.render(&two_users, true).unwrap_err().to_string();
+                assert!(e.contains("alternate"), "{family}: {e}");
+            }
+        }
+    }
+}
+
+/// A model that needs a sliding window, forced onto a backend without one, does
+/// not start, and the error says why.
+#[test]
+fn a_forced_backend_lacking_a_needed_feature_is_refused() {
+    let mut c = EngineConfig::new(dir("mistral"));
+    c.kv_cache_bytes = 8 << 20;
+    c.attention_backend = Some("example".into());
+    let e = LLMEngine::new(c).err().expect("must be refused").to_string();
+    assert!(e.contains("sliding-window"), "{e}");
 }
