@@ -7,8 +7,8 @@ use crate::runner::ModelRunner;
 use crate::structured::{Grammar, MaskStats};
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
 use pagoda_core::{
-    EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob,
-    ReqHandle, Request, RequestStatus, SchedulerOutput,
+    EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob, ReqHandle, Request,
+    RequestStatus, SchedulerOutput,
 };
 use pagoda_models::{llama::Llama, merge_attention_configs, LlamaConfig, LlamaWeights};
 use pagoda_scheduler::{Scheduler, SchedulerConfig};

@@ -30,7 +30,10 @@ pub enum ModelError {
     },
     #[error("missing or invalid metadata `{key}`: {reason}")]
     Metadata { key: String, reason: String },
-    #[error("unsupported architecture `{arch}` (supported: {})", crate::arch::Architecture::supported_hf())]
+    #[error(
+        "unsupported architecture `{arch}` (supported: {})",
+        crate::arch::Architecture::supported_hf()
+    )]
     UnsupportedArchitecture { arch: String },
     /// A config field whose value changes the math in a way the decoder does not
     /// implement (rather than ignore it and compute something else).

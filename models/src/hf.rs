@@ -4,11 +4,11 @@
 //! `config.json` are read in [`crate::hf_arch`]; the tensor names of each family
 //! are here.
 
-use crate::chat::ChatTemplate;
 use crate::arch::Architecture;
+use crate::chat::ChatTemplate;
 use crate::config::{LlamaConfig, RopeScaling};
-use crate::hf_arch::{arch_config, architecture_of};
 use crate::error::ModelError;
+use crate::hf_arch::{arch_config, architecture_of};
 use crate::loaded::{display_name, LoadedModel, Progress};
 use crate::tokenizer::Tokenizer;
 use crate::weights::{ExpertWeights, LayerExtras, LayerWeights, LlamaWeights, Mat, MoeWeights};
@@ -431,12 +431,12 @@ pub fn load_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
     // tokenizer_config.json.
     let jinja = dir.join("chat_template.jinja");
     let jinja = if jinja.is_file() {
-        Some(Value::String(std::fs::read_to_string(&jinja).map_err(|e| {
-            ModelError::Io {
+        Some(Value::String(std::fs::read_to_string(&jinja).map_err(
+            |e| ModelError::Io {
                 path: jinja.clone(),
                 source: e,
-            }
-        })?))
+            },
+        )?))
     } else {
         None
     };

@@ -100,9 +100,10 @@ pub fn arch_config(j: &Value, arch: Architecture) -> Result<ArchConfig, ModelErr
         Architecture::Mistral => a.sliding_window = pos_usize("sliding_window")?,
         Architecture::Mixtral => {
             a.sliding_window = pos_usize("sliding_window")?;
-            let num_experts = pos_usize("num_local_experts")?.ok_or_else(|| ModelError::Config {
-                message: "`num_local_experts` missing".into(),
-            })?;
+            let num_experts =
+                pos_usize("num_local_experts")?.ok_or_else(|| ModelError::Config {
+                    message: "`num_local_experts` missing".into(),
+                })?;
             let top_k = pos_usize("num_experts_per_tok")?.ok_or_else(|| ModelError::Config {
                 message: "`num_experts_per_tok` missing".into(),
             })?;

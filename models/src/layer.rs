@@ -7,7 +7,7 @@
 use crate::arch::ArchConfig;
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
-use crate::llama::{WeightDtype, Linear};
+use crate::llama::{Linear, WeightDtype};
 use crate::moe::{check_moe, Expert, MoeMlp};
 use crate::weights::{LayerExtras, LayerWeights, Mat};
 
@@ -128,7 +128,12 @@ impl FusedLayer {
         };
         let q_norm = extra(n("attn_q_norm"), q_norm, hd, a.qk_norm)?;
         let k_norm = extra(n("attn_k_norm"), k_norm, hd, a.qk_norm)?;
-        let post_attn_norm = extra(n("post_attention_norm"), post_attn_norm, hidden, a.post_norms)?;
+        let post_attn_norm = extra(
+            n("post_attention_norm"),
+            post_attn_norm,
+            hidden,
+            a.post_norms,
+        )?;
         let post_ffn_norm = extra(n("post_ffw_norm"), post_ffn_norm, hidden, a.post_norms)?;
         let mlp = match (a.moe, moe) {
             (None, None) => {
@@ -164,7 +169,11 @@ impl FusedLayer {
                     top_k: cfg.top_k,
                 })
             }
-            (Some(_), None) => return Err(ModelError::MissingTensor { name: n("ffn_gate_inp") }),
+            (Some(_), None) => {
+                return Err(ModelError::MissingTensor {
+                    name: n("ffn_gate_inp"),
+                })
+            }
             (None, Some(_)) => {
                 return Err(ModelError::Config {
                     message: format!("layer {i} has MoE experts but the config has none"),

@@ -21,7 +21,7 @@ mod moe;
 pub mod tokenizer;
 pub mod weights;
 
-pub use arch::{Architecture, ArchConfig, AttnKind};
+pub use arch::{ArchConfig, Architecture, AttnKind};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{merge_attention_configs, LlamaConfig, RopeScaling};
 pub use error::ModelError;

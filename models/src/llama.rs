@@ -26,11 +26,11 @@ use crate::layer::{check_mat, check_vec, FusedLayer, Mlp};
 use crate::moe::MoeScratch;
 use crate::weights::{LlamaWeights, Mat};
 use pagoda_core::{AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, LayerIo};
-use std::ops::DerefMut;
 use pagoda_kernels::{
-    add_rms_norm, gelu_tanh_mul_fused, matmul_packed, matmul_packed_bf16, rms_norm,
-    silu_mul_fused, KernelError, Llama3Scaling, PackedMatrix, PackedMatrixBf16, RopeCache,
+    add_rms_norm, gelu_tanh_mul_fused, matmul_packed, matmul_packed_bf16, rms_norm, silu_mul_fused,
+    KernelError, Llama3Scaling, PackedMatrix, PackedMatrixBf16, RopeCache,
 };
+use std::ops::DerefMut;
 
 /// How [`Llama::new_with_dtype`] stores the linear-layer weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -594,7 +594,12 @@ impl Llama {
             .wo
             .matmul(&attn[..m * q_dim], &mut t.proj, m, q_dim, hidden)
             .map_err(kernel)?;
-        post_norm(layer.post_attn_norm.as_deref(), eps, &mut t.proj, &mut t.post)?;
+        post_norm(
+            layer.post_attn_norm.as_deref(),
+            eps,
+            &mut t.proj,
+            &mut t.post,
+        )?;
         add_rms_norm(h, &t.proj, &layer.ffn_norm, eps, &mut t.xn[..mh]).map_err(kernel)?;
         match &layer.mlp {
             Mlp::Dense { w_gate_up, w_down } => {
@@ -622,7 +627,12 @@ impl Llama {
                 &mut t.moe,
             )?,
         }
-        post_norm(layer.post_ffn_norm.as_deref(), eps, &mut t.proj, &mut t.post)?;
+        post_norm(
+            layer.post_ffn_norm.as_deref(),
+            eps,
+            &mut t.proj,
+            &mut t.post,
+        )?;
         match next_norm {
             Some(norm) => add_rms_norm(h, &t.proj, norm, eps, &mut t.xn[..mh]).map_err(kernel)?,
             None => {

@@ -9,8 +9,8 @@
 //! What both share is in [`crate::loaded`] and [`crate::config`], so `hf` does not
 //! import this module (no import cycle).
 
-use crate::chat::ChatTemplate;
 use crate::arch::{Activation, ArchConfig, Architecture, MoeConfig, SlidingLayers};
+use crate::chat::ChatTemplate;
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::gguf::{has_gguf_magic, GgufFile};
@@ -384,7 +384,10 @@ pub fn gguf_weights(f: &GgufFile, cfg: &LlamaConfig) -> Result<LlamaWeights, Mod
         layers.push(LayerWeights {
             attn_norm: vec(&n("attn_norm"), h, &mut p)?,
             wq: qk(gguf_mat(f, &n("attn_q"), q_out, h, &mut p)?, cfg.num_heads)?,
-            wk: qk(gguf_mat(f, &n("attn_k"), kv_out, h, &mut p)?, cfg.num_kv_heads)?,
+            wk: qk(
+                gguf_mat(f, &n("attn_k"), kv_out, h, &mut p)?,
+                cfg.num_kv_heads,
+            )?,
             wv: gguf_mat(f, &n("attn_v"), kv_out, h, &mut p)?,
             wo: gguf_mat(f, &n("attn_output"), h, q_out, &mut p)?,
             ffn_norm: vec(&n("ffn_norm"), h, &mut p)?,
@@ -424,7 +427,11 @@ fn gguf_moe(
     let up = gguf_tensor(f, &n("ffn_up_exps"), &[e, inter, h], p)?;
     let down = gguf_tensor(f, &n("ffn_down_exps"), &[e, h, inter], p)?;
     let part = |v: &[f32], k: usize, rows: usize, cols: usize| {
-        Mat::new(rows, cols, v[k * rows * cols..(k + 1) * rows * cols].to_vec())
+        Mat::new(
+            rows,
+            cols,
+            v[k * rows * cols..(k + 1) * rows * cols].to_vec(),
+        )
     };
     let experts = (0..e)
         .map(|k| ExpertWeights {

@@ -190,7 +190,11 @@ fn run_schedule(model: &Llama, refs: &Reference, schedule: &[Step], forced: &str
         }
     }
     for (r, s) in seqs.iter().enumerate() {
-        assert_eq!(done[r], s.len(), "[{label}] the schedule must cover request {r}");
+        assert_eq!(
+            done[r],
+            s.len(),
+            "[{label}] the schedule must cover request {r}"
+        );
     }
     assert!(checks > 0);
 }
@@ -259,8 +263,20 @@ fn check_family(family: &str) {
         let model = Llama::new(m.config, m.weights).unwrap();
         for forced in ["auto", "naive"] {
             let l = format!("{family} {src} {forced}");
-            run_schedule(&model, &refs, &batched(&lens, &total), forced, &format!("{l} batched"));
-            run_schedule(&model, &refs, &chunked(&lens, &total, 5), forced, &format!("{l} chunked"));
+            run_schedule(
+                &model,
+                &refs,
+                &batched(&lens, &total),
+                forced,
+                &format!("{l} batched"),
+            );
+            run_schedule(
+                &model,
+                &refs,
+                &chunked(&lens, &total, 5),
+                forced,
+                &format!("{l} chunked"),
+            );
         }
     }
 }
@@ -315,7 +331,12 @@ fn engine_greedy_ids_match_transformers() {
             let outs = engine.generate(&prompts, &params).unwrap();
             for (p, o) in refs.prompts.iter().zip(&outs) {
                 assert_eq!(o.prompt_token_ids, p.ids, "{family} {}", path.display());
-                assert_eq!(o.token_ids, p.greedy, "{family} {}: greedy ids", path.display());
+                assert_eq!(
+                    o.token_ids,
+                    p.greedy,
+                    "{family} {}: greedy ids",
+                    path.display()
+                );
             }
         }
     }
@@ -352,7 +373,10 @@ fn chat_templates_render_as_transformers() {
         let refs = reference(family);
         for path in sources(family) {
             let m = load_model(&path).unwrap();
-            let t = m.chat_template.as_ref().expect("the fixture has a template");
+            let t = m
+                .chat_template
+                .as_ref()
+                .expect("the fixture has a template");
             assert_eq!(
                 t.render(&refs.chat.messages, true).unwrap(),
                 refs.chat.rendered,
@@ -375,6 +399,9 @@ fn a_forced_backend_lacking_a_needed_feature_is_refused() {
     let mut c = EngineConfig::new(dir("mistral"));
     c.kv_cache_bytes = 8 << 20;
     c.attention_backend = Some("example".into());
-    let e = LLMEngine::new(c).err().expect("must be refused").to_string();
+    let e = LLMEngine::new(c)
+        .err()
+        .expect("must be refused")
+        .to_string();
     assert!(e.contains("sliding-window"), "{e}");
 }
