@@ -126,21 +126,24 @@ pub fn arch_config(j: &Value, arch: Architecture) -> Result<ArchConfig, ModelErr
             a.scale_embedding = true;
             a.post_norms = true;
             a.activation = Activation::GeluTanh;
-            check_gemma2_layer_types(get("layer_types"), arch)?;
         }
     }
+    check_layer_types(get("layer_types"), &a)?;
     Ok(a)
 }
 
-/// Newer transformers write Gemma 2's alternation as `layer_types`; we run the
-/// alternation Gemma 2 defines (sliding first), so any other list is refused.
-fn check_gemma2_layer_types(v: Option<&Value>, arch: Architecture) -> Result<(), ModelError> {
+/// Newer transformers write each layer's attention as `layer_types`; it must be
+/// what the family's switches give (Gemma 2: sliding first, then alternating;
+/// Mistral with a window: all sliding; others: all full), so Qwen's per-layer
+/// windows or any other pattern are refused by name rather than run wrongly.
+fn check_layer_types(v: Option<&Value>, a: &ArchConfig) -> Result<(), ModelError> {
     let Some(v) = v else { return Ok(()) };
+    let arch = a.architecture;
     let list = v
         .as_array()
         .ok_or_else(|| unsupported(arch, "layer_types", v, "not a list"))?;
     for (l, t) in list.iter().enumerate() {
-        let want = if l % 2 == 0 {
+        let want = if a.is_sliding(l) {
             "sliding_attention"
         } else {
             "full_attention"
@@ -150,7 +153,7 @@ fn check_gemma2_layer_types(v: Option<&Value>, arch: Architecture) -> Result<(),
                 arch,
                 "layer_types",
                 v,
-                "only alternating sliding/full layers (sliding first) are supported",
+                &format!("layer {l} would be `{want}` for {arch}"),
             ));
         }
     }

@@ -42,21 +42,24 @@ pub(crate) struct MoeScratch {
 }
 
 /// The top `k` of `logits` after a softmax, renormalised: `(expert, weight)` by
-/// descending logit (the first index on ties, as `torch.topk` on CPU).
+/// descending logit (the first index on ties, as `torch.topk` on CPU). Appends to
+/// `out` without allocating.
 pub(crate) fn route(logits: &[f32], k: usize, out: &mut Vec<(usize, f32)>) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = logits.iter().map(|&x| (x - max).exp()).collect();
-    let total: f32 = exps.iter().sum();
+    let total: f32 = logits.iter().map(|&x| (x - max).exp()).sum();
     let start = out.len();
     for _ in 0..k {
-        let best = (0..logits.len())
-            .filter(|e| !out[start..].iter().any(|&(x, _)| x == *e))
-            .fold(None, |b: Option<usize>, e| match b {
-                Some(b) if logits[b] >= logits[e] => Some(b),
-                _ => Some(e),
-            });
+        let mut best: Option<usize> = None;
+        for e in 0..logits.len() {
+            if out[start..].iter().any(|&(x, _)| x == e) {
+                continue;
+            }
+            if best.is_none_or(|b| logits[e] > logits[b]) {
+                best = Some(e);
+            }
+        }
         if let Some(e) = best {
-            out.push((e, exps[e] / total));
+            out.push((e, (logits[e] - max).exp() / total));
         }
     }
     // Renormalise the kept weights (Mixtral's `norm_topk_prob`).
