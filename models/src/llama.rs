@@ -2,8 +2,8 @@
 //! backend and the paged KV cache. [`Llama`] is plain Llama by default; the config's
 //! [`crate::arch::ArchConfig`] switches on what the other families add (Q/K/V bias,
 //! Q/K norms, sliding windows, Gemma 2's scaled embedding, post-norms, GeGLU and
-//! soft caps, Mixtral's sparse MoE in [`crate::moe`]); the layers are built in
-//! [`crate::layer`].
+//! soft caps, Mixtral's sparse MoE in `moe.rs`); the layers are built in
+//! `layer.rs`.
 //!
 //! The linear-layer weights are packed at construction into the column panels of
 //! `pagoda_kernels::packed` (the broadcast-form GEMM), in f32 or, with
