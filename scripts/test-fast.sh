@@ -8,5 +8,5 @@ cd "$(dirname "$0")/.."
 cargo test \
   -p pagoda-core -p pagoda-kernels -p pagoda-scheduler -p pagoda-selector \
   -p pagoda-backend-naive -p pagoda-backend-paged -p pagoda-backend-flash \
-  -p pagoda-backend-cuda -p pagoda-backend-testkit -p pagoda-backend-example \
+  -p pagoda-cuda -p pagoda-backend-cuda-naive -p pagoda-backend-cuda-paged -p pagoda-backend-cuda-flash -p pagoda-backend-testkit -p pagoda-backend-example \
   -p pagoda-backends -p pagoda-loadgen "$@"

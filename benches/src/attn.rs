@@ -168,13 +168,13 @@ impl Case {
 
     /// One layer: `run` on the planned batch.
     pub fn run(&mut self, be: &mut dyn AttentionBackend) -> Result<(), BenchError> {
-        be.run(LayerIo {
-            q: &self.q,
-            k_cache: &self.k_cache,
-            v_cache: &self.v_cache,
-            out: &mut self.out,
-            lse: None,
-        })?;
+        be.run(LayerIo::cpu(
+            &self.q,
+            &self.k_cache,
+            &self.v_cache,
+            &mut self.out,
+            None,
+        ))?;
         Ok(())
     }
 }

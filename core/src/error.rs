@@ -3,7 +3,8 @@
 use thiserror::Error;
 
 /// Errors raised by core types: invalid sampling parameters, malformed batch
-/// descriptors and attention backends refusing or failing a call.
+/// descriptors, buffers of the wrong device, dtype or shape, devices that are not
+/// available, and attention backends refusing or failing a call.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum CoreError {
     #[error("invalid sampling parameter `{param}`: {message}")]
@@ -33,6 +34,37 @@ pub enum CoreError {
         name: &'static str,
         first: &'static str,
         second: &'static str,
+    },
+    #[error("`{spec}` is not a device (expected one of: cpu, cuda, cuda:N, emu)")]
+    InvalidDevice { spec: String },
+    #[error("device {device} is not available: {message}")]
+    DeviceUnavailable {
+        device: super::Device,
+        message: String,
+    },
+    #[error("device {device} failed: {message}")]
+    DeviceFailed {
+        device: super::Device,
+        message: String,
+    },
+    #[error("invalid shape: {message}")]
+    InvalidShape { message: String },
+    #[error("buffer `{name}` holds {actual}, expected {expected}")]
+    DTypeMismatch {
+        name: &'static str,
+        expected: super::DType,
+        actual: super::DType,
+    },
+    #[error("buffer `{name}` is on device {actual}, expected {expected}")]
+    DeviceMismatch {
+        name: &'static str,
+        expected: super::Device,
+        actual: super::Device,
+    },
+    #[error("buffer `{name}` is in {device} memory; this code reads host memory only")]
+    NotOnHost {
+        name: &'static str,
+        device: super::Device,
     },
     #[error("buffer `{name}` has {actual} elements, expected {expected}")]
     ShapeMismatch {

@@ -1,14 +1,17 @@
-//! The paged KV cache: its shape ([`KvCacheSpec`]), its storage ([`KvCache`]) and the
-//! write of new K/V rows by slot mapping ([`write_kv`], vLLM's `reshape_and_cache`).
+//! The paged KV cache: its shape ([`KvCacheSpec`]), its storage ([`KvCache`], typed
+//! [`Storage`] on the device the cache was allocated for) and the host write of new
+//! K/V rows by slot mapping ([`write_kv`], vLLM's `reshape_and_cache`).
 //!
 //! Layout (the flash family's NHD): per layer one K pool and one V pool, each
-//! `[num_blocks, block_size, num_kv_heads, head_dim]`, row-major f32. A slot is
-//! `block_id * block_size + offset`, so a slot addresses one
+//! `[num_blocks, block_size, num_kv_heads, head_dim]`, row-major, of the spec's dtype.
+//! A slot is `block_id * block_size + offset`, so a slot addresses one
 //! `[num_kv_heads, head_dim]` row of a pool.
 
+use crate::device::DeviceRuntime;
+use crate::tensor::{scatter_rows, DType, Device, Shape, Storage, TensorMut, TensorRef};
 use crate::CoreError;
 
-/// Shape of the paged KV cache.
+/// Shape and element type of the paged KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvCacheSpec {
     pub num_layers: usize,
@@ -16,20 +19,32 @@ pub struct KvCacheSpec {
     pub block_size: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// Element type of the pools.
+    pub dtype: DType,
 }
 
 impl KvCacheSpec {
-    /// f32 elements in one slot (one token's K, or its V, for one layer).
+    /// Elements in one slot (one token's K, or its V, for one layer).
     pub fn slot_elems(&self) -> usize {
         self.num_kv_heads * self.head_dim
     }
-    /// f32 elements in one pool (K or V) of one layer.
+    /// Elements in one pool (K or V) of one layer.
     pub fn pool_elems(&self) -> usize {
         self.num_blocks * self.block_size * self.slot_elems()
     }
+    /// The shape of one pool.
+    pub fn pool_shape(&self) -> Shape {
+        Shape::new(&[
+            self.num_blocks,
+            self.block_size,
+            self.num_kv_heads,
+            self.head_dim,
+        ])
+        .expect("four dimensions")
+    }
     /// Bytes one block takes across all layers, K and V.
     pub fn bytes_per_block(&self) -> usize {
-        2 * self.num_layers * self.block_size * self.slot_elems() * std::mem::size_of::<f32>()
+        2 * self.num_layers * self.block_size * self.slot_elems() * self.dtype.size()
     }
     /// How many blocks fit in `bytes`.
     pub fn num_blocks_for_bytes(&self, bytes: usize) -> usize {
@@ -38,81 +53,139 @@ impl KvCacheSpec {
 }
 
 /// K and V pools of one layer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct LayerKv {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    pub k: Storage,
+    pub v: Storage,
 }
 
-/// The whole cache, one [`LayerKv`] per layer.
-#[derive(Debug, Clone)]
+impl LayerKv {
+    /// Read-only views of both pools.
+    pub fn views(&self) -> (TensorRef<'_>, TensorRef<'_>) {
+        (self.k.view(), self.v.view())
+    }
+    /// Writable views of both pools.
+    pub fn views_mut(&mut self) -> (TensorMut<'_>, TensorMut<'_>) {
+        (self.k.view_mut(), self.v.view_mut())
+    }
+}
+
+/// The whole cache, one [`LayerKv`] per layer, on one device.
+#[derive(Debug)]
 pub struct KvCache {
     pub spec: KvCacheSpec,
     pub layers: Vec<LayerKv>,
 }
 
 impl KvCache {
-    /// Allocates a zeroed cache.
+    /// A zeroed cache in CPU memory.
     pub fn new(spec: KvCacheSpec) -> Self {
         Self::filled(spec, 0.0)
     }
 
-    /// Allocates a cache with every element set to `value` (tests use NaN so that a
-    /// stray read of an unwritten slot poisons the result).
+    /// A CPU cache with every element set to `value` (tests use NaN so that a stray
+    /// read of an unwritten slot poisons the result).
     pub fn filled(spec: KvCacheSpec, value: f32) -> Self {
-        let n = spec.pool_elems();
+        Self::host_filled(Device::Cpu, spec, value).expect("cpu is a host device")
+    }
+
+    /// A cache in the memory of a host device (`cpu` or `emu`), every element `value`.
+    pub fn host_filled(device: Device, spec: KvCacheSpec, value: f32) -> Result<Self, CoreError> {
+        let pool = || Storage::host_filled(device, spec.dtype, spec.pool_shape(), value);
         let layers = (0..spec.num_layers)
-            .map(|_| LayerKv {
-                k: vec![value; n],
-                v: vec![value; n],
+            .map(|_| {
+                Ok(LayerKv {
+                    k: pool()?,
+                    v: pool()?,
+                })
             })
-            .collect();
-        KvCache { spec, layers }
+            .collect::<Result<_, CoreError>>()?;
+        Ok(KvCache { spec, layers })
+    }
+
+    /// A zeroed cache allocated by the device's owner.
+    pub fn allocate(spec: KvCacheSpec, runtime: &dyn DeviceRuntime) -> Result<Self, CoreError> {
+        let pool = || runtime.alloc_zeroed(spec.dtype, spec.pool_shape());
+        let layers = (0..spec.num_layers)
+            .map(|_| {
+                Ok(LayerKv {
+                    k: pool()?,
+                    v: pool()?,
+                })
+            })
+            .collect::<Result<_, CoreError>>()?;
+        Ok(KvCache { spec, layers })
+    }
+
+    /// The device the pools live on.
+    pub fn device(&self) -> Device {
+        self.layers.first().map_or(Device::Cpu, |l| l.k.device())
+    }
+
+    /// A copy of a host cache (tests keep pristine copies); an error on device memory.
+    pub fn try_clone(&self) -> Result<Self, CoreError> {
+        let copy = |s: &Storage| -> Result<Storage, CoreError> {
+            let data = match s.view().host_slice() {
+                Some(crate::tensor::HostSlice::F32(x)) => crate::tensor::HostVec::F32(x.to_vec()),
+                Some(crate::tensor::HostSlice::F16(x)) => crate::tensor::HostVec::F16(x.to_vec()),
+                Some(crate::tensor::HostSlice::BF16(x)) => crate::tensor::HostVec::BF16(x.to_vec()),
+                None => {
+                    return Err(CoreError::NotOnHost {
+                        name: "kv cache",
+                        device: s.device(),
+                    })
+                }
+            };
+            Storage::from_host(s.device(), data, s.shape())
+        };
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(LayerKv {
+                    k: copy(&l.k)?,
+                    v: copy(&l.v)?,
+                })
+            })
+            .collect::<Result<_, CoreError>>()?;
+        Ok(KvCache {
+            spec: self.spec,
+            layers,
+        })
     }
 }
 
-/// Writes `k`/`v` (`[num_tokens, num_kv_heads, head_dim]`) into the pools at
-/// `slot_mapping[t]`; negative slots (padding) are skipped.
+/// Writes `k`/`v` (`[num_tokens, num_kv_heads, head_dim]`, any host dtype) into the
+/// pools at `slot_mapping[t]`, converting to the pools' dtype; negative slots
+/// (padding) are skipped. Host memory only: device backends write with their own
+/// kernel ([`crate::AttentionBackend::write_kv`]).
 pub fn write_kv(
-    k_pool: &mut [f32],
-    v_pool: &mut [f32],
-    k: &[f32],
-    v: &[f32],
+    mut k_pool: TensorMut<'_>,
+    mut v_pool: TensorMut<'_>,
+    k: TensorRef<'_>,
+    v: TensorRef<'_>,
     slot_mapping: &[i64],
     slot_elems: usize,
 ) -> Result<(), CoreError> {
-    let n = slot_mapping.len();
-    if k.len() != n * slot_elems {
-        return Err(CoreError::ShapeMismatch {
-            name: "k",
-            expected: n * slot_elems,
-            actual: k.len(),
-        });
-    }
-    if v.len() != n * slot_elems {
-        return Err(CoreError::ShapeMismatch {
-            name: "v",
-            expected: n * slot_elems,
-            actual: v.len(),
-        });
-    }
-    let num_slots = k_pool.len() / slot_elems.max(1);
-    for (t, &slot) in slot_mapping.iter().enumerate() {
-        if slot < 0 {
-            continue;
-        }
-        let slot = slot as usize;
-        if slot >= num_slots {
-            return Err(CoreError::InvalidBatch {
-                message: format!("slot {slot} out of range for a cache of {num_slots} slots"),
+    // Check both sources before writing either pool, so a bad call changes nothing.
+    let n = slot_mapping.len() * slot_elems;
+    for (name, x) in [("k", &k), ("v", &v)] {
+        if x.len() != n {
+            return Err(CoreError::ShapeMismatch {
+                name,
+                expected: n,
+                actual: x.len(),
             });
         }
-        let dst = slot * slot_elems..(slot + 1) * slot_elems;
-        let src = t * slot_elems..(t + 1) * slot_elems;
-        k_pool[dst.clone()].copy_from_slice(&k[src.clone()]);
-        v_pool[dst].copy_from_slice(&v[src]);
     }
-    Ok(())
+    let num_slots = k_pool.len() / slot_elems.max(1);
+    if let Some(&slot) = slot_mapping.iter().find(|&&s| s >= num_slots as i64) {
+        return Err(CoreError::InvalidBatch {
+            message: format!("slot {slot} out of range for a cache of {num_slots} slots"),
+        });
+    }
+    scatter_rows(&mut k_pool, k, slot_mapping, slot_elems, "k")?;
+    scatter_rows(&mut v_pool, v, slot_mapping, slot_elems, "v")
 }
 
 #[cfg(test)]
@@ -143,7 +216,7 @@ mod tests {
             let v: Vec<f32> = (0..n * slot_elems).map(|i| -(i as f32)).collect();
             let mut kp = vec![f32::NAN; total * slot_elems];
             let mut vp = vec![f32::NAN; total * slot_elems];
-            write_kv(&mut kp, &mut vp, &k, &v, &slots, slot_elems).unwrap();
+            write_kv(TensorMut::cpu(&mut kp), TensorMut::cpu(&mut vp), TensorRef::cpu(&k), TensorRef::cpu(&v), &slots, slot_elems).unwrap();
             for (t, &slot) in slots.iter().enumerate() {
                 if slot < 0 { continue; }
                 let s = slot as usize;
@@ -159,7 +232,18 @@ mod tests {
     fn out_of_range_slot_is_an_error() {
         let mut kp = vec![0.0; 4];
         let mut vp = vec![0.0; 4];
-        let e = write_kv(&mut kp, &mut vp, &[1.0, 2.0], &[1.0, 2.0], &[2], 2).unwrap_err();
+        let (k, v) = ([1.0, 2.0], [1.0, 2.0]);
+        let e = write_kv(
+            TensorMut::cpu(&mut kp),
+            TensorMut::cpu(&mut vp),
+            TensorRef::cpu(&k),
+            TensorRef::cpu(&v),
+            &[2],
+            2,
+        )
+        .unwrap_err();
         assert!(matches!(e, CoreError::InvalidBatch { .. }));
+        // Nothing was written.
+        assert_eq!(kp, [0.0; 4]);
     }
 }

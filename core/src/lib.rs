@@ -1,24 +1,37 @@
 //! Pagoda's core vocabulary, shared by every other crate.
 //!
 //! It defines what a request is ([`request`]), what the scheduler hands the model
-//! runner each step ([`sched`]), structured-output constraints as data ([`structured`]), how the paged KV cache is laid out ([`kv`]), and
-//! the attention-backend protocol with its inventory registry ([`attention`]).
+//! runner each step ([`sched`]), structured-output constraints as data ([`structured`]),
+//! data with its device and dtype ([`tensor`]) and the owners of device memory
+//! ([`device`]), how the paged KV cache is laid out ([`kv`]), and the
+//! attention-backend protocol with its inventory registry ([`attention`]).
 //!
 //! Architecture invariant: core knows nothing of HTTP, tokenizers, model files,
 //! CUDA or any concrete backend. It is plain data plus traits.
 
 pub mod attention;
+pub mod device;
 pub mod error;
 pub mod kv;
 pub mod request;
 pub mod sched;
 pub mod structured;
+pub mod tensor;
 
 pub use attention::{
     merge_states, no_runtime_reasons, registered_backends, try_registered_backends,
-    AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor, Capabilities, DType,
-    Device, DeviceKind, InvalidReason, LayerIo, Role,
+    AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor, Capabilities, F32Io,
+    InvalidReason, LayerIo, Role,
 };
+pub use device::{
+    device_unavailable, open_device, DeviceRegistration, DeviceRuntime, HostRuntime, MemoryInfo,
+};
+pub use tensor::{
+    DType, Device, DeviceKind, DeviceMemory, DevicePtr, HostElem, HostSlice, HostSliceMut, HostVec,
+    Shape, Storage, TensorMut, TensorRef,
+};
+// Host element types of the f16/bf16 dtypes.
+pub use half::{bf16, f16};
 // `register_backend!` expands to `$crate::inventory::submit!`, so inventory must be
 // reachable from the crate root.
 pub use attention::inventory;

@@ -29,6 +29,10 @@ pub struct EngineConfig {
     pub seed: u64,
     /// vLLM's `--disable-log-stats`: no periodic throughput/queue log lines.
     pub disable_log_stats: bool,
+    /// Where the KV cache lives and attention runs (vLLM's `--device`): `cpu`, or
+    /// `emu` (the CUDA attention kernels compiled for the host; slow, for testing).
+    /// The model forward runs in host memory, so a CUDA device is refused at start.
+    pub device: pagoda_core::Device,
 }
 
 /// Prompts that trigger the runner's test-only faults (see
@@ -58,6 +62,7 @@ impl EngineConfig {
             fault_injection: None,
             seed: 0,
             disable_log_stats: false,
+            device: pagoda_core::Device::Cpu,
         }
     }
 }

@@ -6,6 +6,7 @@
 use crate::runner::ModelRunner;
 use crate::structured::{Grammar, MaskStats};
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
+use pagoda_core::{open_device, Device, DeviceRuntime};
 use pagoda_core::{
     EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob, ReqHandle, Request,
     RequestStatus, SchedulerOutput,
@@ -14,6 +15,31 @@ use pagoda_models::{llama::Llama, merge_attention_configs, LlamaConfig, LlamaWei
 use pagoda_scheduler::{Scheduler, SchedulerConfig};
 use pagoda_selector::{select, BackendOverride};
 use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The runtime of the engine's device, or why it cannot be used: the device must be
+/// available (driver, device, runtime linked) and, as the model forward runs in host
+/// memory, be a host device (`cpu`, or `emu` for the CUDA attention kernels emulated
+/// on the host).
+pub fn open_engine_device(device: Device) -> Result<Arc<dyn DeviceRuntime>, EngineError> {
+    let runtime = open_device(device).map_err(|e| EngineError::Device {
+        device,
+        message: match e {
+            pagoda_core::CoreError::DeviceUnavailable { message, .. } => message,
+            other => other.to_string(),
+        },
+    })?;
+    if !device.is_host() {
+        return Err(EngineError::Device {
+            device,
+            message: "the model forward runs in host memory in this build (the CUDA forward \
+                      is not written yet); use --device cpu, or --device emu to run the CUDA \
+                      attention kernels emulated on the host"
+                .into(),
+        });
+    }
+    Ok(runtime)
+}
 
 /// Scheduler plus model runner.
 pub struct EngineCore {
@@ -30,6 +56,7 @@ impl EngineCore {
     /// Builds the runner (model, KV cache, selected attention backend) and the scheduler.
     pub fn new(
         config: &EngineConfig,
+        runtime: Arc<dyn DeviceRuntime>,
         model_config: LlamaConfig,
         weights: LlamaWeights,
         eos_token_ids: Vec<u32>,
@@ -39,8 +66,11 @@ impl EngineCore {
         let requested_len = check_max_model_len(config.max_model_len, model_max)?;
         // One attention config per kind of layer (Gemma 2: sliding and global); the
         // selection must serve their union of needs (`merged`), then one backend
-        // is built per kind.
-        let attn_configs = model_config.attention_configs(config.block_size);
+        // is built per kind. The selector sees the device actually in use.
+        let mut attn_configs = model_config.attention_configs(config.block_size);
+        for c in &mut attn_configs {
+            c.device = runtime.device();
+        }
         let merged = merge_attention_configs(&attn_configs);
         let features = model_config.arch.features();
         tracing::info!(
@@ -75,6 +105,7 @@ impl EngineCore {
             block_size: config.block_size,
             num_kv_heads: model_config.num_kv_heads,
             head_dim: model_config.head_dim,
+            dtype: merged.kv_dtype,
         };
         spec.num_blocks = config
             .num_kv_blocks
@@ -110,7 +141,18 @@ impl EngineCore {
         };
         tracing::info!("linear-layer weights: {:?}", config.weight_dtype);
         let model = Llama::new_with_dtype(model_config, weights, config.weight_dtype)?;
-        let runner = ModelRunner::new(model, KvCache::new(spec), attn, eos_token_ids);
+        for (kind, bytes) in model.weight_summary() {
+            tracing::info!(
+                "linear-layer weights: {kind}, {:.1} MiB",
+                bytes as f64 / (1 << 20) as f64
+            );
+        }
+        // The device's owner allocates the cache.
+        let kv = KvCache::allocate(spec, runtime.as_ref()).map_err(|e| EngineError::Device {
+            device: runtime.device(),
+            message: format!("allocating the KV cache: {e}"),
+        })?;
+        let runner = ModelRunner::new(model, kv, attn, eos_token_ids);
         release_freed_memory();
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_seqs: config.max_num_seqs,

@@ -21,6 +21,11 @@ pub enum EngineError {
     QueueFull { max_waiting: usize },
     #[error("model: {message}")]
     Model { message: String },
+    #[error("device {device}: {message}")]
+    Device {
+        device: pagoda_core::Device,
+        message: String,
+    },
     #[error("attention backend selection: {message}")]
     Selector { message: String },
     #[error("engine fault: {message}")]

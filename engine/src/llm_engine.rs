@@ -164,6 +164,8 @@ fn check_something_samplable(params: &SamplingParams, info: &ModelInfo) -> Resul
 impl LLMEngine {
     /// Loads the model, selects the attention backend and allocates the KV cache.
     pub fn new(config: EngineConfig) -> Result<Self, EngineError> {
+        // The device first: a missing driver is reported before the weights load.
+        let runtime = crate::engine_core::open_engine_device(config.device)?;
         let t0 = Instant::now();
         tracing::info!("loading model from {}", config.model_path.display());
         let loaded = pagoda_models::load_model(&config.model_path)?;
@@ -178,6 +180,7 @@ impl LLMEngine {
         let eos_token_ids = loaded.eos_token_ids.clone();
         let (mut core, info) = EngineCore::new(
             &config,
+            runtime,
             loaded.config,
             loaded.weights,
             eos_token_ids.clone(),

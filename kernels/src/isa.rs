@@ -13,6 +13,11 @@ use std::sync::OnceLock;
 /// The environment variable that turns the AVX-512 paths off when set to `1`.
 pub const DISABLE_AVX512_ENV: &str = "PAGODA_DISABLE_AVX512";
 
+/// The environment variable that turns only AVX-512 BF16 off when set to `1`: an
+/// Intel Xeon without `avx512_bf16` (Skylake-X, Cascade Lake) on this machine, so
+/// the bf16 GEMM's AVX-512 F fallback can be tested and measured.
+pub const DISABLE_AVX512_BF16_ENV: &str = "PAGODA_DISABLE_AVX512_BF16";
+
 /// An instruction-set level, each one a superset of the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
@@ -31,13 +36,16 @@ impl Isa {
     pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Avx512Bf16];
 
     /// The best level this CPU supports, capped below [`Isa::Avx512`] when
-    /// `PAGODA_DISABLE_AVX512=1`. Probed once per process (so the variable must be
+    /// `PAGODA_DISABLE_AVX512=1`, below [`Isa::Avx512Bf16`] when
+    /// `PAGODA_DISABLE_AVX512_BF16=1`. Probed once per process (so the variable must be
     /// set before the first call; later changes are not seen).
     pub fn detect() -> Isa {
         static ISA: OnceLock<Isa> = OnceLock::new();
         *ISA.get_or_init(|| {
-            let disable = std::env::var_os(DISABLE_AVX512_ENV).is_some_and(|v| v == "1");
-            Isa::from_features(probe(), disable)
+            let set = |var: &str| std::env::var_os(var).is_some_and(|v| v == "1");
+            let (avx2, avx512, bf16) = probe();
+            let bf16 = bf16 && !set(DISABLE_AVX512_BF16_ENV);
+            Isa::from_features((avx2, avx512, bf16), set(DISABLE_AVX512_ENV))
         })
     }
 
@@ -74,6 +82,25 @@ impl Isa {
     pub fn avx512_bf16(self) -> bool {
         self >= Isa::Avx512Bf16
     }
+}
+
+/// Whether the CPU has AVX-512 BW and VNNI (`vpdpbusd`), for the int8 kernels of
+/// [`crate::quant`]; false under `PAGODA_DISABLE_AVX512=1`. Not an [`Isa`] level:
+/// VNNI and BF16 come in either order (Intel Cascade Lake has VNNI only).
+pub fn avx512_vnni() -> bool {
+    static VNNI: OnceLock<bool> = OnceLock::new();
+    Isa::detect().avx512() && *VNNI.get_or_init(probe_vnni)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn probe_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn probe_vnni() -> bool {
+    false
 }
 
 /// The CPU's `(avx2 + fma, avx512f, avx512bw + avx512bf16)`.

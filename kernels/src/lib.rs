@@ -14,12 +14,14 @@
 
 pub mod act;
 pub mod blocks;
+pub mod dispatch;
 pub mod error;
 pub mod isa;
 pub mod matmul;
 pub mod norm;
 pub mod packed;
 pub mod packed_bf16;
+pub mod quant;
 pub mod rope;
 pub mod simd;
 
@@ -28,10 +30,12 @@ pub use act::{
     log_softmax_ref, max_index, silu_mul, silu_mul_fused, silu_mul_ref, softmax,
 };
 pub use blocks::StepBlocks;
+pub use dispatch::{gemm_paths, GemmPath, GemmPaths};
 pub use error::KernelError;
 pub use isa::Isa;
 pub use matmul::matmul_t_ref;
 pub use norm::{add_rms_norm, rms_norm, rms_norm_ref};
 pub use packed::{matmul_packed, PackedMatrix, PANEL};
-pub use packed_bf16::{matmul_packed_bf16, PackedMatrixBf16};
+pub use packed_bf16::{bf16_path, matmul_packed_bf16, PackedMatrixBf16};
+pub use quant::{matmul_quant, QuantFormat, QuantKernel, QuantMatrix};
 pub use rope::{inv_freq, rope_ref, Llama3Scaling, RopeCache};

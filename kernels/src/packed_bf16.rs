@@ -11,6 +11,11 @@
 //!
 //! As in the f32 kernel, each output is one lane accumulated over `q` in order,
 //! so a row's result does not depend on the rows it is batched with.
+//!
+//! Without AVX-512 BF16 (Intel before Cooper Lake, AVX2-only CPUs) the same
+//! panels run through fallbacks that widen each weight to f32 in registers (see
+//! [`bf16_path`]): never the per-element scalar loop, which ran ~10x slower
+//! than f32 on such a CPU.
 
 use crate::error::{check_len, KernelError};
 use crate::packed::{check_row, run_panels, PanelTask, Prefetch, MR, PANEL};
@@ -77,21 +82,38 @@ impl PackedMatrixBf16 {
     }
 }
 
-/// `out[m, n] = x[m, k] · wᵀ` for a packed bf16 `w`; `x` is rounded to bf16 as it
-/// is used, products accumulate in f32.
+/// `out[m, n] = x[m, k] · wᵀ` for a packed bf16 `w`, products accumulated in f32.
+/// With AVX-512 BF16 `x` is rounded to bf16 as it is used (`vdpbf16ps`); the
+/// fallbacks ([`Bf16Path`]) widen the weights to f32 instead (a 16-bit shift) and
+/// multiply them with `x` as it is, at the f32 kernel's FMA count on half its
+/// bytes, so no CPU runs bf16 slower than f32.
 pub fn matmul_packed_bf16(
     x: &[f32],
     w: &PackedMatrixBf16,
     out: &mut [f32],
     m: usize,
 ) -> Result<(), KernelError> {
-    let fast = crate::Isa::detect().avx512_bf16();
+    let path = bf16_path();
     run_panels(x, out, m, w.k, w.n, &w.lines, w.k.div_ceil(2), |t| {
-        // SAFETY: `fast` comes from `Isa::detect`; run_panels checked the shapes
+        // SAFETY: `path` comes from `Isa::detect`; run_panels checked the shapes
         // and hands out tasks whose `out` is valid for `rows` x `cols` at `ldo`
         // (disjoint blocks of `out`).
-        unsafe { block_rows(fast, t) }
+        unsafe { block_rows(path, t) }
     })
+}
+
+/// The code [`matmul_packed_bf16`] runs on this CPU (under `PAGODA_DISABLE_AVX512`).
+pub fn bf16_path() -> crate::GemmPath {
+    let isa = crate::Isa::detect();
+    if isa.avx512_bf16() {
+        crate::GemmPath::Avx512Bf16
+    } else if isa.avx512() {
+        crate::GemmPath::Avx512
+    } else if isa.avx2_fma() {
+        crate::GemmPath::Avx2
+    } else {
+        crate::GemmPath::Portable
+    }
 }
 
 /// Pairs of `x` converted per chunk (a stack buffer of `MR` rows).
@@ -100,9 +122,10 @@ const CHUNK_PAIRS: usize = 256;
 /// One [`PanelTask`] of bf16 lines.
 ///
 /// # Safety
-/// AVX-512 BF16 available when `fast`; the task's `out` is valid for `rows` rows
-/// of `cols` elements at stride `ldo`.
-unsafe fn block_rows(fast: bool, t: PanelTask<'_, Line>) {
+/// `path` runs on this CPU; the task's `out` is valid for `rows` rows of `cols`
+/// elements at stride `ldo`.
+unsafe fn block_rows(path: crate::GemmPath, t: PanelTask<'_, Line>) {
+    use crate::GemmPath;
     let PanelTask {
         x,
         rows,
@@ -114,7 +137,7 @@ unsafe fn block_rows(fast: bool, t: PanelTask<'_, Line>) {
         cols,
     } = t;
     #[cfg(target_arch = "x86_64")]
-    if fast {
+    if matches!(path, GemmPath::Avx512 | GemmPath::Avx512Bf16) {
         let tiles = rows.div_ceil(MR);
         let lp = lines.as_ptr() as *const u32;
         let mut i = 0;
@@ -124,40 +147,157 @@ unsafe fn block_rows(fast: bool, t: PanelTask<'_, Line>) {
             let o = out.add(i * ldo);
             let pf = Prefetch::share(next, i / MR, tiles);
             // SAFETY: AVX-512 F/BW/BF16 are available (the caller's contract for
-            // `fast`); `xr` holds h rows of k floats; `lp` points at the panel's
+            // `path`; F only for `ukr_widen`); `xr` holds h rows of k floats; `lp` points at the panel's
             // k.div_ceil(2) `Line`s (64-byte aligned by `repr(align(64))`); `o` has
             // h rows of `cols` at `ldo` (caller's contract); `pf` lies inside `next`.
             unsafe {
-                match h {
-                    6 => ukr::<6>(xr, k, lp, o, ldo, cols, pf),
-                    5 => ukr::<5>(xr, k, lp, o, ldo, cols, pf),
-                    4 => ukr::<4>(xr, k, lp, o, ldo, cols, pf),
-                    3 => ukr::<3>(xr, k, lp, o, ldo, cols, pf),
-                    2 => ukr::<2>(xr, k, lp, o, ldo, cols, pf),
-                    _ => ukr::<1>(xr, k, lp, o, ldo, cols, pf),
+                if path == GemmPath::Avx512Bf16 {
+                    match h {
+                        6 => ukr::<6>(xr, k, lp, o, ldo, cols, pf),
+                        5 => ukr::<5>(xr, k, lp, o, ldo, cols, pf),
+                        4 => ukr::<4>(xr, k, lp, o, ldo, cols, pf),
+                        3 => ukr::<3>(xr, k, lp, o, ldo, cols, pf),
+                        2 => ukr::<2>(xr, k, lp, o, ldo, cols, pf),
+                        _ => ukr::<1>(xr, k, lp, o, ldo, cols, pf),
+                    }
+                } else {
+                    // AVX-512 F only: at most 4 rows, as each line widens to 8
+                    // vectors (4 x 4 accumulators + 8 weights + a broadcast).
+                    match h {
+                        6 => {
+                            ukr_widen::<4>(xr, k, lp, o, ldo, cols, pf);
+                            ukr_widen::<2>(&xr[4 * k..], k, lp, o.add(4 * ldo), ldo, cols, pf);
+                        }
+                        5 => {
+                            ukr_widen::<4>(xr, k, lp, o, ldo, cols, pf);
+                            ukr_widen::<1>(&xr[4 * k..], k, lp, o.add(4 * ldo), ldo, cols, pf);
+                        }
+                        4 => ukr_widen::<4>(xr, k, lp, o, ldo, cols, pf),
+                        3 => ukr_widen::<3>(xr, k, lp, o, ldo, cols, pf),
+                        2 => ukr_widen::<2>(xr, k, lp, o, ldo, cols, pf),
+                        _ => ukr_widen::<1>(xr, k, lp, o, ldo, cols, pf),
+                    }
                 }
             }
             i += h;
         }
         return;
     }
-    let _ = (fast, next);
-    // Portable: widen both to f32 (x rounded to bf16 first, as the fast path does).
-    for i in 0..rows {
+    let _ = next;
+    #[cfg(target_arch = "x86_64")]
+    if path == GemmPath::Avx2 {
+        // SAFETY: AVX2 + FMA available (`path`); the rest is the caller's contract.
+        return unsafe { widen_rows_avx2(t) };
+    }
+    // SAFETY: the caller's contract.
+    unsafe { widen_rows::<false>(t) }
+}
+
+/// # Safety
+/// As [`block_rows`], and AVX2 + FMA available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn widen_rows_avx2(t: PanelTask<'_, Line>) {
+    // SAFETY: the caller's contract.
+    unsafe { widen_rows::<true>(t) }
+}
+
+/// Without AVX-512: weights widened to f32 (bf16 is the top half of an f32) and
+/// multiplied with `x` as it is; one accumulator per output, summed over `k` in
+/// order, left to the compiler's vectoriser (8-wide FMAs under AVX2). `FMA`:
+/// fused multiply-adds, only where the CPU has them.
+///
+/// # Safety
+/// As [`block_rows`].
+#[inline(always)]
+unsafe fn widen_rows<const FMA: bool>(t: PanelTask<'_, Line>) {
+    let k = t.k;
+    for i in 0..t.rows {
+        let x = &t.x[i * k..(i + 1) * k];
         let mut acc = [0.0f32; PANEL];
-        for (q, line) in lines.iter().enumerate() {
-            for half in 0..2 {
-                let p = 2 * q + half;
-                if p >= k {
-                    break;
-                }
-                let a = bf16::from_f32(x[i * k + p]).to_f32();
-                for (s, &lane) in acc.iter_mut().zip(&line.0) {
-                    *s += a * bf16::from_bits((lane >> (16 * half)) as u16).to_f32();
-                }
+        for (q, line) in t.lines.iter().enumerate() {
+            let a0 = x[2 * q];
+            let a1 = x.get(2 * q + 1).copied().unwrap_or(0.0);
+            for (s, &lane) in acc.iter_mut().zip(&line.0) {
+                let (w0, w1) = (
+                    f32::from_bits(lane << 16),
+                    f32::from_bits(lane & 0xFFFF_0000),
+                );
+                *s = if FMA {
+                    a1.mul_add(w1, a0.mul_add(w0, *s))
+                } else {
+                    *s + a0 * w0 + a1 * w1
+                };
             }
         }
-        std::ptr::copy_nonoverlapping(acc.as_ptr(), out.add(i * ldo), cols);
+        // SAFETY: the caller's contract: row i of `out` has `cols` elements.
+        unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), t.out.add(i * t.ldo), t.cols) };
+    }
+}
+
+/// [`ukr`] on AVX-512 F without BF16: each line's pairs widened to two f32
+/// vectors (shift, mask) and multiplied with `x` unrounded, two FMAs per pair.
+///
+/// # Safety
+/// AVX-512 F available; otherwise as [`ukr`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn ukr_widen<const H: usize>(
+    x: &[f32],
+    k: usize,
+    lp: *const u32,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+    pf: Prefetch,
+) {
+    use std::arch::x86_64::*;
+    const NV: usize = PANEL / 16;
+    let pairs = k.div_ceil(2);
+    let mut pf_issued = 0usize;
+    let mut acc = [[_mm512_setzero_ps(); NV]; H];
+    let hi_mask = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    for q in 0..pairs {
+        // SAFETY: `pf` lies inside the next panel (caller's contract).
+        unsafe { pf.step(q, pairs, &mut pf_issued) };
+        // SAFETY: line q < pairs of the panel at `lp`, 64-byte aligned, PANEL lanes.
+        let line = unsafe { lp.add(q * PANEL) };
+        let mut w0 = [_mm512_setzero_ps(); NV];
+        let mut w1 = [_mm512_setzero_ps(); NV];
+        for v in 0..NV {
+            // SAFETY: as above; each vector is 16 of the line's PANEL lanes.
+            let b = unsafe { _mm512_load_si512(line.add(v * 16) as *const _) };
+            w0[v] = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+            w1[v] = _mm512_castsi512_ps(_mm512_and_si512(b, hi_mask));
+        }
+        for i in 0..H {
+            let a0 = _mm512_set1_ps(x[i * k + 2 * q]);
+            let a1 = _mm512_set1_ps(if 2 * q + 1 < k {
+                x[i * k + 2 * q + 1]
+            } else {
+                0.0
+            });
+            for v in 0..NV {
+                acc[i][v] = _mm512_fmadd_ps(a1, w1[v], _mm512_fmadd_ps(a0, w0[v], acc[i][v]));
+            }
+        }
+    }
+    for i in 0..H {
+        // SAFETY: `out` has H rows of `cols` at `ldo` (caller's contract).
+        let o = unsafe { out.add(i * ldo) };
+        for v in 0..NV {
+            let c0 = v * 16;
+            if c0 < cols {
+                let mask = if c0 + 16 <= cols {
+                    u16::MAX
+                } else {
+                    ((1u32 << (cols - c0)) - 1) as u16
+                };
+                // SAFETY: the mask keeps the store inside the row's `cols`.
+                unsafe { _mm512_mask_storeu_ps(o.add(c0), mask, acc[i][v]) };
+            }
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! The portable (non-AVX-512) paths, forced on with `PAGODA_DISABLE_AVX512=1`, so
-//! they are tested on the AVX-512 machines too: packed GEMMs against the
-//! reference and batch-invariant, SiLU, argmax and the NaN scan against plain
+//! they are tested on the AVX-512 machines too: packed GEMMs (f32, bf16, int8)
+//! against the reference and batch-invariant, no dtype on scalar code, SiLU, argmax and the NaN scan against plain
 //! loops. One test per binary: the switch is read once per process.
 
 mod common;
@@ -25,7 +25,8 @@ fn portable_paths_match_references() {
         let pb = PackedMatrixBf16::pack(&w, n, k).unwrap();
         let mut outb = vec![f32::NAN; m * n];
         matmul_packed_bf16(&x, &pb, &mut outb, m).unwrap();
-        assert_ref(&outb, &round_bf16(&x), &round_bf16(&w), (m, k, n));
+        // The fallback widens the bf16 weights and keeps x as it is.
+        assert_ref(&outb, &x, &round_bf16(&w), (m, k, n));
         for i in 0..m {
             let mut alone = vec![0.0; n];
             matmul_packed(&x[i * k..(i + 1) * k], &pw, &mut alone, 1).unwrap();
@@ -52,4 +53,28 @@ fn portable_paths_match_references() {
     row[600] = f32::INFINITY;
     row[700] = f32::NAN;
     assert_eq!(first_nan_or_inf(&row), Some(600));
+}
+
+/// Without AVX-512, no weight dtype falls to scalar code on an AVX2 machine, and
+/// the AVX2 quantized kernel is the one that runs (checked against the portable
+/// kernel, bit for bit).
+#[test]
+fn no_dtype_falls_to_scalar_code_without_avx512() {
+    std::env::set_var("PAGODA_DISABLE_AVX512", "1");
+    let paths = gemm_paths();
+    if Isa::detect().avx2_fma() {
+        assert_eq!(paths.f32, GemmPath::Avx2);
+        assert_eq!(paths.bf16, GemmPath::Avx2);
+        assert_eq!(paths.quant, GemmPath::Avx2);
+    }
+    let (m, k, n) = (5, 64, 40);
+    let (x, w) = fixed(m, k, n);
+    let q = QuantMatrix::quantize_q8_0(&w, n, k).unwrap();
+    let mut out = vec![0.0; m * n];
+    matmul_quant(&x, &q, &mut out, m).unwrap();
+    let mut acts = quant::QuantActs::default();
+    acts.quantize(&x, m, k).unwrap();
+    let mut slow = vec![0.0; m * n];
+    quant::matmul_quant_acts(&acts, &q, &mut slow, n, QuantKernel::Portable).unwrap();
+    assert_eq!(out, slow);
 }

@@ -73,6 +73,20 @@ impl GgmlType {
         }
     }
 
+    /// The format of the quantized kernels (`pagoda_kernels::quant`) that runs
+    /// this type as stored, if one does.
+    pub fn quant_format(self) -> Option<pagoda_kernels::QuantFormat> {
+        use pagoda_kernels::QuantFormat as Q;
+        Some(match self {
+            Self::Q4_0 => Q::Q4_0,
+            Self::Q4_1 => Q::Q4_1,
+            Self::Q8_0 => Q::Q8_0,
+            Self::Q4K => Q::Q4K,
+            Self::Q6K => Q::Q6K,
+            _ => return None,
+        })
+    }
+
     /// (elements per block, bytes per block).
     pub fn block_layout(self) -> (usize, usize) {
         match self {

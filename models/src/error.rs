@@ -54,6 +54,12 @@ pub enum ModelError {
     Safetensors { path: PathBuf, message: String },
     #[error("invalid config.json: {message}")]
     Config { message: String },
+    #[error("packing weight `{name}` for the kernels: {source}")]
+    Pack {
+        name: String,
+        #[source]
+        source: pagoda_kernels::KernelError,
+    },
     #[error("forward pass: {message}")]
     Forward { message: String },
     #[error(transparent)]

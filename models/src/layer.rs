@@ -7,7 +7,7 @@
 use crate::arch::ArchConfig;
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
-use crate::llama::{Linear, WeightDtype};
+use crate::linear::{Linear, WeightDtype};
 use crate::moe::{check_moe, Expert, MoeMlp};
 use crate::weights::{LayerExtras, LayerWeights, Mat};
 
@@ -99,6 +99,9 @@ impl FusedLayer {
         let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
         let a: &ArchConfig = &c.arch;
         let n = |s: &str| format!("blk.{i}.{s}");
+        let lin = |s: &str, parts: Vec<Mat>, k: usize, dtype: WeightDtype| {
+            Linear::from_parts(&n(s), parts, k, dtype)
+        };
         check_vec(n("attn_norm"), &l.attn_norm, hidden)?;
         check_mat(n("wq"), &l.wq, q_dim, hidden)?;
         check_mat(n("wk"), &l.wk, kv_dim, hidden)?;
@@ -140,11 +143,9 @@ impl FusedLayer {
                 check_mat(n("w_gate"), &l.w_gate, inter, hidden)?;
                 check_mat(n("w_up"), &l.w_up, inter, hidden)?;
                 check_mat(n("w_down"), &l.w_down, hidden, inter)?;
-                let mut w_gate_up = l.w_gate.data;
-                w_gate_up.extend_from_slice(&l.w_up.data);
                 Mlp::Dense {
-                    w_gate_up: Linear::new(w_gate_up, 2 * inter, hidden, dtype)?,
-                    w_down: Linear::new(l.w_down.data, hidden, inter, dtype)?,
+                    w_gate_up: lin("w_gate_up", vec![l.w_gate, l.w_up], hidden, dtype)?,
+                    w_down: lin("w_down", vec![l.w_down], inter, dtype)?,
                 }
             }
             (Some(cfg), Some(w)) => {
@@ -155,16 +156,19 @@ impl FusedLayer {
                     check_mat(n(&format!("ffn_gate.{e}")), &x.w_gate, inter, hidden)?;
                     check_mat(n(&format!("ffn_up.{e}")), &x.w_up, inter, hidden)?;
                     check_mat(n(&format!("ffn_down.{e}")), &x.w_down, hidden, inter)?;
-                    let mut gu = x.w_gate.data;
-                    gu.extend_from_slice(&x.w_up.data);
                     experts.push(Expert {
-                        w_gate_up: Linear::new(gu, 2 * inter, hidden, dtype)?,
-                        w_down: Linear::new(x.w_down.data, hidden, inter, dtype)?,
+                        w_gate_up: lin(
+                            &format!("ffn_gate_up.{e}"),
+                            vec![x.w_gate, x.w_up],
+                            hidden,
+                            dtype,
+                        )?,
+                        w_down: lin(&format!("ffn_down.{e}"), vec![x.w_down], inter, dtype)?,
                     });
                 }
                 Mlp::Moe(MoeMlp {
                     // The router stays f32: its scores pick the experts.
-                    router: Linear::new(w.router.data, cfg.num_experts, hidden, WeightDtype::F32)?,
+                    router: lin("ffn_gate_inp", vec![w.router], hidden, WeightDtype::F32)?,
                     experts,
                     top_k: cfg.top_k,
                 })
@@ -180,15 +184,12 @@ impl FusedLayer {
                 })
             }
         };
-        let mut wqkv = l.wq.data;
-        wqkv.extend_from_slice(&l.wk.data);
-        wqkv.extend_from_slice(&l.wv.data);
         Ok(FusedLayer {
             attn_norm: l.attn_norm,
-            wqkv: Linear::new(wqkv, q_dim + 2 * kv_dim, hidden, dtype)?,
+            wqkv: lin("wqkv", vec![l.wq, l.wk, l.wv], hidden, dtype)?,
             qkv_bias,
             qk_norm: q_norm.zip(k_norm),
-            wo: Linear::new(l.wo.data, hidden, q_dim, dtype)?,
+            wo: lin("wo", vec![l.wo], q_dim, dtype)?,
             post_attn_norm,
             ffn_norm: l.ffn_norm,
             mlp,

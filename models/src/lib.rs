@@ -14,6 +14,7 @@ pub mod gguf;
 pub mod hf;
 pub mod hf_arch;
 mod layer;
+pub mod linear;
 pub mod llama;
 pub mod loaded;
 pub mod loader;
@@ -25,8 +26,11 @@ pub use arch::{ArchConfig, Architecture, AttnKind};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{merge_attention_configs, LlamaConfig, RopeScaling};
 pub use error::ModelError;
-pub use llama::{ForwardScratch, Llama, WeightDtype};
+pub use linear::{Linear, WeightDtype};
+pub use llama::{ForwardScratch, Llama};
 pub use loaded::LoadedModel;
 pub use loader::{inspect_model, load_model};
 pub use tokenizer::Tokenizer;
-pub use weights::{ExpertWeights, LayerExtras, LayerWeights, LlamaWeights, Mat, MoeWeights};
+pub use weights::{
+    ExpertWeights, LayerExtras, LayerWeights, LlamaWeights, Mat, MoeWeights, QuantBlocks,
+};

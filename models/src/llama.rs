@@ -5,10 +5,9 @@
 //! soft caps, Mixtral's sparse MoE in `moe.rs`); the layers are built in
 //! `layer.rs`.
 //!
-//! The linear-layer weights are packed at construction into the column panels of
-//! `pagoda_kernels::packed` (the broadcast-form GEMM), in f32 or, with
-//! [`WeightDtype::Bf16`], in bf16 (rounded to nearest even: half the bytes per
-//! decode step and twice the multiply-adds per instruction). Norms stay f32; the
+//! The linear-layer weights are [`Linear`]s, stored at construction as
+//! [`WeightDtype`] says: packed f32 or bf16 panels, or quantized (a GGUF's blocks
+//! as stored, or Q8_0 made at load), see `crate::linear`. Norms stay f32; the
 //! embedding table stays as loaded unless it is tied to the LM head, in which case
 //! the head's one packed copy serves both (a lookup gathers the row back out).
 //!
@@ -23,71 +22,17 @@ use crate::arch::{Activation, AttnKind};
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::layer::{check_mat, check_vec, FusedLayer, Mlp};
+use crate::linear::{Linear, WeightDtype};
 use crate::moe::MoeScratch;
 use crate::weights::{LlamaWeights, Mat};
-use pagoda_core::{AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, LayerIo};
+use pagoda_core::{
+    AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, LayerIo, TensorMut, TensorRef,
+};
 use pagoda_kernels::{
-    add_rms_norm, gelu_tanh_mul_fused, matmul_packed, matmul_packed_bf16, rms_norm, silu_mul_fused,
-    KernelError, Llama3Scaling, PackedMatrix, PackedMatrixBf16, RopeCache,
+    add_rms_norm, gelu_tanh_mul_fused, rms_norm, silu_mul_fused, KernelError, Llama3Scaling,
+    RopeCache,
 };
 use std::ops::DerefMut;
-
-/// How [`Llama::new_with_dtype`] stores the linear-layer weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WeightDtype {
-    /// As loaded (exact for the reference tests).
-    #[default]
-    F32,
-    /// Rounded to bf16 (nearest even); activations stay f32, products accumulate
-    /// in f32.
-    Bf16,
-}
-
-/// A linear layer's weight matrix `[n, k]` (`nn.Linear` layout) in its storage dtype.
-#[derive(Debug, Clone)]
-pub(crate) enum Linear {
-    /// Packed into column panels for the broadcast-form GEMM (see
-    /// `pagoda_kernels::packed`).
-    F32(PackedMatrix),
-    /// Rounded to bf16 and packed the same way, for `vdpbf16ps`.
-    Bf16(PackedMatrixBf16),
-}
-
-impl Linear {
-    /// `data` is `[n, k]`.
-    pub(crate) fn new(
-        data: Vec<f32>,
-        n: usize,
-        k: usize,
-        dtype: WeightDtype,
-    ) -> Result<Self, ModelError> {
-        Ok(match dtype {
-            WeightDtype::F32 => Linear::F32(PackedMatrix::pack(&data, n, k).map_err(kernel)?),
-            WeightDtype::Bf16 => Linear::Bf16(PackedMatrixBf16::pack(&data, n, k).map_err(kernel)?),
-        })
-    }
-
-    /// `out[m, n] = x[m, k] · selfᵀ`: every matmul of the decoder goes through here.
-    pub(crate) fn matmul(
-        &self,
-        x: &[f32],
-        out: &mut [f32],
-        m: usize,
-        k: usize,
-        n: usize,
-    ) -> Result<(), KernelError> {
-        match self {
-            Linear::F32(w) => {
-                debug_assert_eq!((w.k(), w.n()), (k, n));
-                matmul_packed(x, w, out, m)
-            }
-            Linear::Bf16(w) => {
-                debug_assert_eq!((w.k(), w.n()), (k, n));
-                matmul_packed_bf16(x, w, out, m)
-            }
-        }
-    }
-}
 
 /// The token embedding table `[vocab, hidden]`.
 #[derive(Debug, Clone)]
@@ -104,11 +49,8 @@ impl Embedding {
         match self {
             Embedding::Table(m) => dst.copy_from_slice(m.row(r)),
             // r < vocab (checked by forward's input validation), dst has k elements.
-            Embedding::Tied(Linear::F32(p)) => {
-                let _ = p.row_into(r, dst);
-            }
-            Embedding::Tied(Linear::Bf16(p)) => {
-                let _ = p.row_into(r, dst);
+            Embedding::Tied(head) => {
+                let _ = head.row_into(r, dst);
             }
         }
     }
@@ -294,15 +236,15 @@ impl Llama {
             scaling.as_ref(),
         )
         .map_err(|e| config_err(format!("rope: {e}")))?;
-        let (embed, lm_head) = match (weights.lm_head, dtype) {
-            (Some(head), _) => (
+        let (embed, lm_head) = match weights.lm_head {
+            Some(head) => (
                 Embedding::Table(weights.embed),
-                Some(Linear::new(head.data, c.vocab_size, hidden, dtype)?),
+                Some(Linear::from_parts("lm_head", vec![head], hidden, dtype)?),
             ),
-            (None, _) => (
-                Embedding::Tied(Linear::new(
-                    weights.embed.data,
-                    c.vocab_size,
+            None => (
+                Embedding::Tied(Linear::from_parts(
+                    "token_embd",
+                    vec![weights.embed],
                     hidden,
                     dtype,
                 )?),
@@ -334,9 +276,40 @@ impl Llama {
         self.config.attention_configs(block_size)
     }
 
-    /// How the linear-layer weights are stored.
+    /// How the linear-layer weights were asked to be stored.
     pub fn weight_dtype(&self) -> WeightDtype {
         self.dtype
+    }
+
+    /// Each distinct (storage, kernel) of the linear layers with its bytes, e.g.
+    /// `("Q4_1 avx2", 63_700_000)`: what a decode step reads and what runs it.
+    pub fn weight_summary(&self) -> Vec<(String, usize)> {
+        let mut out: Vec<(String, usize)> = Vec::new();
+        let head = match (&self.lm_head, &self.embed) {
+            (Some(h), _) | (None, Embedding::Tied(h)) => Some(h),
+            _ => None,
+        };
+        let mut lins: Vec<&Linear> = Vec::new();
+        for l in &self.layers {
+            lins.extend([&l.wqkv, &l.wo]);
+            match &l.mlp {
+                Mlp::Dense { w_gate_up, w_down } => lins.extend([w_gate_up, w_down]),
+                Mlp::Moe(moe) => {
+                    lins.push(&moe.router);
+                    for e in &moe.experts {
+                        lins.extend([&e.w_gate_up, &e.w_down]);
+                    }
+                }
+            }
+        }
+        for lin in lins.into_iter().chain(head) {
+            let (name, bytes) = (lin.describe(), lin.num_bytes());
+            match out.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, b)) => *b += bytes,
+                None => out.push((name, bytes)),
+            }
+        }
+        out
     }
 
     /// `out[m, vocab] = x[m, hidden] · headᵀ` (the embedding when tied).
@@ -549,20 +522,25 @@ impl Llama {
         self.rope
             .apply(&mut s.k, c.num_kv_heads, positions)
             .map_err(kernel)?;
+        // Activations live in host memory; they are tagged with the cache's device
+        // (cpu, or emu when the CUDA kernels run emulated on the host).
+        let device = kv.device();
         let pools = &mut kv.layers[l];
+        let (k_pool, v_pool) = pools.views_mut();
         attn.write_kv(
-            &mut pools.k,
-            &mut pools.v,
-            &s.k,
-            &s.v,
+            k_pool,
+            v_pool,
+            TensorRef::host(device, &s.k)?,
+            TensorRef::host(device, &s.v)?,
             batch.slot_mapping(),
             kv_dim,
         )?;
+        let (k_cache, v_cache) = pools.views();
         attn.run(LayerIo {
-            q: &s.q,
-            k_cache: &pools.k,
-            v_cache: &pools.v,
-            out: &mut s.attn,
+            q: TensorRef::host(device, &s.q)?,
+            k_cache,
+            v_cache,
+            out: TensorMut::host(device, &mut s.attn)?,
             lse: None,
         })?;
         Ok(())

@@ -16,7 +16,9 @@ use crate::error::ModelError;
 use crate::gguf::{has_gguf_magic, GgufFile};
 use crate::loaded::{display_name, LoadedModel, Progress};
 use crate::tokenizer::Tokenizer;
-use crate::weights::{ExpertWeights, LayerExtras, LayerWeights, LlamaWeights, Mat, MoeWeights};
+use crate::weights::{
+    ExpertWeights, LayerExtras, LayerWeights, LlamaWeights, Mat, MoeWeights, QuantBlocks,
+};
 use std::path::Path;
 
 /// Loads a GGUF file or an HF model directory.
@@ -101,14 +103,22 @@ fn reorder_rows(
     }
     let hd = m.rows / n_heads;
     let mut out = vec![0f32; m.data.len()];
+    // The GGUF blocks move with their rows (each row is whole blocks).
+    let mut quant = m.quant.clone();
     for h in 0..n_heads {
         for r in 0..hd {
             let (dst, src) = map(hd, r);
-            let (dst, src) = ((h * hd + dst) * m.cols, (h * hd + src) * m.cols);
-            out[dst..dst + m.cols].copy_from_slice(&m.data[src..src + m.cols]);
+            let (dst, src) = (h * hd + dst, h * hd + src);
+            out[dst * m.cols..(dst + 1) * m.cols]
+                .copy_from_slice(&m.data[src * m.cols..(src + 1) * m.cols]);
+            if let (Some(q), Some(from)) = (&mut quant, &m.quant) {
+                let rb = from.bytes.len() / m.rows;
+                q.bytes[dst * rb..(dst + 1) * rb]
+                    .copy_from_slice(&from.bytes[src * rb..(src + 1) * rb]);
+            }
         }
     }
-    Ok(Mat::new(m.rows, m.cols, out))
+    Ok(Mat::new(m.rows, m.cols, out).with_quant(quant))
 }
 
 fn meta_err(key: &str, reason: &str) -> ModelError {
@@ -314,6 +324,8 @@ fn gguf_tensor(
     Ok(data)
 }
 
+/// A matrix: dequantized, and with its blocks as stored when a quantized kernel
+/// runs their format (see [`Mat::quant`]).
 fn gguf_mat(
     f: &GgufFile,
     name: &str,
@@ -321,11 +333,15 @@ fn gguf_mat(
     cols: usize,
     p: &mut Progress,
 ) -> Result<Mat, ModelError> {
-    Ok(Mat::new(
-        rows,
-        cols,
-        gguf_tensor(f, name, &[rows, cols], p)?,
-    ))
+    let data = gguf_tensor(f, name, &[rows, cols], p)?;
+    let quant = f.tensor(name).and_then(|t| {
+        let format = crate::dequant::GgmlType::from_id(t.ggml_type)?.quant_format()?;
+        Some(QuantBlocks {
+            format,
+            bytes: f.tensor_data(t).to_vec(),
+        })
+    });
+    Ok(Mat::new(rows, cols, data).with_quant(quant))
 }
 
 /// Loads all weights of a GGUF Llama model into f32.

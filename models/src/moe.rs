@@ -9,7 +9,8 @@
 
 use crate::arch::{Activation, MoeConfig};
 use crate::error::ModelError;
-use crate::llama::{kernel, Linear};
+use crate::linear::Linear;
+use crate::llama::kernel;
 use pagoda_kernels::{gelu_tanh_mul_fused, silu_mul_fused};
 
 /// One expert's fused `[w_gate; w_up]` and `w_down`.

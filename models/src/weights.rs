@@ -4,12 +4,22 @@
 //! row-major, so `y = x · Wᵀ`. Q and K rows are in HF's rotate-half order (GGUF
 //! loaders undo llama.cpp's permutation).
 
-/// A row-major f32 matrix.
+/// A row-major f32 matrix, with the GGUF blocks it was dequantized from when
+/// their format has a quantized kernel (so `--dtype auto` can keep them).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mat {
     pub rows: usize,
     pub cols: usize,
     pub data: Vec<f32>,
+    pub quant: Option<QuantBlocks>,
+}
+
+/// A tensor's GGUF blocks as stored in the file (row-major, rows in the same
+/// order as the [`Mat`]'s `data`): each row is whole blocks of `format`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantBlocks {
+    pub format: pagoda_kernels::QuantFormat,
+    pub bytes: Vec<u8>,
 }
 
 impl Mat {
@@ -19,6 +29,7 @@ impl Mat {
             rows: 0,
             cols: 0,
             data: Vec::new(),
+            quant: None,
         }
     }
 
@@ -28,8 +39,19 @@ impl Mat {
             rows * cols,
             "Mat::new: data length must be rows * cols"
         );
-        Mat { rows, cols, data }
+        Mat {
+            rows,
+            cols,
+            data,
+            quant: None,
+        }
     }
+    /// With the GGUF blocks `data` was dequantized from.
+    pub fn with_quant(mut self, quant: Option<QuantBlocks>) -> Self {
+        self.quant = quant;
+        self
+    }
+
     pub fn row(&self, r: usize) -> &[f32] {
         &self.data[r * self.cols..(r + 1) * self.cols]
     }

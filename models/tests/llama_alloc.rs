@@ -83,12 +83,14 @@ fn weights(c: &LlamaConfig) -> LlamaWeights {
     }
 }
 
-/// One test for both dtypes: the allocation counter is global to this binary, so
+/// One test for every dtype: the allocation counter is global to this binary, so
 /// two tests running at once would count each other's allocations.
 #[test]
 fn warm_decode_steps_do_not_allocate() {
     check_no_alloc(WeightDtype::F32);
     check_no_alloc(WeightDtype::Bf16);
+    // Quantized: the int8 activations live in a per-thread buffer reused across calls.
+    check_no_alloc(WeightDtype::Q8_0);
 }
 
 fn check_no_alloc(dtype: WeightDtype) {
@@ -115,6 +117,7 @@ fn check_no_alloc(dtype: WeightDtype) {
         block_size: bs,
         num_kv_heads: 2,
         head_dim: 64,
+        dtype: pagoda_core::DType::F32,
     };
     let mut kv = KvCache::new(spec);
     let mut backend = NaiveBackend::new(&AttentionConfig::cpu_f32(4, 2, 64, bs)).unwrap();

@@ -229,6 +229,7 @@ fn run_and_check(
         block_size: BLOCK,
         num_kv_heads: c.num_kv_heads,
         head_dim: c.head_dim,
+        dtype: pagoda_core::DType::F32,
     };
     // NaN everywhere: a read of a slot nobody wrote poisons the logits.
     let mut kv = KvCache::filled(spec, f32::NAN);
@@ -373,6 +374,7 @@ fn bad_inputs_are_errors_not_panics() {
         block_size: BLOCK,
         num_kv_heads: 2,
         head_dim: 16,
+        dtype: pagoda_core::DType::F32,
     };
     let mut kv = KvCache::new(spec);
     let mut backend = NaiveBackend::new(&AttentionConfig::cpu_f32(4, 2, 16, BLOCK)).unwrap();
@@ -436,6 +438,7 @@ fn logits_rows_may_be_unordered_and_repeated() {
             block_size: BLOCK,
             num_kv_heads: 2,
             head_dim: 16,
+            dtype: pagoda_core::DType::F32,
         };
         let mut kv = KvCache::filled(spec, f32::NAN);
         let mut backend = NaiveBackend::new(&AttentionConfig::cpu_f32(4, 2, 16, BLOCK)).unwrap();

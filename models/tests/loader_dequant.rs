@@ -274,3 +274,40 @@ fn q4_1_known_block() {
         assert_eq!(y[j + 16], (15 - j) as f32 * 0.5 - 1.0);
     }
 }
+
+/// The quantized kernels' repacking (`QuantMatrix::from_gguf`) holds exactly the
+/// values the loader's dequantizer gives, for random blocks of every format they
+/// run (scale fields finite; `-0.0 == 0.0`).
+#[test]
+fn quantized_repacking_matches_the_dequantizer() {
+    use pagoda_kernels::{QuantFormat, QuantMatrix};
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for (fmt, id, scales) in [
+        (QuantFormat::Q4_0, 2u32, &[0usize][..]),
+        (QuantFormat::Q4_1, 3, &[0, 2]),
+        (QuantFormat::Q8_0, 8, &[0]),
+        (QuantFormat::Q4K, 12, &[0, 2]),
+        (QuantFormat::Q6K, 14, &[208]),
+    ] {
+        let (be, bb) = fmt.block_layout();
+        let (n, k) = (19, 2 * be);
+        let mut data: Vec<u8> = (0..n * k / be * bb).map(|_| next() as u8).collect();
+        for b in data.chunks_exact_mut(bb) {
+            for &o in scales {
+                let v = (next() % 2000) as f32 / 1000.0 - 1.0;
+                b[o..o + 2].copy_from_slice(&h(v));
+            }
+        }
+        let want = dequantize("t", id, &data, n * k).unwrap();
+        let got = QuantMatrix::from_gguf(fmt, &data, n, k)
+            .unwrap()
+            .dequantize();
+        assert!(want.iter().zip(&got).all(|(a, b)| a == b), "{}", fmt.name());
+    }
+}

@@ -114,9 +114,17 @@ fn weights_are_dense_and_finite() {
 fn qk_rows_are_unpermuted() {
     let f = GgufFile::open(&model_path()).unwrap();
     let t = f.tensor("blk.0.attn_k.weight").unwrap();
-    let raw = pagoda_models::Mat::new(192, 576, f.dequantize(t).unwrap());
+    // The file's Q4_1 blocks travel with their rows.
+    let blocks = pagoda_models::QuantBlocks {
+        format: pagoda_kernels::QuantFormat::Q4_1,
+        bytes: f.tensor_data(t).to_vec(),
+    };
+    let raw = pagoda_models::Mat::new(192, 576, f.dequantize(t).unwrap()).with_quant(Some(blocks));
     let k = &model().weights.layers[0].wk;
     assert_eq!(k, &unpermute_qk(&raw, 3).unwrap());
+    let q = k.quant.as_ref().unwrap();
+    let packed = pagoda_kernels::QuantMatrix::from_gguf(q.format, &q.bytes, 192, 576).unwrap();
+    assert_eq!(packed.dequantize(), k.data);
     // Head 1, HF row 1 (first half, i=1) came from GGUF row 2 (i=1, p=0); HF row 33
     // (second half, i=1) from GGUF row 3.
     assert_eq!(k.row(64 + 1), raw.row(64 + 2));

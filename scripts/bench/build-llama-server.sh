@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-server` and `llama-quantize` (CPU only) from the llama.cpp sources
+# Builds llama.cpp's `llama-server`, `llama-quantize` and `llama-perplexity` (CPU only) from the llama.cpp sources
 # vendored in the PyPI sdist of llama-cpp-python, then makes the F32 GGUF of SmolLM2-135M from
 # the shipped Q4_1 file (exactly the weights Pagoda dequantizes to f32), and the BF16 GGUF
 # (the same weights rounded to bf16, for comparing `pagoda serve --dtype bf16`).
@@ -35,7 +35,7 @@ fi
 cmake --version | head -1 >&2
 
 BIN="$DIR/bin"
-if [ ! -x "$BIN/llama-server" ] || [ ! -x "$BIN/llama-quantize" ]; then
+if [ ! -x "$BIN/llama-server" ] || [ ! -x "$BIN/llama-quantize" ] || [ ! -x "$BIN/llama-perplexity" ]; then
     # 1. The sdist (no binary wheels: we want the vendored C++ sources).
     SDIST_DIR="$DIR/sdist"
     mkdir -p "$SDIST_DIR"
@@ -55,14 +55,15 @@ if [ ! -x "$BIN/llama-server" ] || [ ! -x "$BIN/llama-quantize" ]; then
         rm -rf "$SRC" && mkdir -p "$SRC"
         tar -xzf "$TARBALL" -C "$SRC" --strip-components=1
     fi
-    # 2. CPU-only Release build of the two targets.
+    # 2. CPU-only Release build of the three targets (llama-perplexity: for
+    #    scripts/bench/perplexity.sh).
     cmake -S "$SRC/vendor/llama.cpp" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release \
         -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF >&2
-    cmake --build "$DIR/build" --config Release -j "$JOBS" --target llama-server llama-quantize >&2
+    cmake --build "$DIR/build" --config Release -j "$JOBS" --target llama-server llama-quantize llama-perplexity >&2
     mkdir -p "$BIN"
-    for t in llama-server llama-quantize; do
+    for t in llama-server llama-quantize llama-perplexity; do
         cp "$(find "$DIR/build" -type f -name "$t" -perm -u+x | head -1)" "$BIN/$t"
     done
 fi

@@ -16,6 +16,8 @@
 #   generator, to shield the measurement from other work on a shared machine.
 #   WEIGHTS=bf16: both servers load the BF16 GGUF instead (the same weights rounded to
 #   bf16) and Pagoda runs with `--dtype bf16` (its bf16 GEMMs on vdpbf16ps).
+#   WEIGHTS=q4_1: both load the shipped Q4_1 GGUF as it is, each at its default (Pagoda's
+#   `--dtype auto` keeps the Q4_1/Q8_0 blocks: its int8 kernels).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -55,9 +57,14 @@ bf16)
     MODEL="$BF16_MODEL"
     PAGODA_SERVE_ARGS="--dtype bf16 ${PAGODA_SERVE_ARGS:-}"
     ;;
-*) log "WEIGHTS must be f32 or bf16"; exit 1 ;;
+q4_1)
+    # The shipped GGUF as it is: llama-server runs its Q4_1/Q8_0 blocks, Pagoda too
+    # (its default `--dtype auto`).
+    MODEL="${PAGODA_MODEL:-${PAGODA_CACHE:-$HOME/.cache/pagoda}/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+    ;;
+*) log "WEIGHTS must be f32, bf16 or q4_1"; exit 1 ;;
 esac
-PAGODA="$ROOT/target/release/pagoda"
+PAGODA="${CARGO_TARGET_DIR:-$ROOT/target}/release/pagoda"
 for f in "$LLAMA_SERVER" "$MODEL" "$PAGODA"; do
     [ -e "$f" ] || { log "missing $f"; exit 1; }
 done

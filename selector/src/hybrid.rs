@@ -72,33 +72,28 @@ impl AttentionBackend for HybridBackend {
                 actual: out.len(),
             });
         }
-        let (q_d, q_p) = q.split_at(split);
-        let (o_d, o_p) = out.split_at_mut(split);
+        let (q_d, q_p) = q.split_at(split)?;
+        let (o_d, o_p) = out.split_at(split)?;
         let (l_d, l_p) = match lse {
             Some(l) => {
                 let heads = l.len() / self.num_tokens;
-                let (a, b) = l.split_at_mut(self.num_decode_tokens * heads);
+                let (a, b) = l.split_at(self.num_decode_tokens * heads)?;
                 (Some(a), Some(b))
             }
             None => (None, None),
         };
+        let io = |q, out, lse| LayerIo {
+            q,
+            k_cache,
+            v_cache,
+            out,
+            lse,
+        };
         if self.has_decode {
-            self.decode.run(LayerIo {
-                q: q_d,
-                k_cache,
-                v_cache,
-                out: o_d,
-                lse: l_d,
-            })?;
+            self.decode.run(io(q_d, o_d, l_d))?;
         }
         if self.has_prefill {
-            self.prefill.run(LayerIo {
-                q: q_p,
-                k_cache,
-                v_cache,
-                out: o_p,
-                lse: l_p,
-            })?;
+            self.prefill.run(io(q_p, o_p, l_p))?;
         }
         Ok(())
     }

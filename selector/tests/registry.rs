@@ -2,7 +2,7 @@
 //! priority among valid ones, forced-but-invalid is an error with reasons, unknown
 //! names list the registered ones, no valid backend lists every verdict.
 
-use pagoda_core::{AttentionConfig, Device, Role};
+use pagoda_core::{AttentionConfig, DType, Device, Role};
 use pagoda_selector::{registered_names, select, BackendOverride, SelectorError};
 
 use pagoda_backends as _;
@@ -19,6 +19,7 @@ fn registry_holds_exactly_the_linked_backends() {
         names,
         vec![
             "cuda-flash",
+            "cuda-naive",
             "cuda-paged",
             "example",
             "flash",
@@ -82,11 +83,31 @@ fn unknown_name_lists_registered_names() {
 
 #[test]
 fn cuda_backends_say_not_compiled() {
-    let err = select(&smollm2(), &BackendOverride::parse("cuda-paged").unwrap())
+    let mut cfg = smollm2();
+    cfg.device = Device::Cuda(0);
+    let err = select(&cfg, &BackendOverride::parse("cuda-paged").unwrap())
         .err()
         .unwrap()
         .to_string();
     assert!(err.contains("not compiled with CUDA"), "{err}");
+}
+
+#[test]
+fn on_emu_the_automatic_choice_is_the_cuda_backends() {
+    for (dtype, choice) in [
+        (DType::BF16, "decode=cuda-paged,prefill=cuda-flash"),
+        (DType::F16, "decode=cuda-paged,prefill=cuda-flash"),
+        // No f32 flash kernel: cuda-naive is the prefill fallback.
+        (DType::F32, "decode=cuda-paged,prefill=cuda-naive"),
+    ] {
+        let mut cfg = smollm2();
+        cfg.device = Device::Emu;
+        cfg.q_dtype = dtype;
+        cfg.kv_dtype = dtype;
+        let sel = select(&cfg, &BackendOverride::default()).unwrap();
+        assert_eq!(sel.name(), choice, "{dtype}");
+        sel.build(&cfg).unwrap();
+    }
 }
 
 #[test]

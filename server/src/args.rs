@@ -38,12 +38,19 @@ pub struct EngineArgs {
     /// `pagoda serve` also takes it as its positional argument, as `vllm serve` does.
     #[arg(long, env = "PAGODA_MODEL", help_heading = "ModelConfig")]
     pub model: Option<PathBuf>,
-    /// Storage type of the linear-layer weights: `auto` (= `float32`), `float32`
-    /// (also `f32`, `float`: exact) or `bfloat16` (also `bf16`: half the memory
-    /// traffic, uses the CPU's bf16 dot products where it has them). `half`/`float16`
-    /// are not implemented (an error).
+    /// Storage type of the linear-layer weights: `auto` (a GGUF's quantized
+    /// matrices, Q4_0/Q4_1/Q8_0/Q4_K/Q6_K, stay as stored and run on int8 kernels;
+    /// anything else as `float32`), `float32` (also `f32`, `float`: dequantized,
+    /// exact) or `bfloat16` (also `bf16`: half the memory traffic, uses the CPU's
+    /// bf16 dot products where it has them). `half`/`float16` are not implemented
+    /// (an error).
     #[arg(long, default_value = "auto", value_parser = parse_dtype, help_heading = "ModelConfig")]
     pub dtype: pagoda_models::WeightDtype,
+    /// Quantize the linear-layer weights at load: `q8_0` (per 32 weights an f32
+    /// scale and int8, from whatever the model stores; overrides `--dtype`). Other
+    /// methods are not implemented (an error).
+    #[arg(long, short = 'q', value_parser = parse_quantization, help_heading = "ModelConfig")]
+    pub quantization: Option<pagoda_models::WeightDtype>,
     /// Seed of the engine's random generator: requests without their own `seed`
     /// draw one from it in arrival order, so a run replays the same samples (vLLM
     /// V1's default is 0 too).
@@ -103,6 +110,12 @@ pub struct EngineArgs {
     /// No periodic log of throughput, queue sizes and KV usage.
     #[arg(long, help_heading = "ObservabilityConfig")]
     pub disable_log_stats: bool,
+    /// Device of the KV cache and attention (vLLM's `--device`): `auto` (= `cpu`),
+    /// `cpu`, `cuda`/`cuda:N` (refused with the reason until the model forward runs on
+    /// CUDA), or `emu` (the CUDA attention kernels compiled for the host: slow, a
+    /// debugging aid).
+    #[arg(long, default_value = "auto", value_parser = parse_device, help_heading = "DeviceConfig")]
+    pub device: pagoda_core::Device,
     /// Force attention backends: `NAME` or `decode=NAME,prefill=NAME`.
     #[arg(long, env = "PAGODA_ATTENTION_BACKEND", help_heading = "Pagoda")]
     pub attention_backend: Option<String>,
@@ -123,13 +136,24 @@ pub enum SchedulingPolicyArg {
 /// `--dtype`: vLLM's spellings and Pagoda's short ones.
 pub fn parse_dtype(s: &str) -> Result<pagoda_models::WeightDtype, String> {
     match s.to_ascii_lowercase().as_str() {
-        "auto" | "f32" | "float32" | "float" => Ok(pagoda_models::WeightDtype::F32),
+        "auto" => Ok(pagoda_models::WeightDtype::Native),
+        "f32" | "float32" | "float" => Ok(pagoda_models::WeightDtype::F32),
         "bf16" | "bfloat16" => Ok(pagoda_models::WeightDtype::Bf16),
         "half" | "float16" | "f16" => Err(format!(
             "--dtype {s}: float16 weights are not implemented; valid values: auto, float32 (f32, float), bfloat16 (bf16)"
         )),
         other => Err(format!(
             "unknown --dtype `{other}`; valid values: auto, float32 (f32, float), bfloat16 (bf16)"
+        )),
+    }
+}
+
+/// `--quantization`: the methods implemented.
+pub fn parse_quantization(s: &str) -> Result<pagoda_models::WeightDtype, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "q8_0" => Ok(pagoda_models::WeightDtype::Q8_0),
+        other => Err(format!(
+            "--quantization `{other}` is not implemented; valid values: q8_0"
         )),
     }
 }
@@ -161,6 +185,13 @@ fn parse_kv_cache_dtype(s: &str) -> Result<String, String> {
             KV_CACHE_DTYPES.join(", ")
         ))
     }
+}
+
+fn parse_device(s: &str) -> Result<pagoda_core::Device, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(pagoda_core::Device::Cpu);
+    }
+    s.parse().map_err(|e: pagoda_core::CoreError| e.to_string())
 }
 
 fn parse_tensor_parallel_size(s: &str) -> Result<usize, String> {
@@ -227,9 +258,10 @@ impl EngineArgs {
         c.max_model_len = self.max_model_len;
         c.enable_prefix_caching = !self.no_enable_prefix_caching;
         c.attention_backend = self.attention_backend.clone();
-        c.weight_dtype = self.dtype;
+        c.weight_dtype = self.quantization.unwrap_or(self.dtype);
         c.seed = self.seed;
         c.disable_log_stats = self.disable_log_stats;
+        c.device = self.device;
         c.scheduling_policy = match self.scheduling_policy {
             SchedulingPolicyArg::Fcfs => pagoda_engine::SchedulingPolicy::Fcfs,
             SchedulingPolicyArg::Priority => pagoda_engine::SchedulingPolicy::Priority,
@@ -293,16 +325,25 @@ mod tests {
         assert_eq!(a.engine.dtype, pagoda_models::WeightDtype::Bf16);
         assert_eq!(a.engine.seed, 3);
         assert!(parse(&["-tp=1"]).is_ok());
-        for (flag, value) in [
-            ("--dtype", "float"),
-            ("--dtype", "float32"),
-            ("--dtype", "auto"),
-        ] {
+        for (flag, value) in [("--dtype", "float"), ("--dtype", "float32")] {
             assert_eq!(
                 parse(&[flag, value]).unwrap().engine.dtype,
                 pagoda_models::WeightDtype::F32
             );
         }
+        // `auto` (the default) keeps a GGUF's quantized blocks; `-q q8_0` wins.
+        let dtype = |args: &[&str]| parse(args).unwrap().engine.engine_config().weight_dtype;
+        assert_eq!(dtype(&[]), pagoda_models::WeightDtype::Native);
+        assert_eq!(
+            dtype(&["--dtype", "auto"]),
+            pagoda_models::WeightDtype::Native
+        );
+        assert_eq!(
+            dtype(&["--dtype", "bf16", "--quantization", "q8_0"]),
+            pagoda_models::WeightDtype::Q8_0
+        );
+        assert_eq!(dtype(&["-q", "Q8_0"]), pagoda_models::WeightDtype::Q8_0);
+        assert!(parse(&["--quantization", "awq"]).is_err());
         assert!(parse(&["-tp", "2"]).is_err());
         assert!(parse(&["--kv-cache-dtype", "fp8_e4m3"]).is_err());
         assert!(parse(&["--gpu-memory-utilization", "-0.1"]).is_err());

@@ -1,9 +1,10 @@
-//! `pagoda backends [--model PATH]`: the registry, and for a model each backend's
-//! verdict (with reasons) and the selector's choice.
+//! `pagoda backends [--model PATH] [--device DEV]`: the devices this binary can use,
+//! the registry, and for a model on a device each backend's verdict (with reasons)
+//! and the selector's choice.
 
 use anyhow::Context;
 use clap::Args;
-use pagoda_core::Role;
+use pagoda_core::{device_unavailable, DType, Device, Role};
 use pagoda_models::merge_attention_configs;
 use pagoda_selector::{select, verdicts, BackendOverride};
 use std::path::PathBuf;
@@ -16,13 +17,23 @@ pub struct BackendsArgs {
     pub model: Option<PathBuf>,
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// Device to check the backends for: `cpu`, `emu`, `cuda`, `cuda:N` (queries and
+    /// KV cache in f32 on host devices, bf16 on CUDA).
+    #[arg(long, default_value = "cpu")]
+    pub device: Device,
     /// Override to try: `NAME` or `decode=NAME,prefill=NAME`.
     #[arg(long, env = "PAGODA_ATTENTION_BACKEND")]
     pub attention_backend: Option<String>,
 }
 
 pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
+    println!("devices:");
+    for d in [Device::Cpu, Device::Emu, Device::Cuda(0)] {
+        let state = device_unavailable(d).unwrap_or_else(|| "available".into());
+        println!("  {:<12} {state}", d.to_string());
+    }
     let all = pagoda_core::registered_backends();
+    println!();
     println!("registered attention backends ({}):", all.len());
     for r in &all {
         println!(
@@ -37,11 +48,22 @@ pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
     let (cfg, name) = pagoda_models::inspect_model(&path)
         .with_context(|| format!("reading {}", path.display()))?;
     // The backend must serve every layer's attention (Gemma 2: sliding and global).
-    let attn_config = merge_attention_configs(&cfg.attention_configs(args.block_size));
+    let mut attn_config = merge_attention_configs(&cfg.attention_configs(args.block_size));
     let features = cfg.arch.features();
+    attn_config.device = args.device;
+    if !args.device.is_host() {
+        attn_config.q_dtype = DType::BF16;
+        attn_config.kv_dtype = DType::BF16;
+    }
     println!(
-        "\nmodel {name}: architecture {}, {} q heads, {} kv heads, head dim {}, block size {}, device cpu, f32",
-        cfg.arch.architecture, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, args.block_size
+        "\nmodel {name}: architecture {}, {} q heads, {} kv heads, head dim {}, block size {}, device {}, {}",
+        cfg.arch.architecture,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        args.block_size,
+        args.device,
+        attn_config.q_dtype
     );
     println!(
         "needs: {}",

@@ -43,7 +43,16 @@ fn ids_from_logprobs(choice: &Value) -> Vec<u32> {
 
 #[test]
 fn openai_api_end_to_end() {
-    let s = Server::start(&["--api-key", KEY, "--max-body-bytes", &MAX_BODY.to_string()]);
+    // f32 weights: the exact path, which the reference's greedy ids are checked on
+    // (the default, a GGUF's own quantization, moves log-probs by up to ~0.6).
+    let s = Server::start(&[
+        "--api-key",
+        KEY,
+        "--max-body-bytes",
+        &MAX_BODY.to_string(),
+        "--dtype",
+        "float32",
+    ]);
     let (_, models) = s.get("/v1/models");
     let models: Value = serde_json::from_str(&models).unwrap();
     let model = models["data"][0]["id"]

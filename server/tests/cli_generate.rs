@@ -64,6 +64,9 @@ fn generate_matches_reference(extra: &[&str]) {
         "0",
         "--max-tokens",
         "48",
+        // The exact path (the default keeps the GGUF's quantization).
+        "--dtype",
+        "float32",
     ];
     for c in &cases {
         args.push("--prompt");
@@ -200,6 +203,27 @@ fn backends_command_shows_verdicts_and_choice() {
         s.contains("naive") && s.contains("paged") && s.contains("flash"),
         "{s}"
     );
-    assert!(s.contains("not compiled with CUDA"), "{s}");
+    assert!(s.contains("cuda-paged") && s.contains("cuda-flash"), "{s}");
     assert!(s.contains("choice: decode=paged,prefill=flash"), "{s}");
+}
+
+#[test]
+fn backends_on_cuda_say_not_compiled() {
+    let model = model_path();
+    let out = pagoda(&[
+        "backends",
+        "--model",
+        model.to_str().unwrap(),
+        "--device",
+        "cuda",
+    ]);
+    let s = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["cuda-naive", "cuda-paged", "cuda-flash"] {
+        assert!(s.contains(name), "{s}");
+    }
+    assert!(s.contains("not compiled with CUDA"), "{s}");
 }

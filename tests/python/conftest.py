@@ -93,7 +93,9 @@ def running_server(args, log_prefix="pagoda-py-", check_exit=True):
 
 @pytest.fixture(scope="session")
 def server():
-    with running_server(["--model", str(_model_path()), "--api-key", API_KEY]) as base:
+    # f32 weights: the reference's greedy ids hold on the exact path (the default
+    # keeps the GGUF's quantization, which moves log-probs by up to ~0.6).
+    with running_server(["--model", str(_model_path()), "--api-key", API_KEY, "--dtype", "float32"]) as base:
         yield base
 
 

@@ -121,6 +121,7 @@ fn run_schedule(model: &Llama, refs: &Reference, schedule: &[Step], forced: &str
         block_size: BLOCK,
         num_kv_heads: c.num_kv_heads,
         head_dim: c.head_dim,
+        dtype: pagoda_core::DType::F32,
     };
     // NaN everywhere: a read of a slot nobody wrote poisons the logits.
     let mut kv = KvCache::filled(spec, f32::NAN);

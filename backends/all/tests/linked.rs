@@ -22,6 +22,7 @@ fn every_linked_backend_crate_registers_something() {
         "naive",
         "paged",
         "flash",
+        "cuda-naive",
         "cuda-paged",
         "cuda-flash",
         "example",

@@ -229,6 +229,7 @@ impl FlashBackend {
             cfg.block_size,
         );
         let num_blocks = io.validate(self.num_tokens, cfg)?;
+        let io = io.into_f32()?;
         if let Some(block) = self.blocks.out_of_range(num_blocks) {
             return Err(CoreError::BlockOutOfRange { block, num_blocks });
         }

@@ -16,16 +16,19 @@
 
 use pagoda_core::{
     no_runtime_reasons, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
-    Capabilities, CoreError, LayerIo, Role,
+    Capabilities, CoreError, DType, HostSlice, HostSliceMut, LayerIo, Role, TensorRef,
 };
 
 /// The registered name.
 pub const NAME: &str = "naive";
 
-/// What `naive` supports: CPU f32, any head dim, block size and GQA ratio, both
-/// roles, sliding window, soft-cap and LSE.
+/// What `naive` supports: CPU memory of any dtype (f32, f16, bf16: read widened to
+/// f64, so it is the oracle of the f16/bf16 backends too), any head dim, block size and
+/// GQA ratio, both roles, sliding window, soft-cap and LSE.
 pub fn capabilities() -> Capabilities {
     Capabilities {
+        q_dtypes: vec![DType::F32, DType::F16, DType::BF16],
+        kv_dtypes: vec![DType::F32, DType::F16, DType::BF16],
         sliding_window: true,
         logits_soft_cap: true,
         ..Capabilities::cpu_f32()
@@ -114,7 +117,20 @@ impl AttentionBackend for NaiveBackend {
             cfg.block_size,
         );
         io.validate_batch(b, cfg)?;
-        let mut lse = io.lse;
+        fn host<'a>(t: TensorRef<'a>, name: &'static str) -> Result<HostSlice<'a>, CoreError> {
+            t.host_slice().ok_or(CoreError::NotOnHost {
+                name,
+                device: t.device_of(),
+            })
+        }
+        let q_all = host(io.q, "q")?;
+        let k_all = host(io.k_cache, "k_cache")?;
+        let v_all = host(io.v_cache, "v_cache")?;
+        let mut out: HostSliceMut<'_> = io.out.into_host_slice().ok_or(CoreError::NotOnHost {
+            name: "out",
+            device: cfg.device,
+        })?;
+        let mut lse = io.lse.map(|l| l.into_f32("lse")).transpose()?;
         let group = h / kvh;
         let scale = cfg.scale as f64;
         let cap = cfg.logits_soft_cap.map(|c| c as f64);
@@ -132,8 +148,7 @@ impl AttentionBackend for NaiveBackend {
                 };
                 for head in 0..h {
                     let kv_head = head / group;
-                    let q = &io.q[(t * h + head) * d..(t * h + head + 1) * d];
-                    let o = &mut io.out[(t * h + head) * d..(t * h + head + 1) * d];
+                    let q0 = (t * h + head) * d;
                     let slot_off = |p: usize| {
                         let blk = blocks[p / bs] as usize;
                         ((blk * bs + p % bs) * kvh + kv_head) * d
@@ -141,8 +156,10 @@ impl AttentionBackend for NaiveBackend {
                     let mut max = f64::NEG_INFINITY;
                     let n_keys = (pos + 1).saturating_sub(lo);
                     for (j, p) in (lo..=pos).enumerate() {
-                        let k = &io.k_cache[slot_off(p)..slot_off(p) + d];
-                        let dot: f64 = q.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let k0 = slot_off(p);
+                        let dot: f64 = (0..d)
+                            .map(|e| q_all.at(q0 + e) as f64 * k_all.at(k0 + e) as f64)
+                            .sum();
                         let mut s = dot * scale;
                         if let Some(c) = cap {
                             s = c * (s / c).tanh();
@@ -158,16 +175,16 @@ impl AttentionBackend for NaiveBackend {
                         for (j, p) in (lo..=pos).enumerate() {
                             let w = (self.scores[j] - max).exp();
                             sum += w;
-                            let v = &io.v_cache[slot_off(p)..slot_off(p) + d];
-                            for (a, &x) in self.acc.iter_mut().zip(v) {
-                                *a += w * x as f64;
+                            let v0 = slot_off(p);
+                            for (e, a) in self.acc.iter_mut().enumerate() {
+                                *a += w * v_all.at(v0 + e) as f64;
                             }
                         }
-                        for (x, a) in o.iter_mut().zip(&self.acc) {
-                            *x = (a / sum) as f32;
+                        for (e, a) in self.acc.iter().enumerate() {
+                            out.set(q0 + e, (a / sum) as f32);
                         }
                     } else {
-                        o.fill(0.0);
+                        (0..d).for_each(|e| out.set(q0 + e, 0.0));
                     }
                     if let Some(l) = lse.as_deref_mut() {
                         l[t * h + head] = if n_keys > 0 {

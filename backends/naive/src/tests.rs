@@ -26,6 +26,7 @@ impl Case {
             block_size: cfg.block_size,
             num_kv_heads: cfg.num_kv_heads,
             head_dim: cfg.head_dim,
+            dtype: pagoda_core::DType::F32,
         };
         Case {
             cfg,
@@ -39,8 +40,9 @@ impl Case {
         let bs = self.cfg.block_size;
         let slot = self.batch.blocks(r)[pos / bs] as usize * bs + pos % bs;
         let e = self.cache.spec.slot_elems();
-        self.cache.layers[0].k[slot * e..(slot + 1) * e].copy_from_slice(k);
-        self.cache.layers[0].v[slot * e..(slot + 1) * e].copy_from_slice(v);
+        let l = &mut self.cache.layers[0];
+        l.k.host_mut::<f32>().unwrap()[slot * e..(slot + 1) * e].copy_from_slice(k);
+        l.v.host_mut::<f32>().unwrap()[slot * e..(slot + 1) * e].copy_from_slice(v);
     }
 
     fn run(&self, q: &[f32]) -> (Vec<f32>, Vec<f32>) {
@@ -50,14 +52,9 @@ impl Case {
         let mut out = vec![f32::NAN; t * self.cfg.num_heads * self.cfg.head_dim];
         let mut lse = vec![f32::NAN; t * self.cfg.num_heads];
         let l = &self.cache.layers[0];
-        be.run(LayerIo {
-            q,
-            k_cache: &l.k,
-            v_cache: &l.v,
-            out: &mut out,
-            lse: Some(&mut lse),
-        })
-        .unwrap();
+        let (k, v) = (l.k.host::<f32>().unwrap(), l.v.host::<f32>().unwrap());
+        be.run(LayerIo::cpu(q, k, v, &mut out, Some(&mut lse)))
+            .unwrap();
         (out, lse)
     }
 }
@@ -180,13 +177,7 @@ fn bad_input_is_an_error_not_a_panic() {
     let k = vec![0.0; 2 * 2 * 4];
     let mut out = vec![0.0; 2 * 4];
     fn io<'a>(q: &'a [f32], k: &'a [f32], out: &'a mut [f32]) -> LayerIo<'a> {
-        LayerIo {
-            q,
-            k_cache: k,
-            v_cache: k,
-            out,
-            lse: None,
-        }
+        LayerIo::cpu(q, k, k, out, None)
     }
     // run before plan
     assert!(be.run(io(&[0.0; 8], &k, &mut out)).is_err());
@@ -216,13 +207,7 @@ fn bad_input_is_an_error_not_a_panic() {
         Err(CoreError::ShapeMismatch { name: "out", .. })
     ));
     let mut lse = vec![0.0; 1];
-    let r = be.run(LayerIo {
-        q: &[0.0; 8],
-        k_cache: &k,
-        v_cache: &k,
-        out: &mut out,
-        lse: Some(&mut lse),
-    });
+    let r = be.run(LayerIo::cpu(&[0.0; 8], &k, &k, &mut out, Some(&mut lse)));
     assert!(matches!(
         r,
         Err(CoreError::ShapeMismatch { name: "lse", .. })

@@ -216,6 +216,7 @@ impl PagedBackend {
         );
         let g = cfg.gqa_ratio();
         let num_blocks = io.validate(p.num_reqs, cfg)?;
+        let io = io.into_f32()?;
         if let Some(block) = p.blocks.out_of_range(num_blocks) {
             return Err(CoreError::BlockOutOfRange { block, num_blocks });
         }

@@ -3,10 +3,9 @@
 //! the step protocol (plan once, then per layer: `write_kv`, `run`).
 
 use crate::gen::{CaseSpec, Rng};
+use crate::place::{download, round_to, runtime, upload, HostKv, HostLayer, Placement};
 use crate::KitError;
-use pagoda_core::{
-    AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, KvCacheSpec, LayerIo,
-};
+use pagoda_core::{AttentionBackend, AttentionConfig, BatchDescriptor, KvCacheSpec, LayerIo};
 
 /// One step of one batch, ready to run.
 #[derive(Debug, Clone)]
@@ -16,14 +15,15 @@ pub struct Case {
     pub seq_lens: Vec<usize>,
     pub block_rows: Vec<Vec<u32>>,
     pub batch: BatchDescriptor,
-    /// Every position's K/V of every request at its slot; unused slots NaN.
-    pub full: KvCache,
+    /// Every position's K/V of every request at its slot (values of the config's KV
+    /// dtype); unused slots NaN.
+    pub full: HostKv,
     /// `full` with this step's slots poisoned again: backends write them with `write_kv`.
-    pub cache: KvCache,
+    pub cache: HostKv,
     /// Per layer, `[tokens, num_kv_heads, head_dim]`: the step's new K and V.
     pub new_k: Vec<Vec<f32>>,
     pub new_v: Vec<Vec<f32>>,
-    /// Per layer, `[tokens, num_heads, head_dim]`.
+    /// Per layer, `[tokens, num_heads, head_dim]` (values of the config's q dtype).
     pub q: Vec<Vec<f32>>,
 }
 
@@ -34,8 +34,8 @@ pub struct Outputs {
     pub out: Vec<Vec<f32>>,
     /// Per layer, `[tokens, num_heads]` where LSE was asked for.
     pub lse: Vec<Option<Vec<f32>>>,
-    /// The cache after the backend's `write_kv` calls.
-    pub cache: KvCache,
+    /// The cache after the backend's `write_kv` calls, widened to f32.
+    pub cache: HostKv,
 }
 
 /// The cache shape for `cfg` with `num_blocks` blocks.
@@ -46,6 +46,7 @@ pub fn cache_spec(cfg: &AttentionConfig, layers: usize, num_blocks: usize) -> Kv
         block_size: cfg.block_size,
         num_kv_heads: cfg.num_kv_heads,
         head_dim: cfg.head_dim,
+        dtype: cfg.kv_dtype,
     }
 }
 
@@ -78,7 +79,7 @@ impl Case {
                 perm[next - n..next].to_vec()
             })
             .collect();
-        let mut full = KvCache::filled(cache_spec(&cfg, layers, pool), f32::NAN);
+        let mut full = HostKv::filled(cache_spec(&cfg, layers, pool), f32::NAN);
         let e = cfg.num_kv_heads * cfg.head_dim;
         for layer in full.layers.iter_mut() {
             for (r, row) in spec.rows.iter().enumerate() {
@@ -89,9 +90,18 @@ impl Case {
                 }
             }
         }
+        // The truth is made of values the subject's dtypes can hold.
+        for layer in full.layers.iter_mut() {
+            round_to(cfg.kv_dtype, &mut layer.k);
+            round_to(cfg.kv_dtype, &mut layer.v);
+        }
         let tokens: usize = spec.rows.iter().map(|r| r.query_len).sum();
         let q = (0..layers)
-            .map(|_| rng.fill(tokens * cfg.num_heads * cfg.head_dim, spec.amplitude))
+            .map(|_| {
+                let mut q = rng.fill(tokens * cfg.num_heads * cfg.head_dim, spec.amplitude);
+                round_to(cfg.q_dtype, &mut q);
+                q
+            })
             .collect();
         let query_lens = spec.rows.iter().map(|r| r.query_len).collect();
         let seq_lens = spec.rows.iter().map(|r| r.seq_len()).collect();
@@ -104,7 +114,7 @@ impl Case {
         query_lens: Vec<usize>,
         seq_lens: Vec<usize>,
         block_rows: Vec<Vec<u32>>,
-        full: KvCache,
+        full: HostKv,
         q: Vec<Vec<f32>>,
     ) -> Result<Case, KitError> {
         let rows: Vec<&[u32]> = block_rows.iter().map(|r| r.as_slice()).collect();
@@ -161,8 +171,9 @@ impl Case {
 }
 
 /// Drives `be` through one step of `case`: `plan`, then per layer `write_kv` and
-/// `run` (asking for LSE on the layers where `want_lse[layer]`). Outputs start as
-/// NaN so that an element the backend forgets to write fails the comparison.
+/// `run` (asking for LSE on the layers where `want_lse[layer]`), with every buffer
+/// placed on the case's device in its dtypes. Outputs start as NaN so that an element
+/// the backend forgets to write fails the comparison; they come back widened to f32.
 pub fn run(
     be: &mut dyn AttentionBackend,
     case: &Case,
@@ -177,41 +188,60 @@ pub fn run(
             source,
         }
     };
-    let mut cache = case.cache.clone();
-    let e = cache.spec.slot_elems();
+    let place = Placement::of(&case.cfg);
+    let rt = runtime(&place).map_err(err("open device"))?;
+    let rt = rt.as_ref();
+    let e = case.cache.spec.slot_elems();
     let h = case.cfg.num_heads;
     be.plan(&case.batch).map_err(err("plan"))?;
-    let (mut all_out, mut all_lse) = (Vec::new(), Vec::new());
-    for (l, layer) in cache.layers.iter_mut().enumerate() {
+    let (mut all_out, mut all_lse, mut layers) = (Vec::new(), Vec::new(), Vec::new());
+    for (l, layer) in case.cache.layers.iter().enumerate() {
+        let placed = |dtype, data: &[f32]| upload(rt, dtype, data).map_err(err("upload"));
+        let mut k_pool = placed(place.kv_dtype, &layer.k)?;
+        let mut v_pool = placed(place.kv_dtype, &layer.v)?;
+        // New K/V arrive as activations, in the query's dtype.
+        let new_k = placed(place.q_dtype, &case.new_k[l])?;
+        let new_v = placed(place.q_dtype, &case.new_v[l])?;
+        let q = placed(place.q_dtype, &case.q[l])?;
+        let mut out = placed(place.q_dtype, &vec![f32::NAN; case.out_elems()])?;
+        let mut lse = match want_lse.get(l).copied().unwrap_or(false) {
+            true => Some(placed(
+                pagoda_core::DType::F32,
+                &vec![f32::NAN; case.batch.num_tokens() * h],
+            )?),
+            false => None,
+        };
         be.write_kv(
-            &mut layer.k,
-            &mut layer.v,
-            &case.new_k[l],
-            &case.new_v[l],
+            k_pool.view_mut(),
+            v_pool.view_mut(),
+            new_k.view(),
+            new_v.view(),
             case.batch.slot_mapping(),
             e,
         )
         .map_err(err("write_kv"))?;
-        let mut out = vec![f32::NAN; case.out_elems()];
-        let mut lse = want_lse
-            .get(l)
-            .copied()
-            .unwrap_or(false)
-            .then(|| vec![f32::NAN; case.batch.num_tokens() * h]);
         be.run(LayerIo {
-            q: &case.q[l],
-            k_cache: &layer.k,
-            v_cache: &layer.v,
-            out: &mut out,
-            lse: lse.as_deref_mut(),
+            q: q.view(),
+            k_cache: k_pool.view(),
+            v_cache: v_pool.view(),
+            out: out.view_mut(),
+            lse: lse.as_mut().map(|l| l.view_mut()),
         })
         .map_err(err("run"))?;
-        all_out.push(out);
-        all_lse.push(lse);
+        let back = |s: &pagoda_core::Storage| download(rt, s.view()).map_err(err("download"));
+        all_out.push(back(&out)?);
+        all_lse.push(lse.as_ref().map(back).transpose()?);
+        layers.push(HostLayer {
+            k: back(&k_pool)?,
+            v: back(&v_pool)?,
+        });
     }
     Ok(Outputs {
         out: all_out,
         lse: all_lse,
-        cache,
+        cache: HostKv {
+            spec: case.cache.spec,
+            layers,
+        },
     })
 }

@@ -4,9 +4,9 @@
 
 use crate::case::{cache_spec, run, slot, Case, Outputs};
 use crate::gen::{CaseSpec, Rng};
+use crate::place::{runtime, upload, HostKv, Placement, Reference};
 use crate::{KitError, Subject, Tolerance};
-use pagoda_backend_naive::NaiveBackend;
-use pagoda_core::{merge_states, AttentionBackend, AttentionConfig, DType, Device, KvCache};
+use pagoda_core::{merge_states, AttentionBackend, AttentionConfig};
 
 /// What a check concluded about one case (an error is a failure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,13 +112,10 @@ fn doubled(tol: Tolerance) -> Tolerance {
     }
 }
 
-/// The reference backend for a subject configuration (always CPU f32).
+/// The reference backend for a subject configuration: `naive`, computing in f64 on
+/// the host from buffers of the subject's device and dtypes ([`Reference`]).
 pub fn naive(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, KitError> {
-    let mut c = cfg.clone();
-    c.device = Device::Cpu;
-    c.q_dtype = DType::F32;
-    c.kv_dtype = DType::F32;
-    NaiveBackend::new(&c)
+    Reference::new(cfg)
         .map(|b| Box::new(b) as Box<dyn AttentionBackend>)
         .map_err(|source| KitError::Backend {
             backend: "naive".into(),
@@ -142,7 +139,7 @@ fn subject_for(
     subject.create(cfg).map(Some)
 }
 
-fn same_pools(check: &'static str, a: &KvCache, b: &KvCache) -> Result<(), KitError> {
+fn same_pools(check: &'static str, a: &HostKv, b: &HostKv) -> Result<(), KitError> {
     let eq = |x: &[f32], y: &[f32]| {
         x.iter()
             .zip(y)
@@ -199,7 +196,7 @@ fn random_batches(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<
 }
 
 /// Moves block `src_block` of every layer of `src` to `dst_block` of `dst`.
-fn copy_block(src: &KvCache, src_block: usize, dst: &mut KvCache, dst_block: usize) {
+fn copy_block(src: &HostKv, src_block: usize, dst: &mut HostKv, dst_block: usize) {
     let n = src.spec.block_size * src.spec.slot_elems();
     for (s, d) in src.layers.iter().zip(dst.layers.iter_mut()) {
         d.k[dst_block * n..(dst_block + 1) * n]
@@ -210,7 +207,7 @@ fn copy_block(src: &KvCache, src_block: usize, dst: &mut KvCache, dst_block: usi
 }
 
 /// Copies one slot of every layer.
-fn copy_slot(src: &KvCache, src_slot: usize, dst: &mut KvCache, dst_slot: usize) {
+fn copy_slot(src: &HostKv, src_slot: usize, dst: &mut HostKv, dst_slot: usize) {
     let e = src.spec.slot_elems();
     for (s, d) in src.layers.iter().zip(dst.layers.iter_mut()) {
         d.k[dst_slot * e..(dst_slot + 1) * e]
@@ -233,7 +230,7 @@ fn block_permutation(
     };
     let pool = case.full.spec.num_blocks;
     let pi = Rng::new(spec.seed ^ 0xB10C_u64).permutation(pool);
-    let mut full = KvCache::filled(case.full.spec, f32::NAN);
+    let mut full = HostKv::filled(case.full.spec, f32::NAN);
     for (b, &to) in pi.iter().enumerate() {
         copy_block(&case.full, b, &mut full, to as usize);
     }
@@ -399,7 +396,7 @@ fn gqa_equals_mha(subject: &Subject, spec: &CaseSpec, tol: Tolerance) -> Result<
         return Ok(Outcome::NotApplicable);
     };
     let (h, d, g) = (cfg.num_heads, cfg.head_dim, spec.group);
-    let mut full = KvCache::filled(cache_spec(&mha_cfg, 1, case.full.spec.num_blocks), f32::NAN);
+    let mut full = HostKv::filled(cache_spec(&mha_cfg, 1, case.full.spec.num_blocks), f32::NAN);
     let (src, dst) = (&case.full.layers[0], &mut full.layers[0]);
     let slots = case.full.spec.num_blocks * cfg.block_size;
     for s in 0..slots {
@@ -442,7 +439,7 @@ struct MergeSetup {
     /// Per request of `idx`: the first key position of the second part.
     split: Vec<usize>,
     /// The case's pool plus the fresh blocks.
-    full: KvCache,
+    full: HostKv,
     /// Per request of `idx`: its blocks (first part) and its fresh blocks (second part).
     a_rows: Vec<Vec<u32>>,
     b_rows: Vec<Vec<u32>>,
@@ -480,7 +477,7 @@ impl MergeSetup {
             .zip(&split)
             .map(|(&r, &m)| (case.seq_lens[r] - m).div_ceil(bs))
             .collect();
-        let mut full = KvCache::filled(
+        let mut full = HostKv::filled(
             cache_spec(&cfg, 1, pool + fresh.iter().sum::<usize>()),
             f32::NAN,
         );
@@ -711,56 +708,78 @@ fn bad_buffers(subject: &Subject, spec: &CaseSpec) -> Result<Outcome, KitError> 
     let Some(mut be) = subject_for(subject, &cfg, &case.query_lens)? else {
         return Ok(Outcome::NotApplicable);
     };
-    let mut cache = case.cache.clone();
-    let e = cache.spec.slot_elems();
-    let layer = &mut cache.layers[0];
+    let e = case.cache.spec.slot_elems();
+    let place = Placement::of(&cfg);
+    let kit = |stage: &'static str| {
+        let backend = subject.name.clone();
+        move |source| KitError::Backend {
+            backend,
+            stage,
+            source,
+        }
+    };
+    let rt = runtime(&place).map_err(kit("open device"))?;
+    let rt = rt.as_ref();
+    let placed = |dtype, data: &[f32]| upload(rt, dtype, data).map_err(kit("upload"));
+    let layer = &case.cache.layers[0];
+    let (mut k_pool, mut v_pool) = (
+        placed(place.kv_dtype, &layer.k)?,
+        placed(place.kv_dtype, &layer.v)?,
+    );
+    let (new_k, new_v) = (
+        placed(place.q_dtype, &case.new_k[0])?,
+        placed(place.q_dtype, &case.new_v[0])?,
+    );
     be.write_kv(
-        &mut layer.k,
-        &mut layer.v,
-        &case.new_k[0],
-        &case.new_v[0],
+        k_pool.view_mut(),
+        v_pool.view_mut(),
+        new_k.view(),
+        new_v.view(),
         case.batch.slot_mapping(),
         e,
     )
-    .map_err(|source| KitError::Backend {
-        backend: subject.name.clone(),
-        stage: "write_kv",
-        source,
-    })?;
-    be.plan(&case.batch).map_err(|source| KitError::Backend {
-        backend: subject.name.clone(),
-        stage: "plan",
-        source,
-    })?;
-    let (q, k, v) = (&case.q[0], &layer.k, &layer.v);
+    .map_err(kit("write_kv"))?;
+    be.plan(&case.batch).map_err(kit("plan"))?;
+    let q = placed(place.q_dtype, &case.q[0])?;
+    let n_q = q.len();
+    let n_kv = k_pool.len();
     let n_out = case.out_elems();
     let n_lse = case.batch.num_tokens() * cfg.num_heads;
     let lse_ok = subject.capabilities.returns_lse;
+    // Buffers of the given lengths: prefixes of the placed ones, or new ones.
     let mut attempt = |what: &str,
-                       q: &[f32],
-                       k: &[f32],
+                       q_len: usize,
+                       kv_len: usize,
                        out_len: usize,
                        lse_len: Option<usize>|
      -> Result<bool, KitError> {
-        let mut out = vec![0.0; out_len];
-        let mut lse = lse_len.map(|n| vec![0.0; n]);
+        let mut out = placed(place.q_dtype, &vec![0.0; out_len])?;
+        let mut lse = lse_len
+            .map(|n| placed(pagoda_core::DType::F32, &vec![0.0; n]))
+            .transpose()?;
+        fn prefix(
+            s: &pagoda_core::Storage,
+            n: usize,
+        ) -> Result<pagoda_core::TensorRef<'_>, pagoda_core::CoreError> {
+            s.view().split_at(n).map(|(a, _)| a)
+        }
         let io = pagoda_core::LayerIo {
-            q,
-            k_cache: k,
-            v_cache: &v[..k.len()],
-            out: &mut out,
-            lse: lse.as_deref_mut(),
+            q: prefix(&q, q_len).map_err(kit("buffers"))?,
+            k_cache: prefix(&k_pool, kv_len).map_err(kit("buffers"))?,
+            v_cache: prefix(&v_pool, kv_len).map_err(kit("buffers"))?,
+            out: out.view_mut(),
+            lse: lse.as_mut().map(|l| l.view_mut()),
         };
         Ok(no_panic(CHECK, what, || be.run(io))?.is_ok())
     };
     let mut accepted = Vec::new();
-    if attempt("a short q", &q[..q.len() - 1], k, n_out, None)? {
+    if attempt("a short q", n_q - 1, n_kv, n_out, None)? {
         accepted.push("a q buffer one element short");
     }
-    if attempt("a short out", q, k, n_out - 1, None)? {
+    if attempt("a short out", n_q, n_kv, n_out - 1, None)? {
         accepted.push("an out buffer one element short");
     }
-    if lse_ok && attempt("a short lse", q, k, n_out, Some(n_lse - 1))? {
+    if lse_ok && attempt("a short lse", n_q, n_kv, n_out, Some(n_lse - 1))? {
         accepted.push("an lse buffer one element short");
     }
     // A pool one block smaller than the largest block id used needs: reading it would be out of bounds.
@@ -768,14 +787,14 @@ fn bad_buffers(subject: &Subject, spec: &CaseSpec) -> Result<Outcome, KitError> 
     let block_elems = cfg.block_size * e;
     if attempt(
         "a pool too small for the block table",
-        q,
-        &k[..max_block * block_elems],
+        n_q,
+        max_block * block_elems,
         n_out,
         None,
     )? {
         accepted.push("a KV pool without the blocks the block table names");
     }
-    if !attempt("a valid call", q, k, n_out, lse_ok.then_some(n_lse))? {
+    if !attempt("a valid call", n_q, n_kv, n_out, lse_ok.then_some(n_lse))? {
         accepted.push("(rejected) a valid call after the bad ones");
     }
     // A batch laid out for another block size must be refused at plan time.

@@ -78,13 +78,13 @@ pub fn run_layer(
     let mut out = vec![f32::NAN; case.out_elems()];
     let mut lse = vec![f32::NAN; case.batch.num_tokens() * case.cfg.num_heads];
     for _ in 0..runs {
-        be.run(LayerIo {
-            q: &case.q[0],
-            k_cache: &layer.k,
-            v_cache: &layer.v,
-            out: &mut out,
-            lse: with_lse.then_some(&mut lse[..]),
-        })?;
+        be.run(LayerIo::cpu(
+            &case.q[0],
+            &layer.k,
+            &layer.v,
+            &mut out,
+            with_lse.then_some(&mut lse[..]),
+        ))?;
     }
     Ok((out, lse))
 }
@@ -126,13 +126,7 @@ pub fn assert_close(what: &str, actual: &[f32], expected: &[f32], case: &Case, t
 
 /// `LayerIo` with the same pool for K and V and no LSE, for misuse tests.
 pub fn layer_io<'a>(q: &'a [f32], kv: &'a [f32], out: &'a mut [f32]) -> LayerIo<'a> {
-    LayerIo {
-        q,
-        k_cache: kv,
-        v_cache: kv,
-        out,
-        lse: None,
-    }
+    LayerIo::cpu(q, kv, kv, out, None)
 }
 
 /// What a backend answered to three misuses of `case` (first two on a fresh plan).

@@ -56,7 +56,8 @@ impl CaseSpec {
         self.num_kv_heads * self.group
     }
 
-    /// The configuration this case runs under for `subject` (CPU and f32 preferred).
+    /// The configuration this case runs under for `subject`: its placement if chosen,
+    /// else CPU (then emu, then cuda:0) and f32 preferred.
     pub fn config(&self, subject: &Subject) -> AttentionConfig {
         let caps = &subject.capabilities;
         let mut cfg = AttentionConfig::cpu_f32(
@@ -65,11 +66,25 @@ impl CaseSpec {
             self.head_dim,
             self.block_size,
         );
-        if !caps.devices.contains(&DeviceKind::Cpu) && caps.devices.contains(&DeviceKind::Cuda) {
-            cfg.device = Device::Cuda(0);
+        match subject.placement {
+            Some(p) => {
+                cfg.device = p.device;
+                cfg.q_dtype = p.q_dtype;
+                cfg.kv_dtype = p.kv_dtype;
+            }
+            None => {
+                cfg.device = [
+                    (DeviceKind::Cpu, Device::Cpu),
+                    (DeviceKind::Emu, Device::Emu),
+                    (DeviceKind::Cuda, Device::Cuda(0)),
+                ]
+                .into_iter()
+                .find(|(k, _)| caps.devices.contains(k))
+                .map_or(Device::Cpu, |(_, d)| d);
+                cfg.q_dtype = prefer_f32(&caps.q_dtypes);
+                cfg.kv_dtype = prefer_f32(&caps.kv_dtypes);
+            }
         }
-        cfg.q_dtype = prefer_f32(&caps.q_dtypes);
-        cfg.kv_dtype = prefer_f32(&caps.kv_dtypes);
         cfg.sliding_window = self.sliding_window;
         cfg.logits_soft_cap = self.soft_cap;
         cfg
@@ -92,15 +107,25 @@ impl CaseSpec {
             .sum()
     }
 
-    /// Drops the most expensive rows until the case fits [`WORK_BUDGET`] or one row is left.
-    fn fit_budget(mut self) -> Self {
-        while self.work() > WORK_BUDGET && self.rows.len() > 1 {
+    /// Drops the most expensive rows until the case fits `budget` (by default
+    /// [`WORK_BUDGET`]) or one row is left; a smaller budget ([`crate::CaseLimit`]) then
+    /// also halves that row's context and query until it fits.
+    fn fit_budget(mut self, budget: u64) -> Self {
+        while self.work() > budget && self.rows.len() > 1 {
             let costly = (0..self.rows.len())
                 .max_by_key(|&i| {
                     self.rows[i].query_len * (self.rows[i].context + self.rows[i].query_len)
                 })
                 .unwrap_or(0);
             self.rows.remove(costly);
+        }
+        if budget < WORK_BUDGET {
+            while self.work() > budget && self.rows[0].context > 0 {
+                self.rows[0].context /= 2;
+            }
+            while self.work() > budget && self.rows[0].query_len > 2 {
+                self.rows[0].query_len /= 2;
+            }
         }
         self
     }
@@ -134,6 +159,8 @@ pub struct Shapes {
     pub rows: Rows,
     pub sliding_window: bool,
     pub soft_cap: bool,
+    /// Work budget per case ([`WORK_BUDGET`] unless the subject has a [`crate::CaseLimit`]).
+    pub work_budget: u64,
 }
 
 impl Shapes {
@@ -170,6 +197,9 @@ impl Shapes {
             rows,
             sliding_window: caps.sliding_window,
             soft_cap: caps.logits_soft_cap,
+            work_budget: subject
+                .case_limit
+                .map_or(WORK_BUDGET, |l| l.work.min(WORK_BUDGET)),
         }
     }
 }
@@ -231,6 +261,7 @@ fn rows(block_size: usize, kind: Rows) -> BoxedStrategy<Vec<RowSpec>> {
 pub fn case_spec(shapes: &Shapes, min_group: usize) -> BoxedStrategy<CaseSpec> {
     let s = shapes.clone();
     let groups = min_group.min(s.max_group)..=s.max_group;
+    let budget = s.work_budget;
     (
         1usize..=4,
         groups,
@@ -269,7 +300,7 @@ pub fn case_spec(shapes: &Shapes, min_group: usize) -> BoxedStrategy<CaseSpec> {
                         amplitude,
                         seed,
                     }
-                    .fit_budget()
+                    .fit_budget(budget)
                 })
         })
         .boxed()

@@ -24,6 +24,7 @@ pub mod case;
 pub mod checks;
 pub mod direct;
 pub mod gen;
+pub mod place;
 pub mod suite;
 
 pub use checks::{Check, Outcome};
@@ -173,13 +174,37 @@ pub enum KitError {
     },
 }
 
+/// A cap on a subject's cases ([`Subject::small_cases`]): the work budget per case
+/// (query-key-dim products over heads, at most [`gen::WORK_BUDGET`]; rows are dropped,
+/// then the last row's context and query halved, to fit) and the cases per check (at
+/// most each check's own number).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaseLimit {
+    pub work: u64,
+    pub cases: u32,
+}
+
+impl CaseLimit {
+    /// What the emulated CUDA backends use: ~20k multiply-adds, 10 cases per check.
+    pub const EMULATOR: CaseLimit = CaseLimit {
+        work: 20_000,
+        cases: 10,
+    };
+}
+
 type Create = dyn Fn(&AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError>;
 type Reasons = dyn Fn(&AttentionConfig) -> Vec<InvalidReason>;
 
-/// The backend under test: a name, its capabilities and a constructor.
+/// The backend under test: a name, its capabilities, a constructor, and where its
+/// buffers live ([`Subject::on`]; by default the first of cpu, emu, cuda:0 that its
+/// capabilities list, with f32 where supported, else its first dtype).
 pub struct Subject {
     pub name: String,
     pub capabilities: Capabilities,
+    /// Device and dtypes of every case, if chosen.
+    pub placement: Option<place::Placement>,
+    /// Smaller cases for a slow subject ([`Subject::small_cases`]).
+    pub case_limit: Option<CaseLimit>,
     runtime_reasons: Box<Reasons>,
     create: Box<Create>,
 }
@@ -194,6 +219,8 @@ impl Subject {
         Subject {
             name: name.into(),
             capabilities,
+            placement: None,
+            case_limit: None,
             runtime_reasons: Box::new(|_| Vec::new()),
             create: Box::new(create),
         }
@@ -215,6 +242,8 @@ impl Subject {
         Subject {
             name: reg.name.to_string(),
             capabilities: (reg.capabilities)(),
+            placement: None,
+            case_limit: None,
             runtime_reasons: Box::new(reg.runtime_reasons),
             create: Box::new(reg.create),
         }
@@ -231,6 +260,30 @@ impl Subject {
                 registered: all.iter().map(|r| r.name).collect::<Vec<_>>().join(", "),
             }),
         }
+    }
+
+    /// The same subject with its buffers on `device`, queries (and outputs) of
+    /// `q_dtype`, the KV cache of `kv_dtype`: one test body per device and dtype.
+    pub fn on(
+        mut self,
+        device: pagoda_core::Device,
+        q_dtype: pagoda_core::DType,
+        kv_dtype: pagoda_core::DType,
+    ) -> Self {
+        self.placement = Some(place::Placement {
+            device,
+            q_dtype,
+            kv_dtype,
+        });
+        self
+    }
+
+    /// The same subject checked on smaller and fewer cases: for a backend that runs
+    /// slowly here (the CUDA kernels through the SIMT emulator), so that its suite
+    /// keeps every check and stays within a test's time.
+    pub fn small_cases(mut self, limit: CaseLimit) -> Self {
+        self.case_limit = Some(limit);
+        self
     }
 
     /// Every reason the subject cannot serve `cfg` in `role`.
@@ -279,6 +332,12 @@ impl IntoSubject for &str {
 impl IntoSubject for String {
     fn into_subject(self) -> Result<Subject, KitError> {
         Subject::registered(&self)
+    }
+}
+
+impl IntoSubject for Result<Subject, KitError> {
+    fn into_subject(self) -> Result<Subject, KitError> {
+        self
     }
 }
 

@@ -55,7 +55,8 @@ pub fn try_run_check(
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(check.cases());
+        .unwrap_or(check.cases())
+        .min(subject.case_limit.map_or(u32::MAX, |l| l.cases));
     let config = Config {
         cases,
         max_shrink_iters: 2048,

@@ -89,6 +89,7 @@ impl AttentionBackend for Mutant {
                 });
             }
         }
+        let io = io.into_f32()?;
         let mut lse = io.lse;
         let heads = if self.bug == Bug::SkipsLastHead {
             h - 1

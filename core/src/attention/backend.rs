@@ -2,6 +2,7 @@
 //! layer's call, [`LayerIo`].
 
 use super::{AttentionConfig, BatchDescriptor};
+use crate::tensor::{DType, Device, TensorMut, TensorRef};
 use crate::CoreError;
 
 /// An attention implementation: **the trait a backend implements**. Created for one
@@ -22,13 +23,16 @@ pub trait AttentionBackend: Send {
     /// tokens' K/V must already be in the cache (see [`AttentionBackend::write_kv`]).
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError>;
 
-    /// Writes new K/V rows by slot mapping (negative slots skipped).
+    /// Writes new K/V rows (`[num_tokens, num_kv_heads, head_dim]`) into this layer's
+    /// pools by slot mapping (negative slots skipped). The default is the host copy
+    /// ([`crate::write_kv`], converting to the pools' dtype); a device backend
+    /// writes with its own kernel.
     fn write_kv(
         &mut self,
-        k_pool: &mut [f32],
-        v_pool: &mut [f32],
-        k: &[f32],
-        v: &[f32],
+        k_pool: TensorMut<'_>,
+        v_pool: TensorMut<'_>,
+        k: TensorRef<'_>,
+        v: TensorRef<'_>,
         slot_mapping: &[i64],
         slot_elems: usize,
     ) -> Result<(), CoreError> {
@@ -36,30 +40,92 @@ pub trait AttentionBackend: Send {
     }
 }
 
-/// Buffers of one layer's attention call.
+/// Buffers of one layer's attention call. Each carries its device, dtype and shape;
+/// [`LayerIo::validate`] checks them against the backend's [`AttentionConfig`].
 pub struct LayerIo<'a> {
-    /// `[num_tokens, num_heads, head_dim]`
+    /// `[num_tokens, num_heads, head_dim]`, of the config's `q_dtype`.
+    pub q: TensorRef<'a>,
+    /// This layer's K pool, `[num_blocks, block_size, num_kv_heads, head_dim]`, of the
+    /// config's `kv_dtype`.
+    pub k_cache: TensorRef<'a>,
+    /// This layer's V pool, same shape and dtype.
+    pub v_cache: TensorRef<'a>,
+    /// `[num_tokens, num_heads, head_dim]`, of the config's `q_dtype`.
+    pub out: TensorMut<'a>,
+    /// `[num_tokens, num_heads]` f32, natural-log log-sum-exp of the scaled scores, if wanted.
+    pub lse: Option<TensorMut<'a>>,
+}
+
+/// The buffers of a [`LayerIo`] as host f32 slices: what the CPU f32 backends read
+/// ([`LayerIo::into_f32`]).
+pub struct F32Io<'a> {
     pub q: &'a [f32],
-    /// This layer's K pool, `[num_blocks, block_size, num_kv_heads, head_dim]`.
     pub k_cache: &'a [f32],
-    /// This layer's V pool, same shape.
     pub v_cache: &'a [f32],
-    /// `[num_tokens, num_heads, head_dim]`
     pub out: &'a mut [f32],
-    /// `[num_tokens, num_heads]`, natural-log log-sum-exp of the scaled scores, if wanted.
     pub lse: Option<&'a mut [f32]>,
 }
 
-impl LayerIo<'_> {
-    /// Checks the buffer lengths every backend's `run` needs for a batch of
-    /// `num_tokens` tokens under `cfg`, in this order: `q` and `out` hold
-    /// `[num_tokens, num_heads, head_dim]`, `lse` (if asked for) `[num_tokens, num_heads]`,
-    /// the K pool is whole blocks and the V pool is as long. Returns the pool's
-    /// number of blocks (block ids must be below it); the first bad buffer is a
-    /// [`CoreError::ShapeMismatch`] (for a K pool of partial blocks, `expected` is
-    /// its length rounded down to whole blocks).
+impl<'a> LayerIo<'a> {
+    /// CPU f32 buffers (flat views of the slices), the common case of tests and the
+    /// CPU model.
+    pub fn cpu(
+        q: &'a [f32],
+        k_cache: &'a [f32],
+        v_cache: &'a [f32],
+        out: &'a mut [f32],
+        lse: Option<&'a mut [f32]>,
+    ) -> Self {
+        LayerIo {
+            q: TensorRef::cpu(q),
+            k_cache: TensorRef::cpu(k_cache),
+            v_cache: TensorRef::cpu(v_cache),
+            out: TensorMut::cpu(out),
+            lse: lse.map(TensorMut::cpu),
+        }
+    }
+
+    /// The buffers as host f32 slices, or the first one that is not
+    /// ([`CoreError::DTypeMismatch`] / [`CoreError::NotOnHost`]).
+    pub fn into_f32(self) -> Result<F32Io<'a>, CoreError> {
+        Ok(F32Io {
+            q: self.q.as_f32("q")?,
+            k_cache: self.k_cache.as_f32("k_cache")?,
+            v_cache: self.v_cache.as_f32("v_cache")?,
+            out: self.out.into_f32("out")?,
+            lse: self.lse.map(|l| l.into_f32("lse")).transpose()?,
+        })
+    }
+
+    /// Checks the buffers every backend's `run` needs for a batch of `num_tokens`
+    /// tokens under `cfg`, in this order: `q`, `out`, `lse` (if asked for), the K pool,
+    /// the V pool; each on `cfg.device`, of its dtype (`q`/`out` `cfg.q_dtype`, pools
+    /// `cfg.kv_dtype`, `lse` f32), and of its length: `q` and `out` hold
+    /// `[num_tokens, num_heads, head_dim]`, `lse` `[num_tokens, num_heads]`, the K pool
+    /// is whole blocks and the V pool is as long. Returns the pool's number of blocks
+    /// (block ids must be below it); the first bad buffer is a
+    /// [`CoreError::DeviceMismatch`], [`CoreError::DTypeMismatch`] or
+    /// [`CoreError::ShapeMismatch`] (for a K pool of partial blocks, `expected` is its
+    /// length rounded down to whole blocks).
     pub fn validate(&self, num_tokens: usize, cfg: &AttentionConfig) -> Result<usize, CoreError> {
-        let check = |name: &'static str, actual: usize, expected: usize| {
+        let check = |name: &'static str,
+                     (device, dtype, actual): (Device, DType, usize),
+                     want_dtype: DType,
+                     expected: usize| {
+            if device != cfg.device {
+                return Err(CoreError::DeviceMismatch {
+                    name,
+                    expected: cfg.device,
+                    actual: device,
+                });
+            }
+            if dtype != want_dtype {
+                return Err(CoreError::DTypeMismatch {
+                    name,
+                    expected: want_dtype,
+                    actual: dtype,
+                });
+            }
             if actual == expected {
                 Ok(())
             } else {
@@ -70,16 +136,24 @@ impl LayerIo<'_> {
                 })
             }
         };
+        let of = |t: &TensorRef<'_>| (t.device_of(), t.dtype(), t.len());
+        let of_mut = |t: &TensorMut<'_>| (t.device_of(), t.dtype(), t.len());
         let tok_elems = num_tokens * cfg.num_heads * cfg.head_dim;
-        check("q", self.q.len(), tok_elems)?;
-        check("out", self.out.len(), tok_elems)?;
-        if let Some(l) = self.lse.as_deref() {
-            check("lse", l.len(), num_tokens * cfg.num_heads)?;
+        check("q", of(&self.q), cfg.q_dtype, tok_elems)?;
+        check("out", of_mut(&self.out), cfg.q_dtype, tok_elems)?;
+        if let Some(l) = self.lse.as_ref() {
+            check("lse", of_mut(l), DType::F32, num_tokens * cfg.num_heads)?;
         }
         let block_elems = cfg.block_size * cfg.num_kv_heads * cfg.head_dim;
-        let num_blocks = self.k_cache.len().checked_div(block_elems).unwrap_or(0);
-        check("k_cache", self.k_cache.len(), num_blocks * block_elems)?;
-        check("v_cache", self.v_cache.len(), self.k_cache.len())?;
+        let k_len = self.k_cache.len();
+        let num_blocks = k_len.checked_div(block_elems).unwrap_or(0);
+        check(
+            "k_cache",
+            of(&self.k_cache),
+            cfg.kv_dtype,
+            num_blocks * block_elems,
+        )?;
+        check("v_cache", of(&self.v_cache), cfg.kv_dtype, k_len)?;
         Ok(num_blocks)
     }
 
@@ -112,14 +186,7 @@ mod tests {
         let (q, kv) = (vec![0.0; 16], vec![0.0; 36]);
         let (mut out, mut lse) = (vec![0.0; 16], vec![0.0; 8]);
         let run = |q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], lse: Option<&mut [f32]>| {
-            LayerIo {
-                q,
-                k_cache: k,
-                v_cache: v,
-                out,
-                lse,
-            }
-            .validate(2, &cfg)
+            LayerIo::cpu(q, k, v, out, lse).validate(2, &cfg)
         };
         assert_eq!(run(&q, &kv, &kv, &mut out, Some(&mut lse)), Ok(3));
         assert_eq!(run(&q, &kv, &kv, &mut out, None), Ok(3));
@@ -149,6 +216,19 @@ mod tests {
             name(run(&q, &kv, &kv[12..], &mut out, None)),
             ("v_cache", 36, 24)
         );
+        // Device and dtype are checked too, buffer by buffer.
+        let bf = [half::bf16::ZERO; 16];
+        let mut io = LayerIo::cpu(&q, &kv, &kv, &mut out, None);
+        io.q = TensorRef::host(Device::Emu, &q).unwrap();
+        assert!(matches!(
+            io.validate(2, &cfg),
+            Err(CoreError::DeviceMismatch { name: "q", .. })
+        ));
+        io.q = TensorRef::host(Device::Cpu, &bf).unwrap();
+        assert!(matches!(
+            io.validate(2, &cfg),
+            Err(CoreError::DTypeMismatch { name: "q", .. })
+        ));
         // The first bad buffer wins.
         assert_eq!(
             name(run(&q[1..], &kv[1..], &kv, &mut out[1..], None)).0,
@@ -173,14 +253,8 @@ mod tests {
             ),
         ] {
             let batch = BatchDescriptor::new(2, &[1], &[1], &[&[block]]).unwrap();
-            let got = LayerIo {
-                q: &[0.0; 2],
-                k_cache: &kv,
-                v_cache: &kv,
-                out: &mut out,
-                lse: None,
-            }
-            .validate_batch(&batch, &cfg);
+            let got =
+                LayerIo::cpu(&[0.0; 2], &kv, &kv, &mut out, None).validate_batch(&batch, &cfg);
             assert_eq!(got, want);
         }
     }

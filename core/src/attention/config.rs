@@ -2,42 +2,9 @@
 //! ([`Capabilities`]) and why it cannot ([`InvalidReason`]).
 
 use super::BatchDescriptor;
+use crate::tensor::{DType, Device, DeviceKind};
 use crate::CoreError;
 use std::fmt;
-
-/// Where a backend runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Device {
-    Cpu,
-    Cuda(usize),
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => write!(f, "cpu"),
-            Device::Cuda(i) => write!(f, "cuda:{i}"),
-        }
-    }
-}
-
-/// Element types of Q and of the KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DType {
-    F32,
-    F16,
-    BF16,
-}
-
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-        })
-    }
-}
 
 /// Which rows of a batch a backend is asked to serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,22 +88,6 @@ pub struct Capabilities {
     pub prefill: bool,
     /// Whether `run` fills the log-sum-exp output when asked.
     pub returns_lse: bool,
-}
-
-/// A device family, for capability lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DeviceKind {
-    Cpu,
-    Cuda,
-}
-
-impl Device {
-    pub fn kind(self) -> DeviceKind {
-        match self {
-            Device::Cpu => DeviceKind::Cpu,
-            Device::Cuda(_) => DeviceKind::Cuda,
-        }
-    }
 }
 
 /// Why a backend cannot serve a configuration.

@@ -24,9 +24,9 @@ pub mod config;
 pub mod merge;
 pub mod registry;
 
-pub use backend::{AttentionBackend, LayerIo};
+pub use backend::{AttentionBackend, F32Io, LayerIo};
 pub use batch::BatchDescriptor;
-pub use config::{AttentionConfig, Capabilities, DType, Device, DeviceKind, InvalidReason, Role};
+pub use config::{AttentionConfig, Capabilities, InvalidReason, Role};
 pub use merge::merge_states;
 pub use registry::{
     inventory, no_runtime_reasons, registered_backends, try_registered_backends,

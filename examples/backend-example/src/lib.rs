@@ -88,8 +88,10 @@ impl AttentionBackend for ExampleBackend {
             self.cfg.head_dim,
             self.cfg.block_size,
         );
-        // Buffer lengths, and every block the batch names exists in the pool.
+        // Device, dtype and length of every buffer, and every block the batch names
+        // exists in the pool; then the buffers as the f32 slices this backend reads.
         io.validate_batch(&self.batch, &self.cfg)?;
+        let io = io.into_f32()?;
         let mut lse = io.lse;
         let b = &self.batch;
         let group = h / kvh;
@@ -159,14 +161,8 @@ mod tests {
         k[8..10].copy_from_slice(&[1.0, 0.0]);
         v[8..10].copy_from_slice(&[3.0, -2.0]);
         let mut out = vec![0.0; 2];
-        be.run(LayerIo {
-            q: &[1.0, 1.0],
-            k_cache: &k,
-            v_cache: &v,
-            out: &mut out,
-            lse: None,
-        })
-        .unwrap();
+        be.run(LayerIo::cpu(&[1.0, 1.0], &k, &v, &mut out, None))
+            .unwrap();
         assert_eq!(out, vec![3.0, -2.0]);
     }
 }

@@ -48,3 +48,13 @@ pub fn round_bf16(v: &[f32]) -> Vec<f32> {
         .map(|&x| half::bf16::from_f32(x).to_f32())
         .collect()
 }
+
+/// `x` as the bf16 GEMM multiplies it on this CPU: rounded to bf16 by
+/// `vdpbf16ps`, as it is on the fallbacks (which widen the weights instead).
+pub fn bf16_x(x: &[f32]) -> Vec<f32> {
+    if pagoda_kernels::gemm_paths().bf16 == pagoda_kernels::GemmPath::Avx512Bf16 {
+        round_bf16(x)
+    } else {
+        x.to_vec()
+    }
+}

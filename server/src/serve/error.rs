@@ -140,6 +140,7 @@ impl From<EngineError> for ApiError {
             },
             EngineError::Model { .. }
             | EngineError::Selector { .. }
+            | EngineError::Device { .. }
             | EngineError::Fault { .. }
             | EngineError::RequestFailed { .. } => ApiError::Internal {
                 message: e.to_string(),

@@ -1,0 +1,43 @@
+//! The shared conformance suite run against `cuda-naive` on the `emu` device.
+//!
+//! Tolerances: the kernels' error bound against an f64 reference on the same quantized
+//! inputs (kernels/cuda/tests/common) is the output's rounding to the element type, U
+//! (2^-8 bf16, 2^-11 f16), doubled for flash's P rounding, times 1.25, + 1e-5 (outputs in
+//! [-1, 1]); f32 accumulation otherwise. `Tolerance::BF16` (2e-2 abs + rel) and
+//! `Tolerance::F16` (2e-3) exceed 2.5 U + 1e-5 (9.8e-3 and 1.2e-3), and `Tolerance::F32`
+//! covers f32 accumulation as for the CPU backends. The emulator runs one OS thread per
+//! CUDA thread, so cases are capped (`CaseLimit::EMULATOR`): every check still runs.
+
+use pagoda_backend_cuda_naive as _; // link the crate so its registration is seen
+use pagoda_backend_testkit::{conformance_suite, CaseLimit, Subject, Tolerance};
+use pagoda_core::{DType, Device};
+
+mod bf16 {
+    use super::*;
+    conformance_suite!(
+        Subject::registered("cuda-naive").map(|s| s
+            .on(Device::Emu, DType::BF16, DType::BF16)
+            .small_cases(CaseLimit::EMULATOR)),
+        tolerance = Tolerance::BF16
+    );
+}
+
+mod f16 {
+    use super::*;
+    conformance_suite!(
+        Subject::registered("cuda-naive").map(|s| s
+            .on(Device::Emu, DType::F16, DType::F16)
+            .small_cases(CaseLimit::EMULATOR)),
+        tolerance = Tolerance::F16
+    );
+}
+
+mod f32 {
+    use super::*;
+    conformance_suite!(
+        Subject::registered("cuda-naive").map(|s| s
+            .on(Device::Emu, DType::F32, DType::F32)
+            .small_cases(CaseLimit::EMULATOR)),
+        tolerance = Tolerance::F32
+    );
+}

@@ -1,0 +1,14 @@
+//! The CUDA device runtime and the host side the CUDA attention backends share.
+//!
+//! * [`runtime`]: registers the `cuda` device family with core
+//!   ([`pagoda_core::register_device!`]). Its reason for being unavailable is exactly
+//!   one of [`NOT_COMPILED`], [`NO_DRIVER`], [`NO_DEVICE`]; with the `cuda` feature it
+//!   opens `cuda:N` through cudarc (device memory as [`pagoda_core::DeviceMemory`]).
+//! * [`attn`]: one [`attn::CudaAttention`] type behind `cuda-naive`, `cuda-paged` and
+//!   `cuda-flash` (crates `backends/cuda-*`): planning, validation, and launches of the
+//!   kernels of `pagoda-cuda-kernels`, on the `emu` device through the SIMT emulator.
+
+pub mod attn;
+pub mod runtime;
+
+pub use runtime::{cuda_unavailable, COMPILED, NOT_COMPILED, NO_DEVICE, NO_DRIVER};

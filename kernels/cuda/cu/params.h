@@ -1,0 +1,73 @@
+/* params.h: the launch parameters of every kernel family, plain C so that Rust mirrors
+ * them with #[repr(C)] (kernels/cuda/src/params.rs; a test compares the sizes). Kernels
+ * take them by value; pointers are device pointers under CUDA, host pointers on the
+ * emulator. Layouts (all row-major, contiguous):
+ *   q, out        [num_tokens, num_heads, head_dim]        (dtype)
+ *   k/v cache     [num_blocks, block_size, num_kv_heads, head_dim] (dtype)
+ *   lse           [num_tokens, num_heads] f32, natural log of the scaled scores' sum-exp
+ *   query_start_loc [num_seqs + 1] i32, seq_lens [num_seqs] i32,
+ *   block_table   [num_seqs, max_blocks_per_seq] i32, slot_mapping [num_tokens] i64.
+ * Batch order is vLLM's: decode rows (q_len 1) first. */
+#pragma once
+#include <stdint.h>
+
+/* Element types of q/out/K/V. Values are the ABI: Rust's `Dtype` repeats them. */
+enum { PG_F32 = 0, PG_BF16 = 1, PG_F16 = 2 };
+
+/* reshape_and_cache: rows [num_tokens, num_kv_heads, head_dim] of src_dtype into the
+ * pools (the dtype named at launch) at slot_mapping[token] (block = slot / block_size,
+ * offset = slot % block_size); -1 skips. */
+typedef struct PgWriteKvParams {
+  const void* key;
+  const void* value;
+  void* key_cache;
+  void* value_cache;
+  const int64_t* slot_mapping;
+  int32_t num_tokens;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  int32_t block_size;
+  int32_t src_dtype; /* PG_F32, PG_BF16 or PG_F16 */
+  int32_t pad;
+} PgWriteKvParams;
+
+/* One struct for naive, paged and flash attention; each kernel reads what it needs.
+ * A launch covers sequences [seq_begin, seq_end); token rows come from query_start_loc.
+ * A query at row i of a sequence of q_len new tokens and seq_len total sees keys
+ * 0..=seq_len - q_len + i (causal with the context offset). */
+typedef struct PgAttnParams {
+  const void* q;
+  const void* key_cache;
+  const void* value_cache;
+  void* out;
+  float* lse; /* may be null */
+  const int32_t* query_start_loc;
+  const int32_t* seq_lens;
+  const int32_t* block_table;
+  /* paged split-KV partials: out [seqs, num_heads, num_splits, head_dim] f32 and
+   * lse [seqs, num_heads, num_splits] f32, indexed by seq - seq_begin. */
+  float* split_out;
+  float* split_lse;
+  int32_t seq_begin;
+  int32_t seq_end;
+  int32_t num_heads;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  int32_t block_size;
+  int32_t max_blocks_per_seq;
+  int32_t max_q_len;       /* flash: the longest query among the launched sequences */
+  int32_t num_splits;      /* paged: key partitions per sequence (1 = no merge pass) */
+  int32_t partition_size;  /* paged: keys per partition, a multiple of block_size */
+  float scale;
+  int32_t num_rows;        /* naive: token rows of the launched sequences (its grid) */
+} PgAttnParams;
+
+/* Grid, block and dynamic shared memory of a launch (computed on the host, from the
+ * same code the emulator uses, so the CUDA path launches exactly what the tests ran).
+ * The pg_*_launch functions read only the scalar fields: they are safe to call with
+ * device pointers in the struct. */
+typedef struct PgLaunch {
+  uint32_t grid[3];
+  uint32_t block[3];
+  uint32_t shared_bytes;
+} PgLaunch;

@@ -1,0 +1,131 @@
+//! Pagoda's CUDA attention kernels, usable without a GPU.
+//!
+//! The kernels live in `cu/*.cu` (one file per family: `write_kv`, `naive`, `paged`,
+//! `flash`, plus the `mma_probe`). Each is written once and built two ways:
+//!
+//! * always, for the host, by g++ through the SIMT emulator `emu/simt.h`: the
+//!   [`emu`] module runs them on host slices, checking every length and index first
+//!   (bad input is an [`Error`], never a panic or undefined behaviour). Slow (an OS
+//!   thread per CUDA thread), exact in logic: it is what the tests run;
+//! * with the `cuda` feature, by nvcc into one fatbin per file (SASS sm_80/sm_90 + PTX
+//!   compute_80); the `cuda` module loads them through cudarc (driver opened at run time)
+//!   and launches the same parameter structs.
+//!
+//! The launch parameters ([`AttnParams`], [`WriteKvParams`]) are `#[repr(C)]` mirrors of
+//! `cu/params.h`; their geometry ([`Launch`]) comes from the same host code on both paths.
+//! docs/gpu.md has the build, the emulator's limits and the device check.
+
+pub mod emu;
+mod ffi;
+pub mod params;
+#[doc(hidden)]
+pub mod selftest;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+pub use params::{AttnParams, Launch, MmaProbeParams, SplitPlan, WriteKvParams};
+
+/// Element type of q/out/K/V (f32 only where cheap: `write_kv`, `naive`, `paged`).
+/// The discriminants are the kernels' ABI (`PG_F32`, `PG_BF16`, `PG_F16` in params.h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum Dtype {
+    /// IEEE binary32.
+    F32 = 0,
+    /// bfloat16.
+    Bf16 = 1,
+    /// IEEE binary16.
+    F16 = 2,
+}
+
+impl Dtype {
+    /// The suffix of this dtype's kernel names (`pg_naive_bf16`, ...).
+    pub fn kernel_suffix(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+        }
+    }
+}
+
+/// A host element type the kernels take: `f32`, `half::bf16`, `half::f16`.
+pub trait Element: Copy + Default + Send + Sync + sealed::Sealed + 'static {
+    /// Its kernel dtype.
+    const DTYPE: Dtype;
+}
+impl Element for f32 {
+    const DTYPE: Dtype = Dtype::F32;
+}
+impl Element for half::bf16 {
+    const DTYPE: Dtype = Dtype::Bf16;
+}
+impl Element for half::f16 {
+    const DTYPE: Dtype = Dtype::F16;
+}
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
+}
+
+/// Head dims with a `paged` kernel, per dtype (a lane group of 16-byte vectors must tile
+/// a warp: `head_dim / (16 / size_of::<T>())` divides 32).
+pub fn paged_head_dims(dtype: Dtype) -> &'static [usize] {
+    match dtype {
+        Dtype::F32 => &[64, 128],
+        Dtype::Bf16 | Dtype::F16 => &[64, 128, 256],
+    }
+}
+
+/// Head dims with a `flash` kernel (bf16/f16 only: tensor cores).
+pub fn flash_head_dims(dtype: Dtype) -> &'static [usize] {
+    match dtype {
+        Dtype::F32 => &[],
+        Dtype::Bf16 | Dtype::F16 => &[64, 128],
+    }
+}
+
+/// Query heads one `paged` CTA serves at most; a larger GQA group takes more CTAs.
+pub const PAGED_MAX_GROUP: usize = 8;
+
+/// What can go wrong, on either path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// An argument is inconsistent (a length, an index, a range).
+    #[error("invalid {what}: {detail}")]
+    Invalid {
+        /// Which argument.
+        what: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// No kernel for this combination.
+    #[error("{kernel}: no kernel for {dtype:?} with head dim {head_dim}")]
+    Unsupported {
+        /// Kernel family.
+        kernel: &'static str,
+        /// Element type asked for.
+        dtype: Dtype,
+        /// Head dim asked for.
+        head_dim: usize,
+    },
+    /// libcuda could not be loaded.
+    #[error("no CUDA driver found (libcuda.so could not be loaded)")]
+    NoDriver,
+    /// The driver sees no device (or not this ordinal).
+    #[error("no CUDA device{0}")]
+    NoDevice(String),
+    /// Any other driver error.
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+}
+
+pub(crate) fn invalid(what: &'static str, detail: impl Into<String>) -> Error {
+    Error::Invalid {
+        what,
+        detail: detail.into(),
+    }
+}

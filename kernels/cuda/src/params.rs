@@ -1,0 +1,232 @@
+//! `#[repr(C)]` mirrors of `cu/params.h`: what every launch takes by value, on the
+//! emulator (host pointers) and on the GPU (device pointers). A test compares their
+//! sizes with the C side's `sizeof`.
+
+use std::ffi::c_void;
+use std::ptr;
+
+/// `PgWriteKvParams`: rows `[num_tokens, num_kv_heads, head_dim]` of `src_dtype` into the
+/// pools `[num_blocks, block_size, num_kv_heads, head_dim]` at `slot_mapping` (-1 skipped).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct WriteKvParams {
+    /// New keys (`src_dtype`).
+    pub key: *const c_void,
+    /// New values (`src_dtype`).
+    pub value: *const c_void,
+    /// Key pool (the dtype given at launch).
+    pub key_cache: *mut c_void,
+    /// Value pool.
+    pub value_cache: *mut c_void,
+    /// Slot per token, `-1` = skip.
+    pub slot_mapping: *const i64,
+    /// Rows in `key`/`value`.
+    pub num_tokens: i32,
+    /// KV heads.
+    pub num_kv_heads: i32,
+    /// Head dim.
+    pub head_dim: i32,
+    /// Tokens per cache block.
+    pub block_size: i32,
+    /// Element type of `key`/`value`: a [`crate::Dtype`] as i32.
+    pub src_dtype: i32,
+    /// Padding (write 0).
+    pub pad: i32,
+}
+
+/// `PgAttnParams`: one struct for naive, paged and flash attention (each reads what it
+/// needs). A launch covers sequences `seq_begin..seq_end`; see `cu/params.h` for layouts.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AttnParams {
+    /// `[num_tokens, num_heads, head_dim]`.
+    pub q: *const c_void,
+    /// `[num_blocks, block_size, num_kv_heads, head_dim]`.
+    pub key_cache: *const c_void,
+    /// Same layout as `key_cache`.
+    pub value_cache: *const c_void,
+    /// `[num_tokens, num_heads, head_dim]`, the dtype of `q`.
+    pub out: *mut c_void,
+    /// `[num_tokens, num_heads]` f32 or null.
+    pub lse: *mut f32,
+    /// `[num_seqs + 1]` i32.
+    pub query_start_loc: *const i32,
+    /// `[num_seqs]` i32.
+    pub seq_lens: *const i32,
+    /// `[num_seqs, max_blocks_per_seq]` i32.
+    pub block_table: *const i32,
+    /// Paged partials `[seqs, num_heads, num_splits, head_dim]` f32 (null if one split).
+    pub split_out: *mut f32,
+    /// Paged partial LSEs `[seqs, num_heads, num_splits]` f32 (null if one split).
+    pub split_lse: *mut f32,
+    /// First sequence of the launch.
+    pub seq_begin: i32,
+    /// One past the last sequence.
+    pub seq_end: i32,
+    /// Query heads.
+    pub num_heads: i32,
+    /// KV heads (divides `num_heads`).
+    pub num_kv_heads: i32,
+    /// Head dim.
+    pub head_dim: i32,
+    /// Tokens per cache block.
+    pub block_size: i32,
+    /// Row stride of `block_table`.
+    pub max_blocks_per_seq: i32,
+    /// flash: the longest query among the launched sequences (sets the grid).
+    pub max_q_len: i32,
+    /// paged: key partitions per sequence.
+    pub num_splits: i32,
+    /// paged: keys per partition (a multiple of `block_size`).
+    pub partition_size: i32,
+    /// Softmax scale (usually `1 / sqrt(head_dim)`).
+    pub scale: f32,
+    /// naive: token rows of the launched sequences (its grid).
+    pub num_rows: i32,
+}
+
+impl Default for AttnParams {
+    fn default() -> Self {
+        AttnParams {
+            q: ptr::null(),
+            key_cache: ptr::null(),
+            value_cache: ptr::null(),
+            out: ptr::null_mut(),
+            lse: ptr::null_mut(),
+            query_start_loc: ptr::null(),
+            seq_lens: ptr::null(),
+            block_table: ptr::null(),
+            split_out: ptr::null_mut(),
+            split_lse: ptr::null_mut(),
+            seq_begin: 0,
+            seq_end: 0,
+            num_heads: 0,
+            num_kv_heads: 0,
+            head_dim: 0,
+            block_size: 0,
+            max_blocks_per_seq: 0,
+            max_q_len: 0,
+            num_splits: 1,
+            partition_size: 0,
+            scale: 1.0,
+            num_rows: 0,
+        }
+    }
+}
+
+impl AttnParams {
+    /// Grid of the `naive` kernel for these parameters.
+    pub fn naive_launch(&self) -> Launch {
+        // SAFETY: the geometry functions read only scalar fields, never through pointers.
+        unsafe { crate::ffi::pg_naive_launch(self) }
+    }
+    /// Grid of the `paged` kernel.
+    pub fn paged_launch(&self) -> Launch {
+        // SAFETY: as in `naive_launch`.
+        unsafe { crate::ffi::pg_paged_launch(self) }
+    }
+    /// Grid of the `paged` merge kernel (launched only when `num_splits > 1`).
+    pub fn paged_merge_launch(&self) -> Launch {
+        // SAFETY: as in `naive_launch`.
+        unsafe { crate::ffi::pg_paged_merge_launch(self) }
+    }
+    /// Grid of the `flash` kernel.
+    pub fn flash_launch(&self) -> Launch {
+        // SAFETY: as in `naive_launch`.
+        unsafe { crate::ffi::pg_flash_launch(self) }
+    }
+}
+
+impl WriteKvParams {
+    /// Grid of the `write_kv` kernel.
+    pub fn launch(&self) -> Launch {
+        // SAFETY: as in `AttnParams::naive_launch`.
+        unsafe { crate::ffi::pg_write_kv_launch(self) }
+    }
+}
+
+/// `PgLaunch`: grid, block and dynamic shared memory of one kernel launch.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Launch {
+    /// Grid dims (x, y, z).
+    pub grid: [u32; 3],
+    /// Block dims (x, y, z).
+    pub block: [u32; 3],
+    /// Dynamic shared memory in bytes.
+    pub shared_bytes: u32,
+}
+
+impl Launch {
+    /// True when the grid has no block (nothing to launch).
+    pub fn is_empty(&self) -> bool {
+        self.grid.contains(&0)
+    }
+}
+
+/// `PgMmaProbeParams`: one m16n8k16 mma from global memory (see `cu/mma_probe.cu`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MmaProbeParams {
+    /// A `[16][16]`, bf16/f16.
+    pub a: *const c_void,
+    /// B `[16][8]` (row k, column n), bf16/f16.
+    pub b: *const c_void,
+    /// C `[16][8]` f32.
+    pub c: *const f32,
+    /// D `[16][8]` f32 (written).
+    pub d: *mut f32,
+}
+
+/// How `paged` splits each sequence's keys (flash-decoding): `num_splits` partitions of
+/// `partition_size` keys; with more than one, partials are merged by a second kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitPlan {
+    /// Partitions per sequence (>= 1).
+    pub num_splits: usize,
+    /// Keys per partition, a multiple of the block size.
+    pub partition_size: usize,
+}
+
+impl SplitPlan {
+    /// Shortest partition worth a CTA: below this the merge costs more than it saves.
+    pub const MIN_PARTITION: usize = 256;
+
+    /// One partition covering `max_seq_len` keys (no merge pass).
+    pub fn single(max_seq_len: usize, block_size: usize) -> Self {
+        let bs = block_size.max(1);
+        SplitPlan {
+            num_splits: 1,
+            partition_size: max_seq_len.max(1).div_ceil(bs) * bs,
+        }
+    }
+
+    /// Splits enough to give `num_sms` SMs about two CTAs each, given `ctas_per_split`
+    /// CTAs per partition (sequences x KV-head groups), never below `MIN_PARTITION` keys.
+    pub fn choose(
+        max_seq_len: usize,
+        block_size: usize,
+        ctas_per_split: usize,
+        num_sms: usize,
+    ) -> Self {
+        let bs = block_size.max(1);
+        let max_seq_len = max_seq_len.max(1);
+        let want = (2 * num_sms).div_ceil(ctas_per_split.max(1)).max(1);
+        let cap = max_seq_len.div_ceil(Self::MIN_PARTITION).max(1);
+        let splits = want.min(cap);
+        let partition = max_seq_len.div_ceil(splits).div_ceil(bs) * bs;
+        SplitPlan {
+            num_splits: max_seq_len.div_ceil(partition),
+            partition_size: partition,
+        }
+    }
+
+    /// f32 elements of the partial outputs and LSEs for `seqs` sequences (0, 0 with one split).
+    pub fn workspace_len(&self, seqs: usize, num_heads: usize, head_dim: usize) -> (usize, usize) {
+        if self.num_splits <= 1 {
+            return (0, 0);
+        }
+        let parts = seqs * num_heads * self.num_splits;
+        (parts * head_dim, parts)
+    }
+}

@@ -1,0 +1,51 @@
+//! The portable quantized kernel: plain integer dot products per lane, then the
+//! same two fused multiply-adds per sub-block as the vector kernels, so its
+//! results are bit-identical to theirs (and it is their executable spec).
+
+use super::act::QuantActs;
+use super::pack::{f32_at, lane_u};
+use super::{Storage, QB, QP};
+
+/// `h` rows of `acts` from `r0` times one panel (`recs`, `k / QB` records).
+///
+/// # Safety
+/// `out` is valid for `h` rows of `cols <= QP` elements at stride `ldo`.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile(
+    storage: Storage,
+    recs: &[u8],
+    acts: &QuantActs,
+    r0: usize,
+    h: usize,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let rb = storage.record_bytes();
+    for i in 0..h {
+        let (a, blocks) = (acts.row(r0 + i), acts.row_blocks(r0 + i));
+        let mut acc = [0.0f32; QP];
+        for (b, (rec, ab)) in recs.chunks_exact(rb).zip(blocks).enumerate() {
+            let aq = &a[b * QB..(b + 1) * QB];
+            for (lane, acc) in acc.iter_mut().enumerate() {
+                let mut isum = [0i32; 2];
+                for (e, &av) in aq.iter().enumerate() {
+                    isum[e / 16] += lane_u(storage, rec, lane, e) as i32 * av as i32;
+                }
+                let s = |h: usize| f32_at(rec, 128 * h + 4 * lane);
+                let mn = |h: usize| f32_at(rec, 128 * h + 64 + 4 * lane);
+                if storage == Storage::Bytes16 {
+                    for (hh, &is) in isum.iter().enumerate() {
+                        *acc = (is as f32).mul_add(s(hh) * ab.d, *acc);
+                        *acc = mn(hh).mul_add(ab.a16[hh], *acc);
+                    }
+                } else {
+                    *acc = ((isum[0] + isum[1]) as f32).mul_add(s(0) * ab.d, *acc);
+                    *acc = mn(0).mul_add(ab.a32, *acc);
+                }
+            }
+        }
+        // SAFETY: the caller's contract: row i of `out` has `cols` elements.
+        unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), out.add(i * ldo), cols) };
+    }
+}

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The device check: Pagoda's CUDA kernels on a real GPU, in one command.
+#
+#   scripts/device-check.sh build   # here (Rust, nvcc venv): build + strip the test
+#                                   # binaries into $DEVICE_CHECK_DIR (default
+#                                   # target/device-check, well under 64 MiB)
+#   scripts/device-check.sh run     # on the GPU machine (no Rust, no network): run
+#                                   # them and print one table
+#   scripts/device-check.sh         # both (a dry run on a machine without a GPU: the
+#                                   # run stops cleanly at "no CUDA driver"/"no CUDA device")
+#
+# The GPU machine gets the folder as a carried path, e.g. through the device tool:
+#   run(command="scripts/device-check.sh run", carry=["target/device-check"], timeout_s=480)
+# What runs: kernels/cuda/tests/cuda_device.rs (naive, paged split-KV + merge, flash,
+# write_kv against f64 references with the emulator tests' tolerances; the tensor cores'
+# mma against the emulator's fragment-layout fallback on the same inputs). Later bench
+# binaries dropped into $DEVICE_CHECK_DIR/bin run the same way. At most 8 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR="${DEVICE_CHECK_DIR:-target/device-check}"
+BUDGET_S="${DEVICE_CHECK_BUDGET_S:-420}"
+
+build() {
+  NVCC="${NVCC:-$(scripts/cuda-venv.sh)}"
+  export NVCC
+  mkdir -p "$DIR/bin"
+  local exes
+  exes=$(cargo test -p pagoda-cuda-kernels --features cuda --test cuda_device --no-run \
+           --message-format=json 2>/dev/null |
+         python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["executable"])')
+  [ -n "$exes" ] || { echo "device-check: the test build produced no binary" >&2; exit 1; }
+  for e in $exes; do
+    local name
+    name=$(basename "$e" | sed 's/-[0-9a-f]*$//')
+    cp "$e" "$DIR/bin/$name"
+    strip "$DIR/bin/$name"
+  done
+  du -sh "$DIR" | sed 's/^/device-check: carry /'
+}
+
+# libcuda's folder on the GPU machine (its driver is mounted, not always in ld.so.conf);
+# PAGODA_LIBCUDA_DIR names another one.
+find_driver() {
+  local d
+  for d in ${PAGODA_LIBCUDA_DIR:-} /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/cuda/compat; do
+    if [ -e "$d/libcuda.so.1" ]; then echo "$d"; return 0; fi
+  done
+  ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1/ {print $NF; exit}' | xargs -r dirname
+}
+
+# cuBLAS for the benches comes from the machine's own Python CUDA wheels.
+find_python_cuda_libs() {
+  python3 - 2>/dev/null <<'PY' || true
+import glob, os, site
+dirs = []
+for s in site.getsitepackages():
+    dirs += glob.glob(os.path.join(s, "nvidia", "*", "lib"))
+print(":".join(dirs))
+PY
+}
+
+run() {
+  [ -d "$DIR/bin" ] || { echo "device-check: $DIR/bin missing: run '$0 build' first" >&2; exit 1; }
+  local drv pylibs
+  drv=$(find_driver || true)
+  if [ -z "$drv" ]; then
+    echo "device-check: no CUDA driver (libcuda.so.1 not found): nothing runs on this machine"
+    exit 0
+  fi
+  pylibs=$(find_python_cuda_libs)
+  export LD_LIBRARY_PATH="$drv${pylibs:+:$pylibs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  fi
+  local log status=0 start end
+  log=$(mktemp)
+  printf '%-58s %s\n' "check" "result" >"$log.table"
+  for bin in "$DIR"/bin/*; do
+    start=$(date +%s)
+    # --nocapture: the tests print "skipped, no GPU here: ..." when there is none.
+    if ! timeout "$BUDGET_S" "$bin" --test-threads=1 --nocapture >"$log" 2>&1; then status=1; fi
+    end=$(date +%s)
+    if grep -q "skipped, no GPU here" "$log"; then
+      grep -m1 "skipped, no GPU here" "$log" | sed 's/.*skipped, no GPU here: /device-check: /'
+      rm -f "$log" "$log.table"
+      exit 0
+    fi
+    grep -E '^test .* \.\.\. ' "$log" | sed -E 's/^test (.*) \.\.\. (.*)$/\1 \2/' |
+      awk -v b="$(basename "$bin")" '{printf "%-58s %s\n", b "::" $1, $2}' >>"$log.table"
+    [ "$status" = 0 ] || { echo "--- $(basename "$bin") output ---"; tail -n 60 "$log"; }
+    echo "$(basename "$bin"): $((end - start)) s"
+  done
+  cat "$log.table"
+  rm -f "$log" "$log.table"
+  exit "$status"
+}
+
+case "${1:-all}" in
+  build) build ;;
+  run) run ;;
+  all) build; run ;;
+  *) echo "usage: $0 [build|run|all]" >&2; exit 2 ;;
+esac
