@@ -8,10 +8,10 @@ use crate::structured::{Grammar, MaskStats};
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
 use pagoda_core::{open_device, Device, DeviceRuntime};
 use pagoda_core::{
-    AttentionConfig, EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob,
-    ReqHandle, Request, RequestStatus, SchedulerOutput,
+    EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob, ReqHandle, Request,
+    RequestStatus, SchedulerOutput,
 };
-use pagoda_models::{llama::Llama, LlamaConfig, LlamaWeights};
+use pagoda_models::{llama::Llama, merge_attention_configs, LlamaConfig, LlamaWeights};
 use pagoda_scheduler::{Scheduler, SchedulerConfig};
 use pagoda_selector::{select, BackendOverride};
 use std::collections::HashMap;
@@ -64,27 +64,38 @@ impl EngineCore {
     ) -> Result<(Self, ModelInfo), EngineError> {
         let model_max = model_config.max_position_embeddings;
         let requested_len = check_max_model_len(config.max_model_len, model_max)?;
-        let mut attn_config = AttentionConfig::cpu_f32(
-            model_config.num_heads,
-            model_config.num_kv_heads,
-            model_config.head_dim,
-            config.block_size,
+        // One attention config per kind of layer (Gemma 2: sliding and global); the
+        // selection must serve their union of needs (`merged`), then one backend
+        // is built per kind. The selector sees the device actually in use.
+        let mut attn_configs = model_config.attention_configs(config.block_size);
+        for c in &mut attn_configs {
+            c.device = runtime.device();
+        }
+        let merged = merge_attention_configs(&attn_configs);
+        let features = model_config.arch.features();
+        tracing::info!(
+            "architecture: {} ({})",
+            model_config.arch.architecture,
+            if features.is_empty() {
+                "no extra features".to_string()
+            } else {
+                features.join(", ")
+            }
         );
-        // The selector sees the device actually in use.
-        attn_config.device = runtime.device();
         let backend_override = BackendOverride::parse(
             config.attention_backend.as_deref().unwrap_or(""),
         )
         .map_err(|e| EngineError::Selector {
             message: e.to_string(),
         })?;
-        let selection =
-            select(&attn_config, &backend_override).map_err(|e| EngineError::Selector {
-                message: e.to_string(),
-            })?;
+        let selection = select(&merged, &backend_override).map_err(|e| EngineError::Selector {
+            message: e.to_string(),
+        })?;
         tracing::info!("attention backend: {selection}");
-        let attn = selection
-            .build(&attn_config)
+        let attn = attn_configs
+            .iter()
+            .map(|c| selection.build(c))
+            .collect::<Result<Vec<_>, _>>()
             .map_err(|e| EngineError::Selector {
                 message: e.to_string(),
             })?;
@@ -94,7 +105,7 @@ impl EngineCore {
             block_size: config.block_size,
             num_kv_heads: model_config.num_kv_heads,
             head_dim: model_config.head_dim,
-            dtype: attn_config.kv_dtype,
+            dtype: merged.kv_dtype,
         };
         spec.num_blocks = config
             .num_kv_blocks

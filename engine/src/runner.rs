@@ -88,7 +88,9 @@ const MAX_KEPT_LOGITS: usize = 64 << 20;
 pub struct ModelRunner {
     model: Llama,
     kv: KvCache,
-    attn: Box<dyn AttentionBackend>,
+    /// One backend per attention kind of the model's layers
+    /// ([`Llama::attention_configs`]; two for Gemma 2's sliding and global layers).
+    attn: Vec<Box<dyn AttentionBackend>>,
     sampler: Sampler,
     eos_ids: Vec<u32>,
     /// Indexed by `ReqHandle::index`; the stored handle tells a stale entry.
@@ -118,7 +120,7 @@ impl ModelRunner {
     pub fn new(
         model: Llama,
         kv: KvCache,
-        attn: Box<dyn AttentionBackend>,
+        attn: Vec<Box<dyn AttentionBackend>>,
         eos_ids: Vec<u32>,
     ) -> Self {
         let vocab = model.config().vocab_size;
@@ -174,7 +176,7 @@ impl ModelRunner {
     }
 
     pub fn attention_name(&self) -> &str {
-        self.attn.name()
+        self.attn.first().map_or("", |a| a.name())
     }
 
     pub fn num_requests(&self) -> usize {
@@ -245,12 +247,14 @@ impl ModelRunner {
     }
 
     fn forward(&mut self) -> Result<(), EngineError> {
-        self.attn.plan(&self.batch)?;
-        self.model.forward(
+        for a in &mut self.attn {
+            a.plan(&self.batch)?;
+        }
+        self.model.forward_kinds(
             &self.input_ids,
             &self.positions,
             &self.batch,
-            self.attn.as_mut(),
+            &mut self.attn,
             &mut self.kv,
             &self.logits_rows,
             &mut self.logits,

@@ -104,6 +104,47 @@ pub fn silu_mul_fused(gate_up: &[f32], inter: usize, out: &mut [f32]) -> Result<
     Ok(())
 }
 
+/// GeGLU on a fused `[rows, 2 * inter]` buffer whose rows are `[gate | up]`:
+/// `out = gelu_tanh(gate) * up`, with PyTorch's tanh approximation of GELU
+/// (`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x³)))`, Gemma's `gelu_pytorch_tanh`).
+/// Scalar: the models that use it are small next to the GEMMs around it.
+pub fn gelu_tanh_mul_fused(
+    gate_up: &[f32],
+    inter: usize,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    if inter == 0 {
+        return Err(KernelError::InvalidArgument {
+            name: "inter",
+            message: "must be > 0".into(),
+        });
+    }
+    let rows = out.len() / inter;
+    check_len("out", out.len(), rows * inter)?;
+    check_len("gate_up", gate_up.len(), rows * 2 * inter)?;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (o, gu) in out.chunks_mut(inter).zip(gate_up.chunks(2 * inter)) {
+        let (g, u) = gu.split_at(inter);
+        for ((o, &x), &u) in o.iter_mut().zip(g).zip(u) {
+            let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+            *o = 0.5 * x * (1.0 + inner.tanh()) * u;
+        }
+    }
+    Ok(())
+}
+
+/// Slow reference of [`gelu_tanh_mul_fused`] in f64, on separate gate and up rows.
+pub fn gelu_tanh_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
+    check_len("up", up.len(), gate.len())?;
+    check_len("out", out.len(), gate.len())?;
+    for i in 0..gate.len() {
+        let x = gate[i] as f64;
+        let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+        out[i] = (0.5 * x * (1.0 + inner.tanh()) * up[i] as f64) as f32;
+    }
+    Ok(())
+}
+
 /// Slow reference of [`silu_mul`] in f64.
 pub fn silu_mul_ref(gate: &[f32], up: &[f32], out: &mut [f32]) -> Result<(), KernelError> {
     check_len("up", up.len(), gate.len())?;

@@ -26,8 +26,8 @@ pub mod rope;
 pub mod simd;
 
 pub use act::{
-    argmax, exp_fast, first_nan_or_inf, log_softmax, log_softmax_ref, max_index, silu_mul,
-    silu_mul_fused, silu_mul_ref, softmax,
+    argmax, exp_fast, first_nan_or_inf, gelu_tanh_mul_fused, gelu_tanh_mul_ref, log_softmax,
+    log_softmax_ref, max_index, silu_mul, silu_mul_fused, silu_mul_ref, softmax,
 };
 pub use blocks::StepBlocks;
 pub use dispatch::{gemm_paths, GemmPath, GemmPaths};

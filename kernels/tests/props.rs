@@ -1,6 +1,6 @@
 //! Property tests: every fast kernel against its slow reference.
 //!
-//! Tolerances: norms, RoPE, SwiGLU and log-softmax within 1e-5 relative + 1e-6
+//! Tolerances: norms, RoPE, SwiGLU, GeGLU and log-softmax within 1e-5 relative + 1e-6
 //! absolute. (The packed GEMMs are tested in `packed.rs`; the unpacked baseline in
 //! `benches/tests/unpacked.rs`.)
 
@@ -122,6 +122,21 @@ proptest! {
         for t in 0..rows {
             let row = &gu[t * 2 * inter..(t + 1) * 2 * inter];
             silu_mul_ref(&row[..inter], &row[inter..], &mut r).unwrap();
+            for (a, b) in out[t * inter..(t + 1) * inter].iter().zip(&r) {
+                prop_assert!(close(*a, *b as f64, 1e-5, 1e-6));
+            }
+        }
+    }
+
+    #[test]
+    fn fused_gelu_tanh_mul_matches_reference(rows in 1usize..5, inter in 1usize..70, seed in vals(331)) {
+        let gu: Vec<f32> = seed.iter().cycle().take(rows * 2 * inter).map(|x| x * 3.0).collect();
+        let mut out = vec![f32::NAN; rows * inter];
+        gelu_tanh_mul_fused(&gu, inter, &mut out).unwrap();
+        let mut r = vec![0.0; inter];
+        for t in 0..rows {
+            let row = &gu[t * 2 * inter..(t + 1) * 2 * inter];
+            gelu_tanh_mul_ref(&row[..inter], &row[inter..], &mut r).unwrap();
             for (a, b) in out[t * inter..(t + 1) * inter].iter().zip(&r) {
                 prop_assert!(close(*a, *b as f64, 1e-5, 1e-6));
             }

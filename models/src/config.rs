@@ -1,6 +1,9 @@
-//! The Llama-family hyper-parameters, from `config.json` or GGUF metadata.
+//! The decoder's hyper-parameters, from `config.json` or GGUF metadata: the Llama
+//! shape plus the family switches ([`ArchConfig`]).
 
+use crate::arch::{ArchConfig, AttnKind};
 use crate::error::ModelError;
+use pagoda_core::AttentionConfig;
 use serde::{Deserialize, Serialize};
 
 /// Llama-3-style RoPE frequency scaling (`rope_scaling.rope_type == "llama3"`).
@@ -28,9 +31,52 @@ pub struct LlamaConfig {
     /// The context length the model was trained for (the default max model length).
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
+    /// The family switches (default: plain Llama).
+    #[serde(default)]
+    pub arch: ArchConfig,
 }
 
 impl LlamaConfig {
+    /// The distinct attention kinds of the layers, and each layer's index into them
+    /// (one backend instance serves each kind: Gemma 2's sliding and global layers
+    /// get two).
+    pub fn attention_kinds(&self) -> (Vec<AttnKind>, Vec<usize>) {
+        let mut kinds: Vec<AttnKind> = Vec::new();
+        let mut of_layer = Vec::with_capacity(self.num_layers);
+        for l in 0..self.num_layers {
+            let k = self.arch.attn_kind(l, self.head_dim);
+            let i = match kinds.iter().position(|x| *x == k) {
+                Some(i) => i,
+                None => {
+                    kinds.push(k);
+                    kinds.len() - 1
+                }
+            };
+            of_layer.push(i);
+        }
+        (kinds, of_layer)
+    }
+
+    /// The attention configurations (CPU, f32) of [`LlamaConfig::attention_kinds`],
+    /// in that order.
+    pub fn attention_configs(&self, block_size: usize) -> Vec<AttentionConfig> {
+        self.attention_kinds()
+            .0
+            .iter()
+            .map(|k| AttentionConfig {
+                scale: k.scale,
+                sliding_window: k.sliding_window,
+                logits_soft_cap: k.logits_soft_cap,
+                ..AttentionConfig::cpu_f32(
+                    self.num_heads,
+                    self.num_kv_heads,
+                    self.head_dim,
+                    block_size,
+                )
+            })
+            .collect()
+    }
+
     /// Rejects sizes no real model has, so later products of them cannot overflow and
     /// nothing is allocated from a corrupt count.
     pub fn check_bounds(self) -> Result<Self, ModelError> {
@@ -55,4 +101,16 @@ impl LlamaConfig {
         }
         Ok(c)
     }
+}
+
+/// One configuration that needs everything `configs` need (a sliding window if any
+/// has one, a soft cap if any has one): what a backend must support to serve every
+/// layer, for the selector and `pagoda backends`.
+pub fn merge_attention_configs(configs: &[AttentionConfig]) -> AttentionConfig {
+    let mut merged = configs[0].clone();
+    for c in &configs[1..] {
+        merged.sliding_window = merged.sliding_window.or(c.sliding_window);
+        merged.logits_soft_cap = merged.logits_soft_cap.or(c.logits_soft_cap);
+    }
+    merged
 }

@@ -30,8 +30,20 @@ pub enum ModelError {
     },
     #[error("missing or invalid metadata `{key}`: {reason}")]
     Metadata { key: String, reason: String },
-    #[error("unsupported architecture `{arch}` (supported: llama)")]
+    #[error(
+        "unsupported architecture `{arch}` (supported: {})",
+        crate::arch::Architecture::supported_hf()
+    )]
     UnsupportedArchitecture { arch: String },
+    /// A config field whose value changes the math in a way the decoder does not
+    /// implement (rather than ignore it and compute something else).
+    #[error("unsupported config field `{field}` = {value} for {arch}: {reason}")]
+    UnsupportedConfig {
+        arch: String,
+        field: String,
+        value: String,
+        reason: String,
+    },
     #[error("unsupported tokenizer: {reason}")]
     UnsupportedTokenizer { reason: String },
     #[error("tokenizer error: {message}")]

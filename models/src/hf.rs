@@ -1,13 +1,17 @@
 //! Loading a Hugging Face model directory: `config.json`, one or sharded
 //! `*.safetensors` (memory-mapped), `tokenizer.json`, `tokenizer_config.json` (chat
-//! template, BOS) and `generation_config.json` (EOS ids).
+//! template, BOS) and `generation_config.json` (EOS ids). The family switches of
+//! `config.json` are read in [`crate::hf_arch`]; the tensor names of each family
+//! are here.
 
+use crate::arch::Architecture;
 use crate::chat::ChatTemplate;
 use crate::config::{LlamaConfig, RopeScaling};
 use crate::error::ModelError;
+use crate::hf_arch::{arch_config, architecture_of};
 use crate::loaded::{display_name, LoadedModel, Progress};
 use crate::tokenizer::Tokenizer;
-use crate::weights::{LayerWeights, LlamaWeights, Mat};
+use crate::weights::{ExpertWeights, LayerExtras, LayerWeights, LlamaWeights, Mat, MoeWeights};
 use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
@@ -52,18 +56,8 @@ fn ids_of(v: Option<&Value>) -> Vec<u32> {
 /// Parses `config.json` of a directory; also returns the raw JSON.
 pub fn read_config(dir: &Path) -> Result<(LlamaConfig, Value), ModelError> {
     let j = read_json(&dir.join("config.json"))?;
-    let archs: Vec<&str> = j
-        .get("architectures")
-        .and_then(|a| a.as_array())
-        .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
-        .unwrap_or_default();
-    let model_type = j.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
-    if !(archs.contains(&"LlamaForCausalLM") || (archs.is_empty() && model_type == "llama")) {
-        let arch = archs.first().copied().unwrap_or(model_type);
-        return Err(ModelError::UnsupportedArchitecture {
-            arch: arch.to_string(),
-        });
-    }
+    let family = architecture_of(&j)?;
+    let arch = arch_config(&j, family)?;
     let u = |k: &str| j.get(k).and_then(|v| v.as_u64()).map(|x| x as usize);
     let req = |k: &str| {
         u(k).filter(|&x| x > 0)
@@ -90,7 +84,15 @@ pub fn read_config(dir: &Path) -> Result<(LlamaConfig, Value), ModelError> {
     if head_dim == 0 || head_dim % 2 != 0 {
         return Err(cfg_err(format!("head_dim {head_dim} must be even")));
     }
-    let rope_scaling = match j.get("rope_scaling") {
+    // transformers 5 writes `rope_parameters` (theta and type together); older
+    // configs `rope_theta` and `rope_scaling`.
+    let rope_params = j.get("rope_parameters").filter(|v| v.is_object());
+    let rope_theta = rope_params
+        .and_then(|r| r.get("rope_theta"))
+        .and_then(|v| v.as_f64())
+        .map(|x| x as f32)
+        .or_else(|| f("rope_theta"));
+    let rope_scaling = match j.get("rope_scaling").or(rope_params) {
         None | Some(Value::Null) => None,
         Some(rs) => {
             let ty = rs
@@ -131,13 +133,14 @@ pub fn read_config(dir: &Path) -> Result<(LlamaConfig, Value), ModelError> {
         num_kv_heads: kv_heads,
         head_dim,
         rms_norm_eps: f("rms_norm_eps").unwrap_or(1e-6),
-        rope_theta: f("rope_theta").unwrap_or(10_000.0),
+        rope_theta: rope_theta.unwrap_or(10_000.0),
         rope_scaling,
         max_position_embeddings: u("max_position_embeddings").unwrap_or(2048),
         tie_word_embeddings: j
             .get("tie_word_embeddings")
             .and_then(|v| v.as_bool())
-            .unwrap_or(false),
+            .unwrap_or(family == Architecture::Gemma2),
+        arch,
     })?;
     Ok((cfg, j))
 }
@@ -280,38 +283,118 @@ fn hf_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, ModelError>
             name: "lm_head.weight".into(),
         });
     }
+    let per_layer = 9
+        + 3 * usize::from(cfg.arch.qkv_bias)
+        + 2 * usize::from(cfg.arch.qk_norm)
+        + 2 * usize::from(cfg.arch.post_norms)
+        + cfg.arch.moe.map_or(0, |m| 3 * m.num_experts - 2);
     let mut p = Progress::new(
-        2 + 9 * cfg.num_layers + usize::from(!cfg.tie_word_embeddings),
+        2 + per_layer * cfg.num_layers + usize::from(!cfg.tie_word_embeddings),
         dir.display().to_string(),
     );
     let embed = s.mat("model.embed_tokens.weight", cfg.vocab_size, h, &mut p)?;
+    let a = &cfg.arch;
     let mut layers = Vec::new();
     for i in 0..cfg.num_layers {
         let n = |s: &str| format!("model.layers.{i}.{s}.weight");
+        let bias = |proj: &str, len, p: &mut Progress| {
+            let name = format!("model.layers.{i}.self_attn.{proj}.bias");
+            a.qkv_bias.then(|| s_get(&s, &name, len, p)).transpose()
+        };
+        let mlp_in_norm = if a.post_norms {
+            "pre_feedforward_layernorm"
+        } else {
+            "post_attention_layernorm"
+        };
+        let norm = |name: &str, len, p: &mut Progress| s_get(&s, &n(name), len, p);
+        let mut extra = LayerExtras {
+            q_bias: bias("q_proj", q_out, &mut p)?,
+            k_bias: bias("k_proj", kv_out, &mut p)?,
+            v_bias: bias("v_proj", kv_out, &mut p)?,
+            ..LayerExtras::default()
+        };
+        if a.qk_norm {
+            extra.q_norm = Some(norm("self_attn.q_norm", cfg.head_dim, &mut p)?);
+            extra.k_norm = Some(norm("self_attn.k_norm", cfg.head_dim, &mut p)?);
+        }
+        if a.post_norms {
+            extra.post_attn_norm = Some(norm("post_attention_layernorm", h, &mut p)?);
+            extra.post_ffn_norm = Some(norm("post_feedforward_layernorm", h, &mut p)?);
+        }
+        let (w_gate, w_up, w_down) = match a.moe {
+            None => (
+                s.mat(&n("mlp.gate_proj"), inter, h, &mut p)?,
+                s.mat(&n("mlp.up_proj"), inter, h, &mut p)?,
+                s.mat(&n("mlp.down_proj"), h, inter, &mut p)?,
+            ),
+            Some(moe) => {
+                let e = |k: usize, w: &str| n(&format!("block_sparse_moe.experts.{k}.{w}"));
+                let experts = (0..moe.num_experts)
+                    .map(|k| {
+                        Ok(ExpertWeights {
+                            w_gate: s.mat(&e(k, "w1"), inter, h, &mut p)?,
+                            w_up: s.mat(&e(k, "w3"), inter, h, &mut p)?,
+                            w_down: s.mat(&e(k, "w2"), h, inter, &mut p)?,
+                        })
+                    })
+                    .collect::<Result<_, ModelError>>()?;
+                let router = s.mat(&n("block_sparse_moe.gate"), moe.num_experts, h, &mut p)?;
+                extra.moe = Some(MoeWeights { router, experts });
+                (Mat::empty(), Mat::empty(), Mat::empty())
+            }
+        };
         layers.push(LayerWeights {
-            attn_norm: s.get(&n("input_layernorm"), &[h], &mut p)?,
+            attn_norm: norm("input_layernorm", h, &mut p)?,
             wq: s.mat(&n("self_attn.q_proj"), q_out, h, &mut p)?,
             wk: s.mat(&n("self_attn.k_proj"), kv_out, h, &mut p)?,
             wv: s.mat(&n("self_attn.v_proj"), kv_out, h, &mut p)?,
             wo: s.mat(&n("self_attn.o_proj"), h, q_out, &mut p)?,
-            ffn_norm: s.get(&n("post_attention_layernorm"), &[h], &mut p)?,
-            w_gate: s.mat(&n("mlp.gate_proj"), inter, h, &mut p)?,
-            w_up: s.mat(&n("mlp.up_proj"), inter, h, &mut p)?,
-            w_down: s.mat(&n("mlp.down_proj"), h, inter, &mut p)?,
+            ffn_norm: norm(mlp_in_norm, h, &mut p)?,
+            w_gate,
+            w_up,
+            w_down,
+            extra,
         });
     }
-    let norm = s.get("model.norm.weight", &[h], &mut p)?;
+    let norm = s_get(&s, "model.norm.weight", h, &mut p)?;
     // A tied checkpoint may still ship a copy of lm_head; the embedding is used then.
     let lm_head = match cfg.tie_word_embeddings {
         false => Some(s.mat("lm_head.weight", cfg.vocab_size, h, &mut p)?),
         true => None,
     };
-    Ok(LlamaWeights {
+    let mut w = LlamaWeights {
         embed,
         layers,
         norm,
         lm_head,
-    })
+    };
+    if a.post_norms {
+        gemma_norms_plus_one(&mut w);
+    }
+    Ok(w)
+}
+
+/// A 1-D tensor of `len` elements.
+fn s_get(s: &Shards, name: &str, len: usize, p: &mut Progress) -> Result<Vec<f32>, ModelError> {
+    s.get(name, &[len], p)
+}
+
+/// Gemma's RMSNorm multiplies by `1 + w`; the decoder multiplies by its weight, so
+/// HF weights get the 1 added here (GGUF files already carry `1 + w`: llama.cpp's
+/// converter adds it).
+fn gemma_norms_plus_one(w: &mut LlamaWeights) {
+    let add = |v: &mut Vec<f32>| v.iter_mut().for_each(|x| *x += 1.0);
+    add(&mut w.norm);
+    for l in &mut w.layers {
+        add(&mut l.attn_norm);
+        add(&mut l.ffn_norm);
+        for v in [&mut l.extra.post_attn_norm, &mut l.extra.post_ffn_norm]
+            .into_iter()
+            .flatten()
+        {
+            add(v);
+        }
+    }
 }
 
 /// A special-token string from `tokenizer_config.json` (plain string or AddedToken object).
@@ -344,7 +427,20 @@ pub fn load_hf_dir(dir: &Path) -> Result<LoadedModel, ModelError> {
         .and_then(|v| v.as_bool())
         .unwrap_or(false);
     tokenizer = tokenizer.with_bos(bos_id, add_bos);
-    let chat_template = match tok_cfg_get("chat_template") {
+    // transformers 5 saves the template as its own file; older models keep it in
+    // tokenizer_config.json.
+    let jinja = dir.join("chat_template.jinja");
+    let jinja = if jinja.is_file() {
+        Some(Value::String(std::fs::read_to_string(&jinja).map_err(
+            |e| ModelError::Io {
+                path: jinja.clone(),
+                source: e,
+            },
+        )?))
+    } else {
+        None
+    };
+    let chat_template = match jinja.as_ref().or(tok_cfg_get("chat_template")) {
         Some(Value::String(src)) => Some(ChatTemplate::new(src.clone(), bos_str, eos_str.clone())?),
         // The list form holds named templates; use the one called "default".
         Some(Value::Array(list)) => list

@@ -1,28 +1,36 @@
 //! Models: loading weights and tokenizers from GGUF files or HF directories, chat
-//! templates, and the Llama-family forward pass on CPU.
+//! templates, and the one decoder forward pass on CPU that runs every supported
+//! family (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Mixtral; see [`arch`]).
 //!
 //! Architecture invariant: models knows the attention protocol of `pagoda-core`
 //! but no concrete backend, nothing of scheduling, and nothing of HTTP.
 
+pub mod arch;
 pub mod chat;
 pub mod config;
 pub mod dequant;
 pub mod error;
 pub mod gguf;
 pub mod hf;
+pub mod hf_arch;
+mod layer;
 pub mod linear;
 pub mod llama;
 pub mod loaded;
 pub mod loader;
+mod moe;
 pub mod tokenizer;
 pub mod weights;
 
+pub use arch::{ArchConfig, Architecture, AttnKind};
 pub use chat::{ChatMessage, ChatTemplate};
-pub use config::{LlamaConfig, RopeScaling};
+pub use config::{merge_attention_configs, LlamaConfig, RopeScaling};
 pub use error::ModelError;
 pub use linear::{Linear, WeightDtype};
 pub use llama::{ForwardScratch, Llama};
 pub use loaded::LoadedModel;
 pub use loader::{inspect_model, load_model};
 pub use tokenizer::Tokenizer;
-pub use weights::{LayerWeights, LlamaWeights, Mat, QuantBlocks};
+pub use weights::{
+    ExpertWeights, LayerExtras, LayerWeights, LlamaWeights, Mat, MoeWeights, QuantBlocks,
+};

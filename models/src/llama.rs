@@ -1,5 +1,9 @@
-//! The Llama-family forward pass on CPU in f32, through the pluggable attention
-//! backend and the paged KV cache.
+//! The shared decoder forward pass on CPU in f32, through the pluggable attention
+//! backend and the paged KV cache. [`Llama`] is plain Llama by default; the config's
+//! [`crate::arch::ArchConfig`] switches on what the other families add (Q/K/V bias,
+//! Q/K norms, sliding windows, Gemma 2's scaled embedding, post-norms, GeGLU and
+//! soft caps, Mixtral's sparse MoE in `moe.rs`); the layers are built in
+//! `layer.rs`.
 //!
 //! The linear-layer weights are [`Linear`]s, stored at construction as
 //! [`WeightDtype`] says: packed f32 or bf16 panels, or quantized (a GGUF's blocks
@@ -14,14 +18,21 @@
 //! the LM head is the largest matrix. All intermediate buffers live in a reusable
 //! [`ForwardScratch`], so a warm decode step allocates nothing.
 
+use crate::arch::{Activation, AttnKind};
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
+use crate::layer::{check_mat, check_vec, FusedLayer, Mlp};
 use crate::linear::{Linear, WeightDtype};
+use crate::moe::MoeScratch;
 use crate::weights::{LlamaWeights, Mat};
-use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, LayerIo, TensorMut, TensorRef};
-use pagoda_kernels::{
-    add_rms_norm, rms_norm, silu_mul_fused, KernelError, Llama3Scaling, RopeCache,
+use pagoda_core::{
+    AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, LayerIo, TensorMut, TensorRef,
 };
+use pagoda_kernels::{
+    add_rms_norm, gelu_tanh_mul_fused, rms_norm, silu_mul_fused, KernelError, Llama3Scaling,
+    RopeCache,
+};
+use std::ops::DerefMut;
 
 /// The token embedding table `[vocab, hidden]`.
 #[derive(Debug, Clone)]
@@ -45,25 +56,14 @@ impl Embedding {
     }
 }
 
-/// One decoder layer with fused projection matrices (row-major, `nn.Linear` layout).
-#[derive(Debug, Clone)]
-struct FusedLayer {
-    attn_norm: Vec<f32>,
-    /// `[(num_heads + 2 * num_kv_heads) * head_dim, hidden]`: rows of wq, then wk, then wv.
-    wqkv: Linear,
-    /// `[hidden, num_heads * head_dim]`
-    wo: Linear,
-    ffn_norm: Vec<f32>,
-    /// `[2 * intermediate, hidden]`: rows of w_gate, then w_up.
-    w_gate_up: Linear,
-    /// `[hidden, intermediate]`
-    w_down: Linear,
-}
-
-/// A Llama-family model ready to run.
+/// A decoder model ready to run (any supported family: see the module docs).
 #[derive(Debug, Clone)]
 pub struct Llama {
     config: LlamaConfig,
+    /// The distinct attention kinds of the layers and each layer's kind: the
+    /// forward pass runs layer `l` on backend `attn[kind_of_layer[l]]`.
+    attn_kinds: Vec<AttnKind>,
+    kind_of_layer: Vec<usize>,
     /// `[vocab, hidden]`
     embed: Embedding,
     layers: Vec<FusedLayer>,
@@ -87,6 +87,8 @@ pub struct ForwardScratch {
     v: Vec<f32>,
     attn: Vec<f32>,
     mlp: LayerTail,
+    /// Q/K per-head norm output (Qwen3).
+    qk_tmp: Vec<f32>,
     /// The logits rows' attention output and residual, gathered for the last
     /// layer (which runs on those rows alone), then their final norm.
     sel_attn: Vec<f32>,
@@ -104,6 +106,24 @@ struct LayerTail {
     proj: Vec<f32>,
     gate_up: Vec<f32>,
     act: Vec<f32>,
+    /// Post-norm output (Gemma 2).
+    post: Vec<f32>,
+    moe: MoeScratch,
+}
+
+/// With a post-norm weight, `x = rms_norm(x)` (through `tmp`); otherwise nothing.
+fn post_norm(
+    w: Option<&[f32]>,
+    eps: f32,
+    x: &mut Vec<f32>,
+    tmp: &mut Vec<f32>,
+) -> Result<(), ModelError> {
+    if let Some(w) = w {
+        size(tmp, x.len());
+        rms_norm(x, w, eps, tmp).map_err(kernel)?;
+        std::mem::swap(x, tmp);
+    }
+    Ok(())
 }
 
 /// Sets `v` to `len` elements, reusing its capacity (contents are overwritten by the caller).
@@ -119,7 +139,7 @@ fn gather_rows(src: &[f32], width: usize, rows: &[usize], dst: &mut Vec<f32>) {
     }
 }
 
-fn kernel(e: KernelError) -> ModelError {
+pub(crate) fn kernel(e: KernelError) -> ModelError {
     ModelError::Forward {
         message: e.to_string(),
     }
@@ -127,28 +147,6 @@ fn kernel(e: KernelError) -> ModelError {
 
 fn forward_err(message: String) -> ModelError {
     ModelError::Forward { message }
-}
-
-fn check_mat(name: String, m: &Mat, rows: usize, cols: usize) -> Result<(), ModelError> {
-    if m.rows != rows || m.cols != cols || m.data.len() != rows * cols {
-        return Err(ModelError::TensorShape {
-            name,
-            expected: vec![rows, cols],
-            actual: vec![m.rows, m.cols],
-        });
-    }
-    Ok(())
-}
-
-fn check_vec(name: String, v: &[f32], len: usize) -> Result<(), ModelError> {
-    if v.len() != len {
-        return Err(ModelError::TensorShape {
-            name,
-            expected: vec![len],
-            actual: vec![v.len()],
-        });
-    }
-    Ok(())
 }
 
 fn config_err(message: String) -> ModelError {
@@ -209,7 +207,6 @@ impl Llama {
         validate_config(&config)?;
         let c = &config;
         let (hidden, hd) = (c.hidden_size, c.head_dim);
-        let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
         check_mat("token_embd".into(), &weights.embed, c.vocab_size, hidden)?;
         if weights.layers.len() != c.num_layers {
             return Err(config_err(format!(
@@ -224,29 +221,7 @@ impl Llama {
         }
         let mut layers = Vec::with_capacity(c.num_layers);
         for (i, l) in weights.layers.into_iter().enumerate() {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            check_vec(n("attn_norm"), &l.attn_norm, hidden)?;
-            check_mat(n("wq"), &l.wq, q_dim, hidden)?;
-            check_mat(n("wk"), &l.wk, kv_dim, hidden)?;
-            check_mat(n("wv"), &l.wv, kv_dim, hidden)?;
-            check_mat(n("wo"), &l.wo, hidden, q_dim)?;
-            check_vec(n("ffn_norm"), &l.ffn_norm, hidden)?;
-            check_mat(n("w_gate"), &l.w_gate, c.intermediate_size, hidden)?;
-            check_mat(n("w_up"), &l.w_up, c.intermediate_size, hidden)?;
-            check_mat(n("w_down"), &l.w_down, hidden, c.intermediate_size)?;
-            let wqkv = vec![l.wq, l.wk, l.wv];
-            let w_gate_up = vec![l.w_gate, l.w_up];
-            let inter = c.intermediate_size;
-            let lin =
-                |s: &str, parts: Vec<Mat>, k: usize| Linear::from_parts(&n(s), parts, k, dtype);
-            layers.push(FusedLayer {
-                attn_norm: l.attn_norm,
-                wqkv: lin("wqkv", wqkv, hidden)?,
-                wo: lin("wo", vec![l.wo], q_dim)?,
-                ffn_norm: l.ffn_norm,
-                w_gate_up: lin("w_gate_up", w_gate_up, hidden)?,
-                w_down: lin("w_down", vec![l.w_down], inter)?,
-            });
+            layers.push(FusedLayer::build(i, l, c, dtype)?);
         }
         let scaling = c.rope_scaling.map(|s| Llama3Scaling {
             factor: s.factor,
@@ -276,8 +251,11 @@ impl Llama {
                 None,
             ),
         };
+        let (attn_kinds, kind_of_layer) = config.attention_kinds();
         Ok(Llama {
             config,
+            attn_kinds,
+            kind_of_layer,
             embed,
             layers,
             norm: weights.norm,
@@ -289,6 +267,13 @@ impl Llama {
 
     pub fn config(&self) -> &LlamaConfig {
         &self.config
+    }
+
+    /// The attention configurations (CPU, f32) the layers need, one per distinct
+    /// kind: [`Llama::forward_kinds`] takes one backend per entry, in this order.
+    /// Most models have one; Gemma 2 has two (sliding and global layers).
+    pub fn attention_configs(&self, block_size: usize) -> Vec<AttentionConfig> {
+        self.config.attention_configs(block_size)
     }
 
     /// How the linear-layer weights were asked to be stored.
@@ -304,11 +289,20 @@ impl Llama {
             (Some(h), _) | (None, Embedding::Tied(h)) => Some(h),
             _ => None,
         };
-        let layers = self
-            .layers
-            .iter()
-            .flat_map(|l| [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]);
-        for lin in layers.chain(head) {
+        let mut lins: Vec<&Linear> = Vec::new();
+        for l in &self.layers {
+            lins.extend([&l.wqkv, &l.wo]);
+            match &l.mlp {
+                Mlp::Dense { w_gate_up, w_down } => lins.extend([w_gate_up, w_down]),
+                Mlp::Moe(moe) => {
+                    lins.push(&moe.router);
+                    for e in &moe.experts {
+                        lins.extend([&e.w_gate_up, &e.w_down]);
+                    }
+                }
+            }
+        }
+        for lin in lins.into_iter().chain(head) {
             let (name, bytes) = (lin.describe(), lin.num_bytes());
             match out.iter_mut().find(|(n, _)| *n == name) {
                 Some((_, b)) => *b += bytes,
@@ -333,6 +327,10 @@ impl Llama {
     /// `batch` order; the caller has already called `attn.plan(batch)`. New K/V go
     /// into `kv` at `batch.slot_mapping()`. `logits` becomes
     /// `[logits_rows.len(), vocab]`, row `i` for token index `logits_rows[i]`.
+    ///
+    /// `attn` serves every layer, so it must have been built for the model's one
+    /// attention kind (`attention_configs(..)[0]`); a model with several kinds
+    /// (Gemma 2) needs [`Llama::forward_kinds`].
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -345,7 +343,45 @@ impl Llama {
         logits: &mut Vec<f32>,
         scratch: &mut ForwardScratch,
     ) -> Result<(), ModelError> {
+        self.forward_kinds(
+            input_ids,
+            positions,
+            batch,
+            &mut [attn],
+            kv,
+            logits_rows,
+            logits,
+            scratch,
+        )
+    }
+
+    /// [`Llama::forward`] with one planned backend per attention kind, in the order
+    /// of [`Llama::attention_configs`] (`&mut dyn` or `Box<dyn>` backends).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_kinds<B, A>(
+        &self,
+        input_ids: &[u32],
+        positions: &[u32],
+        batch: &BatchDescriptor,
+        attn: &mut [B],
+        kv: &mut KvCache,
+        logits_rows: &[usize],
+        logits: &mut Vec<f32>,
+        scratch: &mut ForwardScratch,
+    ) -> Result<(), ModelError>
+    where
+        B: DerefMut<Target = A> + Send,
+        A: AttentionBackend + ?Sized,
+    {
         self.check_inputs(input_ids, positions, batch, kv, logits_rows)?;
+        if attn.len() != self.attn_kinds.len() {
+            return Err(forward_err(format!(
+                "the model's layers need {} attention backends (one per kind: {:?}), got {}",
+                self.attn_kinds.len(),
+                self.attn_kinds,
+                attn.len()
+            )));
+        }
         // Run the whole step on a rayon worker: the kernels' parallel loops then
         // start from inside the pool (cheap local splits) instead of handing each
         // of the ~150 kernel calls of a step over from this thread (a wake-up and a
@@ -365,17 +401,21 @@ impl Llama {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn forward_in_pool(
+    fn forward_in_pool<B, A>(
         &self,
         input_ids: &[u32],
         positions: &[u32],
         batch: &BatchDescriptor,
-        attn: &mut dyn AttentionBackend,
+        attn: &mut [B],
         kv: &mut KvCache,
         logits_rows: &[usize],
         logits: &mut Vec<f32>,
         scratch: &mut ForwardScratch,
-    ) -> Result<(), ModelError> {
+    ) -> Result<(), ModelError>
+    where
+        B: DerefMut<Target = A>,
+        A: AttentionBackend + ?Sized,
+    {
         let c = &self.config;
         let n = input_ids.len();
         let (hidden, q_dim) = (c.hidden_size, c.num_heads * c.head_dim);
@@ -385,6 +425,11 @@ impl Llama {
         for (t, &id) in input_ids.iter().enumerate() {
             self.embed
                 .row_into(id as usize, &mut s.h[t * hidden..(t + 1) * hidden]);
+        }
+        if c.arch.scale_embedding {
+            // Gemma multiplies by sqrt(hidden) rounded to the activations' dtype.
+            let k = (hidden as f32).sqrt();
+            s.h.iter_mut().for_each(|x| *x *= k);
         }
         if n == 0 {
             logits.clear();
@@ -398,7 +443,8 @@ impl Llama {
         // finishes on those rows alone, gathered into their own buffers.
         let prune = r < n;
         for (l, layer) in self.layers.iter().enumerate() {
-            self.attention(l, layer, positions, batch, attn, kv, s)?;
+            let backend = &mut *attn[self.kind_of_layer[l]];
+            self.attention(l, layer, positions, batch, backend, kv, s)?;
             let next_norm = self.layers.get(l + 1).map(|x| &x.attn_norm);
             if next_norm.is_none() && prune {
                 gather_rows(&s.attn, q_dim, logits_rows, &mut s.sel_attn);
@@ -417,6 +463,9 @@ impl Llama {
             size(&mut s.sel_norm, r * hidden);
             rms_norm(&s.sel, &self.norm, c.rms_norm_eps, &mut s.sel_norm).map_err(kernel)?;
             self.head_matmul(&s.sel_norm, logits, r).map_err(kernel)?;
+            if let Some(cap) = c.arch.final_logit_softcap {
+                logits.iter_mut().for_each(|x| *x = cap * (*x / cap).tanh());
+            }
         }
         Ok(())
     }
@@ -424,13 +473,13 @@ impl Llama {
     /// QKV projection of `xn`, RoPE, this layer's K/V into the cache, attention
     /// into `s.attn`, for every token of the batch.
     #[allow(clippy::too_many_arguments)]
-    fn attention(
+    fn attention<A: AttentionBackend + ?Sized>(
         &self,
         l: usize,
         layer: &FusedLayer,
         positions: &[u32],
         batch: &BatchDescriptor,
-        attn: &mut dyn AttentionBackend,
+        attn: &mut A,
         kv: &mut KvCache,
         s: &mut ForwardScratch,
     ) -> Result<(), ModelError> {
@@ -448,11 +497,24 @@ impl Llama {
             .wqkv
             .matmul(&s.mlp.xn, &mut s.qkv, n, hidden, qkv_dim)
             .map_err(kernel)?;
+        if let Some(b) = &layer.qkv_bias {
+            for row in s.qkv.chunks_exact_mut(qkv_dim) {
+                row.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+            }
+        }
         for t in 0..n {
             let row = &s.qkv[t * qkv_dim..(t + 1) * qkv_dim];
             s.q[t * q_dim..(t + 1) * q_dim].copy_from_slice(&row[..q_dim]);
             s.k[t * kv_dim..(t + 1) * kv_dim].copy_from_slice(&row[q_dim..q_dim + kv_dim]);
             s.v[t * kv_dim..(t + 1) * kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
+        }
+        if let Some((qn, kn)) = &layer.qk_norm {
+            // Rows of head_dim: the norm weight's length makes each head a row.
+            for (x, w) in [(&mut s.q, qn), (&mut s.k, kn)] {
+                size(&mut s.qk_tmp, x.len());
+                rms_norm(x, w, c.rms_norm_eps, &mut s.qk_tmp).map_err(kernel)?;
+                std::mem::swap(x, &mut s.qk_tmp);
+            }
         }
         self.rope
             .apply(&mut s.q, c.num_heads, positions)
@@ -485,8 +547,9 @@ impl Llama {
     }
 
     /// The rest of a layer on `m` rows: o_proj of `attn`, residual add into `h`,
-    /// the SwiGLU MLP, and its residual add fused with the next layer's input norm
-    /// into `t.xn` (after the last layer, `next_norm` is None: just the add).
+    /// the MLP, and its residual add fused with the next layer's input norm into
+    /// `t.xn` (after the last layer, `next_norm` is None: just the add). Gemma 2's
+    /// post-norms apply to o_proj's and the MLP's outputs before their adds.
     fn finish_layer(
         &self,
         layer: &FusedLayer,
@@ -501,8 +564,6 @@ impl Llama {
         let q_dim = c.num_heads * c.head_dim;
         let (mh, mi) = (m * hidden, m * inter);
         size(&mut t.proj, mh);
-        size(&mut t.gate_up, 2 * mi);
-        size(&mut t.act, mi);
         if t.xn.len() < mh {
             size(&mut t.xn, mh);
         }
@@ -511,16 +572,45 @@ impl Llama {
             .wo
             .matmul(&attn[..m * q_dim], &mut t.proj, m, q_dim, hidden)
             .map_err(kernel)?;
+        post_norm(
+            layer.post_attn_norm.as_deref(),
+            eps,
+            &mut t.proj,
+            &mut t.post,
+        )?;
         add_rms_norm(h, &t.proj, &layer.ffn_norm, eps, &mut t.xn[..mh]).map_err(kernel)?;
-        layer
-            .w_gate_up
-            .matmul(&t.xn[..mh], &mut t.gate_up, m, hidden, 2 * inter)
-            .map_err(kernel)?;
-        silu_mul_fused(&t.gate_up, inter, &mut t.act).map_err(kernel)?;
-        layer
-            .w_down
-            .matmul(&t.act, &mut t.proj, m, inter, hidden)
-            .map_err(kernel)?;
+        match &layer.mlp {
+            Mlp::Dense { w_gate_up, w_down } => {
+                size(&mut t.gate_up, 2 * mi);
+                size(&mut t.act, mi);
+                w_gate_up
+                    .matmul(&t.xn[..mh], &mut t.gate_up, m, hidden, 2 * inter)
+                    .map_err(kernel)?;
+                match c.arch.activation {
+                    Activation::Silu => silu_mul_fused(&t.gate_up, inter, &mut t.act),
+                    Activation::GeluTanh => gelu_tanh_mul_fused(&t.gate_up, inter, &mut t.act),
+                }
+                .map_err(kernel)?;
+                w_down
+                    .matmul(&t.act, &mut t.proj, m, inter, hidden)
+                    .map_err(kernel)?;
+            }
+            Mlp::Moe(moe) => moe.forward(
+                &t.xn[..mh],
+                m,
+                hidden,
+                inter,
+                c.arch.activation,
+                &mut t.proj,
+                &mut t.moe,
+            )?,
+        }
+        post_norm(
+            layer.post_ffn_norm.as_deref(),
+            eps,
+            &mut t.proj,
+            &mut t.post,
+        )?;
         match next_norm {
             Some(norm) => add_rms_norm(h, &t.proj, norm, eps, &mut t.xn[..mh]).map_err(kernel)?,
             None => {

@@ -2,18 +2,23 @@
 //! becomes dense f32 [`LlamaWeights`], a [`LlamaConfig`], a [`Tokenizer`], the chat
 //! template and the EOS ids.
 //!
-//! GGUF specifics live here (config from `llama.*` metadata, tensor names, undoing
-//! llama.cpp's Q/K row permutation); HF directories are handled in [`crate::hf`].
+//! GGUF specifics live here (config from `<arch>.*` metadata for the architectures
+//! llama.cpp writes: `llama` (also Mistral, and Mixtral with experts), `qwen2`,
+//! `qwen3`, `gemma2`; tensor names; undoing llama.cpp's Q/K row permutation, which
+//! its converter applies to `llama` only); HF directories are handled in [`crate::hf`].
 //! What both share is in [`crate::loaded`] and [`crate::config`], so `hf` does not
 //! import this module (no import cycle).
 
+use crate::arch::{Activation, ArchConfig, Architecture, MoeConfig, SlidingLayers};
 use crate::chat::ChatTemplate;
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::gguf::{has_gguf_magic, GgufFile};
 use crate::loaded::{display_name, LoadedModel, Progress};
 use crate::tokenizer::Tokenizer;
-use crate::weights::{LayerWeights, LlamaWeights, Mat, QuantBlocks};
+use crate::weights::{
+    ExpertWeights, LayerExtras, LayerWeights, LlamaWeights, Mat, MoeWeights, QuantBlocks,
+};
 use std::path::Path;
 
 /// Loads a GGUF file or an HF model directory.
@@ -123,38 +128,42 @@ fn meta_err(key: &str, reason: &str) -> ModelError {
     }
 }
 
-/// The model config from GGUF `llama.*` metadata.
+/// The GGUF architectures we load (llama.cpp's names).
+const GGUF_ARCHS: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma2"];
+
+/// The model config from GGUF `<arch>.*` metadata.
 pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
     let arch = f
         .get("general.architecture")
         .and_then(|v| v.as_str())
         .ok_or_else(|| meta_err("general.architecture", "missing"))?;
-    if arch != "llama" {
+    if !GGUF_ARCHS.contains(&arch) {
         return Err(ModelError::UnsupportedArchitecture {
             arch: arch.to_string(),
         });
     }
+    let key = |k: &str| format!("{arch}.{k}");
     let opt_u = |k: &str| -> Result<Option<usize>, ModelError> {
-        match f.get(&format!("llama.{k}")) {
+        match f.get(&key(k)) {
             None => Ok(None),
             Some(v) => v
                 .as_u64()
                 .map(|x| Some(x as usize))
-                .ok_or_else(|| meta_err(&format!("llama.{k}"), "not an integer")),
+                .ok_or_else(|| meta_err(&key(k), "not an integer")),
         }
     };
     let req_u = |k: &str| {
         opt_u(k)?
             .filter(|&x| x > 0)
-            .ok_or_else(|| meta_err(&format!("llama.{k}"), "missing or zero"))
+            .ok_or_else(|| meta_err(&key(k), "missing or zero"))
     };
     let opt_f = |k: &str| -> Result<Option<f32>, ModelError> {
-        match f.get(&format!("llama.{k}")) {
+        match f.get(&key(k)) {
             None => Ok(None),
             Some(v) => v
                 .as_f64()
                 .map(|x| Some(x as f32))
-                .ok_or_else(|| meta_err(&format!("llama.{k}"), "not a number")),
+                .ok_or_else(|| meta_err(&key(k), "not a number")),
         }
     };
     let hidden = req_u("embedding_length")?;
@@ -162,7 +171,7 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
     let kv_heads = opt_u("attention.head_count_kv")?.unwrap_or(heads);
     if kv_heads == 0 || heads % kv_heads != 0 {
         return Err(meta_err(
-            "llama.attention.head_count_kv",
+            &key("attention.head_count_kv"),
             &format!("{kv_heads} does not divide {heads} heads"),
         ));
     }
@@ -171,14 +180,14 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
         None if hidden % heads == 0 => hidden / heads,
         None => {
             return Err(meta_err(
-                "llama.embedding_length",
+                &key("embedding_length"),
                 "not divisible by the head count",
             ))
         }
     };
     if head_dim == 0 || head_dim % 2 != 0 {
         return Err(meta_err(
-            "llama.attention.key_length",
+            &key("attention.key_length"),
             &format!("head dim {head_dim} must be even"),
         ));
     }
@@ -197,10 +206,10 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
     };
     // Our RoPE only knows plain and llama3-style scaling, and GGUF stores llama3 scaling
     // as a `rope_freqs.weight` tensor rather than parameters: refuse what we can't honour.
-    if let Some(t) = f.get("llama.rope.scaling.type").and_then(|v| v.as_str()) {
+    if let Some(t) = f.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
         if t != "none" {
             return Err(meta_err(
-                "llama.rope.scaling.type",
+                &key("rope.scaling.type"),
                 &format!("rope scaling `{t}` is not supported"),
             ));
         }
@@ -208,7 +217,7 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
     if let Some(d) = opt_u("rope.dimension_count")? {
         if d != head_dim {
             return Err(meta_err(
-                "llama.rope.dimension_count",
+                &key("rope.dimension_count"),
                 &format!("partial RoPE ({d} of {head_dim} dims) is not supported"),
             ));
         }
@@ -228,12 +237,68 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
         num_kv_heads: kv_heads,
         head_dim,
         rms_norm_eps: opt_f("attention.layer_norm_rms_epsilon")?
-            .ok_or_else(|| meta_err("llama.attention.layer_norm_rms_epsilon", "missing"))?,
+            .ok_or_else(|| meta_err(&key("attention.layer_norm_rms_epsilon"), "missing"))?,
         rope_theta: opt_f("rope.freq_base")?.unwrap_or(10_000.0),
         rope_scaling: None,
         max_position_embeddings: req_u("context_length")?,
         tie_word_embeddings: f.tensor("output.weight").is_none(),
+        arch: gguf_arch(arch, &opt_u, &opt_f, head_dim)?,
     })
+}
+
+/// The family switches of GGUF architecture `arch` from its metadata.
+fn gguf_arch(
+    arch: &str,
+    opt_u: &dyn Fn(&str) -> Result<Option<usize>, ModelError>,
+    opt_f: &dyn Fn(&str) -> Result<Option<f32>, ModelError>,
+    head_dim: usize,
+) -> Result<ArchConfig, ModelError> {
+    let window = opt_u("attention.sliding_window")?.filter(|&w| w > 0);
+    let mut a = ArchConfig::default();
+    match arch {
+        "qwen2" => {
+            a.architecture = Architecture::Qwen2;
+            a.qkv_bias = true;
+        }
+        "qwen3" => {
+            a.architecture = Architecture::Qwen3;
+            a.qk_norm = true;
+        }
+        "gemma2" => {
+            a.architecture = Architecture::Gemma2;
+            a.sliding_window = window;
+            a.sliding_layers = SlidingLayers::Even;
+            a.attn_logit_softcap = opt_f("attn_logit_softcapping")?.filter(|&c| c > 0.0);
+            a.final_logit_softcap = opt_f("final_logit_softcapping")?.filter(|&c| c > 0.0);
+            // GGUF has no query_pre_attn_scalar; llama.cpp scales by the key length
+            // (all Gemma 2 sizes but 27B, whose scalar is hidden / heads).
+            a.query_pre_attn_scalar = Some(head_dim as f32);
+            a.scale_embedding = true;
+            a.post_norms = true;
+            a.activation = Activation::GeluTanh;
+        }
+        // `llama`: Llama, Mistral (a sliding window, which llama.cpp's converter does
+        // not write but `<arch>.attention.sliding_window` carries when present) and
+        // Mixtral (experts).
+        _ => {
+            a.sliding_window = window;
+            a.architecture = if window.is_some() {
+                Architecture::Mistral
+            } else {
+                Architecture::Llama
+            };
+            if let Some(num_experts) = opt_u("expert_count")?.filter(|&e| e > 0) {
+                let top_k = opt_u("expert_used_count")?
+                    .filter(|&k| k > 0 && k <= num_experts)
+                    .ok_or_else(|| {
+                        meta_err("llama.expert_used_count", "missing or above expert_count")
+                    })?;
+                a.architecture = Architecture::Mixtral;
+                a.moe = Some(MoeConfig { num_experts, top_k });
+            }
+        }
+    }
+    Ok(a)
 }
 
 /// Dequantizes `name`, checking its GGUF dims equal `shape` (outermost first).
@@ -286,25 +351,66 @@ pub fn gguf_weights(f: &GgufFile, cfg: &LlamaConfig) -> Result<LlamaWeights, Mod
         cfg.num_heads * cfg.head_dim,
         cfg.num_kv_heads * cfg.head_dim,
     );
+    let a = &cfg.arch;
     let total = 2 + 9 * cfg.num_layers + usize::from(!cfg.tie_word_embeddings);
     let mut p = Progress::new(total, f.path.display().to_string());
     let embed = gguf_mat(f, "token_embd.weight", cfg.vocab_size, h, &mut p)?;
+    // llama.cpp permutes Q/K rows for the `llama` architecture only.
+    let permuted = matches!(
+        a.architecture,
+        Architecture::Llama | Architecture::Mistral | Architecture::Mixtral
+    );
+    let qk = |m: Mat, heads: usize| {
+        if permuted {
+            unpermute_qk(&m, heads)
+        } else {
+            Ok(m)
+        }
+    };
     let mut layers = Vec::new();
     for i in 0..cfg.num_layers {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
+        let vec = |name: &str, len: usize, p: &mut Progress| gguf_tensor(f, name, &[len], p);
+        let mut extra = LayerExtras::default();
+        if a.qkv_bias {
+            let b = |s: &str| format!("blk.{i}.{s}.bias");
+            extra.q_bias = Some(vec(&b("attn_q"), q_out, &mut p)?);
+            extra.k_bias = Some(vec(&b("attn_k"), kv_out, &mut p)?);
+            extra.v_bias = Some(vec(&b("attn_v"), kv_out, &mut p)?);
+        }
+        if a.qk_norm {
+            extra.q_norm = Some(vec(&n("attn_q_norm"), cfg.head_dim, &mut p)?);
+            extra.k_norm = Some(vec(&n("attn_k_norm"), cfg.head_dim, &mut p)?);
+        }
+        if a.post_norms {
+            extra.post_attn_norm = Some(vec(&n("post_attention_norm"), h, &mut p)?);
+            extra.post_ffn_norm = Some(vec(&n("post_ffw_norm"), h, &mut p)?);
+        }
+        let (w_gate, w_up, w_down) = match a.moe {
+            None => (
+                gguf_mat(f, &n("ffn_gate"), inter, h, &mut p)?,
+                gguf_mat(f, &n("ffn_up"), inter, h, &mut p)?,
+                gguf_mat(f, &n("ffn_down"), h, inter, &mut p)?,
+            ),
+            Some(moe) => {
+                extra.moe = Some(gguf_moe(f, i, moe, h, inter, &mut p)?);
+                (Mat::empty(), Mat::empty(), Mat::empty())
+            }
+        };
         layers.push(LayerWeights {
-            attn_norm: gguf_tensor(f, &n("attn_norm"), &[h], &mut p)?,
-            wq: unpermute_qk(&gguf_mat(f, &n("attn_q"), q_out, h, &mut p)?, cfg.num_heads)?,
-            wk: unpermute_qk(
-                &gguf_mat(f, &n("attn_k"), kv_out, h, &mut p)?,
+            attn_norm: vec(&n("attn_norm"), h, &mut p)?,
+            wq: qk(gguf_mat(f, &n("attn_q"), q_out, h, &mut p)?, cfg.num_heads)?,
+            wk: qk(
+                gguf_mat(f, &n("attn_k"), kv_out, h, &mut p)?,
                 cfg.num_kv_heads,
             )?,
             wv: gguf_mat(f, &n("attn_v"), kv_out, h, &mut p)?,
             wo: gguf_mat(f, &n("attn_output"), h, q_out, &mut p)?,
-            ffn_norm: gguf_tensor(f, &n("ffn_norm"), &[h], &mut p)?,
-            w_gate: gguf_mat(f, &n("ffn_gate"), inter, h, &mut p)?,
-            w_up: gguf_mat(f, &n("ffn_up"), inter, h, &mut p)?,
-            w_down: gguf_mat(f, &n("ffn_down"), h, inter, &mut p)?,
+            ffn_norm: vec(&n("ffn_norm"), h, &mut p)?,
+            w_gate,
+            w_up,
+            w_down,
+            extra,
         });
     }
     let norm = gguf_tensor(f, "output_norm.weight", &[h], &mut p)?;
@@ -318,6 +424,39 @@ pub fn gguf_weights(f: &GgufFile, cfg: &LlamaConfig) -> Result<LlamaWeights, Mod
         norm,
         lm_head,
     })
+}
+
+/// Layer `i`'s router and experts: llama.cpp stores each expert projection of a
+/// layer as one 3-D tensor, `ffn_{gate,up,down}_exps` (`[experts, rows, cols]`).
+fn gguf_moe(
+    f: &GgufFile,
+    i: usize,
+    moe: MoeConfig,
+    h: usize,
+    inter: usize,
+    p: &mut Progress,
+) -> Result<MoeWeights, ModelError> {
+    let e = moe.num_experts;
+    let n = |s: &str| format!("blk.{i}.{s}.weight");
+    let router = gguf_mat(f, &n("ffn_gate_inp"), e, h, p)?;
+    let gate = gguf_tensor(f, &n("ffn_gate_exps"), &[e, inter, h], p)?;
+    let up = gguf_tensor(f, &n("ffn_up_exps"), &[e, inter, h], p)?;
+    let down = gguf_tensor(f, &n("ffn_down_exps"), &[e, h, inter], p)?;
+    let part = |v: &[f32], k: usize, rows: usize, cols: usize| {
+        Mat::new(
+            rows,
+            cols,
+            v[k * rows * cols..(k + 1) * rows * cols].to_vec(),
+        )
+    };
+    let experts = (0..e)
+        .map(|k| ExpertWeights {
+            w_gate: part(&gate, k, inter, h),
+            w_up: part(&up, k, inter, h),
+            w_down: part(&down, k, h, inter),
+        })
+        .collect();
+    Ok(MoeWeights { router, experts })
 }
 
 /// EOS ids from GGUF metadata: EOS plus end-of-turn / end-of-message ids, deduplicated.

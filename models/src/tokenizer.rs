@@ -2,7 +2,7 @@
 //! `tokenizer.json` or from the vocabulary stored in GGUF metadata.
 //!
 //! From GGUF only byte-level BPE (`tokenizer.ggml.model == "gpt2"`) is supported, with
-//! the pre-tokenizers whose regex we know exactly (`smollm`, `llama-bpe`, `gpt-2`);
+//! the pre-tokenizers whose regex we know exactly (`smollm`, `llama-bpe`, `qwen2`, `gpt-2`);
 //! anything else is rejected by name rather than tokenized wrongly.
 
 use crate::error::ModelError;
@@ -15,6 +15,10 @@ use std::path::Path;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 /// GGUF token type of user-defined added tokens.
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// Qwen2's split regex (HF `tokenizer.json` of Qwen2/2.5/3): Llama 3's, but digits
+/// one by one.
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// Llama 3's pre-tokenizer split regex (HF `tokenizer.json` of Meta-Llama-3).
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -158,10 +162,14 @@ fn pre_tokenizer_for(pre: &str) -> Result<Value, ModelError> {
             {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Isolated", "invert": false},
             byte_level(false),
         ]}),
+        "qwen2" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN2_REGEX}, "behavior": "Isolated", "invert": false},
+            byte_level(false),
+        ]}),
         other => {
             return Err(ModelError::UnsupportedTokenizer {
                 reason: format!(
-                    "GGUF pre-tokenizer `{other}` (supported: smollm, llama-bpe, gpt-2)"
+                    "GGUF pre-tokenizer `{other}` (supported: smollm, llama-bpe, qwen2, gpt-2)"
                 ),
             })
         }

@@ -1,4 +1,4 @@
-//! Dense f32 weights of a Llama-family model, as every loader produces them.
+//! Dense f32 weights of a decoder model, as every loader produces them.
 //!
 //! Matrices follow PyTorch's `nn.Linear` convention: `[out_features, in_features]`,
 //! row-major, so `y = x · Wᵀ`. Q and K rows are in HF's rotate-half order (GGUF
@@ -23,6 +23,16 @@ pub struct QuantBlocks {
 }
 
 impl Mat {
+    /// The 0 x 0 matrix (the dense MLP of a MoE layer).
+    pub fn empty() -> Self {
+        Mat {
+            rows: 0,
+            cols: 0,
+            data: Vec::new(),
+            quant: None,
+        }
+    }
+
     pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Self {
         assert_eq!(
             data.len(),
@@ -63,6 +73,41 @@ pub struct LayerWeights {
     pub w_gate: Mat,
     pub w_up: Mat,
     /// `[hidden, intermediate]`
+    pub w_down: Mat,
+    /// What the families beyond Llama add (all empty for Llama).
+    pub extra: LayerExtras,
+}
+
+/// Optional per-layer weights of the families beyond Llama. A layer with `moe` has
+/// empty (0 x 0) dense MLP matrices.
+#[derive(Debug, Clone, Default)]
+pub struct LayerExtras {
+    /// Q/K/V biases (Qwen2): `[num_heads * head_dim]`, `[kv_dim]`, `[kv_dim]`.
+    pub q_bias: Option<Vec<f32>>,
+    pub k_bias: Option<Vec<f32>>,
+    pub v_bias: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights of Q and K (Qwen3): `[head_dim]`.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    /// Norms after attention and after the MLP (Gemma 2): `[hidden]`.
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<Vec<f32>>,
+    pub moe: Option<MoeWeights>,
+}
+
+/// A sparse MoE MLP (Mixtral): the router and each expert's SwiGLU matrices.
+#[derive(Debug, Clone)]
+pub struct MoeWeights {
+    /// `[num_experts, hidden]`
+    pub router: Mat,
+    pub experts: Vec<ExpertWeights>,
+}
+
+/// One expert: `[intermediate, hidden]` gate and up, `[hidden, intermediate]` down.
+#[derive(Debug, Clone)]
+pub struct ExpertWeights {
+    pub w_gate: Mat,
+    pub w_up: Mat,
     pub w_down: Mat,
 }
 

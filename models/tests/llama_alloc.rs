@@ -72,6 +72,7 @@ fn weights(c: &LlamaConfig) -> LlamaWeights {
             w_gate: mat(i, h),
             w_up: mat(i, h),
             w_down: mat(h, i),
+            extra: Default::default(),
         })
         .collect();
     LlamaWeights {
@@ -106,6 +107,7 @@ fn check_no_alloc(dtype: WeightDtype) {
         rope_scaling: None,
         max_position_embeddings: 256,
         tie_word_embeddings: true,
+        arch: Default::default(),
     };
     let model = Llama::new_with_dtype(c.clone(), weights(&c), dtype).unwrap();
     let bs = 16;

@@ -57,6 +57,7 @@ fn tiny_config(tied: bool, scaled: bool) -> LlamaConfig {
         }),
         max_position_embeddings: 128,
         tie_word_embeddings: tied,
+        arch: Default::default(),
     }
 }
 
@@ -79,6 +80,7 @@ fn random_weights(c: &LlamaConfig, seed: u64) -> LlamaWeights {
             w_gate: r.mat(i, h, 0.2),
             w_up: r.mat(i, h, 0.2),
             w_down: r.mat(h, i, 0.2),
+            extra: Default::default(),
         })
         .collect();
     LlamaWeights {

@@ -331,14 +331,66 @@ fn hf_errors() {
         Err(ModelError::TensorShape { name, .. }) => assert!(name.contains("mlp"), "{name}"),
         other => panic!("expected TensorShape, got {:?}", other.map(|_| ())),
     }
-    c["architectures"] = json!(["Qwen2ForCausalLM"]);
+    c["architectures"] = json!(["GPTNeoXForCausalLM"]);
     std::fs::write(&cfg, c.to_string()).unwrap();
     assert!(
-        matches!(load_model(dir.path()), Err(ModelError::UnsupportedArchitecture { arch }) if arch == "Qwen2ForCausalLM")
+        matches!(load_model(dir.path()), Err(ModelError::UnsupportedArchitecture { arch }) if arch == "GPTNeoXForCausalLM")
     );
     std::fs::write(&cfg, "{not json").unwrap();
     assert!(matches!(
         load_model(dir.path()),
         Err(ModelError::Config { .. })
     ));
+}
+
+/// A config field that would change the math in a way the decoder does not
+/// implement is refused at load, naming the field; so is a family's missing tensor.
+#[test]
+fn unsupported_config_fields_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path(), false, false);
+    let cfg = dir.path().join("config.json");
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    for (arch, field, value) in [
+        ("LlamaForCausalLM", "attention_bias", json!(true)),
+        ("LlamaForCausalLM", "mlp_bias", json!(true)),
+        ("LlamaForCausalLM", "hidden_act", json!("gelu")),
+        ("Qwen2ForCausalLM", "use_sliding_window", json!(true)),
+        (
+            "Gemma2ForCausalLM",
+            "layer_types",
+            json!(["sliding_attention", "sliding_attention"]),
+        ),
+        (
+            "Qwen2ForCausalLM",
+            "layer_types",
+            json!(["sliding_attention", "full_attention"]),
+        ),
+        ("MixtralForCausalLM", "num_experts_per_tok", json!(9)),
+    ] {
+        let mut c = base.clone();
+        c["architectures"] = json!([arch]);
+        c["num_local_experts"] = json!(4);
+        c["num_experts_per_tok"] = json!(2);
+        c[field] = value;
+        std::fs::write(&cfg, c.to_string()).unwrap();
+        match load_model(dir.path()) {
+            Err(e @ ModelError::UnsupportedConfig { .. }) => {
+                assert!(e.to_string().contains(field), "{arch} {field}: {e}")
+            }
+            other => panic!(
+                "{arch} {field}: expected UnsupportedConfig, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+    // Qwen2 needs its q/k/v biases: the Llama tensors alone are refused by name.
+    let mut c = base.clone();
+    c["architectures"] = json!(["Qwen2ForCausalLM"]);
+    std::fs::write(&cfg, c.to_string()).unwrap();
+    match load_model(dir.path()) {
+        Err(ModelError::MissingTensor { name }) => assert!(name.contains("q_proj.bias"), "{name}"),
+        other => panic!("expected MissingTensor, got {:?}", other.map(|_| ())),
+    }
 }

@@ -185,3 +185,34 @@ fn one_role_backend_forced_alone_says_how_to_compose_it() {
         assert_eq!(sel.name(), "decode=paged,prefill=flash");
     }
 }
+
+/// A model that needs a sliding window or soft-capping (Mistral, Gemma 2) is served
+/// by the CPU backends automatically; forcing a backend that lacks the feature
+/// (`example` declares neither) fails with that reason.
+#[test]
+fn per_model_features_decide_and_a_forced_backend_lacking_one_is_refused() {
+    let mut mistral = AttentionConfig::cpu_f32(32, 8, 128, 16);
+    mistral.sliding_window = Some(4096);
+    let mut gemma2 = AttentionConfig::cpu_f32(8, 4, 256, 16);
+    gemma2.sliding_window = Some(4096);
+    gemma2.logits_soft_cap = Some(50.0);
+    for cfg in [&mistral, &gemma2] {
+        let sel = select(cfg, &BackendOverride::default()).unwrap();
+        assert_eq!(sel.name(), "decode=paged,prefill=flash");
+        let err = select(cfg, &BackendOverride::parse("example").unwrap())
+            .err()
+            .unwrap();
+        match &err {
+            SelectorError::ForcedInvalid { name, reasons, .. } => {
+                assert_eq!(name, "example");
+                assert!(reasons.contains(&pagoda_core::InvalidReason::SlidingWindowUnsupported));
+                assert_eq!(
+                    reasons.contains(&pagoda_core::InvalidReason::SoftCapUnsupported),
+                    cfg.logits_soft_cap.is_some()
+                );
+                assert!(err.to_string().contains("sliding-window"), "{err}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

@@ -4,7 +4,8 @@
 
 use anyhow::Context;
 use clap::Args;
-use pagoda_core::{device_unavailable, AttentionConfig, DType, Device, Role};
+use pagoda_core::{device_unavailable, DType, Device, Role};
+use pagoda_models::merge_attention_configs;
 use pagoda_selector::{select, verdicts, BackendOverride};
 use std::path::PathBuf;
 
@@ -46,25 +47,31 @@ pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
     };
     let (cfg, name) = pagoda_models::inspect_model(&path)
         .with_context(|| format!("reading {}", path.display()))?;
-    let mut attn_config = AttentionConfig::cpu_f32(
-        cfg.num_heads,
-        cfg.num_kv_heads,
-        cfg.head_dim,
-        args.block_size,
-    );
+    // The backend must serve every layer's attention (Gemma 2: sliding and global).
+    let mut attn_config = merge_attention_configs(&cfg.attention_configs(args.block_size));
+    let features = cfg.arch.features();
     attn_config.device = args.device;
     if !args.device.is_host() {
         attn_config.q_dtype = DType::BF16;
         attn_config.kv_dtype = DType::BF16;
     }
     println!(
-        "\nmodel {name}: {} q heads, {} kv heads, head dim {}, block size {}, device {}, {}",
+        "\nmodel {name}: architecture {}, {} q heads, {} kv heads, head dim {}, block size {}, device {}, {}",
+        cfg.arch.architecture,
         cfg.num_heads,
         cfg.num_kv_heads,
         cfg.head_dim,
         args.block_size,
         args.device,
         attn_config.q_dtype
+    );
+    println!(
+        "needs: {}",
+        if features.is_empty() {
+            "nothing beyond Llama".to_string()
+        } else {
+            features.join(", ")
+        }
     );
     for v in verdicts(&attn_config) {
         for (role, reasons) in [

@@ -7,7 +7,9 @@
 //! GQA group, so each K/V tile is gathered once for the whole group. Per key tile:
 //! `S = Q Kᵀ` and `O += P V` are dense GEMMs (the `gemm` crate), the mask is causal
 //! aligned bottom-right (local query row `i` of a request with context `c` sees
-//! keys `0..=c+i`), and the softmax is online (running max `m`, sum `l`).
+//! keys `0..=c+i`, or with a sliding window `w` only the last `w` of them), the
+//! scores are soft-capped (`cap * tanh(s / cap)`) when asked, and the softmax is
+//! online (running max `m`, sum `l`).
 
 use gemm::{gemm, Parallelism};
 // The one vectorised exp: both CPU attention kernels share one softmax arithmetic.
@@ -50,6 +52,10 @@ pub struct Dims {
     pub head_dim: usize,
     pub block_size: usize,
     pub scale: f32,
+    /// Each query sees only its last `w` key positions (its own included).
+    pub sliding_window: Option<usize>,
+    /// `s = cap * tanh(s / cap)` on the scaled scores.
+    pub soft_cap: Option<f32>,
 }
 
 /// One tile of work.
@@ -132,9 +138,14 @@ pub unsafe fn tile(d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
     sc.m[..rows].fill(f32::NEG_INFINITY);
     sc.l[..rows].fill(0.0);
 
-    // Keys visible to the tile's last row.
+    // Keys visible to the tile's last row; with a window, tiles start at the first
+    // key the tile's first row sees (keys before it are masked for every row).
     let num_keys = t.context + t.q1;
-    let mut k0 = 0;
+    let first_pos = |i: usize| match d.sliding_window {
+        Some(w) => (t.context + t.q0 + i + 1).saturating_sub(w),
+        None => 0,
+    };
+    let mut k0 = first_pos(0);
     while k0 < num_keys {
         let n = TILE_KEYS.min(num_keys - k0);
         // S[rows, n] = Q[rows, hd] · K[n, hd]ᵀ
@@ -149,14 +160,21 @@ pub unsafe fn tile(d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
         for i in 0..tokens {
             // Keys k0.. visible to local query row q0+i: positions <= context + q0 + i.
             let limit = (t.context + t.q0 + i + 1).saturating_sub(k0).min(n);
+            // ... and positions >= first_pos(i) (the sliding window).
+            let lo = first_pos(i).saturating_sub(k0).min(limit);
             for gi in 0..g_n {
                 let r = i * g_n + gi;
                 let srow = &mut sc.s[r * TILE_KEYS..r * TILE_KEYS + n];
-                if limit == 0 {
+                if limit == lo {
                     srow.fill(0.0);
                     continue;
                 }
-                let cm = max16(&srow[..limit]);
+                if let Some(c) = d.soft_cap {
+                    for x in srow[lo..limit].iter_mut() {
+                        *x = c * (*x / c).tanh();
+                    }
+                }
+                let cm = max16(&srow[lo..limit]);
                 let m_new = sc.m[r].max(cm);
                 if m_new > sc.m[r] {
                     let corr = exp_fast(sc.m[r] - m_new);
@@ -166,11 +184,12 @@ pub unsafe fn tile(d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
                         .for_each(|x| *x *= corr);
                     sc.m[r] = m_new;
                 }
-                for x in srow[..limit].iter_mut() {
+                for x in srow[lo..limit].iter_mut() {
                     *x = exp_fast(*x - m_new);
                 }
+                srow[..lo].fill(0.0);
                 srow[limit..].fill(0.0);
-                sc.l[r] += sum16(&srow[..limit]);
+                sc.l[r] += sum16(&srow[lo..limit]);
             }
         }
         // O[rows, hd] += P[rows, n] · V[n, hd]

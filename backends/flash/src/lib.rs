@@ -66,6 +66,8 @@ pub fn capabilities() -> Capabilities {
         head_dims: Some((1..=MAX_HEAD_DIM).collect()),
         max_gqa_ratio: Some(kernel::TILE_ROWS),
         decode: false,
+        sliding_window: true,
+        logits_soft_cap: true,
         ..Capabilities::cpu_f32()
     }
 }
@@ -240,6 +242,8 @@ impl FlashBackend {
             head_dim: hd,
             block_size: bs,
             scale: cfg.scale,
+            sliding_window: cfg.sliding_window,
+            soft_cap: cfg.logits_soft_cap,
         };
         let (q, kc, vc) = (io.q, io.k_cache, io.v_cache);
         let (blocks, pack_off) = (&self.blocks, &self.pack_off);

@@ -81,14 +81,16 @@ fn registered_for_prefill_only() {
     let decode = vec![InvalidReason::RoleUnsupported { role: Role::Decode }];
     assert_eq!(reg.reasons(&cfg, Role::Decode), decode);
     assert_eq!(reg.reasons(&cfg, Role::Both), decode);
+    // Sliding windows and soft caps are served (Mistral, Gemma 2); a head dim
+    // beyond the tile kernel's is not.
     let mut windowed = cfg.clone();
     windowed.sliding_window = Some(8);
-    assert_eq!(
-        reg.reasons(&windowed, Role::Prefill),
-        vec![InvalidReason::SlidingWindowUnsupported]
-    );
+    windowed.logits_soft_cap = Some(50.0);
+    assert!(reg.reasons(&windowed, Role::Prefill).is_empty());
+    assert!(FlashBackend::new(&windowed).is_ok());
+    let wide = AttentionConfig::cpu_f32(2, 1, 1024, 16);
     assert!(matches!(
-        FlashBackend::new(&windowed),
+        FlashBackend::new(&wide),
         Err(FlashError::Unsupported { .. })
     ));
 }

@@ -4,7 +4,9 @@
 //! than gathered in per-head pieces. Within a chunk, each KV head serves its whole
 //! GQA group: K and V rows are loaded once per group, the scores of up to four
 //! heads share each K load and the V accumulation keeps four heads' outputs in
-//! registers across the chunk. The softmax is online (running max and sum per head).
+//! registers across the chunk. The softmax is online (running max and sum per head);
+//! soft-capped scores are capped before it. (A sliding window only narrows the key
+//! range of the items, in `plan`.)
 
 use pagoda_kernels::blocks::slot;
 use pagoda_kernels::exp_fast;
@@ -29,6 +31,8 @@ pub struct ItemArgs<'a> {
     pub head_dim: usize,
     pub group: usize,
     pub scale: f32,
+    /// `s = cap * tanh(s / cap)` on the scaled scores.
+    pub soft_cap: Option<f32>,
     /// Key positions `start..end` of the request.
     pub start: usize,
     pub end: usize,
@@ -203,6 +207,11 @@ unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], m: &mut [f32]
             for gi in 0..g_n {
                 let head = head0 + gi;
                 let row = &mut s[gi * CHUNK..(gi + 1) * CHUNK];
+                if let Some(c) = a.soft_cap {
+                    for x in row[..n].iter_mut() {
+                        *x = c * (*x / c).tanh();
+                    }
+                }
                 let cm = row[..n].iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
                 let m_new = m[head].max(cm);
                 if m_new > m[head] {

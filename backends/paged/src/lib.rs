@@ -61,9 +61,12 @@ pub fn supported_head_dims() -> Vec<usize> {
     (1..=16).map(|i| i * 16).collect()
 }
 
-/// What `paged` serves: CPU, f32, decode only, any block size, LSE output.
+/// What `paged` serves: CPU, f32, decode only, any block size, LSE output, sliding
+/// window and logits soft-cap.
 pub fn capabilities() -> Capabilities {
     Capabilities {
+        sliding_window: true,
+        logits_soft_cap: true,
         head_dims: Some(supported_head_dims()),
         max_gqa_ratio: Some(kernel::MAX_GROUP),
         prefill: false,
@@ -163,7 +166,10 @@ impl PagedBackend {
         // Split size in blocks: total key-work spread over ~ITEMS_PER_THREAD items
         // per thread, never below MIN_SPLIT_TOKENS, always whole blocks.
         let target = ITEMS_PER_THREAD * rayon::current_num_threads().max(1);
-        let total_tokens: usize = b.seq_lens().iter().map(|&s| s as usize).sum::<usize>();
+        // A sliding window leaves only a request's last `w` keys to attend to.
+        let window = self.cfg.sliding_window;
+        let keys = |s: usize| window.map_or(s, |w| s.min(w));
+        let total_tokens: usize = b.seq_lens().iter().map(|&s| keys(s as usize)).sum();
         let split_tokens = total_tokens.div_ceil(target).max(MIN_SPLIT_TOKENS);
         let split_blocks = split_tokens.div_ceil(bs).max(1);
         let split_len = split_blocks * bs;
@@ -173,12 +179,13 @@ impl PagedBackend {
         p.splits.clear();
         for r in 0..n {
             let s = b.seq_len(r);
-            let splits = s.div_ceil(split_len).max(1);
+            let lo = s - keys(s);
+            let splits = (s - lo).div_ceil(split_len).max(1);
             p.first_item.push(p.items.len());
             p.splits.push(splits);
             for k in 0..splits {
-                let start = (k * split_len).min(s);
-                let end = ((k + 1) * split_len).min(s);
+                let start = (lo + k * split_len).min(s);
+                let end = (lo + (k + 1) * split_len).min(s);
                 p.items.push(WorkItem {
                     req: r as u32,
                     start: start as u32,
@@ -214,7 +221,7 @@ impl PagedBackend {
             return Err(CoreError::BlockOutOfRange { block, num_blocks });
         }
 
-        let (isa, scale) = (self.isa, cfg.scale);
+        let (isa, scale, soft_cap) = (self.isa, cfg.scale, cfg.logits_soft_cap);
         let (q, kc, vc) = (io.q, io.k_cache, io.v_cache);
         let blocks = &p.blocks;
         p.partial_o
@@ -235,6 +242,7 @@ impl PagedBackend {
                     head_dim: hd,
                     group: g,
                     scale,
+                    soft_cap,
                     start: it.start as usize,
                     end: it.end as usize,
                 };
