@@ -13,8 +13,10 @@
 #   run(command="scripts/device-check.sh run", carry=["target/device-check"], timeout_s=480)
 # What runs: kernels/cuda/tests/cuda_device.rs (naive, paged split-KV + merge, flash,
 # write_kv against f64 references with the emulator tests' tolerances; the tensor cores'
-# mma against the emulator's fragment-layout fallback on the same inputs). Later bench
-# binaries dropped into $DEVICE_CHECK_DIR/bin run the same way. At most 8 minutes.
+# mma against the emulator's fragment-layout fallback on the same inputs), then the
+# conformance suite of cuda-naive, cuda-paged and cuda-flash on `cuda:0` through the
+# backends' own plan/run/write_kv (their tests' `cuda::` modules, PAGODA_REQUIRE_DEVICE
+# set so that nothing skips). At most 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${DEVICE_CHECK_DIR:-target/device-check}"
@@ -24,21 +26,30 @@ build() {
   NVCC="${NVCC:-$(scripts/cuda-venv.sh)}"
   export NVCC
   mkdir -p "$DIR/bin"
+  # Test binaries as "<package> <executable>" lines: the kernels' device tests and the
+  # conformance suites of the three CUDA backends (their `cuda` modules).
   local exes
-  exes=$(cargo test -p pagoda-cuda-kernels --features cuda --test cuda_device --no-run \
-           --message-format=json 2>/dev/null |
+  exes=$( { cargo test -p pagoda-cuda-kernels --features cuda --test cuda_device --no-run \
+              --message-format=json 2>/dev/null
+            cargo test -p pagoda-backend-cuda-naive -p pagoda-backend-cuda-paged \
+              -p pagoda-backend-cuda-flash --features cuda --test conformance --no-run \
+              --message-format=json 2>/dev/null; } |
          python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["executable"])')
-  [ -n "$exes" ] || { echo "device-check: the test build produced no binary" >&2; exit 1; }
-  for e in $exes; do
-    local name
-    name=$(basename "$e" | sed 's/-[0-9a-f]*$//')
+        pkg = m["package_id"].split("#")[-1].split("@")[0].split("/")[-1]
+        print(pkg, m["executable"])')
+  [ "$(echo "$exes" | grep -c .)" -ge 4 ] || { echo "device-check: the test build did not produce the 4 binaries" >&2; exit 1; }
+  local pkg e name
+  while read -r pkg e; do
+    case $pkg in
+      pagoda-cuda-kernels) name=cuda_device ;;
+      *) name="conformance-${pkg#pagoda-backend-}" ;;
+    esac
     cp "$e" "$DIR/bin/$name"
     strip "$DIR/bin/$name"
-  done
+  done <<<"$exes"
   du -sh "$DIR" | sed 's/^/device-check: carry /'
 }
 
@@ -79,10 +90,17 @@ run() {
   local log status=0 start end
   log=$(mktemp)
   printf '%-58s %s\n' "check" "result" >"$log.table"
-  for bin in "$DIR"/bin/*; do
+  # The conformance suites must not skip on this machine: a skip there is a failure.
+  export PAGODA_REQUIRE_DEVICE=1
+  # The kernels' device tests first: they stop the check cleanly where there is no GPU.
+  local bin filter
+  for bin in "$DIR"/bin/cuda_device "$DIR"/bin/conformance-*; do
+    [ -e "$bin" ] || continue
     start=$(date +%s)
+    # The backends' binaries also hold their emulator suites: only the `cuda` modules.
+    case $(basename "$bin") in conformance-*) filter="cuda::" ;; *) filter="" ;; esac
     # --nocapture: the tests print "skipped, no GPU here: ..." when there is none.
-    if ! timeout "$BUDGET_S" "$bin" --test-threads=1 --nocapture >"$log" 2>&1; then status=1; fi
+    if ! timeout "$BUDGET_S" "$bin" $filter --test-threads=1 --nocapture >"$log" 2>&1; then status=1; fi
     end=$(date +%s)
     if grep -q "skipped, no GPU here" "$log"; then
       grep -m1 "skipped, no GPU here" "$log" | sed 's/.*skipped, no GPU here: /device-check: /'
