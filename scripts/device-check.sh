@@ -16,7 +16,8 @@
 # mma against the emulator's fragment-layout fallback on the same inputs), then the
 # conformance suite of cuda-naive, cuda-paged and cuda-flash on `cuda:0` through the
 # backends' own plan/run/write_kv (their tests' `cuda::` modules, PAGODA_REQUIRE_DEVICE
-# set so that nothing skips). At most 8 minutes.
+# set so that nothing skips), then the CUDA attention benches (benches/cuda_attention.rs,
+# quick set: the ceilings, the issue's two target cases). At most 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${DEVICE_CHECK_DIR:-target/device-check}"
@@ -33,6 +34,8 @@ build() {
               --message-format=json 2>/dev/null
             cargo test -p pagoda-backend-cuda-naive -p pagoda-backend-cuda-paged \
               -p pagoda-backend-cuda-flash --features cuda --test conformance --no-run \
+              --message-format=json 2>/dev/null
+            cargo bench -p pagoda-benches --features cuda --bench cuda_attention --no-run \
               --message-format=json 2>/dev/null; } |
          python3 -c 'import json,sys
 for l in sys.stdin:
@@ -40,11 +43,12 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
         pkg = m["package_id"].split("#")[-1].split("@")[0].split("/")[-1]
         print(pkg, m["executable"])')
-  [ "$(echo "$exes" | grep -c .)" -ge 4 ] || { echo "device-check: the test build did not produce the 4 binaries" >&2; exit 1; }
+  [ "$(echo "$exes" | grep -c .)" -ge 5 ] || { echo "device-check: the build did not produce the 5 binaries" >&2; exit 1; }
   local pkg e name
   while read -r pkg e; do
     case $pkg in
       pagoda-cuda-kernels) name=cuda_device ;;
+      pagoda-benches) name=bench-cuda_attention ;;
       *) name="conformance-${pkg#pagoda-backend-}" ;;
     esac
     cp "$e" "$DIR/bin/$name"
@@ -113,6 +117,16 @@ run() {
     echo "$(basename "$bin"): $((end - start)) s"
   done
   cat "$log.table"
+  # The benches last (criterion, then their own table with the ceilings); the quick
+  # set keeps the whole check within its budget.
+  for bin in "$DIR"/bin/bench-*; do
+    [ -e "$bin" ] || continue
+    start=$(date +%s)
+    if ! PAGODA_BENCH_QUICK=1 timeout "$BUDGET_S" "$bin" --bench >"$log" 2>&1; then status=1; fi
+    end=$(date +%s)
+    grep -vE '^(Benchmarking|Gnuplot|Found [0-9]+ outliers|  [0-9]+ \()' "$log" | tail -n 40
+    echo "$(basename "$bin"): $((end - start)) s"
+  done
   rm -f "$log" "$log.table"
   exit "$status"
 }
