@@ -27,8 +27,8 @@ build() {
   NVCC="${NVCC:-$(scripts/cuda-venv.sh)}"
   export NVCC
   mkdir -p "$DIR/bin"
-  # Test binaries as "<package> <executable>" lines: the kernels' device tests and the
-  # conformance suites of the three CUDA backends (their `cuda` modules).
+  # "<name> <executable>" lines: the kernels' device tests, the conformance suites of
+  # the three CUDA backends (their `cuda` modules) and the CUDA attention benches.
   local exes
   exes=$( { cargo test -p pagoda-cuda-kernels --features cuda --test cuda_device --no-run \
               --message-format=json 2>/dev/null
@@ -37,20 +37,21 @@ build() {
               --message-format=json 2>/dev/null
             cargo bench -p pagoda-benches --features cuda --bench cuda_attention --no-run \
               --message-format=json 2>/dev/null; } |
-         python3 -c 'import json,sys
+         python3 -c 'import json,os,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        pkg = m["package_id"].split("#")[-1].split("@")[0].split("/")[-1]
-        print(pkg, m["executable"])')
+    kinds = m.get("target", {}).get("kind", [])
+    # Test and bench targets only (a package's own binaries are built with its benches).
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and \
+            ("test" in kinds or "bench" in kinds):
+        t = m["target"]["name"]
+        pkg_dir = os.path.basename(os.path.dirname(m["manifest_path"]))
+        name = {"conformance": "conformance-" + pkg_dir,
+                "cuda_attention": "bench-cuda_attention"}.get(t, t)
+        print(name, m["executable"])')
   [ "$(echo "$exes" | grep -c .)" -ge 5 ] || { echo "device-check: the build did not produce the 5 binaries" >&2; exit 1; }
-  local pkg e name
-  while read -r pkg e; do
-    case $pkg in
-      pagoda-cuda-kernels) name=cuda_device ;;
-      pagoda-benches) name=bench-cuda_attention ;;
-      *) name="conformance-${pkg#pagoda-backend-}" ;;
-    esac
+  local name e
+  while read -r name e; do
     cp "$e" "$DIR/bin/$name"
     strip "$DIR/bin/$name"
   done <<<"$exes"
