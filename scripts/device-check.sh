@@ -41,7 +41,7 @@ build() {
 for l in sys.stdin:
     m = json.loads(l)
     kinds = m.get("target", {}).get("kind", [])
-    # Test and bench targets only (a package's own binaries are built with its benches).
+    # Test and bench targets only (the package binaries are built with its benches).
     if m.get("reason") == "compiler-artifact" and m.get("executable") and \
             ("test" in kinds or "bench" in kinds):
         t = m["target"]["name"]
