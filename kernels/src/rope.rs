@@ -3,7 +3,8 @@
 //!
 //! [`RopeCache`] precomputes cos/sin for every position once; applying it is then a
 //! table lookup per token. Llama-3 frequency scaling is applied to the inverse
-//! frequencies, as in HF's `_compute_llama3_parameters`.
+//! frequencies, as in HF's `_compute_llama3_parameters`; per-frequency divisors
+//! (llama.cpp's `freq_factors`, a GGUF's `rope_freqs.weight`) divide them.
 
 use crate::error::{check_len, KernelError};
 use rayon::prelude::*;
@@ -20,17 +21,24 @@ pub struct Llama3Scaling {
 /// The `head_dim / 2` inverse frequencies `theta^(-2i/head_dim)`, with Llama-3
 /// scaling if given. Computed in f64 and rounded once.
 pub fn inv_freq(head_dim: usize, theta: f32, scaling: Option<&Llama3Scaling>) -> Vec<f32> {
-    let half = head_dim / 2;
-    (0..half)
-        .map(|i| {
-            let f = 1.0 / (theta as f64).powf((2 * i) as f64 / head_dim as f64);
-            let f = match scaling {
-                None => f,
-                Some(s) => llama3_scale(f, s),
-            };
-            f as f32
-        })
+    inv_freq_f64(head_dim, theta, scaling)
+        .map(|f| f as f32)
         .collect()
+}
+
+/// [`inv_freq`] before rounding to f32.
+fn inv_freq_f64(
+    head_dim: usize,
+    theta: f32,
+    scaling: Option<&Llama3Scaling>,
+) -> impl Iterator<Item = f64> + '_ {
+    (0..head_dim / 2).map(move |i| {
+        let f = 1.0 / (theta as f64).powf((2 * i) as f64 / head_dim as f64);
+        match scaling {
+            None => f,
+            Some(s) => llama3_scale(f, s),
+        }
+    })
 }
 
 /// The standard llama3 rule: keep high frequencies, divide low ones by `factor`,
@@ -72,6 +80,21 @@ impl RopeCache {
         theta: f32,
         scaling: Option<&Llama3Scaling>,
     ) -> Result<Self, KernelError> {
+        Self::with_freq_factors(head_dim, max_position, theta, scaling, None)
+    }
+
+    /// [`RopeCache::new`] with inverse frequency `i` divided by `freq_factors[i]`
+    /// (`head_dim / 2` finite positive values), as llama.cpp's `ggml_rope_ext` applies
+    /// a GGUF's `rope_freqs.weight` (Llama 3.1 stores its llama3 scaling that way: the
+    /// factors are 1, `factor`, or the smooth blend in between). The division is in
+    /// f64, after any `scaling`, and rounded once.
+    pub fn with_freq_factors(
+        head_dim: usize,
+        max_position: usize,
+        theta: f32,
+        scaling: Option<&Llama3Scaling>,
+        freq_factors: Option<&[f32]>,
+    ) -> Result<Self, KernelError> {
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(KernelError::InvalidArgument {
                 name: "head_dim",
@@ -96,8 +119,25 @@ impl RopeCache {
                 });
             }
         }
-        let inv = inv_freq(head_dim, theta, scaling);
         let half = head_dim / 2;
+        let inv = match freq_factors {
+            None => inv_freq(head_dim, theta, scaling),
+            Some(f) => {
+                if f.len() != half || !f.iter().all(|x| x.is_finite() && *x > 0.0) {
+                    return Err(KernelError::InvalidArgument {
+                        name: "freq_factors",
+                        message: format!(
+                            "need {half} finite positive factors (head_dim / 2), got {} values",
+                            f.len()
+                        ),
+                    });
+                }
+                inv_freq_f64(head_dim, theta, scaling)
+                    .zip(f)
+                    .map(|(x, &d)| (x / d as f64) as f32)
+                    .collect()
+            }
+        };
         let mut cos = Vec::with_capacity(max_position * half);
         let mut sin = Vec::with_capacity(max_position * half);
         for p in 0..max_position {

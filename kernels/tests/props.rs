@@ -192,3 +192,66 @@ fn exp_fast_at_the_edges() {
     }
     assert!(exp_fast(f32::NAN).is_finite());
 }
+
+/// Llama 3.1 as a GGUF carries it: llama.cpp's converter turns the llama3 scaling
+/// into per-frequency divisors (`rope_freqs.weight`), computed in f32 from f32
+/// frequencies. Dividing by them rotates as the llama3 rule does (to f32 rounding),
+/// and bad factors are refused.
+#[test]
+fn freq_factors_reproduce_llama3_scaling() {
+    let (hd, theta) = (128usize, 500_000.0f32);
+    let s = Llama3Scaling {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 8192,
+    };
+    // conversion/llama.py, in f32 as torch computes it there.
+    let factors: Vec<f32> = (0..hd / 2)
+        .map(|i| {
+            let freq = 1.0f32 / theta.powf((2 * i) as f32 / hd as f32);
+            let wavelen = 2.0 * std::f32::consts::PI / freq;
+            let (lo, hi) = (8192.0 / 1.0f32, 8192.0 / 4.0f32);
+            if wavelen < hi {
+                1.0
+            } else if wavelen > lo {
+                8.0
+            } else {
+                let smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+                1.0 / ((1.0 - smooth) / 8.0 + smooth)
+            }
+        })
+        .collect();
+    let positions: Vec<u32> = vec![0, 1, 7, 100, 4095, 8191, 30_000, 131_071];
+    let x: Vec<f32> = (0..positions.len() * hd)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let scaled = RopeCache::new(hd, 131_072, theta, Some(&s)).unwrap();
+    let factored = RopeCache::with_freq_factors(hd, 131_072, theta, None, Some(&factors)).unwrap();
+    let (mut a, mut b) = (x.clone(), x.clone());
+    scaled.apply(&mut a, 1, &positions).unwrap();
+    factored.apply(&mut b, 1, &positions).unwrap();
+    for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+        // Angles up to ~1.3e5 rad: f32 frequencies that differ in the last bit move
+        // them by ~1e-2 at the far positions, so compare per position scale.
+        let pos = positions[i / hd] as f32;
+        assert!(
+            (p - q).abs() <= 1e-5 + pos * 2e-7,
+            "element {i}: {p} vs {q}"
+        );
+    }
+    // Without scaling, factors of 1 change nothing.
+    let plain = RopeCache::new(hd, 64, theta, None).unwrap();
+    let ones = RopeCache::with_freq_factors(hd, 64, theta, None, Some(&vec![1.0; hd / 2])).unwrap();
+    let (mut a, mut b) = (x[..hd].to_vec(), x[..hd].to_vec());
+    plain.apply(&mut a, 1, &[63]).unwrap();
+    ones.apply(&mut b, 1, &[63]).unwrap();
+    assert_eq!(a, b);
+    for bad in [
+        vec![1.0; hd / 2 - 1],
+        vec![0.0; hd / 2],
+        vec![f32::NAN; hd / 2],
+    ] {
+        assert!(RopeCache::with_freq_factors(hd, 8, theta, None, Some(&bad)).is_err());
+    }
+}

@@ -28,6 +28,11 @@ pub struct LlamaConfig {
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
     pub rope_scaling: Option<RopeScaling>,
+    /// Per-frequency RoPE divisors (`head_dim / 2` of them): inverse frequency `i` is
+    /// divided by `rope_freq_factors[i]`. GGUF files store Llama 3.1's llama3 scaling
+    /// this way, as the tensor `rope_freqs.weight`.
+    #[serde(default)]
+    pub rope_freq_factors: Option<Vec<f32>>,
     /// The context length the model was trained for (the default max model length).
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,

@@ -135,6 +135,7 @@ pub fn read_config(dir: &Path) -> Result<(LlamaConfig, Value), ModelError> {
         rms_norm_eps: f("rms_norm_eps").unwrap_or(1e-6),
         rope_theta: rope_theta.unwrap_or(10_000.0),
         rope_scaling,
+        rope_freq_factors: None,
         max_position_embeddings: u("max_position_embeddings").unwrap_or(2048),
         tie_word_embeddings: j
             .get("tie_word_embeddings")

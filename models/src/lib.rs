@@ -19,6 +19,7 @@ pub mod llama;
 pub mod loaded;
 pub mod loader;
 mod moe;
+pub mod spm;
 pub mod tokenizer;
 pub mod weights;
 

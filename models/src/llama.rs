@@ -229,11 +229,12 @@ impl Llama {
             high_freq_factor: s.high_freq_factor,
             original_max_position_embeddings: s.original_max_position_embeddings,
         });
-        let rope = RopeCache::new(
+        let rope = RopeCache::with_freq_factors(
             hd,
             c.max_position_embeddings,
             c.rope_theta,
             scaling.as_ref(),
+            c.rope_freq_factors.as_deref(),
         )
         .map_err(|e| config_err(format!("rope: {e}")))?;
         let (embed, lm_head) = match weights.lm_head {

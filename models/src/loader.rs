@@ -204,8 +204,8 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
                 )
             })?,
     };
-    // Our RoPE only knows plain and llama3-style scaling, and GGUF stores llama3 scaling
-    // as a `rope_freqs.weight` tensor rather than parameters: refuse what we can't honour.
+    // Our RoPE knows plain RoPE and per-frequency divisors (`rope_freqs.weight`, how
+    // GGUF stores llama3 scaling); other scaling types (linear, yarn) are refused.
     if let Some(t) = f.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
         if t != "none" {
             return Err(meta_err(
@@ -222,12 +222,28 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
             ));
         }
     }
-    if f.tensor("rope_freqs.weight").is_some() {
-        return Err(meta_err(
-            "rope_freqs.weight",
-            "per-frequency RoPE factors (llama3 scaling in GGUF) are not supported",
-        ));
-    }
+    // llama.cpp divides each RoPE frequency by this tensor's entry (`freq_factors`).
+    let rope_freq_factors = match f.tensor("rope_freqs.weight") {
+        None => None,
+        Some(t) => {
+            let half = head_dim / 2;
+            if t.dims != [half as u64] {
+                return Err(ModelError::TensorShape {
+                    name: "rope_freqs.weight".into(),
+                    expected: vec![half],
+                    actual: t.dims.iter().map(|&d| d as usize).collect(),
+                });
+            }
+            let v = f.dequantize(t)?;
+            if !v.iter().all(|x| x.is_finite() && *x > 0.0) {
+                return Err(meta_err(
+                    "rope_freqs.weight",
+                    "RoPE frequency factors must be finite and positive",
+                ));
+            }
+            Some(v)
+        }
+    };
     LlamaConfig::check_bounds(LlamaConfig {
         vocab_size: vocab,
         hidden_size: hidden,
@@ -240,6 +256,7 @@ pub fn gguf_config(f: &GgufFile) -> Result<LlamaConfig, ModelError> {
             .ok_or_else(|| meta_err(&key("attention.layer_norm_rms_epsilon"), "missing"))?,
         rope_theta: opt_f("rope.freq_base")?.unwrap_or(10_000.0),
         rope_scaling: None,
+        rope_freq_factors,
         max_position_embeddings: req_u("context_length")?,
         tie_word_embeddings: f.tensor("output.weight").is_none(),
         arch: gguf_arch(arch, &opt_u, &opt_f, head_dim)?,

@@ -105,6 +105,7 @@ fn check_no_alloc(dtype: WeightDtype) {
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
         rope_scaling: None,
+        rope_freq_factors: None,
         max_position_embeddings: 256,
         tie_word_embeddings: true,
         arch: Default::default(),

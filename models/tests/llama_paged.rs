@@ -55,6 +55,7 @@ fn tiny_config(tied: bool, scaled: bool) -> LlamaConfig {
             high_freq_factor: 4.0,
             original_max_position_embeddings: 16,
         }),
+        rope_freq_factors: None,
         max_position_embeddings: 128,
         tie_word_embeddings: tied,
         arch: Default::default(),
@@ -109,9 +110,14 @@ fn rmsnorm(x: &[f64], w: &[f32], eps: f32) -> Vec<f64> {
     x.iter().zip(w).map(|(v, g)| v * inv * *g as f64).collect()
 }
 
-/// Inverse frequency `i`, with the llama3 rule written out again.
+/// Inverse frequency `i`, with the llama3 rule written out again, divided by the
+/// frequency factor `i` when there are factors.
 fn ref_inv_freq(c: &LlamaConfig, i: usize) -> f64 {
     let f = (c.rope_theta as f64).powf(-((2 * i) as f64) / c.head_dim as f64);
+    let f = match &c.rope_freq_factors {
+        Some(d) => f / d[i] as f64,
+        None => f,
+    };
     let Some(s) = c.rope_scaling else { return f };
     let old = s.original_max_position_embeddings as f64;
     let wavelen = 2.0 * std::f64::consts::PI / f;
@@ -324,6 +330,48 @@ fn all_variants(f: impl Fn(&LlamaConfig, &LlamaWeights, u64)) {
         let w = random_weights(&c, 1000 + v as u64);
         f(&c, &w, v as u64);
     }
+}
+
+/// Per-frequency RoPE divisors (a GGUF's `rope_freqs.weight`): the paged path
+/// matches the reference that divides each frequency by its factor, and factors
+/// made from the llama3 rule (as llama.cpp's converter makes them) give the logits
+/// of the llama3-scaled config.
+#[test]
+fn rope_freq_factors_match_reference_and_llama3_scaling() {
+    let scaled = tiny_config(false, true);
+    let w = random_weights(&scaled, 77);
+    let half = scaled.head_dim / 2;
+    let mut factored = LlamaConfig {
+        rope_scaling: None,
+        rope_freq_factors: Some((0..half).map(|i| 1.0 + 0.75 * i as f32).collect()),
+        ..scaled.clone()
+    };
+    let s = tokens(91, 12);
+    let schedule: Vec<Step> = [7, 1, 3, 1].iter().map(|&q| vec![(0, q)]).collect();
+    run_and_check(&factored, &w, std::slice::from_ref(&s), &schedule, 9, false);
+    // The llama3 rule's factors (1, factor, or the blend in between).
+    let plain = LlamaConfig {
+        rope_scaling: None,
+        ..scaled.clone()
+    };
+    let factors: Vec<f32> = (0..half)
+        .map(|i| (ref_inv_freq(&plain, i) / ref_inv_freq(&scaled, i)) as f32)
+        .collect();
+    let near = |x: f32| factors.iter().any(|&f| (f - x).abs() < 1e-5);
+    assert!(
+        near(8.0) && factors.iter().any(|&f| f > 1.0 && f < 7.9),
+        "{factors:?}"
+    );
+    factored.rope_freq_factors = Some(factors);
+    // The references agree (so the paged runs of both configs check the same logits).
+    let last = |c: &LlamaConfig| reference_logits(c, &w, &s).last().unwrap().clone();
+    for (a, b) in last(&factored).iter().zip(last(&scaled)) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+    run_and_check(&factored, &w, &[s], &schedule, 10, false);
+    // Wrong length: refused when the model is built.
+    factored.rope_freq_factors = Some(vec![1.0; half + 1]);
+    assert!(Llama::new(factored, w).is_err());
 }
 
 #[test]

@@ -16,6 +16,7 @@ enum V {
     Str(String),
     StrArr(Vec<String>),
     I32Arr(Vec<i32>),
+    F32Arr(Vec<f32>),
 }
 
 /// Writes a GGUF v3 file: metadata, then tensors given as (name, dims innermost
@@ -58,6 +59,15 @@ fn gguf_bytes(kv: &[(&str, V)], tensors: &[(String, Vec<u64>, u32, Vec<u8>)]) ->
                 );
                 xs.iter().for_each(|x| b.extend(x.to_le_bytes()));
             }
+            V::F32Arr(xs) => {
+                b.extend(
+                    9u32.to_le_bytes()
+                        .into_iter()
+                        .chain(6u32.to_le_bytes())
+                        .chain((xs.len() as u64).to_le_bytes()),
+                );
+                xs.iter().for_each(|x| b.extend(x.to_le_bytes()));
+            }
         }
     }
     let mut offset = 0u64;
@@ -84,9 +94,16 @@ fn gguf_bytes(kv: &[(&str, V)], tensors: &[(String, Vec<u64>, u32, Vec<u8>)]) ->
 /// Options for the tiny llama GGUF.
 struct Tiny {
     arch: &'static str,
+    /// `llama` gets the SentencePiece vocabulary [`SPM_TOKENS`], anything else the
+    /// byte-level BPE one [`TOKENS`].
     tok_model: &'static str,
+    /// `tokenizer.ggml.pre`; omitted when empty.
     pre: &'static str,
     q_type: u32,
+    /// `rope_freqs.weight`, when given.
+    rope_freqs: Option<&'static [f32]>,
+    /// SentencePiece `tokenizer.ggml.add_space_prefix`, when given.
+    add_space_prefix: Option<bool>,
 }
 
 const TINY: Tiny = Tiny {
@@ -94,8 +111,12 @@ const TINY: Tiny = Tiny {
     tok_model: "gpt2",
     pre: "smollm",
     q_type: 0,
+    rope_freqs: None,
+    add_space_prefix: None,
 };
 const TOKENS: [&str; 6] = ["<|end|>", "a", "b", "ab", "Ġ", "Ġab"];
+/// A SentencePiece vocabulary: unknown, BOS, EOS, then pieces by falling score.
+const SPM_TOKENS: [&str; 6] = ["<unk>", "<s>", "</s>", "▁", "a", "▁a"];
 
 /// A 1-layer llama (hidden 4, 2 heads of dim 2, 1 KV head, ffn 8) with F32 weights whose
 /// values encode their position, so the loaded weights can be checked exactly.
@@ -112,22 +133,44 @@ fn tiny_gguf(o: &Tiny) -> Vec<u8> {
         ("llama.rope.freq_base", V::F32(10000.0)),
         ("llama.context_length", V::U32(64)),
         ("tokenizer.ggml.model", V::Str(o.tok_model.into())),
-        ("tokenizer.ggml.pre", V::Str(o.pre.into())),
-        (
-            "tokenizer.ggml.tokens",
-            V::StrArr(TOKENS.iter().map(|s| s.to_string()).collect()),
-        ),
-        (
-            "tokenizer.ggml.token_type",
-            V::I32Arr(vec![3, 1, 1, 1, 1, 1]),
-        ),
-        (
-            "tokenizer.ggml.merges",
-            V::StrArr(vec!["a b".into(), "Ġ ab".into()]),
-        ),
-        ("tokenizer.ggml.eos_token_id", V::U32(0)),
-        ("tokenizer.ggml.add_bos_token", V::Bool(false)),
     ];
+    let mut kv = kv;
+    if !o.pre.is_empty() {
+        kv.push(("tokenizer.ggml.pre", V::Str(o.pre.into())));
+    }
+    let strs = |t: &[&str]| V::StrArr(t.iter().map(|s| s.to_string()).collect());
+    if o.tok_model == "llama" {
+        // llama.cpp's defaults fill BOS (1), EOS (2), add_bos (true).
+        kv.extend([
+            ("tokenizer.ggml.tokens", strs(&SPM_TOKENS)),
+            (
+                "tokenizer.ggml.token_type",
+                V::I32Arr(vec![2, 3, 3, 1, 1, 1]),
+            ),
+            (
+                "tokenizer.ggml.scores",
+                V::F32Arr(vec![0.0, 0.0, 0.0, -1.0, -2.0, -3.0]),
+            ),
+            ("tokenizer.ggml.unknown_token_id", V::U32(0)),
+        ]);
+        if let Some(p) = o.add_space_prefix {
+            kv.push(("tokenizer.ggml.add_space_prefix", V::Bool(p)));
+        }
+    } else {
+        kv.extend([
+            ("tokenizer.ggml.tokens", strs(&TOKENS)),
+            (
+                "tokenizer.ggml.token_type",
+                V::I32Arr(vec![3, 1, 1, 1, 1, 1]),
+            ),
+            (
+                "tokenizer.ggml.merges",
+                V::StrArr(vec!["a b".into(), "Ġ ab".into()]),
+            ),
+            ("tokenizer.ggml.eos_token_id", V::U32(0)),
+            ("tokenizer.ggml.add_bos_token", V::Bool(false)),
+        ]);
+    }
     let f32s = |n: usize, base: f32| -> Vec<u8> {
         (0..n)
             .flat_map(|i| (base + i as f32).to_le_bytes())
@@ -160,6 +203,10 @@ fn tiny_gguf(o: &Tiny) -> Vec<u8> {
         ));
     }
     t.push(("output_norm.weight".into(), vec![4], 0, f32s(4, 3.0)));
+    if let Some(f) = o.rope_freqs {
+        let bytes = f.iter().flat_map(|x| x.to_le_bytes()).collect();
+        t.push(("rope_freqs.weight".into(), vec![f.len() as u64], 0, bytes));
+    }
     gguf_bytes(&kv, &t)
 }
 
@@ -231,10 +278,10 @@ fn unsupported_tokenizer_and_architecture() {
         ),
         (
             Tiny {
-                tok_model: "llama",
+                tok_model: "t5",
                 ..TINY
             },
-            "llama",
+            "t5",
         ),
     ] {
         match load_bytes(&tiny_gguf(&o)) {
@@ -253,6 +300,85 @@ fn unsupported_tokenizer_and_architecture() {
             "expected UnsupportedArchitecture, got {:?}",
             other.map(|_| ())
         ),
+    }
+}
+
+/// A GGUF SentencePiece (`llama`) vocabulary: merges by score, the dummy prefix
+/// (llama.cpp's default: on; `add_space_prefix = false` turns it off), BOS added by
+/// default, special tokens cut out of the text, the unknown token for characters no
+/// piece covers (no byte tokens here), and decoding back.
+#[test]
+fn sentencepiece_vocab_from_gguf() {
+    let m = load_bytes(&tiny_gguf(&Tiny {
+        tok_model: "llama",
+        pre: "default",
+        ..TINY
+    }))
+    .unwrap();
+    let t = &m.tokenizer;
+    assert_eq!((t.bos_token_id(), t.add_bos()), (Some(1), true));
+    assert_eq!(t.encode("a a", true).unwrap(), vec![1, 5, 5]);
+    assert_eq!(t.encode(" a", false).unwrap(), vec![3, 5]);
+    assert_eq!(t.encode("a</s>a", false).unwrap(), vec![5, 2, 5]);
+    assert_eq!(t.encode("aba", false).unwrap(), vec![5, 0, 4]);
+    assert_eq!(t.decode(&[1, 5, 5], true).unwrap(), "a a");
+    assert_eq!(t.decode(&[1, 5, 5], false).unwrap(), "<s> a a");
+    assert!(t.is_special(1) && t.is_special(0) && !t.is_special(5));
+    // The HF tokenizer built for decoding encodes alike here.
+    let hf = t.hf().encode("a a", true).unwrap();
+    assert_eq!(hf.get_ids(), &[1, 5, 5]);
+    let m = load_bytes(&tiny_gguf(&Tiny {
+        tok_model: "llama",
+        pre: "",
+        add_space_prefix: Some(false),
+        ..TINY
+    }))
+    .unwrap();
+    assert_eq!(m.tokenizer.encode("a a", false).unwrap(), vec![4, 5]);
+    assert_eq!(m.tokenizer.decode(&[4, 5], true).unwrap(), "a a");
+}
+
+/// llama.cpp's `default` BPE pre-tokenizer, named or implied by a missing
+/// `tokenizer.ggml.pre`: punctuation runs split off first, then the GPT-2 split.
+#[test]
+fn default_bpe_pre_tokenizer_from_gguf() {
+    for pre in ["default", ""] {
+        let m = load_bytes(&tiny_gguf(&Tiny { pre, ..TINY })).unwrap();
+        // "ab ab": Ġab after "ab" as with the other splits.
+        assert_eq!(m.tokenizer.encode("ab ab", false).unwrap(), vec![3, 5]);
+    }
+}
+
+/// `rope_freqs.weight` (Llama 3.1's scaling as GGUF stores it) becomes the config's
+/// per-frequency divisors; a wrong shape or a non-positive factor is refused.
+#[test]
+fn rope_freqs_tensor_is_loaded() {
+    let m = load_bytes(&tiny_gguf(&Tiny {
+        rope_freqs: Some(&[4.0]),
+        ..TINY
+    }))
+    .unwrap();
+    assert_eq!(m.config.rope_freq_factors, Some(vec![4.0]));
+    assert_eq!(
+        load_bytes(&tiny_gguf(&TINY))
+            .unwrap()
+            .config
+            .rope_freq_factors,
+        None
+    );
+    match load_bytes(&tiny_gguf(&Tiny {
+        rope_freqs: Some(&[1.0, 2.0]),
+        ..TINY
+    })) {
+        Err(ModelError::TensorShape { name, .. }) => assert_eq!(name, "rope_freqs.weight"),
+        other => panic!("expected TensorShape, got {:?}", other.map(|_| ())),
+    }
+    match load_bytes(&tiny_gguf(&Tiny {
+        rope_freqs: Some(&[0.0]),
+        ..TINY
+    })) {
+        Err(ModelError::Metadata { key, .. }) => assert_eq!(key, "rope_freqs.weight"),
+        other => panic!("expected Metadata, got {:?}", other.map(|_| ())),
     }
 }
 

@@ -7,7 +7,10 @@
 //! `naive`: whole prompts batched together, prompts in chunks, and a prefill chunk
 //! beside decodes; then through the engine (scheduler, runner) for greedy ids.
 
-use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, KvCacheSpec, SamplingParams};
+use pagoda_core::{
+    AttentionBackend, BatchDescriptor, Constraint, KvCache, KvCacheSpec, SamplingParams,
+    StructuredOutputs,
+};
 use pagoda_engine::{EngineConfig, LLMEngine, PromptInput};
 use pagoda_models::{load_model, merge_attention_configs, ChatMessage, ForwardScratch, Llama};
 use pagoda_selector::{select, BackendOverride};
@@ -37,12 +40,21 @@ struct Chat {
     rendered: String,
 }
 
+/// What the `sentencepiece` package itself gave (SentencePiece families only).
+#[derive(Deserialize)]
+struct SentencePiece {
+    text: String,
+    ids: Vec<u32>,
+    decoded: String,
+}
+
 #[derive(Deserialize)]
 struct Reference {
     architecture: String,
     prompts: Vec<Prompt>,
     corpus_ids: Vec<u32>,
     chat: Chat,
+    sentencepiece: Option<SentencePiece>,
 }
 
 fn dir(family: &str) -> PathBuf {
@@ -360,6 +372,87 @@ fn tokenizers_match_on_the_corpus() {
                 refs.corpus_ids,
                 "{family} {}",
                 path.display()
+            );
+        }
+    }
+}
+
+/// Mistral and Gemma 2 carry SentencePiece tokenizers (`tokenizer.model` trained by
+/// the `sentencepiece` package; in GGUF a `llama` vocabulary with scores, token
+/// types and `add_space_prefix`, in the HF directory the `tokenizer.json` layout of
+/// those models). Both sources give sentencepiece's own ids on a text of digits,
+/// emoji, whitespace runs, newlines and characters outside the vocabulary (byte
+/// fallback), and decode them back as sentencepiece does.
+#[test]
+fn sentencepiece_families_match_sentencepiece() {
+    let mut checked = 0;
+    for family in FAMILIES {
+        let Some(sp) = reference(family).sentencepiece else {
+            continue;
+        };
+        for path in sources(family) {
+            let m = load_model(&path).unwrap();
+            let what = format!("{family} {}", path.display());
+            assert_eq!(
+                m.tokenizer.encode(&sp.text, false).unwrap(),
+                sp.ids,
+                "{what}"
+            );
+            assert_eq!(
+                m.tokenizer.decode(&sp.ids, true).unwrap(),
+                sp.decoded,
+                "{what}"
+            );
+            assert_eq!(sp.decoded, sp.text, "{what}: byte fallback loses nothing");
+            // With special tokens: BOS first, nothing at the end (add_eos is false).
+            let with_bos = m.tokenizer.encode(&sp.text, true).unwrap();
+            assert_eq!(Some(with_bos[0]), m.tokenizer.bos_token_id(), "{what}");
+            assert_eq!(&with_bos[1..], &sp.ids[..], "{what}");
+        }
+        checked += 1;
+    }
+    assert_eq!(
+        checked, 2,
+        "mistral and gemma2 are the SentencePiece fixtures"
+    );
+}
+
+/// Structured outputs run on the GGUF SentencePiece tokenizers (llguidance reads the
+/// HF tokenizer built beside the encoder: `▁` for spaces, `<0xNN>` byte fallback):
+/// choices with characters outside the vocabulary (reachable only through byte
+/// tokens), space and tab runs, and a regex, for greedy generation.
+#[test]
+fn structured_outputs_with_sentencepiece_gguf() {
+    let choices = ["July 4, 1776", "漢字 🦀 end", "  spaced\tout"];
+    let whole = regex::Regex::new("^[0-9]{3} [a-z]{1,4} ü$").unwrap();
+    for family in ["mistral", "gemma2"] {
+        let path = dir(family).join(format!("{family}.gguf"));
+        let mut c = EngineConfig::new(&path);
+        c.kv_cache_bytes = 8 << 20;
+        c.block_size = BLOCK;
+        c.disable_log_stats = true;
+        let mut engine = LLMEngine::new(c).unwrap_or_else(|e| panic!("{family}: {e}"));
+        let prompts = [PromptInput::Text("When in the Course".into())];
+        for (constraint, ok) in [
+            (
+                Constraint::Choice(choices.iter().map(|c| c.to_string()).collect()),
+                Box::new(|t: &str| choices.contains(&t)) as Box<dyn Fn(&str) -> bool>,
+            ),
+            (
+                Constraint::Regex("[0-9]{3} [a-z]{1,4} ü".into()),
+                Box::new(|t: &str| whole.is_match(t)),
+            ),
+        ] {
+            let params = SamplingParams {
+                structured_outputs: Some(StructuredOutputs::new(constraint)),
+                ..SamplingParams::greedy(24)
+            };
+            let out = &engine.generate(&prompts, &params).unwrap()[0];
+            assert!(
+                ok(&out.text),
+                "{family}: {:?} ({:?})",
+                out.text,
+                out.token_ids
             );
         }
     }
