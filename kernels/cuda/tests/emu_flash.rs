@@ -45,15 +45,12 @@ fn run<T: Conv>(
 
 fn check<T: Conv>(
     seqs: &[SeqSpec],
-    h: usize,
-    kvh: usize,
-    d: usize,
-    bs: usize,
+    dims: Dims,
     first: usize,
     seed: u64,
     options: Options,
 ) -> Result<(), String> {
-    let (err, lse) = run::<T>(emu::flash::<T>, seqs, (h, kvh, d, bs), first, seed, options);
+    let (err, lse) = run::<T>(emu::flash::<T>, seqs, dims, first, seed, options);
     let tol = tolerance::<T>(true);
     if err > tol {
         return Err(format!("max error {err} > {tol}"));
@@ -70,8 +67,8 @@ fn flash_fixed_shapes() {
         SeqSpec { q_len: 70, ctx: 0 },
         SeqSpec { q_len: 5, ctx: 37 },
     ];
-    check::<bf16>(&seqs, 2, 1, 64, 16, 1, 1, NONE).unwrap();
-    check::<f16>(&seqs[1..], 2, 2, 128, 32, 0, 2, NONE).unwrap();
+    check::<bf16>(&seqs, (2, 1, 64, 16), 1, 1, NONE).unwrap();
+    check::<f16>(&seqs[1..], (2, 2, 128, 32), 0, 2, NONE).unwrap();
 }
 
 #[test]
@@ -83,9 +80,9 @@ fn flash_sliding_window_and_soft_cap() {
         SeqSpec { q_len: 70, ctx: 30 },
         SeqSpec { q_len: 5, ctx: 37 },
     ];
-    check::<bf16>(&seqs, 2, 1, 64, 16, 0, 3, (Some(65), Some(50.0))).unwrap();
-    check::<f16>(&seqs, 2, 2, 64, 32, 0, 4, (Some(3), None)).unwrap();
-    check::<f16>(&seqs[1..], 2, 1, 128, 16, 0, 5, (None, Some(0.5))).unwrap();
+    check::<bf16>(&seqs, (2, 1, 64, 16), 0, 3, (Some(65), Some(50.0))).unwrap();
+    check::<f16>(&seqs, (2, 2, 64, 32), 0, 4, (Some(3), None)).unwrap();
+    check::<f16>(&seqs[1..], (2, 1, 128, 16), 0, 5, (None, Some(0.5))).unwrap();
 }
 
 #[test]
@@ -135,9 +132,9 @@ proptest! {
     ) {
         let o = (window, cap);
         let r = if f16_dtype {
-            check::<f16>(&seqs, h, kvh, d, bs, 0, seed, o)
+            check::<f16>(&seqs, (h, kvh, d, bs), 0, seed, o)
         } else {
-            check::<bf16>(&seqs, h, kvh, d, bs, 0, seed, o)
+            check::<bf16>(&seqs, (h, kvh, d, bs), 0, seed, o)
         };
         prop_assert!(r.is_ok(), "{:?}", r);
     }

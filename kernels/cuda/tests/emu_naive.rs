@@ -9,10 +9,7 @@ use proptest::prelude::*;
 
 fn run<T: Conv>(
     seqs: &[SeqSpec],
-    h: usize,
-    kvh: usize,
-    d: usize,
-    bs: usize,
+    (h, kvh, d, bs): (usize, usize, usize, usize),
     seed: u64,
     (window, cap): (Option<usize>, Option<f32>),
 ) -> Result<(), String> {
@@ -37,9 +34,9 @@ fn naive_fixed_shapes() {
         SeqSpec { q_len: 1, ctx: 3 },
         SeqSpec { q_len: 5, ctx: 130 },
     ];
-    run::<f32>(&seqs, 4, 2, 64, 16, 1, NONE).unwrap();
-    run::<bf16>(&seqs, 4, 1, 128, 32, 2, NONE).unwrap();
-    run::<f16>(&seqs, 3, 3, 80, 7, 3, NONE).unwrap();
+    run::<f32>(&seqs, (4, 2, 64, 16), 1, NONE).unwrap();
+    run::<bf16>(&seqs, (4, 1, 128, 32), 2, NONE).unwrap();
+    run::<f16>(&seqs, (3, 3, 80, 7), 3, NONE).unwrap();
 }
 
 const NONE: (Option<usize>, Option<f32>) = (None, None);
@@ -53,10 +50,10 @@ fn naive_sliding_window_and_soft_cap() {
         SeqSpec { q_len: 3, ctx: 4 },
         SeqSpec { q_len: 4, ctx: 140 },
     ];
-    run::<f32>(&seqs, 2, 1, 64, 16, 4, (Some(5), None)).unwrap();
-    run::<bf16>(&seqs, 2, 2, 24, 5, 5, (Some(130), Some(50.0))).unwrap();
-    run::<f16>(&seqs, 2, 1, 32, 16, 6, (Some(1), Some(0.5))).unwrap();
-    run::<f32>(&seqs, 2, 1, 16, 1, 7, (Some(1000), Some(2.0))).unwrap();
+    run::<f32>(&seqs, (2, 1, 64, 16), 4, (Some(5), None)).unwrap();
+    run::<bf16>(&seqs, (2, 2, 24, 5), 5, (Some(130), Some(50.0))).unwrap();
+    run::<f16>(&seqs, (2, 1, 32, 16), 6, (Some(1), Some(0.5))).unwrap();
+    run::<f32>(&seqs, (2, 1, 16, 1), 7, (Some(1000), Some(2.0))).unwrap();
 }
 
 proptest! {
@@ -74,9 +71,9 @@ proptest! {
     ) {
         let o = (window, cap);
         let r = match dt {
-            0 => run::<f32>(&seqs, h, kvh, d, bs, seed, o),
-            1 => run::<bf16>(&seqs, h, kvh, d, bs, seed, o),
-            _ => run::<f16>(&seqs, h, kvh, d, bs, seed, o),
+            0 => run::<f32>(&seqs, (h, kvh, d, bs), seed, o),
+            1 => run::<bf16>(&seqs, (h, kvh, d, bs), seed, o),
+            _ => run::<f16>(&seqs, (h, kvh, d, bs), seed, o),
         };
         prop_assert!(r.is_ok(), "{:?}", r);
     }

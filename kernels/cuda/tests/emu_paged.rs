@@ -11,10 +11,7 @@ use proptest::prelude::*;
 
 fn run<T: Conv>(
     ctxs: &[usize],
-    h: usize,
-    kvh: usize,
-    d: usize,
-    bs: usize,
+    (h, kvh, d, bs): (usize, usize, usize, usize),
     splits: Option<usize>,
     seed: u64,
     (window, cap): (Option<usize>, Option<f32>),
@@ -56,13 +53,13 @@ fn run<T: Conv>(
 
 #[test]
 fn paged_fixed_shapes() {
-    run::<bf16>(&[70, 0, 33], 4, 2, 128, 16, None, 1, NONE).unwrap();
-    run::<bf16>(&[70, 0, 33], 4, 2, 128, 16, Some(3), 2, NONE).unwrap();
-    run::<f16>(&[50, 17], 8, 1, 64, 32, Some(2), 3, NONE).unwrap();
-    run::<f32>(&[40], 2, 1, 64, 16, Some(2), 4, NONE).unwrap();
-    run::<bf16>(&[20], 2, 2, 256, 16, None, 5, NONE).unwrap();
+    run::<bf16>(&[70, 0, 33], (4, 2, 128, 16), None, 1, NONE).unwrap();
+    run::<bf16>(&[70, 0, 33], (4, 2, 128, 16), Some(3), 2, NONE).unwrap();
+    run::<f16>(&[50, 17], (8, 1, 64, 32), Some(2), 3, NONE).unwrap();
+    run::<f32>(&[40], (2, 1, 64, 16), Some(2), 4, NONE).unwrap();
+    run::<bf16>(&[20], (2, 2, 256, 16), None, 5, NONE).unwrap();
     // 10 query heads per KV head: two CTAs (8 + 2 heads) per KV head.
-    run::<bf16>(&[24, 9], 10, 1, 64, 16, Some(2), 6, NONE).unwrap();
+    run::<bf16>(&[24, 9], (10, 1, 64, 16), Some(2), 6, NONE).unwrap();
 }
 
 const NONE: (Option<usize>, Option<f32>) = (None, None);
@@ -71,11 +68,11 @@ const NONE: (Option<usize>, Option<f32>) = (None, None);
 fn paged_sliding_window_and_soft_cap() {
     // Window 20 over 71 keys: partitions of 16 from key 51 (51..67, 67..71); the
     // 1-key sequence's second partition is empty (lse -inf, dropped by the merge).
-    run::<bf16>(&[70, 0, 33], 4, 2, 128, 16, Some(3), 7, (Some(20), None)).unwrap();
-    run::<f16>(&[50, 17], 8, 1, 64, 32, None, 8, (Some(1), Some(0.5))).unwrap();
-    run::<f32>(&[40, 3], 2, 1, 64, 16, Some(2), 9, (Some(17), Some(50.0))).unwrap();
+    run::<bf16>(&[70, 0, 33], (4, 2, 128, 16), Some(3), 7, (Some(20), None)).unwrap();
+    run::<f16>(&[50, 17], (8, 1, 64, 32), None, 8, (Some(1), Some(0.5))).unwrap();
+    run::<f32>(&[40, 3], (2, 1, 64, 16), Some(2), 9, (Some(17), Some(50.0))).unwrap();
     // A window longer than the sequence changes nothing.
-    run::<bf16>(&[20], 2, 2, 256, 16, Some(2), 10, (Some(1000), Some(2.0))).unwrap();
+    run::<bf16>(&[20], (2, 2, 256, 16), Some(2), 10, (Some(1000), Some(2.0))).unwrap();
 }
 
 #[test]
@@ -168,9 +165,9 @@ proptest! {
     ) {
         let o = (window, cap);
         let r = match dt {
-            0 => run::<f32>(&ctxs, h, kvh, d, bs, splits, seed, o),
-            1 => run::<bf16>(&ctxs, h, kvh, d, bs, splits, seed, o),
-            _ => run::<f16>(&ctxs, h, kvh, d, bs, splits, seed, o),
+            0 => run::<f32>(&ctxs, (h, kvh, d, bs), splits, seed, o),
+            1 => run::<bf16>(&ctxs, (h, kvh, d, bs), splits, seed, o),
+            _ => run::<f16>(&ctxs, (h, kvh, d, bs), splits, seed, o),
         };
         prop_assert!(r.is_ok(), "{:?}", r);
     }
