@@ -13,8 +13,11 @@
 #   run(command="scripts/device-check.sh run", carry=["target/device-check"], timeout_s=480)
 # What runs: kernels/cuda/tests/cuda_device.rs (naive, paged split-KV + merge, flash,
 # write_kv against f64 references with the emulator tests' tolerances; the tensor cores'
-# mma against the emulator's fragment-layout fallback on the same inputs). Later bench
-# binaries dropped into $DEVICE_CHECK_DIR/bin run the same way. At most 8 minutes.
+# mma against the emulator's fragment-layout fallback on the same inputs), then the
+# conformance suite of cuda-naive, cuda-paged and cuda-flash on `cuda:0` through the
+# backends' own plan/run/write_kv (their tests' `cuda::` modules, PAGODA_REQUIRE_DEVICE
+# set so that nothing skips), then the CUDA attention benches (benches/cuda_attention.rs,
+# quick set: the ceilings, the issue's two target cases). At most 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${DEVICE_CHECK_DIR:-target/device-check}"
@@ -24,21 +27,34 @@ build() {
   NVCC="${NVCC:-$(scripts/cuda-venv.sh)}"
   export NVCC
   mkdir -p "$DIR/bin"
+  # "<name> <executable>" lines: the kernels' device tests, the conformance suites of
+  # the three CUDA backends (their `cuda` modules) and the CUDA attention benches.
   local exes
-  exes=$(cargo test -p pagoda-cuda-kernels --features cuda --test cuda_device --no-run \
-           --message-format=json 2>/dev/null |
-         python3 -c 'import json,sys
+  exes=$( { cargo test -p pagoda-cuda-kernels --features cuda --test cuda_device --no-run \
+              --message-format=json 2>/dev/null
+            cargo test -p pagoda-backend-cuda-naive -p pagoda-backend-cuda-paged \
+              -p pagoda-backend-cuda-flash --features cuda --test conformance --no-run \
+              --message-format=json 2>/dev/null
+            cargo bench -p pagoda-benches --features cuda --bench cuda_attention --no-run \
+              --message-format=json 2>/dev/null; } |
+         python3 -c 'import json,os,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["executable"])')
-  [ -n "$exes" ] || { echo "device-check: the test build produced no binary" >&2; exit 1; }
-  for e in $exes; do
-    local name
-    name=$(basename "$e" | sed 's/-[0-9a-f]*$//')
+    kinds = m.get("target", {}).get("kind", [])
+    # Test and bench targets only (the package binaries are built with its benches).
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and \
+            ("test" in kinds or "bench" in kinds):
+        t = m["target"]["name"]
+        pkg_dir = os.path.basename(os.path.dirname(m["manifest_path"]))
+        name = {"conformance": "conformance-" + pkg_dir,
+                "cuda_attention": "bench-cuda_attention"}.get(t, t)
+        print(name, m["executable"])')
+  [ "$(echo "$exes" | grep -c .)" -ge 5 ] || { echo "device-check: the build did not produce the 5 binaries" >&2; exit 1; }
+  local name e
+  while read -r name e; do
     cp "$e" "$DIR/bin/$name"
     strip "$DIR/bin/$name"
-  done
+  done <<<"$exes"
   du -sh "$DIR" | sed 's/^/device-check: carry /'
 }
 
@@ -79,10 +95,17 @@ run() {
   local log status=0 start end
   log=$(mktemp)
   printf '%-58s %s\n' "check" "result" >"$log.table"
-  for bin in "$DIR"/bin/*; do
+  # The conformance suites must not skip on this machine: a skip there is a failure.
+  export PAGODA_REQUIRE_DEVICE=1
+  # The kernels' device tests first: they stop the check cleanly where there is no GPU.
+  local bin filter
+  for bin in "$DIR"/bin/cuda_device "$DIR"/bin/conformance-*; do
+    [ -e "$bin" ] || continue
     start=$(date +%s)
+    # The backends' binaries also hold their emulator suites: only the `cuda` modules.
+    case $(basename "$bin") in conformance-*) filter="cuda::" ;; *) filter="" ;; esac
     # --nocapture: the tests print "skipped, no GPU here: ..." when there is none.
-    if ! timeout "$BUDGET_S" "$bin" --test-threads=1 --nocapture >"$log" 2>&1; then status=1; fi
+    if ! timeout "$BUDGET_S" "$bin" $filter --test-threads=1 --nocapture >"$log" 2>&1; then status=1; fi
     end=$(date +%s)
     if grep -q "skipped, no GPU here" "$log"; then
       grep -m1 "skipped, no GPU here" "$log" | sed 's/.*skipped, no GPU here: /device-check: /'
@@ -95,6 +118,16 @@ run() {
     echo "$(basename "$bin"): $((end - start)) s"
   done
   cat "$log.table"
+  # The benches last (criterion, then their own table with the ceilings); the quick
+  # set keeps the whole check within its budget.
+  for bin in "$DIR"/bin/bench-*; do
+    [ -e "$bin" ] || continue
+    start=$(date +%s)
+    if ! PAGODA_BENCH_QUICK=1 timeout "$BUDGET_S" "$bin" --bench >"$log" 2>&1; then status=1; fi
+    end=$(date +%s)
+    grep -vE '^(Benchmarking|Gnuplot|Found [0-9]+ outliers|  [0-9]+ \()' "$log" | tail -n 40
+    echo "$(basename "$bin"): $((end - start)) s"
+  done
   rm -f "$log" "$log.table"
   exit "$status"
 }

@@ -6,9 +6,9 @@
 //!   per step, shared by every layer's `run`.
 //! * [`AttentionBackend::run`] validates the layer's buffers
 //!   ([`LayerIo::validate_batch`]) and launches. On the `emu` device the buffers are
-//!   host slices and the kernels run through the SIMT emulator of `pagoda-cuda-kernels`.
-//!   CUDA devices are refused by [`runtime_reasons`] until the device launch path lands
-//!   (the runtime crate opens them; the backends do not launch on them yet).
+//!   host slices and the kernels run through the SIMT emulator of `pagoda-cuda-kernels`;
+//!   on `cuda:N` (feature `cuda`) `plan` uploads the metadata once and `run` only
+//!   launches (`gpu.rs`: no allocation, no host synchronization).
 //! * [`AttentionBackend::write_kv`] runs the `write_kv` kernel (any source dtype into
 //!   the pools' dtype).
 //!
@@ -135,11 +135,6 @@ pub fn runtime_reasons(kernel: Kernel, cfg: &AttentionConfig) -> Vec<InvalidReas
             r.push(InvalidReason::NotCompiled { feature: "cuda" });
         } else if let Some(message) = cuda_unavailable() {
             r.push(InvalidReason::Other { message });
-        } else {
-            r.push(InvalidReason::Other {
-                message: "CUDA launches of the attention kernels are not wired yet (emu only)"
-                    .into(),
-            });
         }
     }
     r
@@ -159,6 +154,9 @@ pub struct CudaAttention {
     kernel: Kernel,
     cfg: AttentionConfig,
     plan: Option<Planned>,
+    /// The device state on `cuda:N` (`None` on `emu`).
+    #[cfg(feature = "cuda")]
+    gpu: Option<crate::gpu::Gpu>,
 }
 
 fn failed(backend: &str, e: impl std::fmt::Display) -> CoreError {
@@ -188,12 +186,33 @@ impl CudaAttention {
                 reasons,
             });
         }
+        #[cfg(feature = "cuda")]
+        let gpu = match cfg.device {
+            Device::Cuda(ordinal) => Some(crate::gpu::Gpu::new(ordinal).map_err(|message| {
+                CoreError::BackendInvalid {
+                    backend: name.into(),
+                    reasons: vec![InvalidReason::Other { message }],
+                }
+            })?),
+            _ => None,
+        };
         Ok(CudaAttention {
             name,
             kernel,
             cfg: cfg.clone(),
             plan: None,
+            #[cfg(feature = "cuda")]
+            gpu,
         })
+    }
+
+    /// The SMs `paged`'s split plan spreads over: the device's, or [`EMU_SMS`].
+    fn num_sms(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            return g.num_sms();
+        }
+        EMU_SMS
     }
 
     fn shape(&self) -> Shape {
@@ -280,11 +299,16 @@ impl AttentionBackend for CudaAttention {
                     keys,
                     self.cfg.block_size,
                     batch.num_reqs() * groups,
-                    EMU_SMS,
+                    self.num_sms(),
                 )
             }
             _ => SplitPlan::single(keys, self.cfg.block_size),
         };
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &mut self.gpu {
+            g.plan(&self.cfg, batch, split)
+                .map_err(|e| failed(self.name, e))?;
+        }
         self.plan = Some(Planned {
             batch: batch.clone(),
             split,
@@ -297,8 +321,15 @@ impl AttentionBackend for CudaAttention {
             backend: self.name.into(),
         })?;
         io.validate_batch(&p.batch, &self.cfg)?;
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.gpu {
+            let dtype = kernel_dtype(self.cfg.q_dtype);
+            return g
+                .run(self.kernel, &self.cfg, &p.batch, dtype, io)
+                .map_err(|e| failed(self.name, e));
+        }
         if self.cfg.device != Device::Emu {
-            return Err(failed(self.name, "only the emu device launches yet"));
+            return Err(failed(self.name, "no launcher for this device"));
         }
         match self.cfg.q_dtype {
             DType::F32 => self.run_emu::<f32>(p, io),
@@ -331,13 +362,20 @@ impl AttentionBackend for CudaAttention {
         .into_iter()
         .chain([("k", k.device_of()), ("v", v.device_of())])
         {
-            if d != Device::Emu {
+            if d != self.cfg.device {
                 return Err(CoreError::DeviceMismatch {
                     name,
-                    expected: Device::Emu,
+                    expected: self.cfg.device,
                     actual: d,
                 });
             }
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &mut self.gpu {
+            let dtypes = (kernel_dtype(k.dtype()), kernel_dtype(k_pool.dtype()));
+            return g
+                .write_kv(&self.cfg, k_pool, v_pool, k, v, slot_mapping, dtypes)
+                .map_err(|e| failed(self.name, e));
         }
         let shape = self.shape();
         let sm = slot_mapping;

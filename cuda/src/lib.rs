@@ -6,9 +6,12 @@
 //!   opens `cuda:N` through cudarc (device memory as [`pagoda_core::DeviceMemory`]).
 //! * [`attn`]: one [`attn::CudaAttention`] type behind `cuda-naive`, `cuda-paged` and
 //!   `cuda-flash` (crates `backends/cuda-*`): planning, validation, and launches of the
-//!   kernels of `pagoda-cuda-kernels`, on the `emu` device through the SIMT emulator.
+//!   kernels of `pagoda-cuda-kernels`, on the `emu` device through the SIMT emulator
+//!   and (feature `cuda`) on `cuda:N` devices through `gpu.rs`.
 
 pub mod attn;
+#[cfg(feature = "cuda")]
+mod gpu;
 pub mod runtime;
 
 pub use runtime::{cuda_unavailable, COMPILED, NOT_COMPILED, NO_DEVICE, NO_DRIVER};

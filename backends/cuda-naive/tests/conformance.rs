@@ -67,3 +67,43 @@ mod features {
         );
     }
 }
+
+/// The same suite on `cuda:0` (feature `cuda`), without the emulator's case limit:
+/// skipped, saying why, where no CUDA device is usable; scripts/device-check.sh runs
+/// it on a GPU with `PAGODA_REQUIRE_DEVICE` set, where a skip is a failure.
+#[cfg(feature = "cuda")]
+mod cuda {
+    mod bf16 {
+        use super::super::*;
+        conformance_suite!(
+            Subject::registered("cuda-naive").map(|s| s.on(
+                Device::Cuda(0),
+                DType::BF16,
+                DType::BF16
+            )),
+            tolerance = Tolerance::BF16
+        );
+    }
+    mod f16 {
+        use super::super::*;
+        conformance_suite!(
+            Subject::registered("cuda-naive").map(|s| s.on(
+                Device::Cuda(0),
+                DType::F16,
+                DType::F16
+            )),
+            tolerance = Tolerance::F16
+        );
+    }
+    mod f32 {
+        use super::super::*;
+        conformance_suite!(
+            Subject::registered("cuda-naive").map(|s| s.on(
+                Device::Cuda(0),
+                DType::F32,
+                DType::F32
+            )),
+            tolerance = Tolerance::F32
+        );
+    }
+}

@@ -29,7 +29,7 @@ pub mod suite;
 
 pub use checks::{Check, Outcome};
 pub use pagoda_core;
-pub use suite::{run_check, try_run_check};
+pub use suite::{run_check, try_run_check, REQUIRE_DEVICE_ENV};
 
 use pagoda_core::{
     registered_backends, AttentionBackend, AttentionConfig, BackendRegistration, Capabilities,

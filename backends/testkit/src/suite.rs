@@ -8,7 +8,12 @@ use crate::{IntoSubject, Subject, Tolerance};
 use pagoda_core::DeviceKind;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestError, TestRunner};
 
-/// Runs `check` and panics with the minimal failing case (what the macro's tests call).
+/// Set (to anything) where the subjects' devices must exist: a check whose device is
+/// unavailable then fails instead of being skipped (scripts/device-check.sh sets it).
+pub const REQUIRE_DEVICE_ENV: &str = "PAGODA_REQUIRE_DEVICE";
+
+/// Runs `check` and panics with the minimal failing case (what the macro's tests call);
+/// skips it, saying why, when the subject's device is unavailable in this process.
 pub fn run_check(
     check: Check,
     subject: impl IntoSubject,
@@ -16,6 +21,19 @@ pub fn run_check(
     source_file: Option<&'static str>,
 ) {
     let subject = subject.into_subject().unwrap_or_else(|e| panic!("{e}"));
+    if let Some(p) = &subject.placement {
+        if let Some(why) = pagoda_core::device_unavailable(p.device) {
+            // A device this machine lacks (no GPU here, nor in CI): the check cannot run.
+            // The device check sets REQUIRE_DEVICE_ENV, where a skip is a failure.
+            assert!(
+                std::env::var_os(REQUIRE_DEVICE_ENV).is_none(),
+                "{check:?} on {}: device unavailable ({why}) but {REQUIRE_DEVICE_ENV} is set",
+                p.device
+            );
+            eprintln!("{check:?}: skipped on {}: {why}", p.device);
+            return;
+        }
+    }
     if let Err(message) = try_run_check(check, &subject, tol, source_file) {
         panic!(
             "conformance check {check:?} failed for backend `{}`:\n{message}",

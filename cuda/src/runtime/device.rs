@@ -53,7 +53,7 @@ pub(super) fn open(device: Device) -> Result<Arc<dyn DeviceRuntime>, CoreError> 
             message: format!("{NO_DEVICE} {ordinal} (the driver sees {count})"),
         });
     }
-    let ctx = CudaContext::new(ordinal as usize).map_err(|e| failed(device, "context", e))?;
+    let ctx = CudaContext::new(ordinal).map_err(|e| failed(device, "context", e))?;
     let stream = ctx.default_stream();
     Ok(Arc::new(CudaRuntime {
         device,

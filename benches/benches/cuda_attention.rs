@@ -1,0 +1,295 @@
+//! Criterion benches of the CUDA attention backends on `cuda:0`, against ceilings
+//! measured in the same process.
+//!
+//! * ceilings: device-to-device copy bandwidth (1 GiB, read + write bytes) and the
+//!   cuBLAS bf16 GEMM rate (8192³, f32 accumulation);
+//! * decode (`cuda-paged`): batch 1/32/64/128 × context 512/2048/4096/8192, bf16 q and
+//!   KV (throughput = bytes of Q, K, V and O moved);
+//! * prefill (`cuda-flash`): 512/2048/8192 causal tokens, no cached prefix (throughput
+//!   = attention FLOPs);
+//! * shapes: SmolLM2 (9/3 heads, dim 64) and Llama-8B-like (32/8 heads, dim 128),
+//!   block size 16, the K+V pool capped at 2 GiB as in the CPU benches.
+//!
+//! After criterion, a table gives each case's mean time, GB/s or TFLOP/s and the
+//! share of the ceiling (issue 12's targets: paged b64 × ctx 4096 >= 80 % of the copy
+//! bandwidth; flash 8192 tokens Llama-8B >= 45 % of the cuBLAS rate).
+//!
+//! Without the `cuda` feature (`cargo bench -p pagoda-benches --features cuda --bench
+//! cuda_attention`), a driver or a device it prints why and exits: no GPU is
+//! needed to build or run it. `PAGODA_BENCH_QUICK=1` runs the two target cases and a
+//! few others (what scripts/device-check.sh runs).
+
+use pagoda_backends as _;
+use pagoda_core::Device;
+
+fn main() {
+    if let Some(why) = pagoda_core::device_unavailable(Device::Cuda(0)) {
+        println!("cuda attention benches skipped: {why}");
+        return;
+    }
+    #[cfg(feature = "cuda")]
+    gpu::main();
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use criterion::{BenchmarkId, Criterion, Throughput};
+    use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
+    use cudarc::driver::{CudaContext, CudaStream};
+    use pagoda_benches::attn::{self, Case, ModelShape, LLAMA8B, SMOLLM2};
+    use pagoda_core::{
+        bf16, open_device, registered_backends, AttentionBackend, AttentionConfig, DType, Device,
+        DeviceRuntime, HostSlice, LayerIo, Shape, Storage,
+    };
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    fn quick() -> bool {
+        std::env::var("PAGODA_BENCH_QUICK").is_ok_and(|v| v != "0")
+    }
+
+    /// Seconds per call of `f` (after a warm-up), synchronizing `stream` once per batch.
+    fn time(stream: &CudaStream, reps: u32, mut f: impl FnMut()) -> f64 {
+        f();
+        stream.synchronize().expect("synchronize");
+        let t = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        stream.synchronize().expect("synchronize");
+        t.elapsed().as_secs_f64() / f64::from(reps)
+    }
+
+    /// Device copy bandwidth (bytes read + written per second) and cuBLAS bf16 GEMM
+    /// FLOP/s.
+    fn ceilings(stream: &Arc<CudaStream>) -> (f64, f64) {
+        let bytes = 1usize << 30;
+        let src = stream.alloc_zeros::<u8>(bytes).expect("alloc");
+        let mut dst = stream.alloc_zeros::<u8>(bytes).expect("alloc");
+        let copy = time(stream, 10, || {
+            stream.memcpy_dtod(&src, &mut dst).expect("copy")
+        });
+        let n = 8192usize;
+        let a = stream.alloc_zeros::<bf16>(n * n).expect("alloc");
+        let b = stream.alloc_zeros::<bf16>(n * n).expect("alloc");
+        let mut c = stream.alloc_zeros::<bf16>(n * n).expect("alloc");
+        let blas = CudaBlas::new(stream.clone()).expect("cuBLAS (libcublas on the library path)");
+        let d = n as i32;
+        let cfg = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_N,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: d,
+            n: d,
+            k: d,
+            alpha: bf16::ONE,
+            lda: d,
+            ldb: d,
+            beta: bf16::ZERO,
+            ldc: d,
+        };
+        // SAFETY: a, b, c are n x n device matrices of this stream's context.
+        let gemm = time(stream, 5, || {
+            unsafe { blas.gemm(cfg, &a, &b, &mut c) }.expect("gemm")
+        });
+        (2.0 * bytes as f64 / copy, 2.0 * (n as f64).powi(3) / gemm)
+    }
+
+    /// A case's buffers on the device, as bf16.
+    struct DeviceCase {
+        case: Case,
+        q: Storage,
+        k: Storage,
+        v: Storage,
+        out: Storage,
+        backend: Box<dyn AttentionBackend>,
+    }
+
+    fn upload(rt: &dyn DeviceRuntime, host: &[f32]) -> Storage {
+        let data: Vec<bf16> = host.iter().map(|&x| bf16::from_f32(x)).collect();
+        let mut s = rt
+            .alloc_zeroed(DType::BF16, Shape::flat(data.len()))
+            .expect("device memory");
+        rt.upload(s.view_mut(), HostSlice::BF16(&data))
+            .expect("upload");
+        s
+    }
+
+    fn device_case(
+        rt: &dyn DeviceRuntime,
+        shape: ModelShape,
+        rows: &[(usize, usize)],
+        backend: &str,
+    ) -> Option<DeviceCase> {
+        let mut case = attn::build(shape, rows, attn::DEFAULT_MAX_KV_BYTES).expect("case");
+        case.cfg = AttentionConfig {
+            device: Device::Cuda(0),
+            q_dtype: DType::BF16,
+            kv_dtype: DType::BF16,
+            ..case.cfg.clone()
+        };
+        let reg = registered_backends()
+            .into_iter()
+            .find(|r| r.name == backend)?;
+        let mut be = match (reg.create)(&case.cfg) {
+            Ok(b) => b,
+            Err(e) => {
+                println!("{backend} skipped for {}: {e}", shape.name);
+                return None;
+            }
+        };
+        be.plan(&case.batch).expect("plan");
+        let (q, k, v) = (
+            upload(rt, &case.q),
+            upload(rt, &case.k_cache),
+            upload(rt, &case.v_cache),
+        );
+        let out = rt
+            .alloc_zeroed(DType::BF16, Shape::flat(case.out.len()))
+            .expect("device memory");
+        Some(DeviceCase {
+            case,
+            q,
+            k,
+            v,
+            out,
+            backend: be,
+        })
+    }
+
+    impl DeviceCase {
+        fn run(&mut self) {
+            let io = LayerIo {
+                q: self.q.view(),
+                k_cache: self.k.view(),
+                v_cache: self.v.view(),
+                out: self.out.view_mut(),
+                lse: None,
+            };
+            self.backend.run(io).expect("run");
+        }
+    }
+
+    /// What the table reports per case: (seconds per call, work per call, is_bytes).
+    type Results = Arc<Mutex<BTreeMap<String, (f64, f64, bool)>>>;
+
+    fn bench(
+        c: &mut Criterion,
+        stream: &Arc<CudaStream>,
+        results: &Results,
+        group: &str,
+        id: String,
+        dc: &mut DeviceCase,
+        work: (f64, bool),
+    ) {
+        let mut g = c.benchmark_group(group);
+        g.sample_size(10)
+            .warm_up_time(Duration::from_millis(200))
+            .measurement_time(Duration::from_millis(800));
+        g.throughput(if work.1 {
+            Throughput::Bytes(work.0 as u64)
+        } else {
+            Throughput::Elements(work.0 as u64)
+        });
+        let (mut total, mut calls) = (0.0f64, 0u64);
+        g.bench_function(BenchmarkId::new(dc.backend.name().to_string(), &id), |b| {
+            b.iter_custom(|iters| {
+                // Launches queue back to back; one synchronize per sample.
+                let t = Instant::now();
+                for _ in 0..iters {
+                    dc.run();
+                }
+                stream.synchronize().expect("synchronize");
+                let e = t.elapsed();
+                total += e.as_secs_f64();
+                calls += iters;
+                e
+            })
+        });
+        g.finish();
+        if calls > 0 {
+            let key = format!("{group}/{}/{id}", dc.backend.name());
+            results
+                .lock()
+                .unwrap()
+                .insert(key, (total / calls as f64, work.0, work.1));
+        }
+    }
+
+    pub fn main() {
+        let ctx = CudaContext::new(0).expect("cuda:0");
+        let stream = ctx.default_stream();
+        let rt = open_device(Device::Cuda(0)).expect("the cuda:0 runtime");
+        let (copy_bw, gemm_rate) = ceilings(&stream);
+        println!(
+            "ceilings: device copy {:.0} GB/s (read + write), cuBLAS bf16 GEMM {:.1} TFLOP/s",
+            copy_bw / 1e9,
+            gemm_rate / 1e12
+        );
+        let mut c = Criterion::default().configure_from_args();
+        let results: Results = Arc::default();
+        let (batches, contexts): (&[usize], &[usize]) = if quick() {
+            (&[1, 64], &[4096])
+        } else {
+            (&[1, 32, 64, 128], &[512, 2048, 4096, 8192])
+        };
+        for shape in [SMOLLM2, LLAMA8B] {
+            for &b in batches {
+                for &ctx in contexts {
+                    let rows = attn::decode_rows(b, ctx);
+                    let Some(mut dc) = device_case(&*rt, shape, &rows, "cuda-paged") else {
+                        continue;
+                    };
+                    // bf16: half the f32 bytes the CPU case counts.
+                    let bytes = dc.case.decode_bytes() as f64 / 2.0;
+                    let group = format!("cuda-decode/{}", shape.name);
+                    bench(
+                        &mut c,
+                        &stream,
+                        &results,
+                        &group,
+                        format!("b{b}xctx{ctx}"),
+                        &mut dc,
+                        (bytes, true),
+                    );
+                }
+            }
+            let tokens: &[usize] = if quick() { &[8192] } else { &[512, 2048, 8192] };
+            for &t in tokens {
+                let rows = attn::prefill_rows(t, 0);
+                let Some(mut dc) = device_case(&*rt, shape, &rows, "cuda-flash") else {
+                    continue;
+                };
+                let flops = dc.case.flops() as f64;
+                let group = format!("cuda-prefill/{}", shape.name);
+                bench(
+                    &mut c,
+                    &stream,
+                    &results,
+                    &group,
+                    format!("{t}tok"),
+                    &mut dc,
+                    (flops, false),
+                );
+            }
+        }
+        c.final_summary();
+        println!(
+            "\n{:<52} {:>10} {:>12} {:>8}",
+            "case", "us", "rate", "ceiling"
+        );
+        for (key, (secs, work, is_bytes)) in results.lock().unwrap().iter() {
+            let rate = work / secs;
+            let (shown, share) = if *is_bytes {
+                (format!("{:.0} GB/s", rate / 1e9), rate / copy_bw)
+            } else {
+                (format!("{:.1} TF/s", rate / 1e12), rate / gemm_rate)
+            };
+            println!(
+                "{key:<52} {:>10.1} {shown:>12} {:>7.0}%",
+                secs * 1e6,
+                share * 100.0
+            );
+        }
+    }
+}
