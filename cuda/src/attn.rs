@@ -13,7 +13,10 @@
 //!   the pools' dtype).
 //!
 //! Every kernel takes one element type for q, out and the cache, so the q and KV dtypes
-//! must be equal ([`runtime_reasons`]).
+//! must be equal ([`runtime_reasons`]). All three kernels serve sliding windows and
+//! logit soft-capping with `naive`'s semantics: a query at position `pos` sees keys
+//! `pos + 1 - w..=pos` under a window `w`, and a scaled score `s` becomes
+//! `cap * tanh(s / cap)` before the softmax.
 
 use crate::runtime::{cuda_unavailable, COMPILED};
 use half::{bf16, f16};
@@ -85,8 +88,8 @@ impl Kernel {
             head_dims,
             block_sizes: None,
             max_gqa_ratio: None,
-            sliding_window: false,
-            logits_soft_cap: false,
+            sliding_window: true,
+            logits_soft_cap: true,
             decode: self != Kernel::Flash,
             prefill: self != Kernel::Paged,
             returns_lse: true,
@@ -95,9 +98,22 @@ impl Kernel {
 }
 
 /// What capabilities cannot say: q and KV of one dtype, the kernel's head dims for that
-/// dtype, and for `cuda` devices why they cannot be used here.
+/// dtype, a window of at least one key and a positive finite soft cap (what the kernels
+/// can express), and for `cuda` devices why they cannot be used here.
 pub fn runtime_reasons(kernel: Kernel, cfg: &AttentionConfig) -> Vec<InvalidReason> {
     let mut r = Vec::new();
+    if cfg.sliding_window == Some(0) {
+        r.push(InvalidReason::Other {
+            message: "the CUDA kernels need a sliding window of at least one key".into(),
+        });
+    }
+    if let Some(cap) = cfg.logits_soft_cap {
+        if !(cap.is_finite() && cap > 0.0) {
+            r.push(InvalidReason::Other {
+                message: format!("the CUDA kernels need a positive finite soft cap, not {cap}"),
+            });
+        }
+    }
     if cfg.q_dtype != cfg.kv_dtype {
         r.push(InvalidReason::Other {
             message: format!(
@@ -206,6 +222,8 @@ impl CudaAttention {
             head_dim: self.cfg.head_dim,
             block_size: self.cfg.block_size,
             scale: self.cfg.scale,
+            sliding_window: self.cfg.sliding_window,
+            soft_cap: self.cfg.logits_soft_cap,
         }
     }
 
@@ -267,6 +285,9 @@ impl AttentionBackend for CudaAttention {
         self.kernel
             .capabilities()
             .check_batch(self.name, &self.cfg, batch)?;
+        // Under a window a decode row attends to its last `w` keys only: the plan
+        // covers those (the kernel starts the partitions at the window).
+        let keys = SplitPlan::keys(batch.max_seq_len(), self.cfg.sliding_window);
         let split = match self.kernel {
             Kernel::Paged => {
                 let groups = self.cfg.num_kv_heads
@@ -275,13 +296,13 @@ impl AttentionBackend for CudaAttention {
                         .gqa_ratio()
                         .div_ceil(pagoda_cuda_kernels::PAGED_MAX_GROUP);
                 SplitPlan::choose(
-                    batch.max_seq_len(),
+                    keys,
                     self.cfg.block_size,
                     batch.num_reqs() * groups,
                     self.num_sms(),
                 )
             }
-            _ => SplitPlan::single(batch.max_seq_len(), self.cfg.block_size),
+            _ => SplitPlan::single(keys, self.cfg.block_size),
         };
         #[cfg(feature = "cuda")]
         if let Some(g) = &mut self.gpu {

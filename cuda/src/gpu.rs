@@ -259,6 +259,12 @@ impl Gpu {
             partition_size: to_i32("partition_size", step.split.partition_size)?,
             scale: cfg.scale,
             num_rows: to_i32("num_tokens", batch.num_tokens())?,
+            // 0 = none; `runtime_reasons` refused a zero window and a cap that is not
+            // positive and finite. A window past i32::MAX keys is no window at all.
+            sliding_window: cfg
+                .sliding_window
+                .map_or(0, |w| i32::try_from(w).unwrap_or(i32::MAX)),
+            soft_cap: cfg.logits_soft_cap.unwrap_or(0.0),
         };
         let (k, s) = (&self.kernels, &*self.stream);
         // SAFETY: every pointer is device memory of this context: the views were checked

@@ -216,3 +216,66 @@ fn per_model_features_decide_and_a_forced_backend_lacking_one_is_refused() {
         }
     }
 }
+
+/// The CUDA backends serve sliding windows and soft caps: on `emu` a model that needs
+/// them (Mistral, Gemma 2; shapes of the real models and of the fixtures in
+/// `tests/data/families`) gets the CUDA backends automatically, and on a `cuda` device
+/// their reasons name what is missing there (the build, the driver), never a feature.
+#[test]
+fn cuda_backends_serve_windows_and_soft_caps() {
+    let with = |heads, kv_heads, dim, window, cap, dtype| {
+        let mut c = AttentionConfig::cpu_f32(heads, kv_heads, dim, 16);
+        c.sliding_window = Some(window);
+        c.logits_soft_cap = cap;
+        c.q_dtype = dtype;
+        c.kv_dtype = dtype;
+        c.device = Device::Emu;
+        c
+    };
+    for (cfg, choice) in [
+        // Mistral 7B, Gemma 2 9B (head dim 256: no flash kernel, cuda-naive prefills).
+        (
+            with(32, 8, 128, 4096, None, DType::BF16),
+            "decode=cuda-paged,prefill=cuda-flash",
+        ),
+        (
+            with(16, 8, 256, 4096, Some(50.0), DType::BF16),
+            "decode=cuda-paged,prefill=cuda-naive",
+        ),
+        // The fixtures: head dim 16, window 8, Gemma 2's cap 3 (only cuda-naive has
+        // kernels for head dim 16).
+        (with(4, 2, 16, 8, None, DType::F32), "cuda-naive"),
+        (with(4, 2, 16, 8, Some(3.0), DType::F32), "cuda-naive"),
+    ] {
+        let sel = select(&cfg, &BackendOverride::default()).unwrap();
+        assert_eq!(sel.name(), choice, "{cfg:?}");
+        sel.build(&cfg).unwrap();
+        let mut cuda = cfg.clone();
+        cuda.device = Device::Cuda(0);
+        for v in pagoda_selector::verdicts(&cuda)
+            .iter()
+            .filter(|v| v.name.starts_with("cuda-"))
+        {
+            for r in v.decode_reasons.iter().chain(&v.prefill_reasons) {
+                assert!(
+                    !matches!(
+                        r,
+                        pagoda_core::InvalidReason::SlidingWindowUnsupported
+                            | pagoda_core::InvalidReason::SoftCapUnsupported
+                    ),
+                    "{}: {r}",
+                    v.name
+                );
+            }
+        }
+        let err = select(&cuda, &BackendOverride::parse("cuda-naive").unwrap())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("CUDA"), "{err}");
+        assert!(
+            !err.contains("sliding-window") && !err.contains("soft-capping"),
+            "{err}"
+        );
+    }
+}

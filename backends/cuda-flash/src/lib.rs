@@ -1,9 +1,10 @@
-//! `cuda-flash`: flash prefill attention on CUDA tensor cores (flash.cu): bf16/f16, head dims 64 and 128, prefill only.
+//! `cuda-flash`: flash prefill attention on CUDA tensor cores (flash.cu): bf16/f16, head dims 64 and 128, prefill only, sliding window and logit soft-capping.
 //!
 //! Prefill rows only (query length >= 2). Valid on the `cuda` and `emu` devices; on `emu` the kernel runs on host
 //! buffers through the SIMT emulator. The backend is [`pagoda_cuda::attn::CudaAttention`]
 //! with [`Kernel::Flash`]; the runtime reasons (q and KV dtypes equal, the head dims of
-//! the dtype, a usable CUDA device) come from [`pagoda_cuda::attn::runtime_reasons`].
+//! the dtype, a usable CUDA device, a window of at least one key, a positive soft cap)
+//! come from [`pagoda_cuda::attn::runtime_reasons`].
 
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, Capabilities,
@@ -36,7 +37,7 @@ fn create(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError>
 register_backend!(BackendRegistration {
     name: NAME,
     priority: 190,
-    description: "flash prefill attention on CUDA tensor cores (flash.cu): bf16/f16, head dims 64 and 128, prefill only.",
+    description: "flash prefill attention on CUDA tensor cores (flash.cu): bf16/f16, head dims 64 and 128, prefill only, sliding window and logit soft-capping.",
     capabilities,
     runtime_reasons,
     create,

@@ -7,9 +7,13 @@
 //! `Tolerance::F16` (2e-3) exceed 2.5 U + 1e-5 (9.8e-3 and 1.2e-3), and `Tolerance::F32`
 //! covers f32 accumulation as for the CPU backends. The emulator runs one OS thread per
 //! CUDA thread, so cases are capped (`CaseLimit::EMULATOR`): every check still runs.
+//! The suites draw a sliding window and a soft cap in a quarter of their cases each;
+//! `features` runs random batches with both in every case (tanh is 1-Lipschitz, so a
+//! cap adds no error beyond the f32 score's, and a window only drops keys: same
+//! tolerances).
 
 use pagoda_backend_cuda_flash as _; // link the crate so its registration is seen
-use pagoda_backend_testkit::{conformance_suite, CaseLimit, Subject, Tolerance};
+use pagoda_backend_testkit::{conformance_suite, run_check, CaseLimit, Check, Subject, Tolerance};
 use pagoda_core::{DType, Device};
 
 /// Smaller than `CaseLimit::EMULATOR`: a flash CTA is 128 emulated threads over a 64-row
@@ -38,6 +42,28 @@ mod f16 {
             .small_cases(FLASH_CASES)),
         tolerance = Tolerance::F16
     );
+}
+
+mod features {
+    use super::*;
+
+    /// Random batches, every case with a sliding window and a soft cap.
+    #[test]
+    fn window_and_soft_cap_in_every_case_match_naive() {
+        run_check(
+            Check::RandomBatches,
+            Subject::registered("cuda-flash").map(|s| {
+                s.on(Device::Emu, DType::F16, DType::F16)
+                    .small_cases(CaseLimit {
+                        cases: 4,
+                        ..FLASH_CASES
+                    })
+                    .features_always()
+            }),
+            Tolerance::F16,
+            Some(file!()),
+        );
+    }
 }
 
 /// The same suite on `cuda:0` (feature `cuda`), without the emulator's case limit:

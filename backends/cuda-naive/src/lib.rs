@@ -1,9 +1,10 @@
-//! `cuda-naive`: reference attention on CUDA (naive.cu): f32/bf16/f16, any head dim and block size, decode and prefill.
+//! `cuda-naive`: reference attention on CUDA (naive.cu): f32/bf16/f16, any head dim and block size, decode and prefill, sliding window and logit soft-capping.
 //!
 //! The fallback of the CUDA backends (its priority is below cuda-paged and cuda-flash, above every CPU backend), e.g. for f32 prefill where cuda-flash has no kernel. Valid on the `cuda` and `emu` devices; on `emu` the kernel runs on host
 //! buffers through the SIMT emulator. The backend is [`pagoda_cuda::attn::CudaAttention`]
 //! with [`Kernel::Naive`]; the runtime reasons (q and KV dtypes equal, the head dims of
-//! the dtype, a usable CUDA device) come from [`pagoda_cuda::attn::runtime_reasons`].
+//! the dtype, a usable CUDA device, a window of at least one key, a positive soft cap)
+//! come from [`pagoda_cuda::attn::runtime_reasons`].
 
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, Capabilities,
@@ -36,7 +37,7 @@ fn create(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError>
 register_backend!(BackendRegistration {
     name: NAME,
     priority: 50,
-    description: "reference attention on CUDA (naive.cu): f32/bf16/f16, any head dim and block size, decode and prefill.",
+    description: "reference attention on CUDA (naive.cu): f32/bf16/f16, any head dim and block size, decode and prefill, sliding window and logit soft-capping.",
     capabilities,
     runtime_reasons,
     create,

@@ -7,9 +7,13 @@
 //! `Tolerance::F16` (2e-3) exceed 2.5 U + 1e-5 (9.8e-3 and 1.2e-3), and `Tolerance::F32`
 //! covers f32 accumulation as for the CPU backends. The emulator runs one OS thread per
 //! CUDA thread, so cases are capped (`CaseLimit::EMULATOR`): every check still runs.
+//! The suites draw a sliding window and a soft cap in a quarter of their cases each;
+//! `features` runs random batches with both in every case (tanh is 1-Lipschitz, so a
+//! cap adds no error beyond the f32 score's, and a window only drops keys: same
+//! tolerances).
 
 use pagoda_backend_cuda_naive as _; // link the crate so its registration is seen
-use pagoda_backend_testkit::{conformance_suite, CaseLimit, Subject, Tolerance};
+use pagoda_backend_testkit::{conformance_suite, run_check, CaseLimit, Check, Subject, Tolerance};
 use pagoda_core::{DType, Device};
 
 mod bf16 {
@@ -40,6 +44,28 @@ mod f32 {
             .small_cases(CaseLimit::EMULATOR)),
         tolerance = Tolerance::F32
     );
+}
+
+mod features {
+    use super::*;
+
+    /// Random batches, every case with a sliding window and a soft cap.
+    #[test]
+    fn window_and_soft_cap_in_every_case_match_naive() {
+        run_check(
+            Check::RandomBatches,
+            Subject::registered("cuda-naive").map(|s| {
+                s.on(Device::Emu, DType::F32, DType::F32)
+                    .small_cases(CaseLimit {
+                        cases: 4,
+                        ..CaseLimit::EMULATOR
+                    })
+                    .features_always()
+            }),
+            Tolerance::F32,
+            Some(file!()),
+        );
+    }
 }
 
 /// The same suite on `cuda:0` (feature `cuda`), without the emulator's case limit:

@@ -1,9 +1,10 @@
-//! `cuda-paged`: split-KV paged decode attention on CUDA (paged.cu): f32 (head dims 64, 128), bf16/f16 (64, 128, 256), decode only.
+//! `cuda-paged`: split-KV paged decode attention on CUDA (paged.cu): f32 (head dims 64, 128), bf16/f16 (64, 128, 256), decode only, sliding window and logit soft-capping.
 //!
 //! Decode rows only. `plan` picks the split plan (flash-decoding) once per step. Valid on the `cuda` and `emu` devices; on `emu` the kernel runs on host
 //! buffers through the SIMT emulator. The backend is [`pagoda_cuda::attn::CudaAttention`]
 //! with [`Kernel::Paged`]; the runtime reasons (q and KV dtypes equal, the head dims of
-//! the dtype, a usable CUDA device) come from [`pagoda_cuda::attn::runtime_reasons`].
+//! the dtype, a usable CUDA device, a window of at least one key, a positive soft cap)
+//! come from [`pagoda_cuda::attn::runtime_reasons`].
 
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, Capabilities,
@@ -36,7 +37,7 @@ fn create(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError>
 register_backend!(BackendRegistration {
     name: NAME,
     priority: 200,
-    description: "split-KV paged decode attention on CUDA (paged.cu): f32 (head dims 64, 128), bf16/f16 (64, 128, 256), decode only.",
+    description: "split-KV paged decode attention on CUDA (paged.cu): f32 (head dims 64, 128), bf16/f16 (64, 128, 256), decode only, sliding window and logit soft-capping.",
     capabilities,
     runtime_reasons,
     create,

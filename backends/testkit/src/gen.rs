@@ -159,6 +159,8 @@ pub struct Shapes {
     pub rows: Rows,
     pub sliding_window: bool,
     pub soft_cap: bool,
+    /// Every case has the window and cap above ([`crate::Subject::features_always`]).
+    pub features_always: bool,
     /// Work budget per case ([`WORK_BUDGET`] unless the subject has a [`crate::CaseLimit`]).
     pub work_budget: u64,
 }
@@ -197,6 +199,7 @@ impl Shapes {
             rows,
             sliding_window: caps.sliding_window,
             soft_cap: caps.logits_soft_cap,
+            features_always: subject.features_always,
             work_budget: subject
                 .case_limit
                 .map_or(WORK_BUDGET, |l| l.work.min(WORK_BUDGET)),
@@ -269,15 +272,18 @@ pub fn case_spec(shapes: &Shapes, min_group: usize) -> BoxedStrategy<CaseSpec> {
         proptest::sample::select(s.block_sizes.clone()),
     )
         .prop_flat_map(move |(num_kv_heads, group, head_dim, block_size)| {
-            let window = if s.sliding_window {
-                prop_oneof![3 => Just(None), 1 => (1usize..=96).prop_map(Some)].boxed()
-            } else {
-                Just(None).boxed()
+            // A window (cap) in a quarter of the cases, in all with `features_always`.
+            let some_window = (1usize..=96).prop_map(Some);
+            let window = match (s.sliding_window, s.features_always) {
+                (false, _) => Just(None).boxed(),
+                (true, true) => some_window.boxed(),
+                (true, false) => prop_oneof![3 => Just(None), 1 => some_window].boxed(),
             };
-            let cap = if s.soft_cap {
-                prop_oneof![3 => Just(None), 1 => proptest::sample::select(vec![2.0f32, 30.0]).prop_map(Some)].boxed()
-            } else {
-                Just(None).boxed()
+            let some_cap = proptest::sample::select(vec![2.0f32, 30.0]).prop_map(Some);
+            let cap = match (s.soft_cap, s.features_always) {
+                (false, _) => Just(None).boxed(),
+                (true, true) => some_cap.boxed(),
+                (true, false) => prop_oneof![3 => Just(None), 1 => some_cap].boxed(),
             };
             (
                 rows(block_size, s.rows),
@@ -287,21 +293,23 @@ pub fn case_spec(shapes: &Shapes, min_group: usize) -> BoxedStrategy<CaseSpec> {
                 proptest::sample::select(vec![0.5f32, 1.0, 2.0]),
                 any::<u64>(),
             )
-                .prop_map(move |(rows, sliding_window, soft_cap, spare_blocks, amplitude, seed)| {
-                    CaseSpec {
-                        num_kv_heads,
-                        group,
-                        head_dim,
-                        block_size,
-                        sliding_window,
-                        soft_cap,
-                        rows,
-                        spare_blocks,
-                        amplitude,
-                        seed,
-                    }
-                    .fit_budget(budget)
-                })
+                .prop_map(
+                    move |(rows, sliding_window, soft_cap, spare_blocks, amplitude, seed)| {
+                        CaseSpec {
+                            num_kv_heads,
+                            group,
+                            head_dim,
+                            block_size,
+                            sliding_window,
+                            soft_cap,
+                            rows,
+                            spare_blocks,
+                            amplitude,
+                            seed,
+                        }
+                        .fit_budget(budget)
+                    },
+                )
         })
         .boxed()
 }

@@ -205,6 +205,9 @@ pub struct Subject {
     pub placement: Option<place::Placement>,
     /// Smaller cases for a slow subject ([`Subject::small_cases`]).
     pub case_limit: Option<CaseLimit>,
+    /// Every case draws the sliding window and soft cap the subject declares
+    /// ([`Subject::features_always`]).
+    pub features_always: bool,
     runtime_reasons: Box<Reasons>,
     create: Box<Create>,
 }
@@ -221,6 +224,7 @@ impl Subject {
             capabilities,
             placement: None,
             case_limit: None,
+            features_always: false,
             runtime_reasons: Box::new(|_| Vec::new()),
             create: Box::new(create),
         }
@@ -244,6 +248,7 @@ impl Subject {
             capabilities: (reg.capabilities)(),
             placement: None,
             case_limit: None,
+            features_always: false,
             runtime_reasons: Box::new(reg.runtime_reasons),
             create: Box::new(reg.create),
         }
@@ -283,6 +288,14 @@ impl Subject {
     /// keeps every check and stays within a test's time.
     pub fn small_cases(mut self, limit: CaseLimit) -> Self {
         self.case_limit = Some(limit);
+        self
+    }
+
+    /// The same subject with a sliding window and a soft cap in every case (those its
+    /// capabilities declare; otherwise a quarter of the cases draw each): for a slow
+    /// subject whose few cases must still exercise them.
+    pub fn features_always(mut self) -> Self {
+        self.features_always = true;
         self
     }
 

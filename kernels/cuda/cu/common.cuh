@@ -180,6 +180,19 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 
+// The first key a query at position `pos` sees: 0, or with a sliding window w (> 0)
+// pos - w + 1 (the last w positions), never below 0.
+__device__ __forceinline__ int window_start(int pos, int window) {
+  return window > 0 ? imax(0, pos - window + 1) : 0;
+}
+
+// Logit soft-capping of a scaled score: cap * tanh(s / cap), `inv_cap` = 1 / cap. The
+// full-precision tanhf, not tanh.approx: its ~2^-11 relative error, times a cap of
+// 30-50, would move the softmax weights by more than the f16 tolerance.
+__device__ __forceinline__ float soft_cap(float s, float cap, float inv_cap) {
+  return cap * tanhf(s * inv_cap);
+}
+
 }  // namespace pg
 
 namespace pg {

@@ -6,7 +6,10 @@
 // over the quad of lanes sharing a row, P = exp2(S - m) repacked from the S fragments
 // straight into the A operand of O += P V (the register reuse that needs the exact
 // PTX fragment layout). Returns the LSE (natural log). Variable lengths through
-// query_start_loc/seq_lens; GQA by head / (num_heads / num_kv_heads).
+// query_start_loc/seq_lens; GQA by head / (num_heads / num_kv_heads). With a sliding
+// window w (params.h) the KV tiles start at the first key the tile's first row sees
+// and each row masks the keys before its own window. Scores are soft-capped after the
+// scale when asked.
 //
 // Built twice for the host: normally, and with PAGODA_PLANT_FRAGMENT_BUG (P's middle
 // registers swapped, symbols suffixed `_planted`) to prove the emulator catches it.
@@ -90,13 +93,21 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
     pg::ldmatrix_x4<false>(qa[ks], &q_s[(int(warp) * 16 + lrow) * STRIDE + ks * 16 + lcol]);
 
   const float scale2 = p.scale * kLog2e;  // scores in log2 units: exp2 is one instruction
+  // Soft cap in log2 units: cap * tanh(s * scale / cap) * log2(e).
+  const bool capped = p.soft_cap > 0.0f;
+  const float cap2 = p.soft_cap * kLog2e, scale_cap = capped ? p.scale / p.soft_cap : 0.0f;
   const int qpos0 = ctx + tile * kBM + r0, qpos1 = qpos0 + 8;
+  // Each row's first visible key (0 without a window).
+  const int lo0 = pg::window_start(qpos0, p.sliding_window);
+  const int lo1 = pg::window_start(qpos1, p.sliding_window);
   float m0 = pg::kNegInf, m1 = pg::kNegInf, l0 = 0.0f, l1 = 0.0f;
   float o[DN][4];
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
 
-  // Keys up to the tile's last query position (causal), within the sequence.
+  // Keys from the first one the tile's first row sees (window) up to the tile's last
+  // query position (causal), within the sequence.
+  const int k_begin = pg::window_start(ctx + tile * kBM, p.sliding_window);
   const int k_end = pg::imin(seq_len, ctx + pg::imin(q_len, (tile + 1) * kBM));
   // K/V rows kt..kt+BN into a stage (rows past the sequence zero-filled), one commit group.
   auto load_kv = [&](int kt, T* st) {
@@ -111,10 +122,10 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
     }
     pg::cp_async_commit();
   };
-  const int n_tiles = (k_end + BN - 1) / BN;  // >= 1: key 0 is always visible
-  load_kv(0, stage(0));
+  const int n_tiles = (k_end - k_begin + BN - 1) / BN;  // >= 1: k_begin <= the first row
+  load_kv(k_begin, stage(0));
   for (int it = 0; it < n_tiles; ++it) {
-    const int kt = it * BN;
+    const int kt = k_begin + it * BN;
     if (it + 1 < n_tiles) {
       // Every warp is done with the other stage (tile it - 1) before it is refilled.
       __syncthreads();
@@ -150,8 +161,9 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int key = kt + nt * 8 + 2 * t + (i & 1);
-        const int qpos = i < 2 ? qpos0 : qpos1;
-        const float v = (key > qpos || key >= seq_len) ? pg::kNegInf : s[nt][i] * scale2;
+        const int qpos = i < 2 ? qpos0 : qpos1, lo = i < 2 ? lo0 : lo1;
+        const float x = capped ? cap2 * tanhf(s[nt][i] * scale_cap) : s[nt][i] * scale2;
+        const float v = (key > qpos || key < lo || key >= seq_len) ? pg::kNegInf : x;
         s[nt][i] = v;
         if (i < 2) mx0 = fmaxf(mx0, v); else mx1 = fmaxf(mx1, v);
       }
@@ -161,18 +173,22 @@ __device__ __forceinline__ void flash_body(const PgAttnParams& p) {
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    // Key 0 is in the first tile and visible to every row, so m is finite from then on.
+    // A real row sees a key of the first KV tile (key 0, or under a window its own
+    // window start: the tiles begin at the first row's, at most 63 keys before), so
+    // its m is finite from then on; a padding row past q_len may see none under a
+    // window (mn = -inf): subtract 0 then, so that a and p are exp2(-inf) = 0, not NaN.
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);
+    const float ms0 = mn0 == pg::kNegInf ? 0.0f : mn0, ms1 = mn1 == pg::kNegInf ? 0.0f : mn1;
+    const float a0 = exp2f(m0 - ms0), a1 = exp2f(m1 - ms1);
     m0 = mn0;
     m1 = mn1;
     float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      s[nt][0] = exp2f(s[nt][0] - mn0);
-      s[nt][1] = exp2f(s[nt][1] - mn0);
-      s[nt][2] = exp2f(s[nt][2] - mn1);
-      s[nt][3] = exp2f(s[nt][3] - mn1);
+      s[nt][0] = exp2f(s[nt][0] - ms0);
+      s[nt][1] = exp2f(s[nt][1] - ms0);
+      s[nt][2] = exp2f(s[nt][2] - ms1);
+      s[nt][3] = exp2f(s[nt][3] - ms1);
       ls0 += s[nt][0] + s[nt][1];
       ls1 += s[nt][2] + s[nt][3];
     }

@@ -1,13 +1,18 @@
 // naive attention: the GPU reference. One block per (token, head), f32 accumulation,
 // any head dim, any block size, causal with the context offset (a query at row i of a
-// sequence with q_len new tokens and seq_len in all sees keys 0..=seq_len - q_len + i).
-// Keys are taken in chunks of one per thread: the chunk's scores go to shared memory,
-// then an online-softmax update of the output row (kept in shared memory, so any head
-// dim fits). Optional LSE: natural log of the sum of exp of the scaled scores.
+// sequence with q_len new tokens and seq_len in all sits at pos = seq_len - q_len + i and
+// sees keys 0..=pos; with a sliding window w only pos - w + 1..=pos), scores soft-capped
+// when asked (params.h). Keys are taken in chunks of one per thread: the chunk's scores
+// go to shared memory, then an online-softmax update of the output row (kept in shared
+// memory, so any head dim fits). Optional LSE: natural log of the sum of exp of the
+// (capped) scaled scores.
 #include "common.cuh"
 
 namespace {
 constexpr unsigned kThreads = 128;
+// 8 CTAs per SM: caps the registers at 64. With no minimum ptxas held the bf16/f16
+// kernels to 40 registers and spilled once the soft cap's tanhf came in (55-56 now).
+constexpr unsigned kMinBlocks = 8;
 
 template <class T>
 __device__ __forceinline__ void naive_body(const PgAttnParams& p) {
@@ -24,7 +29,8 @@ __device__ __forceinline__ void naive_body(const PgAttnParams& p) {
   const int seq = lo;
   const int q_len = p.query_start_loc[seq + 1] - p.query_start_loc[seq];
   const int seq_len = p.seq_lens[seq];
-  const int n_keys = seq_len - q_len + (row - p.query_start_loc[seq]) + 1;
+  const int pos = seq_len - q_len + (row - p.query_start_loc[seq]);
+  const int k_begin = pg::window_start(pos, p.sliding_window), k_end = pos + 1;
   const int kvh = head / (p.num_heads / p.num_kv_heads);
   const int64_t kv_row = int64_t(p.num_kv_heads) * D;
   const int32_t* blocks = p.block_table + int64_t(seq) * p.max_blocks_per_seq;
@@ -44,23 +50,24 @@ __device__ __forceinline__ void naive_body(const PgAttnParams& p) {
   }
   __syncthreads();
 
+  const float cap = p.soft_cap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
   float m = pg::kNegInf, l = 0.0f;  // identical in every thread
-  for (int base = 0; base < n_keys; base += kThreads) {
+  for (int base = k_begin; base < k_end; base += kThreads) {
     const int j = base + int(tid);
     float s = pg::kNegInf;
-    if (j < n_keys) {
+    if (j < k_end) {
       const int64_t slot = int64_t(blocks[j / p.block_size]) * p.block_size + j % p.block_size;
       const T* k = kc + slot * kv_row;
       float dot = 0.0f;
       for (int d = 0; d < D; ++d) dot += q_s[d] * pg::Dt<T>::to(k[d]);
-      s = dot;
+      s = cap > 0.0f ? pg::soft_cap(dot, cap, inv_cap) : dot;
     }
     const float m_new = fmaxf(m, pg::block_max(s, red));  // finite: key `base` is valid
     const float alpha = __expf(m - m_new);
-    const float pj = j < n_keys ? __expf(s - m_new) : 0.0f;
+    const float pj = j < k_end ? __expf(s - m_new) : 0.0f;
     p_s[tid] = pj;
     l = l * alpha + pg::block_sum(pj, red);  // its barriers also publish p_s
-    const int chunk = pg::imin(int(kThreads), n_keys - base);
+    const int chunk = pg::imin(int(kThreads), k_end - base);
     for (int d = tid; d < D; d += blockDim.x) {
       float a = acc[d] * alpha;
       for (int jj = 0; jj < chunk; ++jj) {
@@ -80,13 +87,13 @@ __device__ __forceinline__ void naive_body(const PgAttnParams& p) {
 }
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads) pg_naive_f32(PgAttnParams p) {
+extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks) pg_naive_f32(PgAttnParams p) {
   naive_body<float>(p);
 }
-extern "C" __global__ void __launch_bounds__(kThreads) pg_naive_bf16(PgAttnParams p) {
+extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks) pg_naive_bf16(PgAttnParams p) {
   naive_body<pg::bf16>(p);
 }
-extern "C" __global__ void __launch_bounds__(kThreads) pg_naive_f16(PgAttnParams p) {
+extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks) pg_naive_f16(PgAttnParams p) {
   naive_body<pg::f16>(p);
 }
 

@@ -6,7 +6,10 @@
 // token); each lane keeps an online softmax per query head for its token slot; slots,
 // then warps, are merged at the end. With num_splits == 1 the CTA writes out/lse
 // directly; otherwise partials (f32) go to split_out/split_lse and pg_paged_merge
-// combines them (log-sum-exp weights).
+// combines them (log-sum-exp weights). With a sliding window w the row sees the last w
+// keys, and the partitions start at the first of them (the plan covers min(seq_len, w)
+// keys; a partition past the sequence is empty: lse -inf, weight 0 in the merge).
+// Scores are soft-capped after the scale when asked (params.h).
 #include "common.cuh"
 
 namespace {
@@ -29,7 +32,8 @@ __device__ __forceinline__ void paged_body(const PgAttnParams& p) {
   const int seq = p.seq_begin + int(blockIdx.z);
   const int row = p.query_start_loc[seq];
   const int seq_len = p.seq_lens[seq];
-  const int k_begin = split * p.partition_size;
+  // The decode row sits at position seq_len - 1.
+  const int k_begin = pg::window_start(seq_len - 1, p.sliding_window) + split * p.partition_size;
   const int k_end = pg::imin(seq_len, k_begin + p.partition_size);
   const unsigned tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int slot_in_warp = lane / LPT, sub = lane % LPT;
@@ -46,6 +50,7 @@ __device__ __forceinline__ void paged_body(const PgAttnParams& p) {
   const T* q = static_cast<const T*>(p.q) + (int64_t(row) * p.num_heads + head0) * D;
   for (int i = tid; i < ng * D; i += kThreads) q_s[i / D][i % D] = pg::Dt<T>::to(q[i]) * p.scale;
   __syncthreads();
+  const float cap = p.soft_cap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
 
   float m[kMaxG], l[kMaxG], acc[kMaxG][VEC];
 #pragma unroll
@@ -85,6 +90,7 @@ __device__ __forceinline__ void paged_body(const PgAttnParams& p) {
           for (int i = 0; i < VEC; ++i) s += q_s[g][sub * VEC + i] * kf[u][i];
 #pragma unroll
           for (int o = LPT / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+          if (cap > 0.0f) s = pg::soft_cap(s, cap, inv_cap);  // uniform branch
           if (valid[u]) {
             const float m_new = fmaxf(m[g], s);
             const float alpha = __expf(m[g] - m_new);

@@ -33,8 +33,11 @@ typedef struct PgWriteKvParams {
 
 /* One struct for naive, paged and flash attention; each kernel reads what it needs.
  * A launch covers sequences [seq_begin, seq_end); token rows come from query_start_loc.
- * A query at row i of a sequence of q_len new tokens and seq_len total sees keys
- * 0..=seq_len - q_len + i (causal with the context offset). */
+ * A query at row i of a sequence of q_len new tokens and seq_len total sits at position
+ * pos = seq_len - q_len + i and sees keys 0..=pos (causal with the context offset), or
+ * with a sliding window w only the last w of them, pos - w + 1..=pos. Scores are
+ * scale * q.k, then soft_cap * tanh(score / soft_cap) when soft-capped. Zero-filled
+ * (`PgAttnParams p{}`) means no window and no cap. */
 typedef struct PgAttnParams {
   const void* q;
   const void* key_cache;
@@ -57,9 +60,12 @@ typedef struct PgAttnParams {
   int32_t max_blocks_per_seq;
   int32_t max_q_len;       /* flash: the longest query among the launched sequences */
   int32_t num_splits;      /* paged: key partitions per sequence (1 = no merge pass) */
-  int32_t partition_size;  /* paged: keys per partition, a multiple of block_size */
+  int32_t partition_size;  /* paged: keys per partition, a multiple of block_size; the
+                              partitions start at the row's first key in the window */
   float scale;
   int32_t num_rows;        /* naive: token rows of the launched sequences (its grid) */
+  int32_t sliding_window;  /* > 0: keys pos - sliding_window + 1..=pos only; 0: all */
+  float soft_cap;          /* > 0: scores capped to soft_cap * tanh(s / soft_cap); 0: none */
 } PgAttnParams;
 
 /* Grid, block and dynamic shared memory of a launch (computed on the host, from the

@@ -274,7 +274,8 @@ impl CudaKernels {
     ///
     /// # Safety
     /// As [`CudaKernels::naive`]; every launched sequence has exactly one new token and
-    /// `num_splits * partition_size` covers its keys.
+    /// `num_splits * partition_size` covers its keys (under a sliding window the last
+    /// `sliding_window` of them: [`crate::SplitPlan::keys`]).
     pub unsafe fn paged(
         &self,
         stream: &CudaStream,

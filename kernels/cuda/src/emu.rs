@@ -29,7 +29,7 @@ pub struct Batch<'a> {
     pub seqs: Range<usize>,
 }
 
-/// Heads, dims and the softmax scale.
+/// Heads, dims, the softmax scale and the attention options.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Shape {
     /// Query heads.
@@ -42,6 +42,38 @@ pub struct Shape {
     pub block_size: usize,
     /// Softmax scale.
     pub scale: f32,
+    /// A query at position `pos` sees only keys `pos + 1 - w..=pos` (the last `w`; `w >= 1`).
+    pub sliding_window: Option<usize>,
+    /// Scores (after `scale`) become `cap * tanh(s / cap)` (`cap` finite, `> 0`).
+    pub soft_cap: Option<f32>,
+}
+
+impl Shape {
+    /// A shape without sliding window or soft cap.
+    pub fn new(
+        num_heads: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+        scale: f32,
+    ) -> Self {
+        Shape {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            block_size,
+            scale,
+            sliding_window: None,
+            soft_cap: None,
+        }
+    }
+
+    /// The window as the kernels take it: `0` = none; a window wider than any position
+    /// (past `i32::MAX`) is the same as `i32::MAX`.
+    fn window_param(&self) -> i32 {
+        self.sliding_window
+            .map_or(0, |w| i32::try_from(w).unwrap_or(i32::MAX))
+    }
 }
 
 /// The tensors of one attention launch (host memory).
@@ -92,6 +124,20 @@ fn check_shape(s: &Shape) -> Result<usize, Error> {
     }
     if !s.scale.is_finite() {
         return Err(invalid("scale", format!("{} is not finite", s.scale)));
+    }
+    if s.sliding_window == Some(0) {
+        return Err(invalid(
+            "sliding_window",
+            "a window must hold at least one key",
+        ));
+    }
+    if let Some(cap) = s.soft_cap {
+        if !(cap.is_finite() && cap > 0.0) {
+            return Err(invalid(
+                "soft_cap",
+                format!("{cap} is not a positive finite cap"),
+            ));
+        }
     }
     to_i32("num_heads", s.num_heads)?;
     to_i32("head_dim", s.head_dim)?;
@@ -223,6 +269,8 @@ fn check_attn<T: Element>(
             (qsl[batch.seqs.end] - qsl[batch.seqs.start]) as usize,
         )?,
         scale: s.scale,
+        sliding_window: s.window_param(),
+        soft_cap: s.soft_cap.unwrap_or(0.0),
         ..AttnParams::default()
     };
     Ok(Checked {
@@ -259,7 +307,8 @@ pub fn naive<T: Element>(mut io: Io<'_, T>, batch: &Batch<'_>, shape: &Shape) ->
 }
 
 /// Paged decode (every launched sequence must have exactly one new token), split as
-/// `plan` says; partials are merged by the second kernel when `plan.num_splits > 1`.
+/// `plan` says (covering [`SplitPlan::keys`] of the longest sequence); partials are
+/// merged by the second kernel when `plan.num_splits > 1`.
 pub fn paged<T: Element>(
     mut io: Io<'_, T>,
     batch: &Batch<'_>,
@@ -292,10 +341,12 @@ pub fn paged<T: Element>(
             format!("{plan:?}: partition must be a positive multiple of the block size"),
         ));
     }
-    if checked_mul("split plan", plan.num_splits, plan.partition_size)? < c.max_seq_len {
+    // Under a window the partitions start at the window's first key.
+    let keys = SplitPlan::keys(c.max_seq_len, shape.sliding_window);
+    if checked_mul("split plan", plan.num_splits, plan.partition_size)? < keys {
         return Err(invalid(
             "split plan",
-            format!("{plan:?} covers fewer than {} keys", c.max_seq_len),
+            format!("{plan:?} covers fewer than {keys} keys"),
         ));
     }
     c.params.num_splits = to_i32("num_splits", plan.num_splits)?;
@@ -363,11 +414,13 @@ pub fn write_kv<S: Element, T: Element>(
     slot_mapping: &[i64],
     shape: &Shape,
 ) -> Result<(), Error> {
-    let block_elems = check_shape(&Shape {
-        num_heads: shape.num_kv_heads,
-        scale: 1.0,
-        ..*shape
-    })?;
+    let block_elems = check_shape(&Shape::new(
+        shape.num_kv_heads,
+        shape.num_kv_heads,
+        shape.head_dim,
+        shape.block_size,
+        1.0,
+    ))?;
     let row = shape.num_kv_heads * shape.head_dim;
     let n = checked_mul("key", slot_mapping.len(), row)?;
     expect_len("key", key.len(), n)?;

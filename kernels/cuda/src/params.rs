@@ -83,6 +83,11 @@ pub struct AttnParams {
     pub scale: f32,
     /// naive: token rows of the launched sequences (its grid).
     pub num_rows: i32,
+    /// `> 0`: a query at position `pos` sees keys `pos - sliding_window + 1..=pos` only
+    /// (the last `sliding_window` positions); `0`: every key up to `pos`.
+    pub sliding_window: i32,
+    /// `> 0`: scores (after `scale`) become `soft_cap * tanh(s / soft_cap)`; `0`: none.
+    pub soft_cap: f32,
 }
 
 impl Default for AttnParams {
@@ -110,6 +115,8 @@ impl Default for AttnParams {
             partition_size: 0,
             scale: 1.0,
             num_rows: 0,
+            sliding_window: 0,
+            soft_cap: 0.0,
         }
     }
 }
@@ -180,6 +187,8 @@ pub struct MmaProbeParams {
 
 /// How `paged` splits each sequence's keys (flash-decoding): `num_splits` partitions of
 /// `partition_size` keys; with more than one, partials are merged by a second kernel.
+/// With a sliding window the partitions start at the window's first key, so a plan
+/// needs to cover only `min(seq_len, window)` keys ([`SplitPlan::keys`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitPlan {
     /// Partitions per sequence (>= 1).
@@ -219,6 +228,13 @@ impl SplitPlan {
             num_splits: max_seq_len.div_ceil(partition),
             partition_size: partition,
         }
+    }
+
+    /// The keys a decode row of a `seq_len`-token sequence attends to: all of them, or the
+    /// last `window` (what a plan must cover, and what [`SplitPlan::choose`] should be
+    /// given as `max_seq_len` under a window).
+    pub fn keys(seq_len: usize, window: Option<usize>) -> usize {
+        window.map_or(seq_len, |w| seq_len.min(w))
     }
 
     /// f32 elements of the partial outputs and LSEs for `seqs` sequences (0, 0 with one split).

@@ -213,13 +213,7 @@ fn write_kv_on_the_device_matches_the_emulator() {
     let value: Vec<f32> = (0..key.len()).map(|_| rng.unit()).collect();
     let mut kc = vec![bf16::ZERO; blocks * bs * kvh * d];
     let mut vc = kc.clone();
-    let shape = emu::Shape {
-        num_heads: kvh,
-        num_kv_heads: kvh,
-        head_dim: d,
-        block_size: bs,
-        scale: 1.0,
-    };
+    let shape = emu::Shape::new(kvh, kvh, d, bs, 1.0);
     emu::write_kv(&key, &value, &mut kc, &mut vc, &slots, &shape).unwrap();
     let (dk, dv, ds) = (up(&s, &key), up(&s, &value), up(&s, &slots));
     let mut dkc = s.alloc_zeros::<bf16>(kc.len()).unwrap();

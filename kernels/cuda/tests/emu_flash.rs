@@ -1,6 +1,8 @@
 //! `flash` (mma.sync prefill) on the emulator against the f64 reference: variable
 //! lengths, context offsets (chunked prefill / prefix hits), GQA, several query and KV
-//! tiles; and the planted fragment-layout bug, which must fail the same check.
+//! tiles, sliding windows (KV tiles from the first row's window, rows masking their
+//! own) and soft caps; and the planted fragment-layout bug, which must fail the same
+//! check.
 
 mod common;
 use common::*;
@@ -14,6 +16,10 @@ type Kernel<T> =
 /// (num_heads, num_kv_heads, head_dim, block_size).
 type Dims = (usize, usize, usize, usize);
 
+/// Sliding window and soft cap.
+type Options = (Option<usize>, Option<f32>);
+const NONE: Options = (None, None);
+
 /// Runs `kernel` over `seqs[first..]` and returns the max error and the LSE check.
 fn run<T: Conv>(
     kernel: Kernel<T>,
@@ -21,8 +27,9 @@ fn run<T: Conv>(
     (h, kvh, d, bs): Dims,
     first: usize,
     seed: u64,
+    (window, cap): Options,
 ) -> (f64, Result<(), String>) {
-    let case = Case::<T>::new(seqs, h, kvh, d, bs, seed);
+    let case = Case::<T>::new(seqs, h, kvh, d, bs, seed).with_options(window, cap);
     let mut out = vec![T::default(); case.q.len()];
     let mut lse = vec![0.0f32; case.num_tokens * h];
     let range = first..seqs.len();
@@ -38,14 +45,12 @@ fn run<T: Conv>(
 
 fn check<T: Conv>(
     seqs: &[SeqSpec],
-    h: usize,
-    kvh: usize,
-    d: usize,
-    bs: usize,
+    dims: Dims,
     first: usize,
     seed: u64,
+    options: Options,
 ) -> Result<(), String> {
-    let (err, lse) = run::<T>(emu::flash::<T>, seqs, (h, kvh, d, bs), first, seed);
+    let (err, lse) = run::<T>(emu::flash::<T>, seqs, dims, first, seed, options);
     let tol = tolerance::<T>(true);
     if err > tol {
         return Err(format!("max error {err} > {tol}"));
@@ -62,15 +67,36 @@ fn flash_fixed_shapes() {
         SeqSpec { q_len: 70, ctx: 0 },
         SeqSpec { q_len: 5, ctx: 37 },
     ];
-    check::<bf16>(&seqs, 2, 1, 64, 16, 1, 1).unwrap();
-    check::<f16>(&seqs[1..], 2, 2, 128, 32, 0, 2).unwrap();
+    check::<bf16>(&seqs, (2, 1, 64, 16), 1, 1, NONE).unwrap();
+    check::<f16>(&seqs[1..], (2, 2, 128, 32), 0, 2, NONE).unwrap();
+}
+
+#[test]
+fn flash_sliding_window_and_soft_cap() {
+    // 70 rows after 30 cached (positions 30..99). Window 65: the second query tile
+    // (positions 94..99) reads KV tiles from key 30, its first row's window start
+    // (unaligned to 64); window 3: most rows see no key of the second KV tile.
+    let seqs = [
+        SeqSpec { q_len: 70, ctx: 30 },
+        SeqSpec { q_len: 5, ctx: 37 },
+    ];
+    check::<bf16>(&seqs, (2, 1, 64, 16), 0, 3, (Some(65), Some(50.0))).unwrap();
+    check::<f16>(&seqs, (2, 2, 64, 32), 0, 4, (Some(3), None)).unwrap();
+    check::<f16>(&seqs[1..], (2, 1, 128, 16), 0, 5, (None, Some(0.5))).unwrap();
 }
 
 #[test]
 fn planted_fragment_bug_is_caught() {
     let seqs = [SeqSpec { q_len: 20, ctx: 12 }];
-    let (good, _) = run::<bf16>(emu::flash::<bf16>, &seqs, (1, 1, 64, 16), 0, 7);
-    let (bad, _) = run::<bf16>(emu::flash_planted_bug::<bf16>, &seqs, (1, 1, 64, 16), 0, 7);
+    let (good, _) = run::<bf16>(emu::flash::<bf16>, &seqs, (1, 1, 64, 16), 0, 7, NONE);
+    let (bad, _) = run::<bf16>(
+        emu::flash_planted_bug::<bf16>,
+        &seqs,
+        (1, 1, 64, 16),
+        0,
+        7,
+        NONE,
+    );
     let tol = tolerance::<bf16>(true);
     assert!(good <= tol, "correct kernel: {good} > {tol}");
     assert!(
@@ -101,11 +127,14 @@ proptest! {
         bs in prop_oneof![Just(16usize), Just(32)],
         f16_dtype in any::<bool>(),
         seed in any::<u64>(),
+        window in windows(60),
+        cap in soft_caps(),
     ) {
+        let o = (window, cap);
         let r = if f16_dtype {
-            check::<f16>(&seqs, h, kvh, d, bs, 0, seed)
+            check::<f16>(&seqs, (h, kvh, d, bs), 0, seed, o)
         } else {
-            check::<bf16>(&seqs, h, kvh, d, bs, 0, seed)
+            check::<bf16>(&seqs, (h, kvh, d, bs), 0, seed, o)
         };
         prop_assert!(r.is_ok(), "{:?}", r);
     }

@@ -1,6 +1,7 @@
 //! `paged` (split-KV decode + merge) on the emulator against the f64 reference:
 //! one split and several, GQA groups below and above the per-CTA limit, block sizes
-//! 16/32, head dims 64/128/256.
+//! 16/32, head dims 64/128/256, sliding windows (partitions from the window's first
+//! key, empty ones merged away) and soft caps.
 
 mod common;
 use common::*;
@@ -10,16 +11,15 @@ use proptest::prelude::*;
 
 fn run<T: Conv>(
     ctxs: &[usize],
-    h: usize,
-    kvh: usize,
-    d: usize,
-    bs: usize,
+    (h, kvh, d, bs): (usize, usize, usize, usize),
     splits: Option<usize>,
     seed: u64,
+    (window, cap): (Option<usize>, Option<f32>),
 ) -> Result<(), String> {
     let seqs: Vec<SeqSpec> = ctxs.iter().map(|&ctx| SeqSpec { q_len: 1, ctx }).collect();
-    let case = Case::<T>::new(&seqs, h, kvh, d, bs, seed);
-    let max_len = ctxs.iter().max().unwrap() + 1;
+    let case = Case::<T>::new(&seqs, h, kvh, d, bs, seed).with_options(window, cap);
+    // The plan covers the keys a row attends to: the last `window` under a window.
+    let max_len = SplitPlan::keys(ctxs.iter().max().unwrap() + 1, window);
     let plan = match splits {
         None => SplitPlan::single(max_len, bs),
         Some(n) => {
@@ -53,13 +53,26 @@ fn run<T: Conv>(
 
 #[test]
 fn paged_fixed_shapes() {
-    run::<bf16>(&[70, 0, 33], 4, 2, 128, 16, None, 1).unwrap();
-    run::<bf16>(&[70, 0, 33], 4, 2, 128, 16, Some(3), 2).unwrap();
-    run::<f16>(&[50, 17], 8, 1, 64, 32, Some(2), 3).unwrap();
-    run::<f32>(&[40], 2, 1, 64, 16, Some(2), 4).unwrap();
-    run::<bf16>(&[20], 2, 2, 256, 16, None, 5).unwrap();
+    run::<bf16>(&[70, 0, 33], (4, 2, 128, 16), None, 1, NONE).unwrap();
+    run::<bf16>(&[70, 0, 33], (4, 2, 128, 16), Some(3), 2, NONE).unwrap();
+    run::<f16>(&[50, 17], (8, 1, 64, 32), Some(2), 3, NONE).unwrap();
+    run::<f32>(&[40], (2, 1, 64, 16), Some(2), 4, NONE).unwrap();
+    run::<bf16>(&[20], (2, 2, 256, 16), None, 5, NONE).unwrap();
     // 10 query heads per KV head: two CTAs (8 + 2 heads) per KV head.
-    run::<bf16>(&[24, 9], 10, 1, 64, 16, Some(2), 6).unwrap();
+    run::<bf16>(&[24, 9], (10, 1, 64, 16), Some(2), 6, NONE).unwrap();
+}
+
+const NONE: (Option<usize>, Option<f32>) = (None, None);
+
+#[test]
+fn paged_sliding_window_and_soft_cap() {
+    // Window 20 over 71 keys: partitions of 16 from key 51 (51..67, 67..71); the
+    // 1-key sequence's second partition is empty (lse -inf, dropped by the merge).
+    run::<bf16>(&[70, 0, 33], (4, 2, 128, 16), Some(3), 7, (Some(20), None)).unwrap();
+    run::<f16>(&[50, 17], (8, 1, 64, 32), None, 8, (Some(1), Some(0.5))).unwrap();
+    run::<f32>(&[40, 3], (2, 1, 64, 16), Some(2), 9, (Some(17), Some(50.0))).unwrap();
+    // A window longer than the sequence changes nothing.
+    run::<bf16>(&[20], (2, 2, 256, 16), Some(2), 10, (Some(1000), Some(2.0))).unwrap();
 }
 
 #[test]
@@ -74,6 +87,19 @@ fn paged_refuses_prefill_rows_and_bad_plans() {
         SplitPlan::single(5, 16),
     );
     assert!(r.is_err());
+    // Under a window of 16, one partition of 16 keys covers a 41-token sequence.
+    let windowed = Case::<bf16>::new(&[SeqSpec { q_len: 1, ctx: 40 }], 2, 1, 64, 16, 1)
+        .with_options(Some(16), None);
+    let mut out = vec![bf16::ZERO; windowed.q.len()];
+    let mut lse = vec![0.0; windowed.num_tokens * 2];
+    let one = SplitPlan::single(16, 16);
+    assert!(emu::paged(
+        windowed.io(&mut out, &mut lse),
+        &windowed.batch(0..1),
+        &windowed.shape,
+        one
+    )
+    .is_ok());
     let case = Case::<bf16>::new(&[SeqSpec { q_len: 1, ctx: 40 }], 2, 1, 64, 16, 1);
     let mut out = vec![bf16::ZERO; case.q.len()];
     let mut lse = vec![0.0; case.num_tokens * 2];
@@ -134,11 +160,14 @@ proptest! {
         splits in prop_oneof![Just(None), Just(Some(2usize)), Just(Some(4))],
         dt in 0..3u8,
         seed in any::<u64>(),
+        window in windows(80),
+        cap in soft_caps(),
     ) {
+        let o = (window, cap);
         let r = match dt {
-            0 => run::<f32>(&ctxs, h, kvh, d, bs, splits, seed),
-            1 => run::<bf16>(&ctxs, h, kvh, d, bs, splits, seed),
-            _ => run::<f16>(&ctxs, h, kvh, d, bs, splits, seed),
+            0 => run::<f32>(&ctxs, (h, kvh, d, bs), splits, seed, o),
+            1 => run::<bf16>(&ctxs, (h, kvh, d, bs), splits, seed, o),
+            _ => run::<f16>(&ctxs, (h, kvh, d, bs), splits, seed, o),
         };
         prop_assert!(r.is_ok(), "{:?}", r);
     }

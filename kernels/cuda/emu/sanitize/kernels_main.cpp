@@ -1,6 +1,7 @@
-// Runs the real kernels (write_kv, naive, paged with splits + merge, flash)
-// once on small shapes under ThreadSanitizer: any race between emulated threads (a
-// missing barrier in a kernel) is reported. Correctness is the Rust tests' job.
+// Runs the real kernels (write_kv, naive, paged with splits + merge, flash; with a
+// sliding window and a soft cap) once on small shapes under ThreadSanitizer: any race
+// between emulated threads (a missing barrier in a kernel) is reported. Correctness is
+// the Rust tests' job.
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -54,6 +55,9 @@ int main() {
   p.block_table = table.data(); p.split_out = split_out.data(); p.split_lse = split_lse.data();
   p.num_heads = H; p.num_kv_heads = KVH; p.head_dim = D; p.block_size = BS;
   p.max_blocks_per_seq = 2; p.scale = 0.125f;
+  // A sliding window (unaligned partition and tile starts, an empty paged partition)
+  // and a soft cap, so that their index arithmetic runs under the sanitizers too.
+  p.sliding_window = 13; p.soft_cap = 2.0f;
   // Sequence 0's blocks are 0, 1; sequence 1's are 2, 3.
   p.seq_begin = 0; p.seq_end = 1; p.num_splits = 2; p.partition_size = 16;
   rc |= pg_emu_paged(&p, PG_BF16);

@@ -134,13 +134,13 @@ impl<T: Conv> Case<T> {
         let pool_len = num_blocks * block_size * num_kv_heads * head_dim;
         let k = rand(pool_len);
         let v = rand(pool_len);
-        let shape = Shape {
+        let shape = Shape::new(
             num_heads,
             num_kv_heads,
             head_dim,
             block_size,
-            scale: 1.0 / (head_dim as f32).sqrt(),
-        };
+            1.0 / (head_dim as f32).sqrt(),
+        );
         Case {
             shape,
             qsl,
@@ -152,6 +152,13 @@ impl<T: Conv> Case<T> {
             v,
             num_tokens,
         }
+    }
+
+    /// The same case with a sliding window and/or a logit soft cap.
+    pub fn with_options(mut self, sliding_window: Option<usize>, soft_cap: Option<f32>) -> Self {
+        self.shape.sliding_window = sliding_window;
+        self.shape.soft_cap = soft_cap;
+        self
     }
 
     pub fn batch(&self, seqs: std::ops::Range<usize>) -> Batch<'_> {
@@ -174,7 +181,9 @@ impl<T: Conv> Case<T> {
         }
     }
 
-    /// f64 attention of every row of `seqs`: (out, lse), NaN for rows outside.
+    /// f64 attention of every row of `seqs`: (out, lse), NaN for rows outside. The
+    /// query at position `pos` sees keys `pos + 1 - w..=pos` under a window `w` (else
+    /// `0..=pos`); a soft cap `c` maps each scaled score `s` to `c * tanh(s / c)`.
     pub fn reference(&self, seqs: std::ops::Range<usize>) -> (Vec<f64>, Vec<f64>) {
         let Shape {
             num_heads: h,
@@ -182,6 +191,8 @@ impl<T: Conv> Case<T> {
             head_dim: d,
             block_size: bs,
             scale,
+            sliding_window,
+            soft_cap,
         } = self.shape;
         let mut out = vec![f64::NAN; self.num_tokens * h * d];
         let mut lse = vec![f64::NAN; self.num_tokens * h];
@@ -190,7 +201,9 @@ impl<T: Conv> Case<T> {
             let seq_len = self.seq_lens[s] as usize;
             let ctx = seq_len - (q1 - q0);
             for row in q0..q1 {
-                let n_keys = ctx + (row - q0) + 1;
+                let pos = ctx + (row - q0);
+                let lo = sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                let keys = lo..pos + 1;
                 for head in 0..h {
                     let kv = head / (h / kvh);
                     let qv = &self.q[(row * h + head) * d..][..d];
@@ -200,22 +213,27 @@ impl<T: Conv> Case<T> {
                             + kv)
                             * d
                     };
-                    let scores: Vec<f64> = (0..n_keys)
+                    let scores: Vec<f64> = keys
+                        .clone()
                         .map(|j| {
                             let kr = &self.k[at(j)..][..d];
-                            qv.iter()
+                            let s = qv
+                                .iter()
                                 .zip(kr)
                                 .map(|(a, b)| a.to_f64() * b.to_f64())
                                 .sum::<f64>()
-                                * f64::from(scale)
+                                * f64::from(scale);
+                            soft_cap.map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh())
                         })
                         .collect();
                     let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                     let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
                     let l: f64 = w.iter().sum();
                     for dd in 0..d {
-                        out[(row * h + head) * d + dd] = (0..n_keys)
-                            .map(|j| w[j] * self.v[at(j) + dd].to_f64())
+                        out[(row * h + head) * d + dd] = keys
+                            .clone()
+                            .enumerate()
+                            .map(|(i, j)| w[i] * self.v[at(j) + dd].to_f64())
                             .sum::<f64>()
                             / l;
                     }
@@ -243,6 +261,16 @@ pub fn check_lse(got: &[f32], want: &[f64]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A sliding window (sometimes) for proptests: none, or 1..=max keys.
+pub fn windows(max: usize) -> impl Strategy<Value = Option<usize>> {
+    prop_oneof![2 => Just(None), 1 => (1..=max).prop_map(Some)]
+}
+
+/// A logit soft cap (sometimes) for proptests: none, a tight one, or Gemma 2's 50.
+pub fn soft_caps() -> impl Strategy<Value = Option<f32>> {
+    prop_oneof![2 => Just(None), 1 => Just(Some(0.5f32)), 1 => Just(Some(50.0f32))]
 }
 
 /// Sequences for proptests: a few rows, short contexts (the emulator is slow).
