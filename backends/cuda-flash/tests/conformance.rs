@@ -13,7 +13,7 @@
 //! tolerances).
 
 use pagoda_backend_cuda_flash as _; // link the crate so its registration is seen
-use pagoda_backend_testkit::{conformance_suite, run_check, CaseLimit, Check, Subject, Tolerance};
+use pagoda_backend_testkit::{conformance_suites, run_check, CaseLimit, Check, Subject, Tolerance};
 use pagoda_core::{DType, Device};
 
 /// Smaller than `CaseLimit::EMULATOR`: a flash CTA is 128 emulated threads over a 64-row
@@ -24,25 +24,12 @@ const FLASH_CASES: CaseLimit = CaseLimit {
     cases: 4,
 };
 
-mod bf16 {
-    use super::*;
-    conformance_suite!(
-        Subject::registered("cuda-flash").map(|s| s
-            .on(Device::Emu, DType::BF16, DType::BF16)
-            .small_cases(FLASH_CASES)),
-        tolerance = Tolerance::BF16
-    );
-}
-
-mod f16 {
-    use super::*;
-    conformance_suite!(
-        Subject::registered("cuda-flash").map(|s| s
-            .on(Device::Emu, DType::F16, DType::F16)
-            .small_cases(FLASH_CASES)),
-        tolerance = Tolerance::F16
-    );
-}
+conformance_suites!(
+    "cuda-flash",
+    Device::Emu,
+    |s| s.small_cases(FLASH_CASES),
+    [(bf16, BF16, BF16), (f16, F16, F16)]
+);
 
 mod features {
     use super::*;
@@ -71,26 +58,11 @@ mod features {
 /// it on a GPU with `PAGODA_REQUIRE_DEVICE` set, where a skip is a failure.
 #[cfg(feature = "cuda")]
 mod cuda {
-    mod bf16 {
-        use super::super::*;
-        conformance_suite!(
-            Subject::registered("cuda-flash").map(|s| s.on(
-                Device::Cuda(0),
-                DType::BF16,
-                DType::BF16
-            )),
-            tolerance = Tolerance::BF16
-        );
-    }
-    mod f16 {
-        use super::super::*;
-        conformance_suite!(
-            Subject::registered("cuda-flash").map(|s| s.on(
-                Device::Cuda(0),
-                DType::F16,
-                DType::F16
-            )),
-            tolerance = Tolerance::F16
-        );
-    }
+    use super::*;
+    conformance_suites!(
+        "cuda-flash",
+        Device::Cuda(0),
+        |s| s,
+        [(bf16, BF16, BF16), (f16, F16, F16)]
+    );
 }

@@ -13,38 +13,15 @@
 //! tolerances).
 
 use pagoda_backend_cuda_paged as _; // link the crate so its registration is seen
-use pagoda_backend_testkit::{conformance_suite, run_check, CaseLimit, Check, Subject, Tolerance};
+use pagoda_backend_testkit::{conformance_suites, run_check, CaseLimit, Check, Subject, Tolerance};
 use pagoda_core::{DType, Device};
 
-mod bf16 {
-    use super::*;
-    conformance_suite!(
-        Subject::registered("cuda-paged").map(|s| s
-            .on(Device::Emu, DType::BF16, DType::BF16)
-            .small_cases(CaseLimit::EMULATOR)),
-        tolerance = Tolerance::BF16
-    );
-}
-
-mod f16 {
-    use super::*;
-    conformance_suite!(
-        Subject::registered("cuda-paged").map(|s| s
-            .on(Device::Emu, DType::F16, DType::F16)
-            .small_cases(CaseLimit::EMULATOR)),
-        tolerance = Tolerance::F16
-    );
-}
-
-mod f32 {
-    use super::*;
-    conformance_suite!(
-        Subject::registered("cuda-paged").map(|s| s
-            .on(Device::Emu, DType::F32, DType::F32)
-            .small_cases(CaseLimit::EMULATOR)),
-        tolerance = Tolerance::F32
-    );
-}
+conformance_suites!(
+    "cuda-paged",
+    Device::Emu,
+    |s| s.small_cases(CaseLimit::EMULATOR),
+    [(bf16, BF16, BF16), (f16, F16, F16), (f32, F32, F32)]
+);
 
 mod features {
     use super::*;
@@ -73,37 +50,11 @@ mod features {
 /// it on a GPU with `PAGODA_REQUIRE_DEVICE` set, where a skip is a failure.
 #[cfg(feature = "cuda")]
 mod cuda {
-    mod bf16 {
-        use super::super::*;
-        conformance_suite!(
-            Subject::registered("cuda-paged").map(|s| s.on(
-                Device::Cuda(0),
-                DType::BF16,
-                DType::BF16
-            )),
-            tolerance = Tolerance::BF16
-        );
-    }
-    mod f16 {
-        use super::super::*;
-        conformance_suite!(
-            Subject::registered("cuda-paged").map(|s| s.on(
-                Device::Cuda(0),
-                DType::F16,
-                DType::F16
-            )),
-            tolerance = Tolerance::F16
-        );
-    }
-    mod f32 {
-        use super::super::*;
-        conformance_suite!(
-            Subject::registered("cuda-paged").map(|s| s.on(
-                Device::Cuda(0),
-                DType::F32,
-                DType::F32
-            )),
-            tolerance = Tolerance::F32
-        );
-    }
+    use super::*;
+    conformance_suites!(
+        "cuda-paged",
+        Device::Cuda(0),
+        |s| s,
+        [(bf16, BF16, BF16), (f16, F16, F16), (f32, F32, F32)]
+    );
 }

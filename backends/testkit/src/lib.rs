@@ -390,3 +390,40 @@ macro_rules! conformance_suite {
         }
     };
 }
+
+/// One [`conformance_suite!`] per `(module, dtype, tolerance)`: the registered backend
+/// `name` with q and KV of that dtype on `device`, each subject passed through
+/// `|s| adjust` (e.g. the emulator's case limit), in a module of that name:
+///
+/// ```ignore
+/// pagoda_backend_testkit::conformance_suites!(
+///     "cuda-paged", Device::Emu, |s| s.small_cases(CaseLimit::EMULATOR),
+///     [(bf16, BF16, BF16), (f16, F16, F16), (f32, F32, F32)]
+/// );
+/// ```
+///
+/// The dtype and tolerance are the names of a [`pagoda_core::DType`] and a
+/// [`Tolerance`] preset.
+#[macro_export]
+macro_rules! conformance_suites {
+    ($name:expr, $device:expr, |$s:ident| $adjust:expr,
+     [$(($module:ident, $dtype:ident, $tol:ident)),+ $(,)?] $(,)?) => {
+        $(
+            mod $module {
+                #[allow(unused_imports)]
+                use super::*;
+                $crate::conformance_suite!(
+                    $crate::Subject::registered($name).map(|$s| {
+                        let $s = $s.on(
+                            $device,
+                            $crate::pagoda_core::DType::$dtype,
+                            $crate::pagoda_core::DType::$dtype,
+                        );
+                        $adjust
+                    }),
+                    tolerance = $crate::Tolerance::$tol
+                );
+            }
+        )+
+    };
+}
