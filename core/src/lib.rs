@@ -21,7 +21,7 @@ pub mod tensor;
 pub use attention::{
     merge_states, no_runtime_reasons, registered_backends, try_registered_backends,
     AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor, Capabilities, F32Io,
-    InvalidReason, LayerIo, Role,
+    HostKvIo, InvalidReason, KvPools, LayerIo, Role,
 };
 pub use device::{
     device_unavailable, open_device, DeviceRegistration, DeviceRuntime, HostRuntime, MemoryInfo,
@@ -36,7 +36,7 @@ pub use half::{bf16, f16};
 // reachable from the crate root.
 pub use attention::inventory;
 pub use error::CoreError;
-pub use kv::{write_kv, KvCache, KvCacheSpec, LayerKv};
+pub use kv::{write_kv, KvCache, KvCacheDtype, KvCacheSpec, LayerKv};
 pub use request::{
     BlockHash, CheckedParams, FinishReason, Request, RequestId, RequestStatus, SamplingParams,
     StopReason, ALL_PROMPT_LOGPROBS,
