@@ -10,8 +10,8 @@
 //! bf16 or f16, the `--kv-cache-dtype` A/B).
 
 use pagoda_core::{
-    AttentionBackend, AttentionConfig, BatchDescriptor, CoreError, DType, Device, HostVec,
-    LayerIo, Shape, Storage, TensorMut, TensorRef,
+    AttentionBackend, AttentionConfig, BatchDescriptor, CoreError, DType, Device, HostVec, LayerIo,
+    Shape, Storage, TensorMut, TensorRef,
 };
 use thiserror::Error;
 
@@ -97,8 +97,16 @@ fn pool(dtype: DType, data: Vec<f32>) -> Result<Storage, CoreError> {
     let n = data.len();
     let v = match dtype {
         DType::F32 => HostVec::F32(data),
-        DType::BF16 => HostVec::BF16(data.iter().map(|&x| pagoda_core::bf16::from_f32(x)).collect()),
-        DType::F16 => HostVec::F16(data.iter().map(|&x| pagoda_core::f16::from_f32(x)).collect()),
+        DType::BF16 => HostVec::BF16(
+            data.iter()
+                .map(|&x| pagoda_core::bf16::from_f32(x))
+                .collect(),
+        ),
+        DType::F16 => HostVec::F16(
+            data.iter()
+                .map(|&x| pagoda_core::f16::from_f32(x))
+                .collect(),
+        ),
     };
     Storage::from_host(Device::Cpu, v, Shape::flat(n))
 }

@@ -31,7 +31,8 @@ pub enum KvCacheDtype {
 
 impl KvCacheDtype {
     /// The values `--kv-cache-dtype` accepts, with their aliases, for messages.
-    pub const VALID: &'static str = "auto, bfloat16 (bf16), float16 (fp16, f16, half), float32 (fp32, f32, float)";
+    pub const VALID: &'static str =
+        "auto, bfloat16 (bf16), float16 (fp16, f16, half), float32 (fp32, f32, float)";
 
     /// The pools' element type for a model that computes in `compute`.
     pub fn resolve(self, compute: DType) -> DType {
@@ -337,7 +338,10 @@ mod tests {
         let bytes = 64 << 20;
         let f32_blocks = spec(DType::F32).num_blocks_for_bytes(bytes);
         assert_eq!(spec(DType::F32).bytes_per_block(), 2 * 30 * 16 * 192 * 4);
-        assert_eq!(spec(DType::BF16).num_blocks_for_bytes(bytes), 2 * f32_blocks);
+        assert_eq!(
+            spec(DType::BF16).num_blocks_for_bytes(bytes),
+            2 * f32_blocks
+        );
         assert_eq!(spec(DType::F16).num_blocks_for_bytes(bytes), 2 * f32_blocks);
     }
 

@@ -3,7 +3,8 @@
 //! It defines what a request is ([`request`]), what the scheduler hands the model
 //! runner each step ([`sched`]), structured-output constraints as data ([`structured`]),
 //! data with its device and dtype ([`tensor`]) and the owners of device memory
-//! ([`device`]), how the paged KV cache is laid out ([`kv`]), and the
+//! ([`device`]), how the paged KV cache is laid out ([`kv`]), the FP8 E4M3 element
+//! conversions ([`fp8`]; not a KV cache dtype yet), and the
 //! attention-backend protocol with its inventory registry ([`attention`]).
 //!
 //! Architecture invariant: core knows nothing of HTTP, tokenizers, model files,
@@ -12,6 +13,7 @@
 pub mod attention;
 pub mod device;
 pub mod error;
+pub mod fp8;
 pub mod kv;
 pub mod request;
 pub mod sched;

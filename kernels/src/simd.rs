@@ -241,12 +241,27 @@ mod tests {
         let want: f32 = a[..S::LANES].iter().sum();
         assert!((S::reduce(S::load(a.as_ptr())) - want).abs() < 1e-6);
         // 16-bit loads widen exactly, specials and subnormals included.
-        let specials = [0.0, -0.0, 1.0, -2.5, 65504.0, 6.0e-8, -1.0e-5, f32::INFINITY];
+        let specials = [
+            0.0,
+            -0.0,
+            1.0,
+            -2.5,
+            65504.0,
+            6.0e-8,
+            -1.0e-5,
+            f32::INFINITY,
+        ];
         let wide: Vec<f32> = (0..16)
             .map(|i| specials.get(i).copied().unwrap_or(a[i] * 100.0))
             .collect();
-        let bf: Vec<u16> = wide.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
-        let hf: Vec<u16> = wide.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+        let bf: Vec<u16> = wide
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect();
+        let hf: Vec<u16> = wide
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect();
         let mut i = 0;
         while i < 16 {
             S::store(out.as_mut_ptr().add(i), S::load_bf16(bf.as_ptr().add(i)));

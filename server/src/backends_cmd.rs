@@ -36,7 +36,10 @@ fn parse_kv(s: &str) -> Result<KvCacheDtype, String> {
 }
 
 fn list<T: ToString>(x: &[T]) -> String {
-    x.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
+    x.iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 pub fn run(args: BackendsArgs) -> anyhow::Result<()> {

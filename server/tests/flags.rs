@@ -239,7 +239,11 @@ fn backends_command_shows_which_backend_takes_which_kv_dtype() {
         "bf16",
     ]);
     let s = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{s}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{s}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let row = |name: &str| {
         s.lines()
             .find(|l| {
@@ -268,7 +272,10 @@ fn backends_command_shows_which_backend_takes_which_kv_dtype() {
     ]);
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success());
-    assert!(s.contains("KV cache dtype bf16 is not supported (supported: f32)"), "{s}");
+    assert!(
+        s.contains("KV cache dtype bf16 is not supported (supported: f32)"),
+        "{s}"
+    );
 }
 
 /// Two sampled completions without a seed, in sequence.

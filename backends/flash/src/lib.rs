@@ -314,7 +314,7 @@ unsafe fn pack_all<E: KvElem>(
     base: impl Fn(usize, usize) -> usize + Sync,
     packed: OutPtr,
 ) {
-    let (nkv, hd, bs) = (d.num_kv_heads, d.head_dim, d.block_size);
+    let (nkv, bs) = (d.num_kv_heads, d.block_size);
     let seq_lens = &blocks.seq_lens;
     (0..seq_lens.len() * nkv).into_par_iter().for_each(|i| {
         // Capture the whole Send wrapper, not its raw-pointer fields (edition 2021).
@@ -349,7 +349,12 @@ unsafe fn pack_isa<E: KvElem>(
     #[cfg(target_arch = "x86_64")]
     {
         use pagoda_kernels::simd::{Avx2, Avx512};
-        type Args<'a, E> = ((&'a [E], &'a [E]), &'a [u32], [usize; 5], (*mut f32, *mut f32));
+        type Args<'a, E> = (
+            (&'a [E], &'a [E]),
+            &'a [u32],
+            [usize; 5],
+            (*mut f32, *mut f32),
+        );
         #[target_feature(enable = "avx512f")]
         unsafe fn avx512<E: KvElem>(a: Args<'_, E>) {
             let ((kc, vc), b, [bs, nkv, h, hd, seq], (dk, dv)) = a;

@@ -271,7 +271,7 @@ unsafe fn attend_items<E: KvElem>(
     );
     let (g, scale, soft_cap) = (cfg.gqa_ratio(), cfg.scale, cfg.logits_soft_cap);
     let blocks = &p.blocks;
-        p.partial_o
+    p.partial_o
         .par_chunks_mut(nh * hd)
         .zip(p.partial_lse.par_chunks_mut(nh))
         .zip(p.partial_l.par_chunks_mut(nh))

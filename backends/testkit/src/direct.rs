@@ -13,8 +13,8 @@
 
 use crate::case::Case;
 use crate::gen::{CaseSpec, RowSpec};
-use crate::{checks, KitError, Tolerance};
 use crate::place::host_vec;
+use crate::{checks, KitError, Tolerance};
 use pagoda_core::{
     AttentionBackend, AttentionConfig, CoreError, LayerIo, Shape, Storage, TensorMut, TensorRef,
 };

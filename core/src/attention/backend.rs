@@ -3,8 +3,8 @@
 
 use super::{AttentionConfig, BatchDescriptor};
 use crate::tensor::{DType, Device, HostSlice, TensorMut, TensorRef};
-use half::{bf16, f16};
 use crate::CoreError;
+use half::{bf16, f16};
 
 /// An attention implementation: **the trait a backend implements**. Created for one
 /// [`AttentionConfig`] by its registration ([`super::BackendRegistration::create`]).
@@ -138,7 +138,10 @@ impl<'a> LayerIo<'a> {
                 device: t.device_of(),
             })
         };
-        let (k, v) = (host(self.k_cache, "k_cache")?, host(self.v_cache, "v_cache")?);
+        let (k, v) = (
+            host(self.k_cache, "k_cache")?,
+            host(self.v_cache, "v_cache")?,
+        );
         let kv = match (k, v) {
             (HostSlice::F32(k), HostSlice::F32(v)) => KvPools::F32(k, v),
             (HostSlice::F16(k), HostSlice::F16(v)) => KvPools::F16(k, v),
