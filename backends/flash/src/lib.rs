@@ -259,9 +259,9 @@ impl FlashBackend {
         // to sum(seq_lens) * nkv * hd; `isa` is `Isa::detect()`.
         unsafe {
             match io.kv {
-                KvPools::F32(k, v) => pack_all(isa, k, v, blocks, &dims, &base, packed),
-                KvPools::BF16(k, v) => pack_all(isa, k, v, blocks, &dims, &base, packed),
-                KvPools::F16(k, v) => pack_all(isa, k, v, blocks, &dims, &base, packed),
+                KvPools::F32(k, v) => pack_all(isa, k, v, blocks, &dims, base, packed),
+                KvPools::BF16(k, v) => pack_all(isa, k, v, blocks, &dims, base, packed),
+                KvPools::F16(k, v) => pack_all(isa, k, v, blocks, &dims, base, packed),
             }
         }
         let (pk, pv) = (

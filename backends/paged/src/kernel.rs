@@ -152,7 +152,7 @@ unsafe fn accumulate<S: Simd, E: KvElem, const NG: usize>(
 ) {
     let mut d = 0;
     while d < hd {
-        if d % per_line::<E>() == 0 {
+        if d.is_multiple_of(per_line::<E>()) {
             for &pj in pf {
                 S::prefetch(vp.add(pj + d) as *const f32);
             }
@@ -187,7 +187,7 @@ unsafe fn attend_generic<S: Simd, E: KvElem>(
     // pieces of consecutive rows all land in the same L1 sets; 16 of them exceed
     // the associativity and evict the queries and accumulators (measured: Llama-8B
     // shape ran ~30% slower), so take 8 keys per step there.
-    let chunk = if (row_stride * std::mem::size_of::<E>()) % 4096 == 0 {
+    let chunk = if (row_stride * std::mem::size_of::<E>()).is_multiple_of(4096) {
         CHUNK / 2
     } else {
         CHUNK
