@@ -5,8 +5,14 @@
 //! block `j` maps to pool block `perm[(first_r + j) % pool_blocks]`). Every
 //! request still reads its own full context, so the bytes moved are unchanged, and
 //! with a cap far above the last-level cache those reads still come from DRAM.
+//!
+//! The pools hold f32 ([`build`]) or another KV cache dtype ([`build_with_kv`]:
+//! bf16 or f16, the `--kv-cache-dtype` A/B).
 
-use pagoda_core::{AttentionBackend, AttentionConfig, BatchDescriptor, CoreError, LayerIo};
+use pagoda_core::{
+    AttentionBackend, AttentionConfig, BatchDescriptor, CoreError, DType, Device, HostVec, LayerIo,
+    Shape, Storage, TensorMut, TensorRef,
+};
 use thiserror::Error;
 
 /// Errors building or running a benchmark case.
@@ -55,8 +61,9 @@ pub struct Case {
     pub cfg: AttentionConfig,
     pub batch: BatchDescriptor,
     pub q: Vec<f32>,
-    pub k_cache: Vec<f32>,
-    pub v_cache: Vec<f32>,
+    /// The K and V pools, host memory of `cfg.kv_dtype`.
+    pub k_cache: Storage,
+    pub v_cache: Storage,
     pub out: Vec<f32>,
     /// Physical blocks in the pool (less than the batch needs if blocks are shared).
     pub pool_blocks: usize,
@@ -75,15 +82,48 @@ fn fill(buf: &mut [f32], salt: usize) {
         });
 }
 
-/// Builds a case; `rows` = (query_len, seq_len) per request, decode rows first.
+/// Builds a case with an f32 cache; `rows` = (query_len, seq_len) per request,
+/// decode rows first.
 pub fn build(
     shape: ModelShape,
     rows: &[(usize, usize)],
     max_kv_bytes: usize,
 ) -> Result<Case, BenchError> {
-    let cfg = shape.config();
+    build_with_kv(shape, rows, max_kv_bytes, DType::F32)
+}
+
+/// `data` rounded to `dtype`, as a flat CPU buffer.
+fn pool(dtype: DType, data: Vec<f32>) -> Result<Storage, CoreError> {
+    let n = data.len();
+    let v = match dtype {
+        DType::F32 => HostVec::F32(data),
+        DType::BF16 => HostVec::BF16(
+            data.iter()
+                .map(|&x| pagoda_core::bf16::from_f32(x))
+                .collect(),
+        ),
+        DType::F16 => HostVec::F16(
+            data.iter()
+                .map(|&x| pagoda_core::f16::from_f32(x))
+                .collect(),
+        ),
+    };
+    Storage::from_host(Device::Cpu, v, Shape::flat(n))
+}
+
+/// [`build`] with a KV cache of `kv_dtype` (the pool cap counts its element size).
+pub fn build_with_kv(
+    shape: ModelShape,
+    rows: &[(usize, usize)],
+    max_kv_bytes: usize,
+    kv_dtype: DType,
+) -> Result<Case, BenchError> {
+    let cfg = AttentionConfig {
+        kv_dtype,
+        ..shape.config()
+    };
     let bs = BLOCK_SIZE;
-    let block_bytes = bs * shape.num_kv_heads * shape.head_dim * 4;
+    let block_bytes = bs * shape.num_kv_heads * shape.head_dim * kv_dtype.size();
     let need: usize = rows.iter().map(|&(_, s)| s.div_ceil(bs)).sum();
     let pool_blocks = need.min((max_kv_bytes / (2 * block_bytes)).max(1));
     // A fixed pseudo-random permutation of the pool (xorshift Fisher-Yates).
@@ -110,11 +150,12 @@ pub fn build(
     let slens: Vec<usize> = rows.iter().map(|r| r.1).collect();
     let refs: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
     let batch = BatchDescriptor::new(bs, &qlens, &slens, &refs)?;
-    let pool_elems = pool_blocks * block_bytes / 4;
+    let pool_elems = pool_blocks * block_bytes / kv_dtype.size();
     let mut k_cache = vec![0f32; pool_elems];
     let mut v_cache = vec![0f32; pool_elems];
     fill(&mut k_cache, 1);
     fill(&mut v_cache, 2);
+    let (k_cache, v_cache) = (pool(kv_dtype, k_cache)?, pool(kv_dtype, v_cache)?);
     let tok_elems = batch.num_tokens() * shape.num_heads * shape.head_dim;
     let mut q = vec![0f32; tok_elems];
     fill(&mut q, 3);
@@ -140,15 +181,17 @@ pub fn prefill_rows(tokens: usize, prefix: usize) -> Vec<(usize, usize)> {
 }
 
 impl Case {
-    /// Bytes a decode step must move: Q and O once, every request's K and V rows.
+    /// Bytes a decode step must move: Q and O once, every request's K and V rows
+    /// (at the cache's element size).
     pub fn decode_bytes(&self) -> u64 {
         let c = &self.cfg;
         let qo = 2 * self.batch.num_tokens() * c.num_heads * c.head_dim * 4;
+        let e = c.kv_dtype.size();
         let kv: usize = self
             .batch
             .seq_lens()
             .iter()
-            .map(|&s| 2 * s as usize * c.num_kv_heads * c.head_dim * 4)
+            .map(|&s| 2 * s as usize * c.num_kv_heads * c.head_dim * e)
             .sum();
         (qo + kv) as u64
     }
@@ -168,13 +211,13 @@ impl Case {
 
     /// One layer: `run` on the planned batch.
     pub fn run(&mut self, be: &mut dyn AttentionBackend) -> Result<(), BenchError> {
-        be.run(LayerIo::cpu(
-            &self.q,
-            &self.k_cache,
-            &self.v_cache,
-            &mut self.out,
-            None,
-        ))?;
+        be.run(LayerIo {
+            q: TensorRef::cpu(&self.q),
+            k_cache: self.k_cache.view(),
+            v_cache: self.v_cache.view(),
+            out: TensorMut::cpu(&mut self.out),
+            lse: None,
+        })?;
         Ok(())
     }
 }
@@ -195,6 +238,12 @@ mod tests {
         assert_eq!(small.pool_blocks, 16);
         assert_eq!(capped.pool_blocks, 2);
         assert_eq!(small.decode_bytes(), capped.decode_bytes());
+        let bf = build_with_kv(SMOLLM2, &decode_rows(4, 64), 1 << 30, DType::BF16).unwrap();
+        assert_eq!(bf.k_cache.dtype(), DType::BF16);
+        assert_eq!(
+            bf.decode_bytes(),
+            (2 * 4 * 9 * 64 * 4 + 4 * 2 * 64 * 3 * 64 * 2) as u64
+        );
         assert_eq!(
             small.decode_bytes(),
             (2 * 4 * 9 * 64 * 4 + 4 * 2 * 64 * 3 * 64 * 4) as u64

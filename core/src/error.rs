@@ -35,6 +35,11 @@ pub enum CoreError {
         first: &'static str,
         second: &'static str,
     },
+    #[error(
+        "--kv-cache-dtype `{spec}`: {reason}; valid values: {}",
+        crate::kv::KvCacheDtype::VALID
+    )]
+    InvalidKvCacheDtype { spec: String, reason: String },
     #[error("`{spec}` is not a device (expected one of: cpu, cuda, cuda:N, emu)")]
     InvalidDevice { spec: String },
     #[error("device {device} is not available: {message}")]

@@ -6,10 +6,81 @@
 //! `[num_blocks, block_size, num_kv_heads, head_dim]`, row-major, of the spec's dtype.
 //! A slot is `block_id * block_size + offset`, so a slot addresses one
 //! `[num_kv_heads, head_dim]` row of a pool.
+//!
+//! The pools' element type is chosen by `--kv-cache-dtype` ([`KvCacheDtype`]): a
+//! 16-bit cache holds twice the tokens in the same memory and halves the bytes a
+//! decode step reads; K/V rows are rounded to it (nearest even) when written.
 
 use crate::device::DeviceRuntime;
 use crate::tensor::{scatter_rows, DType, Device, Shape, Storage, TensorMut, TensorRef};
 use crate::CoreError;
+use std::fmt;
+
+/// vLLM's `--kv-cache-dtype`: `auto` (the model's compute dtype) or a fixed
+/// element type for the pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvCacheDtype {
+    /// vLLM's default: the cache takes the model's compute dtype
+    /// ([`KvCacheDtype::resolve`]); on the CPU that is f32, whatever `--dtype` the
+    /// weights have (bf16 and quantized weights compute in f32).
+    #[default]
+    Auto,
+    /// This element type, whatever the model computes in.
+    Fixed(DType),
+}
+
+impl KvCacheDtype {
+    /// The values `--kv-cache-dtype` accepts, with their aliases, for messages.
+    pub const VALID: &'static str =
+        "auto, bfloat16 (bf16), float16 (fp16, f16, half), float32 (fp32, f32, float)";
+
+    /// The pools' element type for a model that computes in `compute`.
+    pub fn resolve(self, compute: DType) -> DType {
+        match self {
+            KvCacheDtype::Auto => compute,
+            KvCacheDtype::Fixed(d) => d,
+        }
+    }
+}
+
+impl fmt::Display for KvCacheDtype {
+    /// vLLM's spelling (`auto`, `bfloat16`), Pagoda's for the others.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::Fixed(DType::BF16) => "bfloat16",
+            KvCacheDtype::Fixed(DType::F16) => "float16",
+            KvCacheDtype::Fixed(DType::F32) => "float32",
+        })
+    }
+}
+
+impl std::str::FromStr for KvCacheDtype {
+    type Err = CoreError;
+
+    /// vLLM's values (`auto`, `bfloat16`; its `fp8`, `fp8_e4m3`, `fp8_e5m2`,
+    /// `fp8_inc` and `fp8_ds_mla` are refused: no fp8 cache here), and the spellings
+    /// of the same types users type for `--dtype` (`bf16`, `float16`, `fp16`, `half`,
+    /// `float32`, ...). Case does not matter.
+    fn from_str(s: &str) -> Result<Self, CoreError> {
+        let v = s.trim().to_ascii_lowercase();
+        let fixed = |d| Ok(KvCacheDtype::Fixed(d));
+        match v.as_str() {
+            "auto" => Ok(KvCacheDtype::Auto),
+            "bfloat16" | "bf16" => fixed(DType::BF16),
+            "float16" | "fp16" | "f16" | "half" => fixed(DType::F16),
+            "float32" | "fp32" | "f32" | "float" => fixed(DType::F32),
+            _ => Err(CoreError::InvalidKvCacheDtype {
+                spec: s.to_string(),
+                reason: if v.starts_with("fp8") {
+                    "fp8 KV caches are not implemented on this engine".into()
+                } else {
+                    "not a KV cache data type".into()
+                },
+            }),
+        }
+    }
+}
 
 /// Shape and element type of the paged KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,6 +297,52 @@ mod tests {
             let written = slots.iter().filter(|s| **s >= 0).count();
             prop_assert_eq!(kp.iter().filter(|x| x.is_nan()).count(), (total - written) * slot_elems);
         }
+    }
+
+    #[test]
+    fn kv_cache_dtypes_parse_as_vllm_spells_them() {
+        use KvCacheDtype::*;
+        for (s, want) in [
+            ("auto", Auto),
+            ("bfloat16", Fixed(DType::BF16)),
+            ("BF16", Fixed(DType::BF16)),
+            ("float16", Fixed(DType::F16)),
+            ("fp16", Fixed(DType::F16)),
+            ("half", Fixed(DType::F16)),
+            ("float32", Fixed(DType::F32)),
+            ("f32", Fixed(DType::F32)),
+        ] {
+            assert_eq!(s.parse::<KvCacheDtype>(), Ok(want), "{s}");
+            // Display gives a spelling that parses back.
+            assert_eq!(want.to_string().parse::<KvCacheDtype>(), Ok(want));
+        }
+        for bad in ["fp8", "fp8_e4m3", "fp8_e5m2", "int8", ""] {
+            let e = bad.parse::<KvCacheDtype>().unwrap_err().to_string();
+            assert!(e.contains("auto, bfloat16 (bf16)"), "{e}");
+            assert!(!bad.starts_with("fp8") || e.contains("fp8"), "{e}");
+        }
+        assert_eq!(Auto.resolve(DType::F32), DType::F32);
+        assert_eq!(Fixed(DType::BF16).resolve(DType::F32), DType::BF16);
+    }
+
+    #[test]
+    fn a_16_bit_cache_fits_twice_the_blocks() {
+        let spec = |dtype| KvCacheSpec {
+            num_layers: 30,
+            num_blocks: 0,
+            block_size: 16,
+            num_kv_heads: 3,
+            head_dim: 64,
+            dtype,
+        };
+        let bytes = 64 << 20;
+        let f32_blocks = spec(DType::F32).num_blocks_for_bytes(bytes);
+        assert_eq!(spec(DType::F32).bytes_per_block(), 2 * 30 * 16 * 192 * 4);
+        assert_eq!(
+            spec(DType::BF16).num_blocks_for_bytes(bytes),
+            2 * f32_blocks
+        );
+        assert_eq!(spec(DType::F16).num_blocks_for_bytes(bytes), 2 * f32_blocks);
     }
 
     #[test]

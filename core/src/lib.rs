@@ -3,7 +3,8 @@
 //! It defines what a request is ([`request`]), what the scheduler hands the model
 //! runner each step ([`sched`]), structured-output constraints as data ([`structured`]),
 //! data with its device and dtype ([`tensor`]) and the owners of device memory
-//! ([`device`]), how the paged KV cache is laid out ([`kv`]), and the
+//! ([`device`]), how the paged KV cache is laid out ([`kv`]), the FP8 E4M3 element
+//! conversions ([`fp8`]; not a KV cache dtype yet), and the
 //! attention-backend protocol with its inventory registry ([`attention`]).
 //!
 //! Architecture invariant: core knows nothing of HTTP, tokenizers, model files,
@@ -12,6 +13,7 @@
 pub mod attention;
 pub mod device;
 pub mod error;
+pub mod fp8;
 pub mod kv;
 pub mod request;
 pub mod sched;
@@ -21,7 +23,7 @@ pub mod tensor;
 pub use attention::{
     merge_states, no_runtime_reasons, registered_backends, try_registered_backends,
     AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor, Capabilities, F32Io,
-    InvalidReason, LayerIo, Role,
+    HostKvIo, InvalidReason, KvPools, LayerIo, Role,
 };
 pub use device::{
     device_unavailable, open_device, DeviceRegistration, DeviceRuntime, HostRuntime, MemoryInfo,
@@ -36,7 +38,7 @@ pub use half::{bf16, f16};
 // reachable from the crate root.
 pub use attention::inventory;
 pub use error::CoreError;
-pub use kv::{write_kv, KvCache, KvCacheSpec, LayerKv};
+pub use kv::{write_kv, KvCache, KvCacheDtype, KvCacheSpec, LayerKv};
 pub use request::{
     BlockHash, CheckedParams, FinishReason, Request, RequestId, RequestStatus, SamplingParams,
     StopReason, ALL_PROMPT_LOGPROBS,

@@ -19,6 +19,10 @@ pub struct EngineConfig {
     pub attention_backend: Option<String>,
     /// Storage type of the linear-layer weights (bf16 halves the bytes a decode step reads).
     pub weight_dtype: pagoda_models::WeightDtype,
+    /// Element type of the KV cache (vLLM's `--kv-cache-dtype`): `Auto` is the
+    /// model's compute dtype, f32 on the CPU (what the cache always was); bf16 or
+    /// f16 hold twice the tokens in `kv_cache_bytes` and halve what attention reads.
+    pub kv_cache_dtype: pagoda_core::KvCacheDtype,
     /// FCFS, or by each request's priority (vLLM's `--scheduling-policy`).
     pub scheduling_policy: pagoda_scheduler::SchedulingPolicy,
     /// Test-only fault injection (`--debug-inject-fault`, debug builds only).
@@ -58,6 +62,7 @@ impl EngineConfig {
             enable_prefix_caching: true,
             attention_backend: None,
             weight_dtype: pagoda_models::WeightDtype::F32,
+            kv_cache_dtype: pagoda_core::KvCacheDtype::Auto,
             scheduling_policy: pagoda_scheduler::SchedulingPolicy::Fcfs,
             fault_injection: None,
             seed: 0,
@@ -79,6 +84,8 @@ pub struct ModelInfo {
     pub attention: String,
     /// KV blocks allocated, including the reserved null block 0.
     pub num_kv_blocks: usize,
+    /// Element type of the KV cache (`--kv-cache-dtype` resolved).
+    pub kv_cache_dtype: pagoda_core::DType,
     pub block_size: usize,
 }
 

@@ -66,10 +66,13 @@ impl EngineCore {
         let requested_len = check_max_model_len(config.max_model_len, model_max)?;
         // One attention config per kind of layer (Gemma 2: sliding and global); the
         // selection must serve their union of needs (`merged`), then one backend
-        // is built per kind. The selector sees the device actually in use.
+        // is built per kind. The selector sees the device actually in use and the
+        // cache's element type (`auto`: the queries' dtype, the model's compute
+        // dtype), so it only picks backends that read that cache.
         let mut attn_configs = model_config.attention_configs(config.block_size);
         for c in &mut attn_configs {
             c.device = runtime.device();
+            c.kv_dtype = config.kv_cache_dtype.resolve(c.q_dtype);
         }
         let merged = merge_attention_configs(&attn_configs);
         let features = model_config.arch.features();
@@ -122,8 +125,9 @@ impl EngineCore {
         // Block 0 is the null block (vLLM's too): it never holds a request's tokens.
         let capacity = (spec.num_blocks - 1) * spec.block_size;
         tracing::info!(
-            "KV cache: {} blocks of {} tokens ({} usable tokens, block 0 reserved; {:.1} MiB)",
+            "KV cache: {} {} blocks of {} tokens ({} usable tokens, block 0 reserved; {:.1} MiB)",
             spec.num_blocks,
+            spec.dtype,
             spec.block_size,
             capacity,
             (spec.num_blocks * spec.bytes_per_block()) as f64 / (1 << 20) as f64
@@ -137,6 +141,7 @@ impl EngineCore {
             eos_token_ids: eos_token_ids.clone(),
             attention: selection.to_string(),
             num_kv_blocks: spec.num_blocks,
+            kv_cache_dtype: spec.dtype,
             block_size: spec.block_size,
         };
         tracing::info!("linear-layer weights: {:?}", config.weight_dtype);

@@ -5,6 +5,10 @@
 //! functions, so the `#[inline(always)]` intrinsics below compile into the kernel
 //! body; which instantiation runs is chosen from [`crate::Isa::detect`] (the crates
 //! are built without `-C target-cpu`). Lengths handed to kernels are multiples of 16.
+//!
+//! Besides f32, a vector can be loaded from 16-bit floats ([`Simd::load_bf16`],
+//! [`Simd::load_f16`]), widened to f32 in registers: how the attention kernels read a
+//! bf16 or f16 KV cache without an f32 copy of it ([`crate::kv_elem`]).
 
 /// f32 vectors of `LANES` lanes (`LANES` divides 16).
 ///
@@ -19,6 +23,11 @@ pub trait Simd {
     unsafe fn zero() -> Self::V;
     unsafe fn splat(x: f32) -> Self::V;
     unsafe fn load(p: *const f32) -> Self::V;
+    /// Loads `LANES` bf16 values (their bits) widened to f32: exact, the 16 bits
+    /// shifted into the top of each lane.
+    unsafe fn load_bf16(p: *const u16) -> Self::V;
+    /// Loads `LANES` IEEE binary16 values (their bits) widened to f32 (exact).
+    unsafe fn load_f16(p: *const u16) -> Self::V;
     unsafe fn store(p: *mut f32, v: Self::V);
     /// `a * b + c`
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
@@ -52,6 +61,16 @@ impl Simd for Portable {
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self::V {
         std::ptr::read_unaligned(p as *const [f32; 8])
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(p: *const u16) -> Self::V {
+        let b = std::ptr::read_unaligned(p as *const [u16; 8]);
+        std::array::from_fn(|i| f32::from_bits((b[i] as u32) << 16))
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u16) -> Self::V {
+        let b = std::ptr::read_unaligned(p as *const [u16; 8]);
+        std::array::from_fn(|i| half::f16::from_bits(b[i]).to_f32())
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: Self::V) {
@@ -102,6 +121,15 @@ mod x86 {
             _mm512_loadu_ps(p)
         }
         #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> Self::V {
+            let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> Self::V {
+            _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+        }
+        #[inline(always)]
         unsafe fn store(p: *mut f32, v: Self::V) {
             _mm512_storeu_ps(p, v)
         }
@@ -127,7 +155,7 @@ mod x86 {
         }
     }
 
-    /// 8 lanes with FMA.
+    /// 8 lanes with FMA (and F16C for [`Simd::load_f16`]).
     pub struct Avx2;
 
     impl Simd for Avx2 {
@@ -144,6 +172,16 @@ mod x86 {
         #[inline(always)]
         unsafe fn load(p: *const f32) -> Self::V {
             _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn load_bf16(p: *const u16) -> Self::V {
+            let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w))
+        }
+        /// Needs F16C, which [`crate::Isa::Avx2`] includes (every AVX2 CPU has it).
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> Self::V {
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
         }
         #[inline(always)]
         unsafe fn store(p: *mut f32, v: Self::V) {
@@ -202,6 +240,46 @@ mod tests {
         }
         let want: f32 = a[..S::LANES].iter().sum();
         assert!((S::reduce(S::load(a.as_ptr())) - want).abs() < 1e-6);
+        // 16-bit loads widen exactly, specials and subnormals included.
+        let specials = [
+            0.0,
+            -0.0,
+            1.0,
+            -2.5,
+            65504.0,
+            6.0e-8,
+            -1.0e-5,
+            f32::INFINITY,
+        ];
+        let wide: Vec<f32> = (0..16)
+            .map(|i| specials.get(i).copied().unwrap_or(a[i] * 100.0))
+            .collect();
+        let bf: Vec<u16> = wide
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect();
+        let hf: Vec<u16> = wide
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect();
+        let mut i = 0;
+        while i < 16 {
+            S::store(out.as_mut_ptr().add(i), S::load_bf16(bf.as_ptr().add(i)));
+            i += S::LANES;
+        }
+        for (o, b) in out.iter().zip(&bf) {
+            assert_eq!(o.to_bits(), half::bf16::from_bits(*b).to_f32().to_bits());
+        }
+        let mut i = 0;
+        while i < 16 {
+            S::store(out.as_mut_ptr().add(i), S::load_f16(hf.as_ptr().add(i)));
+            i += S::LANES;
+        }
+        for (o, h) in out.iter().zip(&hf) {
+            assert_eq!(o.to_bits(), half::f16::from_bits(*h).to_f32().to_bits());
+        }
+        let nan = [half::f16::NAN.to_bits(); 16];
+        assert!(S::reduce(S::load_f16(nan.as_ptr())).is_nan());
     }
 
     #[test]
@@ -212,7 +290,7 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             if Isa::Avx2.available() {
-                #[target_feature(enable = "avx2,fma")]
+                #[target_feature(enable = "avx2,fma,f16c")]
                 unsafe fn avx2() {
                     check::<Avx2>()
                 }

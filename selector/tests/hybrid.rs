@@ -1,11 +1,13 @@
 //! Mixed batches (decode rows, then prefill rows with and without cached context)
 //! through the automatic selection, `decode=paged,prefill=flash` composed by
 //! `HybridBackend`, against the naive f64 reference: what the engine runs on
-//! every step, and how a mixed batch is served now that `flash` is prefill-only.
+//! every step, and how a mixed batch is served now that `flash` is prefill-only;
+//! over f32, bf16 and f16 KV caches (`Tolerance::F32` for all: the reference reads
+//! the same rounded K/V, which both backends widen exactly).
 
 use pagoda_backend_testkit::direct::{assert_close, reference, rows_case, run_twice, HEAD_SHAPES};
 use pagoda_backend_testkit::Tolerance;
-use pagoda_core::{AttentionBackend, AttentionConfig};
+use pagoda_core::{AttentionBackend, AttentionConfig, DType};
 use pagoda_selector::{select, BackendOverride};
 use proptest::prelude::*;
 
@@ -44,12 +46,14 @@ proptest! {
         prefills in prop::collection::vec((2usize..160, 0usize..200), 0..4),
         seed in any::<u64>(),
         threads in 1usize..8,
+        kv_dtype in prop::sample::select(vec![DType::F32, DType::BF16, DType::F16]),
     ) {
         let (nh, nkv, hd) = HEAD_SHAPES[shape];
         let mut rows: Vec<(usize, usize)> = decodes.iter().map(|&s| (1, s)).collect();
         rows.extend(prefills.iter().map(|&(q, ctx)| (q, q + ctx)));
         prop_assume!(!rows.is_empty());
-        check(AttentionConfig::cpu_f32(nh, nkv, hd, bs), &rows, seed, threads);
+        let cfg = AttentionConfig { kv_dtype, ..AttentionConfig::cpu_f32(nh, nkv, hd, bs) };
+        check(cfg, &rows, seed, threads);
     }
 }
 

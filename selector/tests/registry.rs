@@ -2,7 +2,7 @@
 //! priority among valid ones, forced-but-invalid is an error with reasons, unknown
 //! names list the registered ones, no valid backend lists every verdict.
 
-use pagoda_core::{AttentionConfig, DType, Device, Role};
+use pagoda_core::{AttentionConfig, DType, Device, InvalidReason, Role};
 use pagoda_selector::{registered_names, select, BackendOverride, SelectorError};
 
 use pagoda_backends as _;
@@ -107,6 +107,39 @@ fn on_emu_the_automatic_choice_is_the_cuda_backends() {
         let sel = select(&cfg, &BackendOverride::default()).unwrap();
         assert_eq!(sel.name(), choice, "{dtype}");
         sel.build(&cfg).unwrap();
+    }
+}
+
+#[test]
+fn the_kv_cache_dtype_filters_the_backends() {
+    // paged and flash read 16-bit caches: the automatic choice stays.
+    for kv_dtype in [DType::BF16, DType::F16] {
+        let cfg = AttentionConfig {
+            kv_dtype,
+            ..smollm2()
+        };
+        let sel = select(&cfg, &BackendOverride::default()).unwrap();
+        assert_eq!(sel.name(), "decode=paged,prefill=flash", "{kv_dtype}");
+        sel.build(&cfg).unwrap();
+        // The example backend declares an f32 cache only: forced, it is refused
+        // with that reason.
+        let err = select(&cfg, &BackendOverride::parse("example").unwrap())
+            .err()
+            .unwrap();
+        match &err {
+            SelectorError::ForcedInvalid { name, reasons, .. } => {
+                assert_eq!(name, "example");
+                assert_eq!(
+                    reasons,
+                    &[InvalidReason::KvDTypeUnsupported {
+                        dtype: kv_dtype,
+                        supported: vec![DType::F32]
+                    }]
+                );
+                assert!(err.to_string().contains("KV cache dtype"), "{err}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
     }
 }
 

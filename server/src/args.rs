@@ -4,8 +4,8 @@
 //! server's own flags (Frontend) are in [`frontend`].
 //!
 //! vLLM flags that have no meaning on this engine are accepted at the values
-//! that describe what Pagoda does (`--tensor-parallel-size 1`, `--kv-cache-dtype
-//! auto`) and refused, naming the valid values, at any other.
+//! that describe what Pagoda does (`--tensor-parallel-size 1`) and refused, naming
+//! the valid values, at any other (as `--kv-cache-dtype fp8`: no fp8 cache here).
 
 pub mod frontend;
 
@@ -73,10 +73,14 @@ pub struct EngineArgs {
     /// is sized by --kv-cache-memory-mib or --num-kv-blocks.
     #[arg(long, value_parser = parse_gpu_memory_utilization, help_heading = "CacheConfig")]
     pub gpu_memory_utilization: Option<f64>,
-    /// Data type of the KV cache: `auto` (the model's compute type, f32 on CPU) is
-    /// the one implemented; any other value is an error.
+    /// Data type of the KV cache: `auto` (vLLM's default: the model's compute type,
+    /// which on the CPU is f32 whatever `--dtype` the weights have), `bfloat16`
+    /// (also `bf16`) or `float16` (also `fp16`, `half`): twice the tokens in the same
+    /// memory (blocks from --kv-cache-memory-mib count 2 bytes an element) and half
+    /// the bytes attention reads; values rounded to nearest even, read back exactly.
+    /// `float32` is accepted too; vLLM's `fp8` values are an error (not implemented).
     #[arg(long, default_value = "auto", value_parser = parse_kv_cache_dtype, help_heading = "CacheConfig")]
-    pub kv_cache_dtype: String,
+    pub kv_cache_dtype: pagoda_core::KvCacheDtype,
     /// Automatic prefix caching (on by default).
     #[arg(long, action = ArgAction::SetTrue, overrides_with = "no_enable_prefix_caching", help_heading = "CacheConfig")]
     pub enable_prefix_caching: bool,
@@ -172,19 +176,9 @@ fn parse_gpu_memory_utilization(s: &str) -> Result<f64, String> {
     }
 }
 
-/// The KV-cache data types this engine implements.
-pub const KV_CACHE_DTYPES: &[&str] = &["auto"];
-
-fn parse_kv_cache_dtype(s: &str) -> Result<String, String> {
-    let v = s.to_ascii_lowercase();
-    if KV_CACHE_DTYPES.contains(&v.as_str()) {
-        Ok(v)
-    } else {
-        Err(format!(
-            "--kv-cache-dtype `{s}` is not implemented (the CPU KV cache is f32); valid values: {}",
-            KV_CACHE_DTYPES.join(", ")
-        ))
-    }
+/// `--kv-cache-dtype`: vLLM's values and the aliases of [`pagoda_core::KvCacheDtype`].
+fn parse_kv_cache_dtype(s: &str) -> Result<pagoda_core::KvCacheDtype, String> {
+    s.parse().map_err(|e: pagoda_core::CoreError| e.to_string())
 }
 
 fn parse_device(s: &str) -> Result<pagoda_core::Device, String> {
@@ -262,6 +256,7 @@ impl EngineArgs {
         c.seed = self.seed;
         c.disable_log_stats = self.disable_log_stats;
         c.device = self.device;
+        c.kv_cache_dtype = self.kv_cache_dtype;
         c.scheduling_policy = match self.scheduling_policy {
             SchedulingPolicyArg::Fcfs => pagoda_engine::SchedulingPolicy::Fcfs,
             SchedulingPolicyArg::Priority => pagoda_engine::SchedulingPolicy::Priority,
@@ -346,6 +341,18 @@ mod tests {
         assert!(parse(&["--quantization", "awq"]).is_err());
         assert!(parse(&["-tp", "2"]).is_err());
         assert!(parse(&["--kv-cache-dtype", "fp8_e4m3"]).is_err());
+        let kv = |args: &[&str]| parse(args).unwrap().engine.engine_config().kv_cache_dtype;
+        use pagoda_core::{DType, KvCacheDtype};
+        assert_eq!(kv(&[]), KvCacheDtype::Auto);
+        for (v, d) in [
+            ("bfloat16", DType::BF16),
+            ("bf16", DType::BF16),
+            ("fp16", DType::F16),
+            ("half", DType::F16),
+            ("float32", DType::F32),
+        ] {
+            assert_eq!(kv(&["--kv-cache-dtype", v]), KvCacheDtype::Fixed(d), "{v}");
+        }
         assert!(parse(&["--gpu-memory-utilization", "-0.1"]).is_err());
         assert_eq!(
             parse(&["--gpu-memory-utilization", "1"])

@@ -1,10 +1,11 @@
-//! `pagoda backends [--model PATH] [--device DEV]`: the devices this binary can use,
-//! the registry, and for a model on a device each backend's verdict (with reasons)
-//! and the selector's choice.
+//! `pagoda backends [--model PATH] [--device DEV] [--kv-cache-dtype DT]`: the devices
+//! this binary can use, the registry (each backend's devices, query and KV cache
+//! dtypes and rows), and for a model on a device each backend's verdict (with
+//! reasons) and the selector's choice.
 
 use anyhow::Context;
 use clap::Args;
-use pagoda_core::{device_unavailable, DType, Device, Role};
+use pagoda_core::{device_unavailable, DType, Device, KvCacheDtype, Role};
 use pagoda_models::merge_attention_configs;
 use pagoda_selector::{select, verdicts, BackendOverride};
 use std::path::PathBuf;
@@ -21,9 +22,24 @@ pub struct BackendsArgs {
     /// KV cache in f32 on host devices, bf16 on CUDA).
     #[arg(long, default_value = "cpu")]
     pub device: Device,
+    /// KV cache dtype to check the backends for, as `serve --kv-cache-dtype`:
+    /// `auto` (the queries' dtype), `bfloat16`/`bf16`, `float16`/`fp16`, `float32`.
+    #[arg(long, default_value = "auto", value_parser = parse_kv)]
+    pub kv_cache_dtype: KvCacheDtype,
     /// Override to try: `NAME` or `decode=NAME,prefill=NAME`.
     #[arg(long, env = "PAGODA_ATTENTION_BACKEND")]
     pub attention_backend: Option<String>,
+}
+
+fn parse_kv(s: &str) -> Result<KvCacheDtype, String> {
+    s.parse().map_err(|e: pagoda_core::CoreError| e.to_string())
+}
+
+fn list<T: ToString>(x: &[T]) -> String {
+    x.iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
@@ -41,6 +57,23 @@ pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
             r.name, r.priority, r.description
         );
     }
+    // Which backend takes which KV cache dtype (and the rest of what it declares).
+    println!();
+    println!(
+        "  {:<12} {:<10} {:<14} {:<14} rows",
+        "backend", "devices", "q dtypes", "kv dtypes"
+    );
+    for r in &all {
+        let c = (r.capabilities)();
+        let rows = c.role().map_or("none".to_string(), |r| r.to_string());
+        println!(
+            "  {:<12} {:<10} {:<14} {:<14} {rows}",
+            r.name,
+            list(&c.devices),
+            list(&c.q_dtypes),
+            list(&c.kv_dtypes)
+        );
+    }
     let Some(path) = args.model else {
         println!("\n(pass --model PATH to see each backend's verdict for a model)");
         return Ok(());
@@ -55,15 +88,17 @@ pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
         attn_config.q_dtype = DType::BF16;
         attn_config.kv_dtype = DType::BF16;
     }
+    attn_config.kv_dtype = args.kv_cache_dtype.resolve(attn_config.q_dtype);
     println!(
-        "\nmodel {name}: architecture {}, {} q heads, {} kv heads, head dim {}, block size {}, device {}, {}",
+        "\nmodel {name}: architecture {}, {} q heads, {} kv heads, head dim {}, block size {}, device {}, q {}, kv cache {}",
         cfg.arch.architecture,
         cfg.num_heads,
         cfg.num_kv_heads,
         cfg.head_dim,
         args.block_size,
         args.device,
-        attn_config.q_dtype
+        attn_config.q_dtype,
+        attn_config.kv_dtype
     );
     println!(
         "needs: {}",

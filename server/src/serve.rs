@@ -459,7 +459,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             .engine
             .gpu_memory_utilization
             .unwrap_or(crate::args::DEFAULT_GPU_MEMORY_UTILIZATION),
-        cache_dtype: args.engine.kv_cache_dtype.clone(),
+        cache_dtype: args.engine.kv_cache_dtype.to_string(),
         enable_prefix_caching: !args.engine.no_enable_prefix_caching,
         num_gpu_blocks: handle.model_info().num_kv_blocks,
     });

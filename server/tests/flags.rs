@@ -206,6 +206,78 @@ fn positional_model_and_vllm_cache_flags() {
     );
 }
 
+#[test]
+fn kv_cache_dtype_bf16_serves_and_doubles_the_blocks() {
+    // SmolLM2: 30 layers x (K, V) x 16 tokens x 3 KV heads x 64 dims; a block is
+    // 737280 bytes in f32, 368640 in bf16: 64 MiB hold 91 f32 blocks, 182 bf16 ones.
+    let blocks = |dtype: &str, label: &str| {
+        let s = Server::start(&["--kv-cache-dtype", dtype, "--kv-cache-memory-mib", "64"]);
+        let r = s.post_ok(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Name a colour."}],
+                    "max_tokens": 8, "temperature": 0}),
+        );
+        let text = r["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(!text.is_empty(), "{r}");
+        let (_, m) = s.get("/metrics");
+        assert!(m.contains(&format!("cache_dtype=\"{label}\"")), "{m}");
+        let at = m.find("num_gpu_blocks=\"").unwrap() + "num_gpu_blocks=\"".len();
+        m[at..].split('"').next().unwrap().parse::<usize>().unwrap()
+    };
+    assert_eq!(blocks("bf16", "bfloat16"), 182);
+    assert_eq!(blocks("auto", "auto"), 91);
+}
+
+#[test]
+fn backends_command_shows_which_backend_takes_which_kv_dtype() {
+    let model = model_path();
+    let out = pagoda(&[
+        "backends",
+        "--model",
+        model.to_str().unwrap(),
+        "--kv-cache-dtype",
+        "bf16",
+    ]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{s}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = |name: &str| {
+        s.lines()
+            .find(|l| {
+                let mut w = l.split_whitespace();
+                w.next() == Some(name) && w.next() == Some("cpu")
+            })
+            .unwrap_or_else(|| panic!("no dtype row for {name}:\n{s}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    // backend, devices, q dtypes, kv dtypes, rows
+    assert_eq!(row("paged")[3], "f32,bf16,f16", "{s}");
+    assert_eq!(row("flash")[3], "f32,bf16,f16", "{s}");
+    assert_eq!(row("example")[3], "f32", "{s}");
+    assert!(s.contains("kv cache bf16"), "{s}");
+    assert!(s.contains("choice: decode=paged,prefill=flash"), "{s}");
+    // A forced backend without a bf16 cache is refused with that reason.
+    let out = pagoda(&[
+        "backends",
+        "--model",
+        model.to_str().unwrap(),
+        "--kv-cache-dtype",
+        "bf16",
+        "--attention-backend",
+        "example",
+    ]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        s.contains("KV cache dtype bf16 is not supported (supported: f32)"),
+        "{s}"
+    );
+}
+
 /// Two sampled completions without a seed, in sequence.
 fn two_samples(s: &Server) -> Vec<String> {
     (0..2)

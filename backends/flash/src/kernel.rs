@@ -10,10 +10,16 @@
 //! keys `0..=c+i`, or with a sliding window `w` only the last `w` of them), the
 //! scores are soft-capped (`cap * tanh(s / cap)`) when asked, and the softmax is
 //! online (running max `m`, sum `l`).
+//!
+//! The repacking reads the cache at its own width (f32, bf16 or f16, [`KvElem`])
+//! and widens each row to f32 in registers as it copies it: the packed runs, the
+//! only K/V the tiles read, are f32 whatever the cache holds. They hold only this
+//! step's requests, not a copy of the cache.
 
 use gemm::{gemm, Parallelism};
 // The one vectorised exp: both CPU attention kernels share one softmax arithmetic.
 use pagoda_kernels::{blocks::slot, exp_fast};
+use pagoda_kernels::{kv_elem::widen_with, simd::Simd, KvElem};
 
 /// Query rows per tile (tokens × group heads), about.
 pub const TILE_ROWS: usize = 128;
@@ -72,15 +78,18 @@ pub struct Tile {
 }
 
 /// Copies request rows `0..seq_len` of KV head `kv_head` out of the paged pools
-/// into contiguous `[seq_len, head_dim]` runs `dk`/`dv`.
+/// into contiguous f32 `[seq_len, head_dim]` runs `dk`/`dv`, widening each row with
+/// `S`'s vectors.
 ///
 /// # Safety
-/// Every block id in `blocks` must be inside the pools; `dk`/`dv` must be valid for
-/// `seq_len * head_dim` elements that no other thread touches.
+/// `S`'s instruction set is available on this CPU; every block id in `blocks` must
+/// be inside the pools; `dk`/`dv` must be valid for `seq_len * head_dim` elements
+/// that no other thread touches.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn pack(
-    k_cache: &[f32],
-    v_cache: &[f32],
+#[inline(always)]
+pub unsafe fn pack<S: Simd, E: KvElem>(
+    k_cache: &[E],
+    v_cache: &[E],
     blocks: &[u32],
     block_size: usize,
     num_kv_heads: usize,
@@ -94,8 +103,10 @@ pub unsafe fn pack(
     for p in 0..seq_len {
         let src = slot(blocks, block_size, p) * row_stride + kv_head * head_dim;
         let (ks, vs) = (&k_cache[src..src + head_dim], &v_cache[src..src + head_dim]);
-        std::ptr::copy_nonoverlapping(ks.as_ptr(), dk.add(p * head_dim), head_dim);
-        std::ptr::copy_nonoverlapping(vs.as_ptr(), dv.add(p * head_dim), head_dim);
+        let kd = std::slice::from_raw_parts_mut(dk.add(p * head_dim), head_dim);
+        let vd = std::slice::from_raw_parts_mut(dv.add(p * head_dim), head_dim);
+        widen_with::<S, E>(ks, kd);
+        widen_with::<S, E>(vs, vd);
     }
 }
 

@@ -1,7 +1,8 @@
 //! Flash-style prefill attention on CPU: tiled online softmax over the paged cache.
 //!
 //! Registered as `"flash"`. Serves prefill rows only (query length > 1, variable
-//! lengths, with or without cached context) and declares so in its
+//! lengths, with or without cached context), over an f32, bf16 or f16 KV cache
+//! (`--kv-cache-dtype`; rows widened to f32 as they are repacked), and declares so in its
 //! [`capabilities`]: as a GEMM tile a decode row is only `group` rows tall, and
 //! packing its whole context costs as much again (measured 3-4x slower than the
 //! `paged` split-KV kernel). Mixed batches run through the selector's
@@ -23,9 +24,9 @@ pub mod kernel;
 use kernel::{Dims, Scratch, Tile, TileIo};
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
-    Capabilities, CoreError, InvalidReason, LayerIo, Role,
+    Capabilities, CoreError, DType, InvalidReason, KvPools, LayerIo, Role,
 };
-use pagoda_kernels::{Isa, StepBlocks};
+use pagoda_kernels::{Isa, KvElem, StepBlocks};
 use rayon::prelude::*;
 use std::sync::Mutex;
 use thiserror::Error;
@@ -59,10 +60,11 @@ impl From<FlashError> for CoreError {
     }
 }
 
-/// What `flash` serves: CPU, f32, prefill rows only, head dims 1..=256, any block
-/// size, LSE output.
+/// What `flash` serves: CPU, f32 queries, an f32, bf16 or f16 KV cache, prefill rows
+/// only, head dims 1..=256, any block size, LSE output.
 pub fn capabilities() -> Capabilities {
     Capabilities {
+        kv_dtypes: vec![DType::F32, DType::BF16, DType::F16],
         head_dims: Some((1..=MAX_HEAD_DIM).collect()),
         max_gqa_ratio: Some(kernel::TILE_ROWS),
         decode: false,
@@ -229,7 +231,7 @@ impl FlashBackend {
             cfg.block_size,
         );
         let num_blocks = io.validate(self.num_tokens, cfg)?;
-        let io = io.into_f32()?;
+        let io = io.into_host_kv()?;
         if let Some(block) = self.blocks.out_of_range(num_blocks) {
             return Err(CoreError::BlockOutOfRange { block, num_blocks });
         }
@@ -245,33 +247,28 @@ impl FlashBackend {
             sliding_window: cfg.sliding_window,
             soft_cap: cfg.logits_soft_cap,
         };
-        let (q, kc, vc) = (io.q, io.k_cache, io.v_cache);
+        let q = io.q;
         let (blocks, pack_off) = (&self.blocks, &self.pack_off);
         let seq_lens = &blocks.seq_lens;
         // Where request r's KV head h starts in the packed buffers.
         let base = |r: usize, h: usize| (pack_off[r] * nkv + h * seq_lens[r] as usize) * hd;
         let packed = OutPtr(self.packed_k.as_mut_ptr(), self.packed_v.as_mut_ptr());
-        (0..seq_lens.len() * nkv).into_par_iter().for_each(|i| {
-            // Capture the whole Send wrapper, not its raw-pointer fields (edition 2021).
-            #[allow(clippy::redundant_locals)]
-            let packed = packed;
-            let (r, h) = (i / nkv, i % nkv);
-            let seq = seq_lens[r] as usize;
-            let blocks = blocks.blocks(r, bs);
-            // SAFETY: every block id in use is below `num_blocks` (`out_of_range`
-            // above), the pools' size checked by `io.validate`; `plan` sized the
-            // packed buffers to sum(seq_lens) * nkv * hd, so (r, h)'s run of
-            // seq * hd floats at base(r, h) is in bounds and no other task's.
-            unsafe {
-                let (dk, dv) = (packed.0.add(base(r, h)), packed.1.add(base(r, h)));
-                kernel::pack(kc, vc, blocks, bs, nkv, h, hd, seq, dk, dv);
+        let isa = self.isa;
+        // SAFETY: every block id in use is below `num_blocks` (`out_of_range` above),
+        // the pools' size checked by `io.validate`; `plan` sized the packed buffers
+        // to sum(seq_lens) * nkv * hd; `isa` is `Isa::detect()`.
+        unsafe {
+            match io.kv {
+                KvPools::F32(k, v) => pack_all(isa, k, v, blocks, &dims, base, packed),
+                KvPools::BF16(k, v) => pack_all(isa, k, v, blocks, &dims, base, packed),
+                KvPools::F16(k, v) => pack_all(isa, k, v, blocks, &dims, base, packed),
             }
-        });
+        }
         let (pk, pv) = (
             self.packed_k.as_ptr() as usize,
             self.packed_v.as_ptr() as usize,
         );
-        let (scratch, isa) = (&self.scratch, self.isa);
+        let scratch = &self.scratch;
         self.items.par_iter().with_max_len(1).for_each(|it| {
             // Capture the whole Send wrapper, not its raw-pointer fields (edition 2021).
             #[allow(clippy::redundant_locals)]
@@ -299,6 +296,84 @@ impl FlashBackend {
         });
         Ok(())
     }
+}
+
+/// Repacks every (request, KV head)'s rows `0..seq_len` into its f32 run at
+/// `base(r, h)` of `packed` (K, V), in parallel, widening with `isa`'s vectors.
+///
+/// # Safety
+/// `isa` is available on this CPU; every block id of `blocks` in use is inside the
+/// pools `kc`/`vc`; the packed buffers hold every run (`sum(seq_lens) * nkv * hd`
+/// elements, run (r, h) of `seq_len[r] * hd` at `base(r, h)`, the runs disjoint).
+unsafe fn pack_all<E: KvElem>(
+    isa: Isa,
+    kc: &[E],
+    vc: &[E],
+    blocks: &StepBlocks,
+    d: &Dims,
+    base: impl Fn(usize, usize) -> usize + Sync,
+    packed: OutPtr,
+) {
+    let (nkv, bs) = (d.num_kv_heads, d.block_size);
+    let seq_lens = &blocks.seq_lens;
+    (0..seq_lens.len() * nkv).into_par_iter().for_each(|i| {
+        // Capture the whole Send wrapper, not its raw-pointer fields (edition 2021).
+        #[allow(clippy::redundant_locals)]
+        let packed = packed;
+        let (r, h) = (i / nkv, i % nkv);
+        let seq = seq_lens[r] as usize;
+        let blocks = blocks.blocks(r, bs);
+        // SAFETY: (r, h)'s run of seq * hd floats at base(r, h) is in bounds and no
+        // other task's; the rest is this function's contract.
+        unsafe {
+            let (dk, dv) = (packed.0.add(base(r, h)), packed.1.add(base(r, h)));
+            pack_isa(isa, (kc, vc), blocks, d, h, seq, (dk, dv));
+        }
+    });
+}
+
+/// [`kernel::pack`] compiled for `isa`.
+///
+/// # Safety
+/// `isa` is available on this CPU, and the arguments meet [`kernel::pack`]'s contract.
+unsafe fn pack_isa<E: KvElem>(
+    isa: Isa,
+    (kc, vc): (&[E], &[E]),
+    blocks: &[u32],
+    d: &Dims,
+    h: usize,
+    seq: usize,
+    (dk, dv): (*mut f32, *mut f32),
+) {
+    let (nkv, hd, bs) = (d.num_kv_heads, d.head_dim, d.block_size);
+    #[cfg(target_arch = "x86_64")]
+    {
+        use pagoda_kernels::simd::{Avx2, Avx512};
+        type Args<'a, E> = (
+            (&'a [E], &'a [E]),
+            &'a [u32],
+            [usize; 5],
+            (*mut f32, *mut f32),
+        );
+        #[target_feature(enable = "avx512f")]
+        unsafe fn avx512<E: KvElem>(a: Args<'_, E>) {
+            let ((kc, vc), b, [bs, nkv, h, hd, seq], (dk, dv)) = a;
+            kernel::pack::<Avx512, E>(kc, vc, b, bs, nkv, h, hd, seq, dk, dv)
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn avx2<E: KvElem>(a: Args<'_, E>) {
+            let ((kc, vc), b, [bs, nkv, h, hd, seq], (dk, dv)) = a;
+            kernel::pack::<Avx2, E>(kc, vc, b, bs, nkv, h, hd, seq, dk, dv)
+        }
+        let a = ((kc, vc), blocks, [bs, nkv, h, hd, seq], (dk, dv));
+        match isa {
+            Isa::Avx512 | Isa::Avx512Bf16 => return avx512(a),
+            Isa::Avx2 => return avx2(a),
+            Isa::Portable => {}
+        }
+    }
+    let _ = isa;
+    kernel::pack::<pagoda_kernels::simd::Portable, E>(kc, vc, blocks, bs, nkv, h, hd, seq, dk, dv)
 }
 
 /// Calls the tile kernel compiled for the detected ISA, so its softmax loops vectorise wide.

@@ -1,11 +1,11 @@
 //! `PAGODA_DISABLE_AVX512=1` reaches `flash`: with it set before the first probe,
 //! the tile kernel runs its AVX2 (or portable) build, and the whole conformance
-//! suite passes on it. Its own binary and one test, because the switch is read
+//! suite passes on it (random batches over bf16 and f16 caches too). Its own binary and one test, because the switch is read
 //! once per process.
 
 use pagoda_backend_flash::FlashBackend;
-use pagoda_backend_testkit::{run_check, Check, Tolerance};
-use pagoda_core::AttentionConfig;
+use pagoda_backend_testkit::{run_check, Check, Subject, Tolerance};
+use pagoda_core::{AttentionConfig, DType, Device};
 use pagoda_kernels::isa::DISABLE_AVX512_ENV;
 use pagoda_kernels::Isa;
 
@@ -17,5 +17,11 @@ fn conformance_without_avx512() {
     assert_eq!(be.isa(), Isa::detect());
     for check in Check::ALL {
         run_check(check, "flash", Tolerance::F32, None);
+    }
+    // The 16-bit caches through the same kernel (AVX2's F16C widening of f16).
+    for kv in [DType::BF16, DType::F16] {
+        let subject = || Subject::registered("flash").map(|s| s.on(Device::Cpu, DType::F32, kv));
+        run_check(Check::RandomBatches, subject(), Tolerance::F32, None);
+        run_check(Check::DecodeEqualsPrefill, subject(), Tolerance::F32, None);
     }
 }

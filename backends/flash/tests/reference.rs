@@ -2,7 +2,11 @@
 //! on random prefill batches (rows with and without cached context; shuffled
 //! blocks, NaN in unused slots) and one long prefill, plus its refusals (decode
 //! rows among them: mixed batches go through the selector's hybrid, tested in
-//! `selector/tests/hybrid.rs`).
+//! `selector/tests/hybrid.rs`). Every case runs over f32, bf16 and f16 KV caches.
+//!
+//! Tolerance: `Tolerance::F32` for every KV dtype. The case's K/V are values of the
+//! cache's dtype and the reference reads the same values; the repacking widens them
+//! exactly, so only the f32 arithmetic differs from the f64 reference.
 
 use pagoda_backend_flash::{FlashBackend, FlashError, NAME};
 use pagoda_backend_testkit::case::Case;
@@ -10,7 +14,7 @@ use pagoda_backend_testkit::direct::{
     assert_close, misuse, reference, rows_case, run_twice, HEAD_SHAPES,
 };
 use pagoda_backend_testkit::Tolerance;
-use pagoda_core::{AttentionBackend, AttentionConfig, CoreError, InvalidReason, Role};
+use pagoda_core::{AttentionBackend, AttentionConfig, CoreError, DType, InvalidReason, Role};
 use proptest::prelude::*;
 
 const TOL: Tolerance = Tolerance::F32;
@@ -49,25 +53,29 @@ proptest! {
         prefills in prop::collection::vec((2usize..160, 0usize..200), 1..5),
         seed in any::<u64>(),
         threads in 1usize..8,
+        kv_dtype in prop::sample::select(vec![DType::F32, DType::BF16, DType::F16]),
     ) {
         let (nh, nkv, hd) = head_shape(shape);
         let rows: Vec<(usize, usize)> = prefills.iter().map(|&(q, ctx)| (q, q + ctx)).collect();
-        check(&make_case(AttentionConfig::cpu_f32(nh, nkv, hd, bs), &rows, seed), threads);
+        let cfg = AttentionConfig { kv_dtype, ..AttentionConfig::cpu_f32(nh, nkv, hd, bs) };
+        check(&make_case(cfg, &rows, seed), threads);
     }
 }
 
 #[test]
 fn long_prefill_with_prefix_matches_naive_backend() {
-    let c = make_case(
-        AttentionConfig::cpu_f32(32, 8, 128, 16),
-        &[(300, 700), (129, 129)],
-        11,
-    );
-    let (want_o, want_l) = reference(&c).unwrap();
-    let mut be = FlashBackend::new(&c.cfg).unwrap();
-    let (o, l) = run_twice(&mut be, &c, true).unwrap();
-    assert_close("out", &o, &want_o, &c, TOL);
-    assert_close("lse", &l, &want_l, &c, TOL);
+    for kv_dtype in [DType::F32, DType::BF16, DType::F16] {
+        let cfg = AttentionConfig {
+            kv_dtype,
+            ..AttentionConfig::cpu_f32(32, 8, 128, 16)
+        };
+        let c = make_case(cfg, &[(300, 700), (129, 129)], 11);
+        let (want_o, want_l) = reference(&c).unwrap();
+        let mut be = FlashBackend::new(&c.cfg).unwrap();
+        let (o, l) = run_twice(&mut be, &c, true).unwrap();
+        assert_close(&format!("out ({kv_dtype})"), &o, &want_o, &c, TOL);
+        assert_close(&format!("lse ({kv_dtype})"), &l, &want_l, &c, TOL);
+    }
 }
 
 #[test]

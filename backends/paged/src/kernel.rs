@@ -7,23 +7,27 @@
 //! registers across the chunk. The softmax is online (running max and sum per head);
 //! soft-capped scores are capped before it. (A sliding window only narrows the key
 //! range of the items, in `plan`.)
+//!
+//! The cache is read at its own width ([`KvElem`]: f32, bf16 or f16): each K/V
+//! vector is widened to f32 in registers as it is loaded, so a 16-bit cache
+//! streams half the bytes and the arithmetic is the f32 kernel's.
 
 use pagoda_kernels::blocks::slot;
 use pagoda_kernels::exp_fast;
 use pagoda_kernels::simd::{Portable, Simd};
-use pagoda_kernels::Isa;
+use pagoda_kernels::{Isa, KvElem};
 
 /// Keys per online-softmax step; the scores live on the stack as `[group, CHUNK]`.
 const CHUNK: usize = 16;
 /// Largest GQA group the stack scratch holds (also the declared `max_gqa_ratio`).
 pub const MAX_GROUP: usize = 64;
 
-/// Read-only inputs of one work item.
-pub struct ItemArgs<'a> {
+/// Read-only inputs of one work item, over a cache of elements `E`.
+pub struct ItemArgs<'a, E> {
     /// The request's query row, `[num_heads, head_dim]`.
     pub q: &'a [f32],
-    pub k_cache: &'a [f32],
-    pub v_cache: &'a [f32],
+    pub k_cache: &'a [E],
+    pub v_cache: &'a [E],
     /// The request's physical blocks.
     pub blocks: &'a [u32],
     pub block_size: usize,
@@ -46,7 +50,13 @@ pub struct ItemArgs<'a> {
 /// positions `..a.end` and each of those block ids is below the pools' number of
 /// blocks (`k_cache.len() / (block_size * num_kv_heads * head_dim)`, with
 /// `v_cache` as long as `k_cache`). The other lengths are asserted here.
-pub unsafe fn attend(isa: Isa, a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mut [f32]) {
+pub unsafe fn attend<E: KvElem>(
+    isa: Isa,
+    a: &ItemArgs<'_, E>,
+    o: &mut [f32],
+    lse: &mut [f32],
+    l: &mut [f32],
+) {
     let nh = a.num_kv_heads * a.group;
     assert!(a.group <= MAX_GROUP && a.head_dim.is_multiple_of(16) && a.q.len() == nh * a.head_dim);
     assert!(o.len() == nh * a.head_dim && lse.len() == nh && l.len() == nh);
@@ -60,30 +70,45 @@ pub unsafe fn attend(isa: Isa, a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32],
             Isa::Avx512 | Isa::Avx512Bf16 => attend_avx512(a, o, lse, l),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => attend_avx2(a, o, lse, l),
-            _ => attend_generic::<Portable>(a, o, lse, l),
+            _ => attend_generic::<Portable, E>(a, o, lse, l),
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn attend_avx512(a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mut [f32]) {
-    attend_generic::<pagoda_kernels::simd::Avx512>(a, o, lse, l)
+unsafe fn attend_avx512<E: KvElem>(
+    a: &ItemArgs<'_, E>,
+    o: &mut [f32],
+    lse: &mut [f32],
+    l: &mut [f32],
+) {
+    attend_generic::<pagoda_kernels::simd::Avx512, E>(a, o, lse, l)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(a: &ItemArgs<'_>, o: &mut [f32], lse: &mut [f32], l: &mut [f32]) {
-    attend_generic::<pagoda_kernels::simd::Avx2>(a, o, lse, l)
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_avx2<E: KvElem>(
+    a: &ItemArgs<'_, E>,
+    o: &mut [f32],
+    lse: &mut [f32],
+    l: &mut [f32],
+) {
+    attend_generic::<pagoda_kernels::simd::Avx2, E>(a, o, lse, l)
+}
+
+/// Elements of `E` per 64-byte cache line: the prefetch stride.
+const fn per_line<E>() -> usize {
+    64 / std::mem::size_of::<E>()
 }
 
 /// `s[gi * CHUNK + j] = scale * q[gi] · k[j]` for `NG` heads, sharing each K load.
 /// Prefetches the rows `pf` (the next chunk) one row per key, spread out so that the
 /// prefetches never crowd the miss buffers that the demand loads need.
 #[inline(always)]
-unsafe fn scores<S: Simd, const NG: usize>(
+unsafe fn scores<S: Simd, E: KvElem, const NG: usize>(
     q: *const f32,
-    kp: *const f32,
+    kp: *const E,
     off: &[usize],
     pf: &[usize],
     hd: usize,
@@ -94,15 +119,15 @@ unsafe fn scores<S: Simd, const NG: usize>(
         if let Some(&pj) = pf.get(j) {
             let mut d = 0;
             while d < hd {
-                S::prefetch(kp.add(pj + d));
-                d += 16;
+                S::prefetch(kp.add(pj + d) as *const f32);
+                d += per_line::<E>();
             }
         }
         let k = kp.add(o);
         let mut acc = [S::zero(); NG];
         let mut d = 0;
         while d < hd {
-            let kv = S::load(k.add(d));
+            let kv = E::load::<S>(k.add(d));
             for (gi, a) in acc.iter_mut().enumerate() {
                 *a = S::fma(S::load(q.add(gi * hd + d)), kv, *a);
             }
@@ -115,11 +140,11 @@ unsafe fn scores<S: Simd, const NG: usize>(
 }
 
 /// `o[gi] += sum_j p[gi * CHUNK + j] * v[j]` for `NG` heads, accumulating in
-/// registers; prefetches one cache line of each row `pf` per 16 columns.
+/// registers; prefetches one cache line of each row `pf` per line of columns.
 #[inline(always)]
-unsafe fn accumulate<S: Simd, const NG: usize>(
+unsafe fn accumulate<S: Simd, E: KvElem, const NG: usize>(
     o: *mut f32,
-    vp: *const f32,
+    vp: *const E,
     off: &[usize],
     pf: &[usize],
     hd: usize,
@@ -127,9 +152,9 @@ unsafe fn accumulate<S: Simd, const NG: usize>(
 ) {
     let mut d = 0;
     while d < hd {
-        if d % 16 == 0 {
+        if d.is_multiple_of(per_line::<E>()) {
             for &pj in pf {
-                S::prefetch(vp.add(pj + d));
+                S::prefetch(vp.add(pj + d) as *const f32);
             }
         }
         let mut acc = [S::zero(); NG];
@@ -137,7 +162,7 @@ unsafe fn accumulate<S: Simd, const NG: usize>(
             *a = S::load(o.add(gi * hd + d));
         }
         for (j, &oj) in off.iter().enumerate() {
-            let vv = S::load(vp.add(oj + d));
+            let vv = E::load::<S>(vp.add(oj + d));
             for (gi, a) in acc.iter_mut().enumerate() {
                 *a = S::fma(S::splat(*p.add(gi * CHUNK + j)), vv, *a);
             }
@@ -150,14 +175,19 @@ unsafe fn accumulate<S: Simd, const NG: usize>(
 }
 
 #[inline(always)]
-unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], m: &mut [f32], l: &mut [f32]) {
+unsafe fn attend_generic<S: Simd, E: KvElem>(
+    a: &ItemArgs<'_, E>,
+    o: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) {
     let (g_n, hd, bs, nkv) = (a.group, a.head_dim, a.block_size, a.num_kv_heads);
     let row_stride = nkv * hd;
     // Keys per step. When token rows are a multiple of 4 KiB apart, one head's
     // pieces of consecutive rows all land in the same L1 sets; 16 of them exceed
     // the associativity and evict the queries and accumulators (measured: Llama-8B
     // shape ran ~30% slower), so take 8 keys per step there.
-    let chunk = if (row_stride * 4) % 4096 == 0 {
+    let chunk = if (row_stride * std::mem::size_of::<E>()).is_multiple_of(4096) {
         CHUNK / 2
     } else {
         CHUNK
@@ -196,10 +226,10 @@ unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], m: &mut [f32]
                 let (qg, sg) = (q.add(g * hd), s.as_mut_ptr().add(g * CHUNK));
                 let pf: &[usize] = if g == 0 { &next[..n_next] } else { &[] };
                 match g_n - g {
-                    1 => scores::<S, 1>(qg, kh, offs, pf, hd, a.scale, sg),
-                    2 => scores::<S, 2>(qg, kh, offs, pf, hd, a.scale, sg),
-                    3 => scores::<S, 3>(qg, kh, offs, pf, hd, a.scale, sg),
-                    _ => scores::<S, 4>(qg, kh, offs, pf, hd, a.scale, sg),
+                    1 => scores::<S, E, 1>(qg, kh, offs, pf, hd, a.scale, sg),
+                    2 => scores::<S, E, 2>(qg, kh, offs, pf, hd, a.scale, sg),
+                    3 => scores::<S, E, 3>(qg, kh, offs, pf, hd, a.scale, sg),
+                    _ => scores::<S, E, 4>(qg, kh, offs, pf, hd, a.scale, sg),
                 }
                 g += 4;
             }
@@ -238,10 +268,10 @@ unsafe fn attend_generic<S: Simd>(a: &ItemArgs<'_>, o: &mut [f32], m: &mut [f32]
                 let (og, pg) = (oh.add(g * hd), s.as_ptr().add(g * CHUNK));
                 let pf: &[usize] = if g == 0 { &next[..n_next] } else { &[] };
                 match g_n - g {
-                    1 => accumulate::<S, 1>(og, vh, offs, pf, hd, pg),
-                    2 => accumulate::<S, 2>(og, vh, offs, pf, hd, pg),
-                    3 => accumulate::<S, 3>(og, vh, offs, pf, hd, pg),
-                    _ => accumulate::<S, 4>(og, vh, offs, pf, hd, pg),
+                    1 => accumulate::<S, E, 1>(og, vh, offs, pf, hd, pg),
+                    2 => accumulate::<S, E, 2>(og, vh, offs, pf, hd, pg),
+                    3 => accumulate::<S, E, 3>(og, vh, offs, pf, hd, pg),
+                    _ => accumulate::<S, E, 4>(og, vh, offs, pf, hd, pg),
                 }
                 g += 4;
             }

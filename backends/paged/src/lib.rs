@@ -1,6 +1,8 @@
 //! Paged decode attention on CPU: split-KV (flash-decoding), SIMD, multi-threaded.
 //!
-//! Registered as `"paged"`. Serves decode rows only (query length 1).
+//! Registered as `"paged"`. Serves decode rows only (query length 1), over an
+//! f32, bf16 or f16 KV cache (`--kv-cache-dtype`): a 16-bit cache is read at its
+//! width and widened in registers ([`kernel`]), never copied to f32.
 //!
 //! * [`AttentionBackend::plan`] copies the batch's block table and cuts the work
 //!   into items `(request, key range)`. Long contexts are split into block-aligned
@@ -19,9 +21,9 @@ pub mod kernel;
 
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
-    Capabilities, CoreError, InvalidReason, LayerIo, Role,
+    Capabilities, CoreError, DType, InvalidReason, KvPools, LayerIo, Role,
 };
-use pagoda_kernels::{Isa, StepBlocks};
+use pagoda_kernels::{Isa, KvElem, StepBlocks};
 use rayon::prelude::*;
 use thiserror::Error;
 
@@ -61,10 +63,11 @@ pub fn supported_head_dims() -> Vec<usize> {
     (1..=16).map(|i| i * 16).collect()
 }
 
-/// What `paged` serves: CPU, f32, decode only, any block size, LSE output, sliding
-/// window and logits soft-cap.
+/// What `paged` serves: CPU, f32 queries, an f32, bf16 or f16 KV cache, decode
+/// only, any block size, LSE output, sliding window and logits soft-cap.
 pub fn capabilities() -> Capabilities {
     Capabilities {
+        kv_dtypes: vec![DType::F32, DType::BF16, DType::F16],
         sliding_window: true,
         logits_soft_cap: true,
         head_dims: Some(supported_head_dims()),
@@ -208,50 +211,23 @@ impl PagedBackend {
             });
         }
         let cfg = &self.cfg;
-        let (nh, nkv, hd, bs) = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            cfg.block_size,
-        );
-        let g = cfg.gqa_ratio();
+        let (nh, hd) = (cfg.num_heads, cfg.head_dim);
         let num_blocks = io.validate(p.num_reqs, cfg)?;
-        let io = io.into_f32()?;
+        let io = io.into_host_kv()?;
         if let Some(block) = p.blocks.out_of_range(num_blocks) {
             return Err(CoreError::BlockOutOfRange { block, num_blocks });
         }
-
-        let (isa, scale, soft_cap) = (self.isa, cfg.scale, cfg.logits_soft_cap);
-        let (q, kc, vc) = (io.q, io.k_cache, io.v_cache);
-        let blocks = &p.blocks;
-        p.partial_o
-            .par_chunks_mut(nh * hd)
-            .zip(p.partial_lse.par_chunks_mut(nh))
-            .zip(p.partial_l.par_chunks_mut(nh))
-            .zip(p.items.par_iter())
-            .with_max_len(1)
-            .for_each(|(((o, lse), l), it)| {
-                let r = it.req as usize;
-                let args = kernel::ItemArgs {
-                    q: &q[r * nh * hd..(r + 1) * nh * hd],
-                    k_cache: kc,
-                    v_cache: vc,
-                    blocks: blocks.blocks(r, bs),
-                    block_size: bs,
-                    num_kv_heads: nkv,
-                    head_dim: hd,
-                    group: g,
-                    scale,
-                    soft_cap,
-                    start: it.start as usize,
-                    end: it.end as usize,
-                };
-                // SAFETY: `isa` is `Isa::detect()` or was checked by `set_isa`;
-                // `blocks(r, bs)` covers the request's `seq_len >= end` positions and
-                // every block id in use is below `num_blocks` (`out_of_range` above),
-                // the K/V pools' size checked by `io.validate`.
-                unsafe { kernel::attend(isa, &args, o, lse, l) };
-            });
+        let (q, isa) = (io.q, self.isa);
+        // SAFETY: `isa` is `Isa::detect()` or was checked by `set_isa`; every block
+        // id in use is below `num_blocks` (`out_of_range` above), the pools' size
+        // checked by `io.validate`, and `q` holds `num_reqs` rows.
+        unsafe {
+            match io.kv {
+                KvPools::F32(k, v) => attend_items(p, cfg, isa, q, k, v),
+                KvPools::BF16(k, v) => attend_items(p, cfg, isa, q, k, v),
+                KvPools::F16(k, v) => attend_items(p, cfg, isa, q, k, v),
+            }
+        }
 
         let merge = |r: usize, out: &mut [f32], lse: Option<&mut [f32]>| {
             merge_request(p, r, nh, hd, out, lse);
@@ -271,6 +247,57 @@ impl PagedBackend {
         }
         Ok(())
     }
+}
+
+/// Every work item of the plan over pools of `E`, into the plan's partial outputs.
+///
+/// # Safety
+/// `isa` is available on this CPU; `q` holds the plan's `num_reqs` query rows, and
+/// every block id the plan uses is below the pools' number of blocks (`kc` and `vc`
+/// of equal length, whole blocks).
+unsafe fn attend_items<E: KvElem>(
+    p: &mut Plan,
+    cfg: &AttentionConfig,
+    isa: Isa,
+    q: &[f32],
+    kc: &[E],
+    vc: &[E],
+) {
+    let (nh, nkv, hd, bs) = (
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        cfg.block_size,
+    );
+    let (g, scale, soft_cap) = (cfg.gqa_ratio(), cfg.scale, cfg.logits_soft_cap);
+    let blocks = &p.blocks;
+    p.partial_o
+        .par_chunks_mut(nh * hd)
+        .zip(p.partial_lse.par_chunks_mut(nh))
+        .zip(p.partial_l.par_chunks_mut(nh))
+        .zip(p.items.par_iter())
+        .with_max_len(1)
+        .for_each(|(((o, lse), l), it)| {
+            let r = it.req as usize;
+            let args = kernel::ItemArgs {
+                q: &q[r * nh * hd..(r + 1) * nh * hd],
+                k_cache: kc,
+                v_cache: vc,
+                blocks: blocks.blocks(r, bs),
+                block_size: bs,
+                num_kv_heads: nkv,
+                head_dim: hd,
+                group: g,
+                scale,
+                soft_cap,
+                start: it.start as usize,
+                end: it.end as usize,
+            };
+            // SAFETY: `isa` is available and every block id in use is inside the
+            // pools (this function's contract); `blocks(r, bs)` covers the
+            // request's `seq_len >= end` positions.
+            unsafe { kernel::attend(isa, &args, o, lse, l) };
+        });
 }
 
 /// Log-sum-exp merge of request `r`'s splits into its output row `[nh, hd]`.

@@ -1,5 +1,10 @@
 //! `paged` against the naive f64 reference on random decode batches (shuffled
-//! blocks, NaN in unused slots), plus its refusals: prefill rows, bad buffers, bad blocks.
+//! blocks, NaN in unused slots) over f32, bf16 and f16 KV caches on every available
+//! ISA, plus its refusals: prefill rows, bad buffers, bad blocks.
+//!
+//! Tolerance: `Tolerance::F32` for every KV dtype. The case's K/V are values of the
+//! cache's dtype and the reference reads the same values; the kernel widens them
+//! exactly, so only its f32 arithmetic differs from the f64 reference.
 
 use pagoda_backend_paged::{PagedBackend, PagedError, NAME};
 use pagoda_backend_testkit::case::Case;
@@ -7,7 +12,7 @@ use pagoda_backend_testkit::direct::{
     assert_close, misuse, reference, rows_case, run_twice, HEAD_SHAPES,
 };
 use pagoda_backend_testkit::Tolerance;
-use pagoda_core::{AttentionBackend, AttentionConfig, CoreError, InvalidReason, Role};
+use pagoda_core::{AttentionBackend, AttentionConfig, CoreError, DType, InvalidReason, Role};
 use pagoda_kernels::Isa;
 use proptest::prelude::*;
 
@@ -55,10 +60,23 @@ proptest! {
         seqs in prop::collection::vec(1usize..700, 1..6),
         seed in any::<u64>(),
         threads in 1usize..24,
+        kv_dtype in prop::sample::select(vec![DType::F32, DType::BF16, DType::F16]),
     ) {
         let (nh, nkv, hd) = HEAD_SHAPES[shape];
         let rows: Vec<(usize, usize)> = seqs.iter().map(|&s| (1, s)).collect();
-        check(&make_case(AttentionConfig::cpu_f32(nh, nkv, hd, bs), &rows, seed), threads);
+        let cfg = AttentionConfig { kv_dtype, ..AttentionConfig::cpu_f32(nh, nkv, hd, bs) };
+        check(&make_case(cfg, &rows, seed), threads);
+    }
+}
+
+#[test]
+fn sixteen_bit_caches_long_context_and_llama8b_shape() {
+    for kv_dtype in [DType::BF16, DType::F16] {
+        let cfg = AttentionConfig {
+            kv_dtype,
+            ..AttentionConfig::cpu_f32(32, 8, 128, 16)
+        };
+        check(&make_case(cfg, &[(1, 3000), (1, 17), (1, 1)], 5), 16);
     }
 }
 

@@ -13,8 +13,11 @@
 
 use crate::case::Case;
 use crate::gen::{CaseSpec, RowSpec};
+use crate::place::host_vec;
 use crate::{checks, KitError, Tolerance};
-use pagoda_core::{AttentionBackend, AttentionConfig, CoreError, LayerIo};
+use pagoda_core::{
+    AttentionBackend, AttentionConfig, CoreError, LayerIo, Shape, Storage, TensorMut, TensorRef,
+};
 
 /// `(num_heads, num_kv_heads, head_dim)` worth testing a CPU kernel on: GQA 3
 /// (SmolLM2), MQA, MHA, Llama-8B, and the widest head.
@@ -64,7 +67,8 @@ pub fn rows_case(
     Case::from_spec(&spec, cfg.clone(), 1)
 }
 
-/// One layer of `case` through `be` over the full cache: `plan`, then `run` as
+/// One layer of `case` through `be` over the full cache (pools of the case's
+/// `kv_dtype`, queries and outputs f32, on its host device): `plan`, then `run` as
 /// many times as `runs` (later runs must not depend on leftovers of earlier ones).
 /// Returns `(out, lse)`; outputs start as NaN and `lse` stays NaN unless `with_lse`.
 pub fn run_layer(
@@ -75,16 +79,24 @@ pub fn run_layer(
 ) -> Result<(Vec<f32>, Vec<f32>), CoreError> {
     be.plan(&case.batch)?;
     let layer = &case.full.layers[0];
+    // The pools in the configuration's KV dtype (the case's values are already
+    // representable in it), on its host device.
+    let (dtype, device) = (case.cfg.kv_dtype, case.cfg.device);
+    let pool = |x: &[f32]| Storage::from_host(device, host_vec(dtype, x), Shape::flat(x.len()));
+    let (k, v) = (pool(&layer.k)?, pool(&layer.v)?);
     let mut out = vec![f32::NAN; case.out_elems()];
     let mut lse = vec![f32::NAN; case.batch.num_tokens() * case.cfg.num_heads];
     for _ in 0..runs {
-        be.run(LayerIo::cpu(
-            &case.q[0],
-            &layer.k,
-            &layer.v,
-            &mut out,
-            with_lse.then_some(&mut lse[..]),
-        ))?;
+        be.run(LayerIo {
+            q: TensorRef::host(device, &case.q[0])?,
+            k_cache: k.view(),
+            v_cache: v.view(),
+            out: TensorMut::host(device, &mut out)?,
+            lse: match with_lse {
+                true => Some(TensorMut::host(device, &mut lse[..])?),
+                false => None,
+            },
+        })?;
     }
     Ok((out, lse))
 }

@@ -75,11 +75,9 @@ impl Placement {
     }
 }
 
-/// Storage of `data` converted to `dtype` on `rt`'s device.
-pub fn upload(rt: &dyn DeviceRuntime, dtype: DType, data: &[f32]) -> Result<Storage, CoreError> {
-    let shape = Shape::flat(data.len());
-    let mut s = rt.alloc_zeroed(dtype, shape)?;
-    let host = match dtype {
+/// `data` rounded to `dtype` (nearest even), as owned host elements.
+pub fn host_vec(dtype: DType, data: &[f32]) -> HostVec {
+    match dtype {
         DType::F32 => HostVec::F32(data.to_vec()),
         DType::F16 => HostVec::F16(
             data.iter()
@@ -91,7 +89,14 @@ pub fn upload(rt: &dyn DeviceRuntime, dtype: DType, data: &[f32]) -> Result<Stor
                 .map(|&x| pagoda_core::bf16::from_f32(x))
                 .collect(),
         ),
-    };
+    }
+}
+
+/// Storage of `data` converted to `dtype` on `rt`'s device.
+pub fn upload(rt: &dyn DeviceRuntime, dtype: DType, data: &[f32]) -> Result<Storage, CoreError> {
+    let shape = Shape::flat(data.len());
+    let mut s = rt.alloc_zeroed(dtype, shape)?;
+    let host = host_vec(dtype, data);
     let src = match &host {
         HostVec::F32(x) => HostSlice::F32(x),
         HostVec::F16(x) => HostSlice::F16(x),

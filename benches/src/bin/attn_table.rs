@@ -7,11 +7,14 @@
 //! engine builds: decode rows on the best decode backend, prefill rows on the best
 //! prefill backend, composed by the selector's `HybridBackend`).
 //!
-//! `cargo run --release -p pagoda-benches --bin attn_table [-- --skip-naive]`
+//! `--kv-dtype bf16|f16` puts every case's KV cache in that dtype (the
+//! `--kv-cache-dtype` A/B; default f32); decode throughput counts its bytes.
+//!
+//! `cargo run --release -p pagoda-benches --bin attn_table [-- --skip-naive] [--kv-dtype bf16]`
 
 use pagoda_backends as _;
 use pagoda_benches::attn::{self, Case, ModelShape, LLAMA8B, SMOLLM2};
-use pagoda_core::{registered_backends, AttentionBackend, Role};
+use pagoda_core::{registered_backends, AttentionBackend, DType, KvCacheDtype, Role};
 use pagoda_selector::BackendOverride;
 use std::time::Instant;
 
@@ -64,6 +67,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .cloned();
+    let kv: DType = match args.iter().position(|a| a == "--kv-dtype") {
+        Some(i) => args
+            .get(i + 1)
+            .ok_or("--kv-dtype needs a value")?
+            .parse::<KvCacheDtype>()?
+            .resolve(DType::F32),
+        None => DType::F32,
+    };
     let c = if args.iter().any(|a| a == "--no-ceilings") {
         pagoda_benches::ceilings::Ceilings {
             read_gbps: f64::NAN,
@@ -74,7 +85,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         pagoda_benches::ceilings::measure()
     };
     println!(
-        "threads {}, read {:.1} GB/s, copy {:.1} GB/s, f32 GEMM {:.1} GFLOP/s",
+        "threads {}, KV cache {kv}, read {:.1} GB/s, copy {:.1} GB/s, f32 GEMM {:.1} GFLOP/s",
         rayon::current_num_threads(),
         c.read_gbps,
         c.copy_gbps,
@@ -85,10 +96,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---|---|---|---|");
     let decode: [(ModelShape, usize, usize); 2] = [(LLAMA8B, 32, 2048), (SMOLLM2, 32, 2048)];
     for (shape, batch, ctx) in decode {
-        let mut case = attn::build(
+        let mut case = attn::build_with_kv(
             shape,
             &attn::decode_rows(batch, ctx),
             attn::DEFAULT_MAX_KV_BYTES,
+            kv,
         )?;
         for reg in registered_backends() {
             if (skip_naive && reg.name == "naive") || only.as_ref().is_some_and(|o| o != reg.name) {
@@ -116,7 +128,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // in one batch (decode rows first), on every backend that serves both kinds.
     let mut rows = attn::decode_rows(32, 2048);
     rows.extend(attn::prefill_rows(512, 1024));
-    let mut case = attn::build(LLAMA8B, &rows, attn::DEFAULT_MAX_KV_BYTES)?;
+    let mut case = attn::build_with_kv(LLAMA8B, &rows, attn::DEFAULT_MAX_KV_BYTES, kv)?;
     let mixed = format!(
         "mixed {} b32 x ctx2048 + prefill 512 tok + prefix 1024",
         LLAMA8B.name
@@ -141,10 +153,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (SMOLLM2, 2048, 1024),
     ];
     for (shape, tokens, prefix) in prefill {
-        let mut case = attn::build(
+        let mut case = attn::build_with_kv(
             shape,
             &attn::prefill_rows(tokens, prefix),
             attn::DEFAULT_MAX_KV_BYTES,
+            kv,
         )?;
         for reg in registered_backends() {
             if (skip_naive && reg.name == "naive") || only.as_ref().is_some_and(|o| o != reg.name) {

@@ -2,8 +2,9 @@
 //! layer's call, [`LayerIo`].
 
 use super::{AttentionConfig, BatchDescriptor};
-use crate::tensor::{DType, Device, TensorMut, TensorRef};
+use crate::tensor::{DType, Device, HostSlice, TensorMut, TensorRef};
 use crate::CoreError;
+use half::{bf16, f16};
 
 /// An attention implementation: **the trait a backend implements**. Created for one
 /// [`AttentionConfig`] by its registration ([`super::BackendRegistration::create`]).
@@ -66,6 +67,34 @@ pub struct F32Io<'a> {
     pub lse: Option<&'a mut [f32]>,
 }
 
+/// A layer's K and V pools in host memory, both of one element type.
+#[derive(Debug, Clone, Copy)]
+pub enum KvPools<'a> {
+    F32(&'a [f32], &'a [f32]),
+    F16(&'a [f16], &'a [f16]),
+    BF16(&'a [bf16], &'a [bf16]),
+}
+
+impl KvPools<'_> {
+    pub fn dtype(&self) -> DType {
+        match self {
+            KvPools::F32(..) => DType::F32,
+            KvPools::F16(..) => DType::F16,
+            KvPools::BF16(..) => DType::BF16,
+        }
+    }
+}
+
+/// The buffers of a [`LayerIo`] in host memory: f32 queries and outputs, the pools of
+/// any dtype ([`LayerIo::into_host_kv`]): what the CPU backends read, widening a
+/// 16-bit cache in registers.
+pub struct HostKvIo<'a> {
+    pub q: &'a [f32],
+    pub kv: KvPools<'a>,
+    pub out: &'a mut [f32],
+    pub lse: Option<&'a mut [f32]>,
+}
+
 impl<'a> LayerIo<'a> {
     /// CPU f32 buffers (flat views of the slices), the common case of tests and the
     /// CPU model.
@@ -92,6 +121,42 @@ impl<'a> LayerIo<'a> {
             q: self.q.as_f32("q")?,
             k_cache: self.k_cache.as_f32("k_cache")?,
             v_cache: self.v_cache.as_f32("v_cache")?,
+            out: self.out.into_f32("out")?,
+            lse: self.lse.map(|l| l.into_f32("lse")).transpose()?,
+        })
+    }
+
+    /// The buffers in host memory: `q`, `out` and `lse` f32, the pools of one host
+    /// dtype; else the first buffer that is not ([`CoreError::DTypeMismatch`] /
+    /// [`CoreError::NotOnHost`]; a V pool of another dtype than the K pool is a
+    /// mismatch named `v_cache`).
+    pub fn into_host_kv(self) -> Result<HostKvIo<'a>, CoreError> {
+        let q = self.q.as_f32("q")?;
+        let host = |t: TensorRef<'a>, name| {
+            t.host_slice().ok_or(CoreError::NotOnHost {
+                name,
+                device: t.device_of(),
+            })
+        };
+        let (k, v) = (
+            host(self.k_cache, "k_cache")?,
+            host(self.v_cache, "v_cache")?,
+        );
+        let kv = match (k, v) {
+            (HostSlice::F32(k), HostSlice::F32(v)) => KvPools::F32(k, v),
+            (HostSlice::F16(k), HostSlice::F16(v)) => KvPools::F16(k, v),
+            (HostSlice::BF16(k), HostSlice::BF16(v)) => KvPools::BF16(k, v),
+            (k, v) => {
+                return Err(CoreError::DTypeMismatch {
+                    name: "v_cache",
+                    expected: k.dtype(),
+                    actual: v.dtype(),
+                })
+            }
+        };
+        Ok(HostKvIo {
+            q,
+            kv,
             out: self.out.into_f32("out")?,
             lse: self.lse.map(|l| l.into_f32("lse")).transpose()?,
         })
@@ -234,6 +299,39 @@ mod tests {
             name(run(&q[1..], &kv[1..], &kv, &mut out[1..], None)).0,
             "q"
         );
+    }
+
+    #[test]
+    fn into_host_kv_takes_any_pool_dtype_but_one_for_both() {
+        let (q, kv) = ([0.0f32; 4], [bf16::ONE; 8]);
+        let hv = [f16::ONE; 8];
+        let mut out = [0.0f32; 4];
+        let bf = TensorRef::host(Device::Cpu, &kv).unwrap();
+        let hf = TensorRef::host(Device::Cpu, &hv).unwrap();
+        fn make<'a>(
+            q: &'a [f32],
+            k: TensorRef<'a>,
+            v: TensorRef<'a>,
+            out: &'a mut [f32],
+        ) -> LayerIo<'a> {
+            LayerIo {
+                q: TensorRef::cpu(q),
+                k_cache: k,
+                v_cache: v,
+                out: TensorMut::cpu(out),
+                lse: None,
+            }
+        }
+        let got = make(&q, bf, bf, &mut out).into_host_kv().unwrap();
+        assert_eq!(got.kv.dtype(), DType::BF16);
+        assert!(matches!(
+            make(&q, bf, hf, &mut out).into_host_kv(),
+            Err(CoreError::DTypeMismatch {
+                name: "v_cache",
+                expected: DType::BF16,
+                actual: DType::F16
+            })
+        ));
     }
 
     #[test]
