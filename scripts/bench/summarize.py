@@ -48,7 +48,7 @@ def rss_mib(out, server, rnd, key="VmHWM"):
 def kv_mib(out):
     for path in sorted(glob.glob(os.path.join(out, "pagoda-r*.log"))):
         with open(path, errors="replace") as f:
-            m = re.search(r"KV cache: .*?\(\d+ tokens, ([\d.]+) MiB\)", f.read())
+            m = re.search(r"KV cache: .*?\(\d+ usable tokens.*?; ([\d.]+) MiB\)", f.read())
             if m:
                 return float(m.group(1))
     return None
