@@ -270,7 +270,8 @@ impl Gpu {
         // SAFETY: every pointer is device memory of this context: the views were checked
         // against the batch and the config (lengths, dtypes, device) by `validate_batch`,
         // the metadata was uploaded by `plan` for this very batch (offsets within the
-        // token count, block ids within the pools by the batch's constructor), and the
+        // token count by the batch's constructor, block ids within the pools by
+        // `validate_batch`), and the
         // split workspace holds `workspace_len` floats for its plan.
         unsafe {
             match kernel {
@@ -310,8 +311,11 @@ impl Gpu {
                 ));
             }
         }
-        if v_pool.len() != k_pool.len() {
-            return Err("the key and value pools differ in size".into());
+        if v_pool.len() != k_pool.len() || v_pool.dtype() != k_pool.dtype() {
+            return Err("the key and value pools differ in size or dtype".into());
+        }
+        if v.dtype() != k.dtype() {
+            return Err(format!("k is {}, v is {}", k.dtype(), v.dtype()));
         }
         let planned = self.step.filter(|_| self.planned_slots == slot_mapping);
         let slots = match planned {
