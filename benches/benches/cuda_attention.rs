@@ -23,12 +23,14 @@ use pagoda_backends as _;
 use pagoda_core::Device;
 
 fn main() {
-    if let Some(why) = pagoda_core::device_unavailable(Device::Cuda(0)) {
-        println!("cuda attention benches skipped: {why}");
-        return;
+    match pagoda_core::device_unavailable(Device::Cuda(0)) {
+        Some(why) => println!("cuda attention benches skipped: {why}"),
+        #[cfg(feature = "cuda")]
+        None => gpu::main(),
+        // Without the feature the device is never available ("not compiled with CUDA").
+        #[cfg(not(feature = "cuda"))]
+        None => unreachable!("cuda:0 is unavailable without the `cuda` feature"),
     }
-    #[cfg(feature = "cuda")]
-    gpu::main();
 }
 
 #[cfg(feature = "cuda")]
