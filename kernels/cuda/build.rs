@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Kernel files, one per kernel family (and the mma probe).
-const KERNELS: [&str; 5] = ["write_kv", "naive", "paged", "flash", "mma_probe"];
+const KERNELS: [&str; 6] = ["write_kv", "naive", "paged", "flash", "mma_probe", "model"];
 
 fn main() {
     let manifest =

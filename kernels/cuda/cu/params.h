@@ -77,3 +77,90 @@ typedef struct PgLaunch {
   uint32_t block[3];
   uint32_t shared_bytes;
 } PgLaunch;
+
+/* ---- model.cu: the forward's row and elementwise kernels ------------------------------
+ * Integers are i32, norm weights and RoPE tables f32, the residual stream f32; the other
+ * tensors take the dtypes named at launch (PG_F32/PG_BF16/PG_F16). All row-major. */
+
+/* embed: out[t, :] = scale * table[ids[t], :]; table [vocab, hidden], out [num_tokens, hidden]. */
+typedef struct PgEmbedParams {
+  const int32_t* ids;
+  const void* table;
+  void* out;
+  int32_t num_tokens;
+  int32_t hidden;
+  float scale;
+  int32_t pad;
+} PgEmbedParams;
+
+/* rms_norm / add_rms_norm over rows of `dim`: x [rows, dim]; residual [rows, dim] f32
+ * (add_rms_norm only: residual += x, then the norm of residual; null for rms_norm);
+ * out[r] = v * (1 / sqrt(mean(v^2) + eps)) * (weight + w_offset), weight [dim] f32. */
+typedef struct PgNormParams {
+  const void* x;
+  float* residual;
+  const float* weight;
+  void* out;
+  int32_t rows;
+  int32_t dim;
+  float eps;
+  float w_offset;
+} PgNormParams;
+
+/* rope_write_kv: qkv [num_tokens, (num_heads + 2 num_kv_heads) head_dim] (rows are
+ * [q heads | k heads | v heads]) plus bias [(num_heads + 2 num_kv_heads) head_dim] f32
+ * (null: none); q and k rotated by the rotate-half (GPT-NeoX) RoPE at positions[t]
+ * with cos/sin [max_pos, head_dim / 2] f32; q into q_out [num_tokens, num_heads,
+ * head_dim], k and v into the pools [num_blocks, block_size, num_kv_heads, head_dim] at
+ * slot_mapping[t] (slot = block * block_size + offset; < 0: padding, K/V not written). */
+typedef struct PgRopeKvParams {
+  const void* qkv;
+  const float* bias;
+  const int32_t* positions;
+  const float* cos;
+  const float* sin;
+  const int32_t* slot_mapping;
+  void* q_out;
+  void* k_pool;
+  void* v_pool;
+  int32_t num_tokens;
+  int32_t num_heads;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+} PgRopeKvParams;
+
+/* silu_mul / gelu_tanh_mul: gate_up [rows, 2 inter] (rows are [gate | up]) -> out
+ * [rows, inter] = act(gate) * up. */
+typedef struct PgGluParams {
+  const void* gate_up;
+  void* out;
+  int32_t rows;
+  int32_t inter;
+} PgGluParams;
+
+/* gather_rows: out[i, :] = x[rows[i], :]; x [*, dim], out [num_rows, dim]. */
+typedef struct PgGatherParams {
+  const void* x;
+  const int32_t* rows;
+  void* out;
+  int32_t num_rows;
+  int32_t dim;
+} PgGatherParams;
+
+/* argmax per row of logits [rows, vocab]: ids[r] = the first index of the largest
+ * non-NaN value, values[r] = that value; a row with no non-NaN value (or vocab 0) gives
+ * index 0 and -inf. */
+typedef struct PgArgmaxParams {
+  const void* logits;
+  int32_t* ids;
+  float* values;
+  int32_t rows;
+  int32_t vocab;
+} PgArgmaxParams;
+
+/* cast: dst[i] = src[i] converted (round to nearest even), n elements. */
+typedef struct PgCastParams {
+  const void* src;
+  void* dst;
+  int64_t n;
+} PgCastParams;

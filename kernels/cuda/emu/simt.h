@@ -247,6 +247,9 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float exp2f_(float x) { return std::exp2(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+// Round-to-nearest products that nvcc must not contract into an FMA (the host build
+// never contracts: -std=c++20 implies -ffp-contract=off).
+inline float __fmul_rn(float a, float b) { return a * b; }
 inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
 inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
 template <class T>

@@ -44,8 +44,10 @@ const NAIVE: usize = 1;
 const PAGED: usize = 2;
 const FLASH: usize = 3;
 const MMA_PROBE: usize = 4;
+/// `model.cu` (its launchers are in `cuda_model.rs`).
+pub(crate) const MODEL: usize = 5;
 
-static MODULES: [ModuleSpec; 5] = [
+static MODULES: [ModuleSpec; 6] = [
     ModuleSpec {
         fatbin: fatbin!("write_kv"),
         functions: &["pg_write_kv_f32", "pg_write_kv_bf16", "pg_write_kv_f16"],
@@ -83,6 +85,10 @@ static MODULES: [ModuleSpec; 5] = [
         fatbin: fatbin!("mma_probe"),
         functions: &["pg_mma_probe_bf16", "pg_mma_probe_f16"],
     },
+    ModuleSpec {
+        fatbin: fatbin!("model"),
+        functions: &crate::cuda_model::MODEL_FUNCTIONS,
+    },
 ];
 
 fn drv(e: DriverError) -> Error {
@@ -119,7 +125,7 @@ type Loaded = Result<(Arc<CudaModule>, HashMap<&'static str, CudaFunction>), Err
 pub struct CudaKernels {
     ctx: Arc<CudaContext>,
     /// Per kernel file, its module and functions, loaded at first use.
-    loaded: [OnceLock<Loaded>; 5],
+    loaded: [OnceLock<Loaded>; 6],
 }
 
 impl std::fmt::Debug for CudaKernels {
@@ -188,7 +194,7 @@ impl CudaKernels {
         }
     }
 
-    fn function(&self, m: usize, name: &'static str) -> Result<&CudaFunction, Error> {
+    pub(crate) fn function(&self, m: usize, name: &'static str) -> Result<&CudaFunction, Error> {
         self.module(m)?
             .get(name)
             .ok_or_else(|| Error::Driver(format!("kernel {name} missing from its fatbin")))
@@ -197,7 +203,7 @@ impl CudaKernels {
     /// # Safety
     /// `params` must be what the kernel expects: valid device pointers of this context,
     /// sized as the launch reads and writes them, alive until the stream has run it.
-    unsafe fn launch<P>(
+    pub(crate) unsafe fn launch<P>(
         &self,
         f: &CudaFunction,
         l: Launch,

@@ -91,11 +91,11 @@ pub struct Io<'a, T> {
     pub lse: Option<&'a mut [f32]>,
 }
 
-fn to_i32(what: &'static str, v: usize) -> Result<i32, Error> {
+pub(crate) fn to_i32(what: &'static str, v: usize) -> Result<i32, Error> {
     i32::try_from(v).map_err(|_| invalid(what, format!("{v} does not fit in i32")))
 }
 
-fn expect_len(what: &'static str, got: usize, want: usize) -> Result<(), Error> {
+pub(crate) fn expect_len(what: &'static str, got: usize, want: usize) -> Result<(), Error> {
     if got == want {
         Ok(())
     } else {
@@ -103,7 +103,7 @@ fn expect_len(what: &'static str, got: usize, want: usize) -> Result<(), Error> 
     }
 }
 
-fn checked_mul(what: &'static str, a: usize, b: usize) -> Result<usize, Error> {
+pub(crate) fn checked_mul(what: &'static str, a: usize, b: usize) -> Result<usize, Error> {
     a.checked_mul(b)
         .ok_or_else(|| invalid(what, "size overflows"))
 }

@@ -16,6 +16,7 @@
 //! docs/gpu.md has the build, the emulator's limits and the device check.
 
 pub mod emu;
+pub mod emu_model;
 mod ffi;
 pub mod params;
 #[doc(hidden)]
@@ -23,8 +24,13 @@ pub mod selftest;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_model;
 
-pub use params::{AttnParams, Launch, MmaProbeParams, SplitPlan, WriteKvParams};
+pub use params::{
+    ArgmaxParams, AttnParams, CastParams, EmbedParams, GatherParams, GluParams, Launch,
+    MmaProbeParams, NormParams, RopeKvParams, SplitPlan, WriteKvParams,
+};
 
 /// Element type of q/out/K/V (f32 only where cheap: `write_kv`, `naive`, `paged`).
 /// The discriminants are the kernels' ABI (`PG_F32`, `PG_BF16`, `PG_F16` in params.h).

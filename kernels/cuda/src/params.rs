@@ -246,3 +246,172 @@ impl SplitPlan {
         (parts * head_dim, parts)
     }
 }
+
+// ---- model.cu -------------------------------------------------------------------------
+
+/// `PgEmbedParams`: `out[t, :] = scale * table[ids[t], :]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct EmbedParams {
+    /// `[num_tokens]` i32 token ids (each `< vocab`).
+    pub ids: *const i32,
+    /// `[vocab, hidden]` (the table dtype).
+    pub table: *const c_void,
+    /// `[num_tokens, hidden]` (the output dtype).
+    pub out: *mut c_void,
+    /// Rows of `ids` / `out`.
+    pub num_tokens: i32,
+    /// Row length.
+    pub hidden: i32,
+    /// Multiplier (1 for Llama; Gemma: `sqrt(hidden)`).
+    pub scale: f32,
+    /// Padding (write 0).
+    pub pad: i32,
+}
+
+/// `PgNormParams`: RMSNorm of rows of `dim`, `out = v / sqrt(mean(v²) + eps) * (weight +
+/// w_offset)`; with `residual` (add_rms_norm) `residual += x` first and `v` is the sum.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NormParams {
+    /// `[rows, dim]` (the input dtype).
+    pub x: *const c_void,
+    /// `[rows, dim]` f32, updated in place (add_rms_norm); null for rms_norm.
+    pub residual: *mut f32,
+    /// `[dim]` f32.
+    pub weight: *const f32,
+    /// `[rows, dim]` (the output dtype).
+    pub out: *mut c_void,
+    /// Rows.
+    pub rows: i32,
+    /// Row length (> 0).
+    pub dim: i32,
+    /// Added to the mean square.
+    pub eps: f32,
+    /// Added to every weight (0 for Llama, 1 for Gemma).
+    pub w_offset: f32,
+}
+
+/// `PgRopeKvParams`: RoPE (rotate-half) on the q and k heads of the fused QKV output,
+/// q into `q_out`, k and v into the paged pools at `slot_mapping` (`< 0`: not written).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RopeKvParams {
+    /// `[num_tokens, (num_heads + 2 num_kv_heads) head_dim]`: `[q | k | v]` heads (dtype T).
+    pub qkv: *const c_void,
+    /// `[(num_heads + 2 num_kv_heads) head_dim]` f32, added before the rotation; or null.
+    pub bias: *const f32,
+    /// `[num_tokens]` i32 positions (each `< max_pos`).
+    pub positions: *const i32,
+    /// `[max_pos, head_dim / 2]` f32 (`pagoda_kernels::RopeCache`'s table).
+    pub cos: *const f32,
+    /// `[max_pos, head_dim / 2]` f32.
+    pub sin: *const f32,
+    /// `[num_tokens]` i32 slots (`block * block_size + offset`), `< 0` = padding.
+    pub slot_mapping: *const i32,
+    /// `[num_tokens, num_heads, head_dim]` (dtype T).
+    pub q_out: *mut c_void,
+    /// `[num_blocks, block_size, num_kv_heads, head_dim]` (the KV dtype).
+    pub k_pool: *mut c_void,
+    /// Same layout as `k_pool`.
+    pub v_pool: *mut c_void,
+    /// Rows.
+    pub num_tokens: i32,
+    /// Query heads.
+    pub num_heads: i32,
+    /// KV heads.
+    pub num_kv_heads: i32,
+    /// Head dim (even).
+    pub head_dim: i32,
+}
+
+/// `PgGluParams`: `out = act(gate) * up` on `[rows, 2 inter]` rows `[gate | up]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GluParams {
+    /// `[rows, 2 inter]`.
+    pub gate_up: *const c_void,
+    /// `[rows, inter]`.
+    pub out: *mut c_void,
+    /// Rows.
+    pub rows: i32,
+    /// Intermediate size.
+    pub inter: i32,
+}
+
+/// `PgGatherParams`: `out[i, :] = x[rows[i], :]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct GatherParams {
+    /// `[*, dim]`.
+    pub x: *const c_void,
+    /// `[num_rows]` i32 row indices into `x`.
+    pub rows: *const i32,
+    /// `[num_rows, dim]`, the dtype of `x`.
+    pub out: *mut c_void,
+    /// Rows gathered.
+    pub num_rows: i32,
+    /// Row length.
+    pub dim: i32,
+}
+
+/// `PgArgmaxParams`: per row, the first index of the largest non-NaN value and the value
+/// (index 0 and `-inf` for a row without one).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ArgmaxParams {
+    /// `[rows, vocab]`.
+    pub logits: *const c_void,
+    /// `[rows]` i32 (written).
+    pub ids: *mut i32,
+    /// `[rows]` f32 (written).
+    pub values: *mut f32,
+    /// Rows.
+    pub rows: i32,
+    /// Row length.
+    pub vocab: i32,
+}
+
+/// `PgCastParams`: `dst[i] = src[i]` converted (round to nearest even).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CastParams {
+    /// `[n]` (the source dtype).
+    pub src: *const c_void,
+    /// `[n]` (the destination dtype).
+    pub dst: *mut c_void,
+    /// Elements.
+    pub n: i64,
+}
+
+macro_rules! model_launch {
+    ($ty:ty, $ffi:ident, $doc:literal) => {
+        impl $ty {
+            #[doc = $doc]
+            pub fn launch(&self) -> Launch {
+                // SAFETY: the geometry functions read only scalar fields, never through
+                // pointers.
+                unsafe { crate::ffi::$ffi(self) }
+            }
+        }
+    };
+}
+model_launch!(EmbedParams, pg_embed_launch, "Grid of the `embed` kernel.");
+model_launch!(
+    NormParams,
+    pg_norm_launch,
+    "Grid of `rms_norm` / `add_rms_norm`."
+);
+model_launch!(
+    RopeKvParams,
+    pg_rope_kv_launch,
+    "Grid of the `rope_write_kv` kernel."
+);
+model_launch!(
+    GluParams,
+    pg_glu_launch,
+    "Grid of `silu_mul` / `gelu_tanh_mul`."
+);
+model_launch!(GatherParams, pg_gather_launch, "Grid of `gather_rows`.");
+model_launch!(ArgmaxParams, pg_argmax_launch, "Grid of `argmax`.");
+model_launch!(CastParams, pg_cast_launch, "Grid of `cast`.");

@@ -1,0 +1,285 @@
+//! The model forward's kernels (`cu/model.cu`) on a CUDA device: launchers on
+//! [`CudaKernels`] taking the same parameter structs as [`crate::emu_model`] builds, with
+//! device pointers. Like the attention launchers they allocate nothing and never
+//! synchronise with the host (CUDA-graph friendly); the geometry is the host code the
+//! emulator runs ([`crate::Launch`]).
+
+use crate::cuda::{CudaKernels, MODEL};
+use crate::params::{
+    ArgmaxParams, CastParams, EmbedParams, GatherParams, GluParams, NormParams, RopeKvParams,
+};
+use crate::{invalid, Dtype, Error};
+use cudarc::driver::CudaStream;
+
+/// Entry points of `model.cu`, per family in `PG_F32, PG_BF16, PG_F16` order (two-dtype
+/// families: `first * 3 + second`). Offsets below.
+pub(crate) const MODEL_FUNCTIONS: [&str; 57] = [
+    "pg_embed_f32_f32",
+    "pg_embed_f32_bf16",
+    "pg_embed_f32_f16",
+    "pg_embed_bf16_f32",
+    "pg_embed_bf16_bf16",
+    "pg_embed_bf16_f16",
+    "pg_embed_f16_f32",
+    "pg_embed_f16_bf16",
+    "pg_embed_f16_f16",
+    "pg_rms_norm_f32_f32",
+    "pg_rms_norm_f32_bf16",
+    "pg_rms_norm_f32_f16",
+    "pg_rms_norm_bf16_f32",
+    "pg_rms_norm_bf16_bf16",
+    "pg_rms_norm_bf16_f16",
+    "pg_rms_norm_f16_f32",
+    "pg_rms_norm_f16_bf16",
+    "pg_rms_norm_f16_f16",
+    "pg_add_rms_norm_f32_f32",
+    "pg_add_rms_norm_f32_bf16",
+    "pg_add_rms_norm_f32_f16",
+    "pg_add_rms_norm_bf16_f32",
+    "pg_add_rms_norm_bf16_bf16",
+    "pg_add_rms_norm_bf16_f16",
+    "pg_add_rms_norm_f16_f32",
+    "pg_add_rms_norm_f16_bf16",
+    "pg_add_rms_norm_f16_f16",
+    "pg_rope_kv_f32_f32",
+    "pg_rope_kv_f32_bf16",
+    "pg_rope_kv_f32_f16",
+    "pg_rope_kv_bf16_f32",
+    "pg_rope_kv_bf16_bf16",
+    "pg_rope_kv_bf16_f16",
+    "pg_rope_kv_f16_f32",
+    "pg_rope_kv_f16_bf16",
+    "pg_rope_kv_f16_f16",
+    "pg_cast_f32_f32",
+    "pg_cast_f32_bf16",
+    "pg_cast_f32_f16",
+    "pg_cast_bf16_f32",
+    "pg_cast_bf16_bf16",
+    "pg_cast_bf16_f16",
+    "pg_cast_f16_f32",
+    "pg_cast_f16_bf16",
+    "pg_cast_f16_f16",
+    "pg_silu_mul_f32",
+    "pg_silu_mul_bf16",
+    "pg_silu_mul_f16",
+    "pg_gelu_tanh_mul_f32",
+    "pg_gelu_tanh_mul_bf16",
+    "pg_gelu_tanh_mul_f16",
+    "pg_gather_rows_f32",
+    "pg_gather_rows_bf16",
+    "pg_gather_rows_f16",
+    "pg_argmax_f32",
+    "pg_argmax_bf16",
+    "pg_argmax_f16",
+];
+
+const EMBED: usize = 0;
+const RMS_NORM: usize = 9;
+const ADD_RMS_NORM: usize = 18;
+const ROPE_KV: usize = 27;
+const CAST: usize = 36;
+const SILU: usize = 45;
+const GELU: usize = 48;
+const GATHER: usize = 51;
+const ARGMAX: usize = 54;
+
+fn one(base: usize, a: Dtype) -> &'static str {
+    MODEL_FUNCTIONS[base + a as usize]
+}
+fn two(base: usize, a: Dtype, b: Dtype) -> &'static str {
+    MODEL_FUNCTIONS[base + a as usize * 3 + b as usize]
+}
+
+impl CudaKernels {
+    fn model_launch<P>(
+        &self,
+        stream: &CudaStream,
+        name: &'static str,
+        l: crate::Launch,
+        p: &P,
+    ) -> Result<(), Error> {
+        let f = self.function(MODEL, name)?;
+        // SAFETY: every public launcher below passes its caller's promise on: `p` holds
+        // device pointers of this context sized as the kernel reads and writes them.
+        unsafe { self.launch(f, l, stream, p) }
+    }
+
+    /// `out[t, :] = scale * table[ids[t], :]` (table `table_dtype`, out `out_dtype`).
+    ///
+    /// # Safety
+    /// `p`'s pointers are device memory of this context: `ids` `num_tokens` i32 each in
+    /// `0..vocab`, `table` `[vocab, hidden]`, `out` `[num_tokens, hidden]`.
+    pub unsafe fn embed(
+        &self,
+        stream: &CudaStream,
+        p: &EmbedParams,
+        table_dtype: Dtype,
+        out_dtype: Dtype,
+    ) -> Result<(), Error> {
+        let name = two(EMBED, table_dtype, out_dtype);
+        self.model_launch(stream, name, p.launch(), p)
+    }
+
+    /// RMSNorm of `p.rows` rows (`p.residual` must be null).
+    ///
+    /// # Safety
+    /// `x` and `out` hold `[rows, dim]` of their dtypes, `weight` `dim` f32, on this device.
+    pub unsafe fn rms_norm(
+        &self,
+        stream: &CudaStream,
+        p: &NormParams,
+        x_dtype: Dtype,
+        out_dtype: Dtype,
+    ) -> Result<(), Error> {
+        if !p.residual.is_null() {
+            return Err(invalid(
+                "residual",
+                "rms_norm takes no residual (add_rms_norm does)",
+            ));
+        }
+        let name = two(RMS_NORM, x_dtype, out_dtype);
+        self.model_launch(stream, name, p.launch(), p)
+    }
+
+    /// `residual += x`, then RMSNorm of the residual into `out`.
+    ///
+    /// # Safety
+    /// As [`CudaKernels::rms_norm`], and `residual` is `[rows, dim]` f32 (not null).
+    pub unsafe fn add_rms_norm(
+        &self,
+        stream: &CudaStream,
+        p: &NormParams,
+        x_dtype: Dtype,
+        out_dtype: Dtype,
+    ) -> Result<(), Error> {
+        if p.residual.is_null() {
+            return Err(invalid("residual", "add_rms_norm needs the residual"));
+        }
+        let name = two(ADD_RMS_NORM, x_dtype, out_dtype);
+        self.model_launch(stream, name, p.launch(), p)
+    }
+
+    /// RoPE on q and k of the fused QKV rows, q into `q_out`, k and v into the pools.
+    ///
+    /// # Safety
+    /// `p`'s pointers are device memory of this context with the layouts of
+    /// [`RopeKvParams`] (`qkv`/`q_out` of `dtype`, pools of `kv_dtype`); `head_dim` is even,
+    /// positions are in `0..max_pos`, non-negative slots inside the pools.
+    pub unsafe fn rope_write_kv(
+        &self,
+        stream: &CudaStream,
+        p: &RopeKvParams,
+        dtype: Dtype,
+        kv_dtype: Dtype,
+    ) -> Result<(), Error> {
+        if p.head_dim <= 0 || p.head_dim % 2 != 0 {
+            return Err(invalid(
+                "head_dim",
+                format!("{} must be even and > 0", p.head_dim),
+            ));
+        }
+        let name = two(ROPE_KV, dtype, kv_dtype);
+        self.model_launch(stream, name, p.launch(), p)
+    }
+
+    /// `out = silu(gate) * up` on rows `[gate | up]`.
+    ///
+    /// # Safety
+    /// `gate_up` is `[rows, 2 inter]` and `out` `[rows, inter]` of `dtype` on this device.
+    pub unsafe fn silu_mul(
+        &self,
+        stream: &CudaStream,
+        p: &GluParams,
+        dtype: Dtype,
+    ) -> Result<(), Error> {
+        self.model_launch(stream, one(SILU, dtype), p.launch(), p)
+    }
+
+    /// `out = gelu_tanh(gate) * up` on rows `[gate | up]`.
+    ///
+    /// # Safety
+    /// As [`CudaKernels::silu_mul`].
+    pub unsafe fn gelu_tanh_mul(
+        &self,
+        stream: &CudaStream,
+        p: &GluParams,
+        dtype: Dtype,
+    ) -> Result<(), Error> {
+        self.model_launch(stream, one(GELU, dtype), p.launch(), p)
+    }
+
+    /// `out[i, :] = x[rows[i], :]`.
+    ///
+    /// # Safety
+    /// `rows` holds `num_rows` i32 row indices of `x`, `out` `[num_rows, dim]`, on this device.
+    pub unsafe fn gather_rows(
+        &self,
+        stream: &CudaStream,
+        p: &GatherParams,
+        dtype: Dtype,
+    ) -> Result<(), Error> {
+        self.model_launch(stream, one(GATHER, dtype), p.launch(), p)
+    }
+
+    /// Per row: the first index of the largest non-NaN value and the value.
+    ///
+    /// # Safety
+    /// `logits` is `[rows, vocab]` of `dtype`, `ids` `rows` i32, `values` `rows` f32.
+    pub unsafe fn argmax(
+        &self,
+        stream: &CudaStream,
+        p: &ArgmaxParams,
+        dtype: Dtype,
+    ) -> Result<(), Error> {
+        self.model_launch(stream, one(ARGMAX, dtype), p.launch(), p)
+    }
+
+    /// `dst = src` converted from `src_dtype` to `dst_dtype`.
+    ///
+    /// # Safety
+    /// `src` and `dst` hold `n` elements of their dtypes on this device.
+    pub unsafe fn cast(
+        &self,
+        stream: &CudaStream,
+        p: &CastParams,
+        src_dtype: Dtype,
+        dst_dtype: Dtype,
+    ) -> Result<(), Error> {
+        self.model_launch(stream, two(CAST, src_dtype, dst_dtype), p.launch(), p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::Bf16, Dtype::F16];
+
+    #[test]
+    fn names_follow_the_dtype_order() {
+        for (base, fam) in [
+            (EMBED, "embed"),
+            (RMS_NORM, "rms_norm"),
+            (ADD_RMS_NORM, "add_rms_norm"),
+            (ROPE_KV, "rope_kv"),
+            (CAST, "cast"),
+        ] {
+            for a in DTYPES {
+                for b in DTYPES {
+                    let want = format!("pg_{fam}_{}_{}", a.kernel_suffix(), b.kernel_suffix());
+                    assert_eq!(two(base, a, b), want);
+                }
+            }
+        }
+        for (base, fam) in [
+            (SILU, "silu_mul"),
+            (GELU, "gelu_tanh_mul"),
+            (GATHER, "gather_rows"),
+            (ARGMAX, "argmax"),
+        ] {
+            for a in DTYPES {
+                assert_eq!(one(base, a), format!("pg_{fam}_{}", a.kernel_suffix()));
+            }
+        }
+    }
+}
