@@ -1,18 +1,23 @@
-//! Pagoda's CUDA attention kernels, usable without a GPU.
+//! Pagoda's CUDA kernels (attention and the model forward's row/elementwise kernels),
+//! usable without a GPU.
 //!
 //! The kernels live in `cu/*.cu` (one file per family: `write_kv`, `naive`, `paged`,
-//! `flash`, plus the `mma_probe`). Each is written once and built two ways:
+//! `flash`, `model`, plus the `mma_probe`). Each is written once and built two ways:
 //!
 //! * always, for the host, by g++ through the SIMT emulator `emu/simt.h`: the
-//!   [`emu`] module runs them on host slices, checking every length and index first
-//!   (bad input is an [`Error`], never a panic or undefined behaviour). Slow (an OS
-//!   thread per CUDA thread), exact in logic: it is what the tests run;
+//!   [`emu`] module (attention) and the [`emu_model`] module (embedding, RMSNorm, fused
+//!   residual add + RMSNorm, RoPE + paged KV write, SwiGLU/GeGLU, row gather, argmax,
+//!   casts) run them on host slices, checking every length and index first (bad input
+//!   is an [`Error`], never a panic or undefined behaviour). Slow (an OS thread per CUDA
+//!   thread), exact in logic: it is what the tests run;
 //! * with the `cuda` feature, by nvcc into one fatbin per file (SASS sm_80/sm_90 + PTX
 //!   compute_80); the `cuda` module loads them through cudarc (driver opened at run time)
-//!   and launches the same parameter structs.
+//!   and launches the same parameter structs (`CudaKernels::rms_norm`, ... for `model.cu`).
 //!
-//! The launch parameters ([`AttnParams`], [`WriteKvParams`]) are `#[repr(C)]` mirrors of
-//! `cu/params.h`; their geometry ([`Launch`]) comes from the same host code on both paths.
+//! The launch parameters ([`AttnParams`], [`WriteKvParams`], [`EmbedParams`],
+//! [`NormParams`], [`RopeKvParams`], [`GluParams`], [`GatherParams`], [`ArgmaxParams`],
+//! [`CastParams`]) are `#[repr(C)]` mirrors of `cu/params.h`; their geometry ([`Launch`])
+//! comes from the same host code on both paths.
 //! docs/gpu.md has the build, the emulator's limits and the device check.
 
 pub mod emu;

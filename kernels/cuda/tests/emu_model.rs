@@ -162,7 +162,13 @@ fn rope_case<T: Conv, KV: Conv>(s: RopeSpec) {
         perm.swap(i, (rng.next() % (i as u64 + 1)) as usize);
     }
     let slots: Vec<i32> = (0..s.tokens)
-        .map(|t| if rng.next() % 4 == 0 { -1 } else { perm[t] })
+        .map(|t| {
+            if rng.next().is_multiple_of(4) {
+                -1
+            } else {
+                perm[t]
+            }
+        })
         .collect();
     let mut q_out = vec![T::from_f32(7.0); s.tokens * nh * d];
     let mut k_pool = vec![KV::from_f32(9.0); slots_total * nkv * d];

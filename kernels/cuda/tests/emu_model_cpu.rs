@@ -238,8 +238,8 @@ fn bad_rope_input_is_an_error() {
         head_dim: d,
         block_size: bs,
     };
-    let qkv = vec![0.5f32; 2 * 16];
-    let tab = vec![0.5f32; 3 * 2];
+    let qkv = [0.5f32; 2 * 16];
+    let tab = [0.5f32; 3 * 2];
     let run = |shape: &RopeKvShape,
                positions: &[i32],
                slots: &[i32],
