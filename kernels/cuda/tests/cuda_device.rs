@@ -42,6 +42,11 @@ fn ptxas_report_has_every_hot_kernel_without_spills() {
         "pg_flash_bf16_d128",
         "pg_naive_bf16",
         "pg_write_kv_bf16",
+        "pg_rms_norm_bf16_bf16",
+        "pg_add_rms_norm_bf16_bf16",
+        "pg_rope_kv_bf16_bf16",
+        "pg_silu_mul_bf16",
+        "pg_argmax_f32",
     ] {
         let lines: Vec<&str> = PTXAS_REPORT
             .lines()

@@ -109,7 +109,7 @@ fn build_kernels(sanitizer: &str) -> (PathBuf, PathBuf) {
     let dir = scratch(sanitizer);
     let cu = crate_dir().join("cu");
     let mut objs = Vec::new();
-    for k in ["write_kv", "naive", "paged", "flash"] {
+    for k in ["write_kv", "naive", "paged", "flash", "model"] {
         let obj = dir.join(format!("{k}.o"));
         compile(
             gxx_with(sanitizer)
@@ -126,6 +126,7 @@ fn build_kernels(sanitizer: &str) -> (PathBuf, PathBuf) {
     compile(
         gxx_with(sanitizer)
             .arg(crate_dir().join("emu/sanitize/kernels_main.cpp"))
+            .arg(crate_dir().join("emu/sanitize/model_driver.cpp"))
             .args(&objs)
             .arg("-o")
             .arg(&bin),

@@ -1,7 +1,7 @@
 // Runs the real kernels (write_kv, naive, paged with splits + merge, flash; with a
-// sliding window and a soft cap) once on small shapes under ThreadSanitizer: any race
-// between emulated threads (a missing barrier in a kernel) is reported. Correctness is
-// the Rust tests' job.
+// sliding window and a soft cap; model.cu's through model_driver.cpp) once on small
+// shapes under ThreadSanitizer: any race between emulated threads (a missing barrier in a
+// kernel) is reported. Correctness is the Rust tests' job.
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -12,6 +12,7 @@ extern "C" int pg_emu_write_kv(const PgWriteKvParams*, int);
 extern "C" int pg_emu_naive(const PgAttnParams*, int);
 extern "C" int pg_emu_paged(const PgAttnParams*, int);
 extern "C" int pg_emu_flash(const PgAttnParams*, int);
+int run_model_kernels();  // model_driver.cpp
 
 // Flash over one sequence of 18 new tokens after `ctx` cached ones, head dim D: with
 // ctx = 60 (78 keys) it takes two KV tiles, so both cp.async stages are filled under the
@@ -69,6 +70,7 @@ int main() {
   rc |= pg_emu_naive(&n, PG_F32);
   rc |= run_flash(64, 60);   // 2 KV tiles of 64
   rc |= run_flash(128, 60);  // 2 KV tiles of 64, 85 KiB of dynamic shared memory
+  rc |= run_model_kernels();
   std::printf(rc == 0 ? "ok\n" : "launch error\n");
   return rc;
 }
