@@ -3,7 +3,7 @@
 //! It defines what a request is ([`request`]), what the scheduler hands the model
 //! runner each step ([`sched`]), structured-output constraints as data ([`structured`]),
 //! data with its device and dtype ([`tensor`]) and the owners of device memory
-//! ([`device`]), how the paged KV cache is laid out ([`kv`]), the FP8 E4M3 element
+//! ([`device`]), the model kernels a device provides ([`ops`]), how the paged KV cache is laid out ([`kv`]), the FP8 E4M3 element
 //! conversions ([`fp8`]; not a KV cache dtype yet), and the
 //! attention-backend protocol with its inventory registry ([`attention`]).
 //!
@@ -15,6 +15,7 @@ pub mod device;
 pub mod error;
 pub mod fp8;
 pub mod kv;
+pub mod ops;
 pub mod request;
 pub mod sched;
 pub mod structured;
@@ -39,6 +40,9 @@ pub use half::{bf16, f16};
 pub use attention::inventory;
 pub use error::CoreError;
 pub use kv::{write_kv, KvCache, KvCacheDtype, KvCacheSpec, LayerKv};
+pub use ops::{
+    has_model_ops, open_model_ops, GatedAct, ModelOps, ModelOpsRegistration, RopeShape, StepInputs,
+};
 pub use request::{
     BlockHash, CheckedParams, FinishReason, Request, RequestId, RequestStatus, SamplingParams,
     StopReason, ALL_PROMPT_LOGPROBS,

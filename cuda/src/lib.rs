@@ -10,8 +10,10 @@
 //!   and (feature `cuda`) on `cuda:N` devices through `gpu.rs`.
 
 pub mod attn;
+pub mod gemm;
 #[cfg(feature = "cuda")]
 mod gpu;
+pub mod ops;
 pub mod runtime;
 
 pub use runtime::{cuda_unavailable, COMPILED, NOT_COMPILED, NO_DEVICE, NO_DRIVER};

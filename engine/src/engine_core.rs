@@ -4,23 +4,26 @@
 //! enter the scheduler's waiting queue through [`EngineCore::add_request`].
 
 use crate::runner::ModelRunner;
+use crate::runner_model::RunnerModel;
 use crate::structured::{Grammar, MaskStats};
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
-use pagoda_core::{open_device, Device, DeviceRuntime};
+use pagoda_core::{has_model_ops, open_device, open_model_ops, DType, Device, DeviceRuntime};
 use pagoda_core::{
     EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob, ReqHandle, Request,
     RequestStatus, SchedulerOutput,
 };
-use pagoda_models::{llama::Llama, merge_attention_configs, LlamaConfig, LlamaWeights};
+use pagoda_models::{
+    device_unsupported, llama::Llama, merge_attention_configs, DeviceLlama, DeviceScratch,
+    LlamaConfig, LlamaWeights, WeightDtype,
+};
 use pagoda_scheduler::{Scheduler, SchedulerConfig};
 use pagoda_selector::{select, BackendOverride};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The runtime of the engine's device, or why it cannot be used: the device must be
-/// available (driver, device, runtime linked) and, as the model forward runs in host
-/// memory, be a host device (`cpu`, or `emu` for the CUDA attention kernels emulated
-/// on the host).
+/// available (driver, device, runtime linked) and, unless it is the CPU, this binary
+/// must link model kernels for it (the device forward runs every op there).
 pub fn open_engine_device(device: Device) -> Result<Arc<dyn DeviceRuntime>, EngineError> {
     let runtime = open_device(device).map_err(|e| EngineError::Device {
         device,
@@ -29,16 +32,31 @@ pub fn open_engine_device(device: Device) -> Result<Arc<dyn DeviceRuntime>, Engi
             other => other.to_string(),
         },
     })?;
-    if !device.is_host() {
+    if device != Device::Cpu && !has_model_ops(device) {
         return Err(EngineError::Device {
             device,
-            message: "the model forward runs in host memory in this build (the CUDA forward \
-                      is not written yet); use --device cpu, or --device emu to run the CUDA \
-                      attention kernels emulated on the host"
-                .into(),
+            message: format!(
+                "this binary links no model kernels for {} (pagoda-cuda provides them)",
+                device.kind()
+            ),
         });
     }
     Ok(runtime)
+}
+
+/// The compute dtype of the device forward for `--dtype` (the device keeps no
+/// quantized blocks: `auto` uploads a GGUF's weights as bf16, as vLLM's `auto` does
+/// for a bf16 checkpoint).
+pub fn device_compute_dtype(weights: WeightDtype) -> Result<DType, String> {
+    match weights {
+        WeightDtype::Native | WeightDtype::Bf16 => Ok(DType::BF16),
+        WeightDtype::F32 => Ok(DType::F32),
+        WeightDtype::Q8_0 => Err(
+            "--quantization q8_0 runs on the CPU only; on a device the weights are bf16 \
+             (--dtype auto or bfloat16) or float32"
+                .into(),
+        ),
+    }
 }
 
 /// Scheduler plus model runner.
@@ -69,9 +87,24 @@ impl EngineCore {
         // is built per kind. The selector sees the device actually in use and the
         // cache's element type (`auto`: the queries' dtype, the model's compute
         // dtype), so it only picks backends that read that cache.
+        let device = runtime.device();
+        let on_device = device != Device::Cpu;
+        let compute = if on_device {
+            if let Some(why) = device_unsupported(&model_config) {
+                return Err(EngineError::Device {
+                    device,
+                    message: why,
+                });
+            }
+            device_compute_dtype(config.weight_dtype)
+                .map_err(|message| EngineError::Device { device, message })?
+        } else {
+            DType::F32
+        };
         let mut attn_configs = model_config.attention_configs(config.block_size);
         for c in &mut attn_configs {
-            c.device = runtime.device();
+            c.device = device;
+            c.q_dtype = compute;
             c.kv_dtype = config.kv_cache_dtype.resolve(c.q_dtype);
         }
         let merged = merge_attention_configs(&attn_configs);
@@ -144,14 +177,19 @@ impl EngineCore {
             kv_cache_dtype: spec.dtype,
             block_size: spec.block_size,
         };
-        tracing::info!("linear-layer weights: {:?}", config.weight_dtype);
-        let model = Llama::new_with_dtype(model_config, weights, config.weight_dtype)?;
-        for (kind, bytes) in model.weight_summary() {
-            tracing::info!(
-                "linear-layer weights: {kind}, {:.1} MiB",
-                bytes as f64 / (1 << 20) as f64
-            );
-        }
+        let model = if on_device {
+            build_device_model(config, &runtime, model_config, weights, compute)?
+        } else {
+            tracing::info!("linear-layer weights: {:?}", config.weight_dtype);
+            let model = Llama::new_with_dtype(model_config, weights, config.weight_dtype)?;
+            for (kind, bytes) in model.weight_summary() {
+                tracing::info!(
+                    "linear-layer weights: {kind}, {:.1} MiB",
+                    bytes as f64 / (1 << 20) as f64
+                );
+            }
+            RunnerModel::host(model)
+        };
         // The device's owner allocates the cache.
         let kv = KvCache::allocate(spec, runtime.as_ref()).map_err(|e| EngineError::Device {
             device: runtime.device(),
@@ -179,6 +217,12 @@ impl EngineCore {
             },
             info,
         ))
+    }
+
+    /// How many times the device forward's buffers were allocated (`None` on the
+    /// CPU); constant once the engine is warm.
+    pub fn num_device_allocations(&self) -> Option<usize> {
+        self.runner.num_device_allocations()
     }
 
     /// Arms (or disarms) the runner's test-only fault injection.
@@ -416,4 +460,52 @@ pub fn release_freed_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// The device forward: weights uploaded in `compute` (a progress line per quarter of
+/// the layers), the model kernels of the device, activation buffers sized for the
+/// step budget.
+fn build_device_model(
+    config: &EngineConfig,
+    runtime: &Arc<dyn DeviceRuntime>,
+    model_config: LlamaConfig,
+    weights: LlamaWeights,
+    compute: DType,
+) -> Result<RunnerModel, EngineError> {
+    let device = runtime.device();
+    let dev_err = |message: String| EngineError::Device { device, message };
+    let ops = open_model_ops(runtime.clone()).map_err(|e| dev_err(e.to_string()))?;
+    let start = std::time::Instant::now();
+    let mut last_quarter = 0;
+    let model = DeviceLlama::new(
+        model_config,
+        weights,
+        compute,
+        runtime.as_ref(),
+        |done, all| {
+            let quarter = done * 4 / all.max(1);
+            if quarter > last_quarter {
+                last_quarter = quarter;
+                tracing::info!("loading weights onto {device}: {done}/{all} layers");
+            }
+        },
+    )?;
+    let scratch = DeviceScratch::new(
+        runtime,
+        model.config(),
+        compute,
+        config.max_num_batched_tokens,
+        config.max_num_seqs,
+    )?;
+    tracing::info!(
+        "device {device}: weights {compute} {:.1} MiB in {:.1} s, activations {:.1} MiB",
+        model.weight_bytes() as f64 / (1 << 20) as f64,
+        start.elapsed().as_secs_f64(),
+        scratch.size_bytes() as f64 / (1 << 20) as f64
+    );
+    Ok(RunnerModel::Device {
+        model: Box::new(model),
+        ops,
+        scratch,
+    })
 }

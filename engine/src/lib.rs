@@ -14,6 +14,7 @@ pub mod llm_engine;
 pub mod output;
 pub mod prompt_logprobs;
 pub mod runner;
+pub mod runner_model;
 pub mod sampler;
 pub mod structured;
 

@@ -15,6 +15,7 @@
 //! (see [`crate::structured`]).
 
 use crate::prompt_logprobs;
+use crate::runner_model::RunnerModel;
 use crate::sampler::{RowResult, SampleInput, Sampler, SamplerError};
 use crate::structured::{apply_mask, Grammar, MaskJob, MaskStats, MaskWorker};
 use crate::EngineError;
@@ -22,7 +23,6 @@ use pagoda_core::{
     AttentionBackend, BatchDescriptor, CheckedParams, KvCache, ModelRunnerOutput,
     PromptLogprobsChunk, ReqHandle, RequestId, SchedulerOutput,
 };
-use pagoda_models::llama::{ForwardScratch, Llama};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -86,10 +86,10 @@ const MAX_KEPT_LOGITS: usize = 64 << 20;
 
 /// Runs the model for scheduled batches.
 pub struct ModelRunner {
-    model: Llama,
+    model: RunnerModel,
     kv: KvCache,
     /// One backend per attention kind of the model's layers
-    /// ([`Llama::attention_configs`]; two for Gemma 2's sliding and global layers).
+    /// ([`pagoda_models::Llama::attention_configs`]; two for Gemma 2's sliding and global layers).
     attn: Vec<Box<dyn AttentionBackend>>,
     sampler: Sampler,
     eos_ids: Vec<u32>,
@@ -105,7 +105,6 @@ pub struct ModelRunner {
     prompt_rows: Vec<PromptRows>,
     logits: Vec<f32>,
     batch: BatchDescriptor,
-    scratch: ForwardScratch,
     faults: Option<FaultInjection>,
     /// Grammars of constrained requests, by request handle.
     grammars: HashMap<ReqHandle, Box<Grammar>>,
@@ -118,7 +117,7 @@ pub struct ModelRunner {
 
 impl ModelRunner {
     pub fn new(
-        model: Llama,
+        model: RunnerModel,
         kv: KvCache,
         attn: Vec<Box<dyn AttentionBackend>>,
         eos_ids: Vec<u32>,
@@ -140,7 +139,6 @@ impl ModelRunner {
             prompt_rows: Vec::new(),
             logits: Vec::new(),
             batch: BatchDescriptor::default(),
-            scratch: ForwardScratch::default(),
             faults: None,
             grammars: HashMap::new(),
             mask_worker: None,
@@ -168,6 +166,11 @@ impl ModelRunner {
     /// Cumulative mask timings (per-row compute time, time the step waited).
     pub fn mask_stats(&self) -> MaskStats {
         self.mask_stats
+    }
+
+    /// How many times the device forward's buffers were allocated (`None` on the CPU).
+    pub fn num_device_allocations(&self) -> Option<usize> {
+        self.model.num_device_allocations()
     }
 
     /// Arms the test-only fault injection (see [`FaultInjection`]).
@@ -250,7 +253,7 @@ impl ModelRunner {
         for a in &mut self.attn {
             a.plan(&self.batch)?;
         }
-        self.model.forward_kinds(
+        self.model.forward(
             &self.input_ids,
             &self.positions,
             &self.batch,
@@ -258,7 +261,6 @@ impl ModelRunner {
             &mut self.kv,
             &self.logits_rows,
             &mut self.logits,
-            &mut self.scratch,
         )?;
         Ok(())
     }

@@ -162,6 +162,11 @@ impl RopeCache {
     pub fn max_position(&self) -> usize {
         self.max_position
     }
+    /// The cos and sin tables, each `[max_position, head_dim / 2]` (what a device
+    /// forward uploads for its RoPE kernel).
+    pub fn tables(&self) -> (&[f32], &[f32]) {
+        (&self.cos, &self.sin)
+    }
 
     /// Rotates `x` (`[positions.len(), num_heads, head_dim]`) in place, token `t` by
     /// angle `positions[t]`.

@@ -1,6 +1,7 @@
 //! Models: loading weights and tokenizers from GGUF files or HF directories, chat
 //! templates, and the one decoder forward pass on CPU that runs every supported
-//! family (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Mixtral; see [`arch`]).
+//! family (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Mixtral; see [`arch`]), and its
+//! device twin ([`device`]: weights on a device, every op through core's `ModelOps`).
 //!
 //! Architecture invariant: models knows the attention protocol of `pagoda-core`
 //! but no concrete backend, nothing of scheduling, and nothing of HTTP.
@@ -9,6 +10,7 @@ pub mod arch;
 pub mod chat;
 pub mod config;
 pub mod dequant;
+pub mod device;
 pub mod error;
 pub mod gguf;
 pub mod hf;
@@ -26,6 +28,7 @@ pub mod weights;
 pub use arch::{ArchConfig, Architecture, AttnKind};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{merge_attention_configs, LlamaConfig, RopeScaling};
+pub use device::{device_unsupported, DeviceLlama, DeviceScratch};
 pub use error::ModelError;
 pub use linear::{Linear, WeightDtype};
 pub use llama::{ForwardScratch, Llama};

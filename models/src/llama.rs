@@ -153,7 +153,7 @@ fn config_err(message: String) -> ModelError {
     ModelError::Config { message }
 }
 
-fn validate_config(c: &LlamaConfig) -> Result<(), ModelError> {
+pub(crate) fn validate_config(c: &LlamaConfig) -> Result<(), ModelError> {
     let positive = [
         ("vocab_size", c.vocab_size),
         ("hidden_size", c.hidden_size),

@@ -38,6 +38,8 @@ pub struct ReferenceCase {
     pub greedy_text: String,
     pub top5_ids: Vec<u32>,
     pub top5_logprobs: Vec<f32>,
+    /// Top-1 minus top-2 log-probability of the reference at each generated step.
+    pub gaps: Vec<f32>,
     pub safe_len: usize,
 }
 

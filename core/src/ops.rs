@@ -1,0 +1,220 @@
+//! Model kernels on a device: the operations of a decoder forward pass other than
+//! attention (embedding, RMSNorm fused with the residual add, the linear layers'
+//! GEMM, RoPE fused with the paged K/V write, SiLU-mul, row gathers, greedy argmax),
+//! as the trait a device crate implements ([`ModelOps`]) and its registry
+//! ([`open_model_ops`]).
+//!
+//! The model crate runs its device forward through this trait, so it knows no CUDA;
+//! the CUDA crate implements it for `cuda:N` (kernels on the GPU) and for `emu`
+//! (the same `.cu` kernels compiled for the host, GEMMs on the CPU), and registers
+//! both with [`register_model_ops!`](crate::register_model_ops).
+//!
+//! Integer inputs of a step (token ids, positions, slots, the rows whose logits are
+//! needed) go to the device once per step in [`ModelOps::begin_step`], into buffers
+//! the implementation owns at fixed addresses; the kernels after it read them from
+//! there. That is what lets a decode step be replayed as a CUDA graph: only the
+//! contents of those buffers change between replays.
+
+use crate::device::DeviceRuntime;
+use crate::tensor::{Device, DeviceKind, TensorMut, TensorRef};
+use crate::CoreError;
+use std::sync::Arc;
+
+/// The integer inputs of one step, in the batch's token order.
+#[derive(Debug, Clone, Copy)]
+pub struct StepInputs<'a> {
+    /// `[num_tokens]` token ids.
+    pub input_ids: &'a [u32],
+    /// `[num_tokens]` positions.
+    pub positions: &'a [u32],
+    /// `[num_tokens]` cache slots (`block * block_size + offset`; negative = padding,
+    /// no K/V written).
+    pub slot_mapping: &'a [i64],
+    /// The batch rows whose logits are computed, in output order.
+    pub logits_rows: &'a [u32],
+}
+
+/// Heads and dims of [`ModelOps::rope_write_kv`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RopeShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl RopeShape {
+    /// Width of one fused QKV row.
+    pub fn qkv_dim(&self) -> usize {
+        (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+    }
+}
+
+/// The elementwise activation of a gated MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatedAct {
+    /// `silu(gate) * up` (Llama).
+    Silu,
+    /// `gelu_tanh(gate) * up` (Gemma).
+    GeluTanh,
+}
+
+/// The non-attention kernels of a decoder forward pass on one device.
+///
+/// Buffers are views of this device's memory with their dtype and shape; every
+/// method checks them (shapes, dtypes, devices) and returns an error on a mismatch,
+/// never panics. Methods queue work on the device and do not wait for it, except
+/// [`ModelOps::download_f32`] and [`ModelOps::argmax`], which return host values.
+pub trait ModelOps: Send {
+    /// The device the kernels run on.
+    fn device(&self) -> Device;
+
+    /// The device's memory owner (allocation, copies).
+    fn runtime(&self) -> &Arc<dyn DeviceRuntime>;
+
+    /// Copies the step's integer inputs to the device in one transfer.
+    fn begin_step(&mut self, step: &StepInputs<'_>) -> Result<(), CoreError>;
+
+    /// `out[t] = scale * table[input_ids[t]]`: `table` `[vocab, hidden]`, `out`
+    /// `[num_tokens, hidden]` (the step's ids).
+    fn embed(
+        &mut self,
+        table: TensorRef<'_>,
+        scale: f32,
+        out: TensorMut<'_>,
+    ) -> Result<(), CoreError>;
+
+    /// `out[t] = x[t] / rms(x[t]) * (w + w_offset)`, rows of `w.len()`.
+    fn rms_norm(
+        &mut self,
+        x: TensorRef<'_>,
+        w: TensorRef<'_>,
+        w_offset: f32,
+        eps: f32,
+        out: TensorMut<'_>,
+    ) -> Result<(), CoreError>;
+
+    /// `residual += x`, then `out = rms_norm(residual)` (vLLM's fused add + norm).
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(
+        &mut self,
+        residual: TensorMut<'_>,
+        x: TensorRef<'_>,
+        w: TensorRef<'_>,
+        w_offset: f32,
+        eps: f32,
+        out: TensorMut<'_>,
+    ) -> Result<(), CoreError>;
+
+    /// `out[m, n] = x[m, k] · w[n, k]^T` (f32 accumulation), shapes from the views.
+    fn linear(
+        &mut self,
+        x: TensorRef<'_>,
+        w: TensorRef<'_>,
+        out: TensorMut<'_>,
+    ) -> Result<(), CoreError>;
+
+    /// RoPE (rotate-half convention, tables `cos`/`sin` `[max_pos, head_dim / 2]`
+    /// f32 at the step's positions) on the fused `qkv` rows (plus `bias`, if any):
+    /// rotated q into `q_out` `[num_tokens, num_heads * head_dim]`, rotated k and v
+    /// into this layer's pools at the step's slots (negative slots: q only).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_write_kv(
+        &mut self,
+        qkv: TensorRef<'_>,
+        bias: Option<TensorRef<'_>>,
+        cos: TensorRef<'_>,
+        sin: TensorRef<'_>,
+        shape: RopeShape,
+        q_out: TensorMut<'_>,
+        k_pool: TensorMut<'_>,
+        v_pool: TensorMut<'_>,
+    ) -> Result<(), CoreError>;
+
+    /// `out[t] = act(gate_up[t][..i]) * gate_up[t][i..]`, `out` `[rows, i]`.
+    fn gated_act(
+        &mut self,
+        act: GatedAct,
+        gate_up: TensorRef<'_>,
+        out: TensorMut<'_>,
+    ) -> Result<(), CoreError>;
+
+    /// `out[i] = x[logits_rows[i]]` (the step's logits rows), rows of `width`.
+    fn gather_logits_rows(
+        &mut self,
+        x: TensorRef<'_>,
+        width: usize,
+        out: TensorMut<'_>,
+    ) -> Result<(), CoreError>;
+
+    /// Waits for the queued work and copies `x` into host f32s (converting).
+    fn download_f32(&mut self, x: TensorRef<'_>, out: &mut [f32]) -> Result<(), CoreError>;
+
+    /// Greedy ids of the rows of `logits` `[rows, vocab]` (first maximum; NaN
+    /// skipped), computed on the device; waits and returns them on the host.
+    fn argmax(&mut self, logits: TensorRef<'_>, ids: &mut [u32]) -> Result<(), CoreError>;
+}
+
+/// A device crate's model kernels for one device family.
+pub struct ModelOpsRegistration {
+    pub kind: DeviceKind,
+    /// The crate that registered it (for messages).
+    pub provider: &'static str,
+    pub open: fn(Arc<dyn DeviceRuntime>) -> Result<Box<dyn ModelOps>, CoreError>,
+}
+
+inventory::collect!(ModelOpsRegistration);
+
+/// Registers model kernels: `register_model_ops!(ModelOpsRegistration { .. });`
+#[macro_export]
+macro_rules! register_model_ops {
+    ($reg:expr) => {
+        $crate::inventory::submit! { $reg }
+    };
+}
+
+/// Whether this binary links model kernels for `device`'s family.
+pub fn has_model_ops(device: Device) -> bool {
+    inventory::iter::<ModelOpsRegistration>
+        .into_iter()
+        .any(|r| r.kind == device.kind())
+}
+
+/// The model kernels of `runtime`'s device, or why there are none.
+pub fn open_model_ops(runtime: Arc<dyn DeviceRuntime>) -> Result<Box<dyn ModelOps>, CoreError> {
+    let device = runtime.device();
+    let r = inventory::iter::<ModelOpsRegistration>
+        .into_iter()
+        .find(|r| r.kind == device.kind())
+        .ok_or_else(|| CoreError::DeviceUnavailable {
+            device,
+            message: format!(
+                "this binary links no model kernels for {} (pagoda-cuda provides cuda and emu)",
+                device.kind()
+            ),
+        })?;
+    (r.open)(runtime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_provider_opening_is_a_clear_error() {
+        // core's own tests link no device crate.
+        let rt = crate::open_device(Device::Emu).unwrap();
+        assert!(!has_model_ops(Device::Emu));
+        let e = open_model_ops(rt).err().unwrap();
+        assert!(e.to_string().contains("no model kernels for emu"), "{e}");
+    }
+
+    #[test]
+    fn qkv_width() {
+        let s = RopeShape {
+            num_heads: 9,
+            num_kv_heads: 3,
+            head_dim: 64,
+        };
+        assert_eq!(s.qkv_dim(), 15 * 64);
+    }
+}
