@@ -310,8 +310,15 @@ PgLaunch rows_launch(int64_t rows, int64_t row_elems) {
 template <class P>
 using Kernel = void (*)(P);
 
+// The emulator runs one OS thread per CUDA thread, so on the host a row kernel's block
+// is capped at two warps: every kernel here strides its row by blockDim.x, so any
+// multiple of 32 computes the same values, and two warps still exercise the cross-warp
+// reductions. The GPU geometry (up to 1024 threads) is what `*_launch` reports.
+constexpr unsigned kEmuMaxThreads = 64;
+
 template <class P>
 int run(PgLaunch l, Kernel<P> k, const P* p) {
+  if (l.block[1] == 1 && l.block[2] == 1 && l.block[0] > kEmuMaxThreads) l.block[0] = kEmuMaxThreads;
   const dim3 grid(l.grid[0], l.grid[1], l.grid[2]), block(l.block[0], l.block[1], l.block[2]);
   pagoda_emu::launch(grid, block, l.shared_bytes, k, *p);
   return 0;

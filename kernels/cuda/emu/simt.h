@@ -2,11 +2,13 @@
 // host, so their logic runs in plain `cargo test` on machines with no GPU and no nvcc.
 //
 // How it works
-//   * `pagoda_emu::launch(grid, block, dyn_smem, kernel, args...)` starts one std::thread
-//     per CUDA thread of a block; the same threads then run every block of the grid, one
-//     block after another (a block barrier separates consecutive blocks).
-//   * `threadIdx`/`blockIdx`/`blockDim`/`gridDim` are thread_local globals.
-//   * `__syncthreads()` is a std::barrier over the block's threads; `__syncwarp()` one
+//   * `pagoda_emu::launch(grid, block, dyn_smem, kernel, args...)` runs one fiber (or,
+//     under the sanitizers, one std::thread) per CUDA thread of a block; the same threads
+//     then run every block of the grid, one block after another (a block barrier
+//     separates consecutive blocks). See `Barrier` for the two modes.
+//   * `threadIdx`/`blockIdx`/`blockDim`/`gridDim` are thread_local globals (swapped per
+//     fiber).
+//   * `__syncthreads()` is a blocking barrier over the block's threads; `__syncwarp()` one
 //     over the warp's lanes.
 //   * `__shared__` expands to `static`: a function-local static array is one storage
 //     shared by all emulated threads, and because blocks run serially and launches are
@@ -36,24 +38,28 @@
 //   * Tensor-core rounding differs: the host sums the 16 products of an mma in f32 in
 //     order; hardware may accumulate with a different order and truncation. Tests need
 //     tolerances, never bit equality, for mma results.
-//   * Slow: tens of microseconds per emulated thread and per barrier; keep shapes small.
+//   * Slow: microseconds per emulated thread and per barrier (tens with OS threads);
+//     keep shapes small.
 //   * Memory model: the host is x86 TSO plus C++ barriers, stronger than the GPU's;
 //     a missing __threadfence() is not found. Missing __syncthreads() is found by TSan.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
+#include <condition_variable>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <ucontext.h>
 
 // ---- CUDA keywords that mean nothing on the host -------------------------------------
 #define __global__
@@ -89,10 +95,68 @@ namespace pagoda_emu {
   std::abort();
 }
 
+// Two ways to run a block's threads:
+//   * fibers (the default): every emulated thread is a ucontext fiber on the launching
+//     OS thread, a barrier yields to the next fiber until the last one arrives. A barrier
+//     then costs a few microseconds (one user-space switch per thread), where OS threads
+//     on a 2-core machine cost thousands of context switches per barrier (measured with
+//     perf: over 90 % of an emulated forward's time). A round in which no fiber arrives
+//     anywhere or finishes is a deadlock and aborts, naming it.
+//   * OS threads (`PAGODA_EMU_THREADS`, and always under -fsanitize=thread/address, which
+//     need real threads and plain stacks): one std::thread per emulated thread, blocking
+//     barriers; ThreadSanitizer then sees every race a missing barrier leaves.
+#if !defined(PAGODA_EMU_THREADS) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+#define PAGODA_EMU_FIBERS 1
+#endif
+
+struct Fiber;
+// The running fiber and the scheduler's context (fiber mode).
+inline thread_local Fiber* tl_fiber = nullptr;
+inline thread_local bool tl_progress = false;
+inline void fiber_yield();
+
+// A barrier over `n` emulated threads.
+class Barrier {
+ public:
+  explicit Barrier(unsigned n) : n_(n) {}
+  void arrive_and_wait() {
+#ifdef PAGODA_EMU_FIBERS
+    const uint64_t gen = gen_;
+    tl_progress = true;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      return;
+    }
+    while (gen_ == gen) fiber_yield();
+#else
+    std::unique_lock<std::mutex> lk(m_);
+    const uint64_t gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      lk.unlock();
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lk, [&] { return gen_ != gen; });
+#endif
+  }
+
+ private:
+#ifndef PAGODA_EMU_FIBERS
+  std::mutex m_;
+  std::condition_variable cv_;
+#endif
+  const unsigned n_;
+  unsigned count_ = 0;
+  uint64_t gen_ = 0;
+};
+
 struct Warp {
   explicit Warp(unsigned lanes) : lanes(lanes), bar(lanes) {}
   unsigned lanes;
-  std::barrier<> bar;
+  Barrier bar;
   uint64_t slot[32];
   uint32_t mma_a[32][4];
   uint32_t mma_b[32][2];
@@ -104,7 +168,7 @@ struct Block {
     for (unsigned w = 0; w * 32 < threads; ++w)
       warps.push_back(std::make_unique<Warp>(std::min(32u, threads - w * 32)));
   }
-  std::barrier<> bar;
+  Barrier bar;
   std::vector<std::unique_ptr<Warp>> warps;
   std::vector<uint4> dyn;  // dynamic shared memory, 16-byte aligned, exact size (ASan sees overflows)
 };
@@ -127,7 +191,58 @@ inline Warp& full_warp() {
 
 inline void* dyn_smem() { return tl_block->dyn.data(); }
 
-// Runs `kernel(args...)` over the grid. Blocks are serial; threads of a block concurrent.
+#ifdef PAGODA_EMU_FIBERS
+// One emulated thread as a fiber: its context, stack and CUDA built-ins (the built-ins
+// are thread_local globals of the one OS thread, swapped in and out with the fiber).
+struct Fiber {
+  ucontext_t ctx;
+  char* stack = nullptr;
+  dim3 tid, bid;
+  unsigned lane = 0, warp = 0;
+  bool done = false;
+  const std::function<void()>* body = nullptr;
+};
+inline thread_local ucontext_t* tl_sched = nullptr;
+// Stack of one fiber: kernels keep small per-thread arrays; 256 KiB is far above them
+// and costs nothing until touched.
+constexpr size_t kFiberStack = 256 * 1024;
+
+inline void fiber_yield() {
+  Fiber* f = tl_fiber;
+  f->bid = blockIdx;
+  if (swapcontext(&f->ctx, tl_sched) != 0) fail("swapcontext failed");
+}
+
+inline void fiber_entry() {
+  Fiber* f = tl_fiber;
+  (*f->body)();
+  f->done = true;
+  tl_progress = true;
+  // Back to the scheduler for good: a finished fiber is never resumed.
+  swapcontext(&f->ctx, tl_sched);
+  fail("a finished fiber was resumed");
+}
+#endif
+
+#ifdef PAGODA_EMU_FIBERS
+// Gives `f` its stack and entry point. Out of line: getcontext returns twice, which would
+// make g++ warn about every local of the caller (-Wclobbered).
+// Stacks are kept per OS thread and reused by every launch (allocating them per launch
+// made page faults a third of an emulated forward's time).
+[[gnu::noinline]] inline void make_fiber(Fiber& f, unsigned t) {
+  static thread_local std::vector<std::unique_ptr<char[]>> stacks;
+  while (stacks.size() <= t) stacks.emplace_back(new char[kFiberStack]);
+  f.stack = stacks[t].get();
+  if (getcontext(&f.ctx) != 0) fail("getcontext failed");
+  f.ctx.uc_stack.ss_sp = f.stack;
+  f.ctx.uc_stack.ss_size = kFiberStack;
+  f.ctx.uc_link = nullptr;
+  makecontext(&f.ctx, fiber_entry, 0);
+}
+#endif
+
+// Runs `kernel(args...)` over the grid. Blocks are serial; threads of a block concurrent
+// (fibers or OS threads, see above); a block barrier separates consecutive blocks.
 template <class K, class... A>
 void launch(dim3 grid, dim3 block, size_t dyn_bytes, K kernel, A... args) {
   const unsigned n = block.x * block.y * block.z;
@@ -136,32 +251,75 @@ void launch(dim3 grid, dim3 block, size_t dyn_bytes, K kernel, A... args) {
   if (blocks == 0) return;
   std::lock_guard<std::mutex> guard(launch_mutex());
   Block state(n, dyn_bytes);
+  // The body of emulated thread `t`: every block of the grid, in order.
+  auto body = [&](unsigned t) {
+    tl_block = &state;
+    tl_lane = t % 32;
+    tl_warp = t / 32;
+    blockDim = block;
+    gridDim = grid;
+    threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+    for (uint64_t b = 0; b < blocks; ++b) {
+      blockIdx = dim3(unsigned(b % grid.x), unsigned((b / grid.x) % grid.y),
+                      unsigned(b / (uint64_t(grid.x) * grid.y)));
+      kernel(args...);
+      // The next block reuses the same `__shared__` statics.
+      state.bar.arrive_and_wait();
+    }
+  };
+#ifdef PAGODA_EMU_FIBERS
+  std::vector<std::function<void()>> bodies;
+  std::vector<Fiber> fibers(n);
+  bodies.reserve(n);
+  ucontext_t sched;
+  for (unsigned t = 0; t < n; ++t) {
+    bodies.emplace_back([&body, t] { body(t); });
+    Fiber& f = fibers[t];
+    f.body = &bodies[t];
+    make_fiber(f, t);
+  }
+  ucontext_t* outer_sched = tl_sched;
+  Fiber* outer_fiber = tl_fiber;
+  tl_sched = &sched;
+  for (unsigned live = n; live > 0;) {
+    tl_progress = false;
+    for (Fiber& f : fibers) {
+      if (f.done) continue;
+      tl_fiber = &f;
+      // A fiber's built-ins: `body` sets them on its first run; restore them after.
+      threadIdx = f.tid;
+      blockIdx = f.bid;
+      tl_lane = f.lane;
+      tl_warp = f.warp;
+      tl_block = &state;
+      blockDim = block;
+      gridDim = grid;
+      if (swapcontext(&sched, &f.ctx) != 0) fail("swapcontext failed");
+      f.tid = threadIdx;
+      f.lane = tl_lane;
+      f.warp = tl_warp;
+      if (f.done) --live;
+    }
+    if (live > 0 && !tl_progress)
+      fail("deadlock: emulated threads wait at a barrier that the others never reach "
+           "(an early return before __syncthreads, or a collective in divergent code)");
+  }
+  tl_sched = outer_sched;
+  tl_fiber = outer_fiber;
+#else
   std::vector<std::thread> threads;
   threads.reserve(n);
   for (unsigned t = 0; t < n; ++t) {
     // A thread the OS refuses would leave the others waiting at a barrier forever:
     // stop loudly instead.
     try {
-    threads.emplace_back([&, t] {
-      tl_block = &state;
-      tl_lane = t % 32;
-      tl_warp = t / 32;
-      blockDim = block;
-      gridDim = grid;
-      threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
-      for (uint64_t b = 0; b < blocks; ++b) {
-        blockIdx = dim3(unsigned(b % grid.x), unsigned((b / grid.x) % grid.y),
-                        unsigned(b / (uint64_t(grid.x) * grid.y)));
-        kernel(args...);
-        // The next block reuses the same `__shared__` statics.
-        state.bar.arrive_and_wait();
-      }
-    });
+      threads.emplace_back(body, t);
     } catch (const std::exception&) {
       fail("could not start an emulated CUDA thread (the OS refused a thread)");
     }
   }
   for (auto& th : threads) th.join();
+#endif
 }
 
 }  // namespace pagoda_emu
