@@ -8,10 +8,16 @@
 //!   `cuda-flash` (crates `backends/cuda-*`): planning, validation, and launches of the
 //!   kernels of `pagoda-cuda-kernels`, on the `emu` device through the SIMT emulator
 //!   and (feature `cuda`) on `cuda:N` devices through `gpu.rs`.
+//! * [`gemm`]: the linear layers' GEMM, on host memory ([`gemm_host`]) and (feature
+//!   `cuda`) on `cuda:N` through cuBLAS or CUTLASS (`DeviceGemm`, [`GemmImpl`]).
 
 pub mod attn;
+pub mod gemm;
 #[cfg(feature = "cuda")]
 mod gpu;
 pub mod runtime;
 
+#[cfg(feature = "cuda")]
+pub use gemm::DeviceGemm;
+pub use gemm::{gemm_host, GemmError, GemmImpl};
 pub use runtime::{cuda_unavailable, COMPILED, NOT_COMPILED, NO_DEVICE, NO_DRIVER};
