@@ -114,11 +114,11 @@ fn bad_input_is_an_error() {
     let w = vec![bf16::ONE; 6];
     let mut o = vec![bf16::ZERO; 4];
     // Dtype rule: x and w alike, out x's or f32.
-    let e = gemm_host(&x, &vec![f16::ONE; 6], &mut o, 2, 2, 3).unwrap_err();
+    let e = gemm_host(&x, &[f16::ONE; 6], &mut o, 2, 2, 3).unwrap_err();
     assert!(matches!(e, GemmError::Dtypes { .. }), "{e}");
-    let e = gemm_host(&x, &w, &mut vec![f16::ZERO; 4], 2, 2, 3).unwrap_err();
+    let e = gemm_host(&x, &w, &mut [f16::ZERO; 4], 2, 2, 3).unwrap_err();
     assert!(matches!(e, GemmError::Dtypes { .. }), "{e}");
-    gemm_host(&x, &w, &mut vec![0.0f32; 4], 2, 2, 3).unwrap();
+    gemm_host(&x, &w, &mut [0.0f32; 4], 2, 2, 3).unwrap();
     // Lengths, each named.
     for (xl, wl, ol, what) in [(5, 6, 4, "x"), (6, 7, 4, "w"), (6, 6, 5, "out")] {
         let e = gemm_host(

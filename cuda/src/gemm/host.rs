@@ -157,7 +157,7 @@ pub fn gemm_host_ref<X: Element, W: Element>(
     n: usize,
     k: usize,
 ) -> Result<Vec<f64>, GemmError> {
-    let mn = m.checked_mul(n).unwrap_or(usize::MAX);
+    let mn = m.saturating_mul(n); // an overflow is refused by check_lens
     check_lens([x.len(), w.len(), mn], m, n, k)?;
     let mut out = vec![0.0f64; mn];
     for i in 0..m {
