@@ -170,7 +170,14 @@ fn problem() -> impl Strategy<Value = (usize, usize, usize, Vec<f32>, Vec<f32>)>
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    // Failing seeds persist beside this file (tests/gemm_host.proptest-regressions).
+    #![proptest_config(ProptestConfig {
+        cases: 48,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
+        )),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn every_dtype_combination_matches_the_f64_reference((m, n, k, xs, ws) in problem()) {
