@@ -97,8 +97,8 @@ mod gpu {
         be.plan(&case.batch).expect("plan");
         let (q, k, v) = (
             upload(rt, &case.q),
-            upload(rt, &case.k_cache),
-            upload(rt, &case.v_cache),
+            upload(rt, case.k_cache.host::<f32>().expect("an f32 pool")),
+            upload(rt, case.v_cache.host::<f32>().expect("an f32 pool")),
         );
         let out = rt
             .alloc_zeroed(DType::BF16, Shape::flat(case.out.len()))

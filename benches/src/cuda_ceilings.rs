@@ -56,8 +56,8 @@ pub fn ceilings(stream: &Arc<CudaStream>) -> DeviceCeilings {
         beta: bf16::ZERO,
         ldc: d,
     };
-    // SAFETY: a, b, c are n x n device matrices of this stream's context.
     let gemm = time(stream, 5, || {
+        // SAFETY: a, b, c are n x n device matrices of this stream's context.
         unsafe { blas.gemm(cfg, &a, &b, &mut c) }.expect("gemm")
     });
     DeviceCeilings {
