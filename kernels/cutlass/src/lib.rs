@@ -9,7 +9,7 @@
 //! needs no nvcc, CUTLASS or libclang.
 //!
 //! The crate knows device addresses, sizes and a stream only: no cudarc, no core types,
-//! no models (pagoda-cuda's `gemm` module maps its dtypes and views onto [`Gemm`]).
+//! no models (pagoda-cuda's `gemm` module maps its dtypes and views onto `Gemm`).
 
 #[cfg(feature = "cuda")]
 mod launch;
