@@ -183,8 +183,15 @@ impl DeviceGemm {
             .bind_to_thread()
             .map_err(|e| launch(e.to_string()))?;
         if k == 0 {
-            // An empty sum: zeros (m·n·size bytes; m·n was checked not to overflow).
-            let bytes = m * n * d_size(out_dtype);
+            // An empty sum: zeros, m·n·size bytes.
+            let bytes = (m * n)
+                .checked_mul(d_size(out_dtype))
+                .ok_or(GemmError::TooLarge {
+                    m,
+                    n,
+                    k,
+                    why: "out's byte count overflows usize",
+                })?;
             // SAFETY: out holds m·n elements of out_dtype on this device (the contract);
             // the memset is enqueued on the device's stream.
             return unsafe { drv::memset_d8_async(out, 0, bytes, self.stream.cu_stream()) }
