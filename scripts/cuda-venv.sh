@@ -9,7 +9,8 @@
 # meta package leaves nvvm/crt unpinned (pip then pulls 13.5 and ptxas fails), so
 # every wheel is pinned here by hand. `nvidia-cuda-cuobjdump` has no 13.0 release on
 # PyPI (13.2 is the oldest): it is not installed; nvcc's `-Xptxas -v` is enough for
-# the spill check.
+# the spill check. `nvidia-cutlass` carries CUTLASS's C++ headers
+# (`site-packages/cutlass_library/source/include`), which kernels/cutlass compiles against.
 set -euo pipefail
 
 CACHE="${PAGODA_CACHE:-$HOME/.cache/pagoda}"
@@ -21,8 +22,11 @@ PINS=(
   nvidia-cuda-runtime==13.0.96
   nvidia-cuda-cccl==13.0.85
 )
+# Headers only: without --no-deps pip would add cuda-python, numpy, scipy (~300 MiB) for
+# CUTLASS's Python generator, which the build does not run.
+NODEPS=(nvidia-cutlass==4.2.0.0)
 STAMP="$VENV/.pagoda-pins"
-WANT="$(printf '%s\n' "${PINS[@]}")"
+WANT="$(printf '%s\n' "${PINS[@]}" "${NODEPS[@]}")"
 
 nvcc_path() {
   "$VENV/bin/python" - <<'PY'
@@ -42,6 +46,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV" >&2
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PINS[@]}" >&2
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "${NODEPS[@]}" >&2
 NVCC="$(nvcc_path)"
 if [ ! -x "$NVCC" ]; then
   echo "cuda-venv.sh: nvcc not found at $NVCC after install" >&2

@@ -16,8 +16,11 @@
 # mma against the emulator's fragment-layout fallback on the same inputs), then the
 # conformance suite of cuda-naive, cuda-paged and cuda-flash on `cuda:0` through the
 # backends' own plan/run/write_kv (their tests' `cuda::` modules, PAGODA_REQUIRE_DEVICE
-# set so that nothing skips), then the CUDA attention benches (benches/cuda_attention.rs,
-# quick set: the ceilings, the issue's two target cases). At most 8 minutes.
+# set so that nothing skips), the linear layers' GEMM (cuda/tests/gemm_device.rs: cuBLAS
+# and CUTLASS against the f64 reference), then the CUDA attention benches
+# (benches/cuda_attention.rs, quick set: the ceilings, the issue's two target cases) and
+# the GEMM benches (benches/cuda_gemm.rs, quick set: Llama-3-8B's linear shapes at m = 1
+# and 8192, cuBLAS against CUTLASS). At most 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${DEVICE_CHECK_DIR:-target/device-check}"
@@ -28,15 +31,18 @@ build() {
   export NVCC
   mkdir -p "$DIR/bin"
   # "<name> <executable>" lines: the kernels' device tests, the conformance suites of
-  # the three CUDA backends (their `cuda` modules) and the CUDA attention benches.
+  # the three CUDA backends (their `cuda` modules), the GEMM's device tests and the CUDA
+  # attention and GEMM benches.
   local exes
   exes=$( { cargo test -p pagoda-cuda-kernels --features cuda --test cuda_device --no-run \
               --message-format=json 2>/dev/null
             cargo test -p pagoda-backend-cuda-naive -p pagoda-backend-cuda-paged \
               -p pagoda-backend-cuda-flash --features cuda --test conformance --no-run \
               --message-format=json 2>/dev/null
-            cargo bench -p pagoda-benches --features cuda --bench cuda_attention --no-run \
-              --message-format=json 2>/dev/null; } |
+            cargo test -p pagoda-cuda --features cuda --test gemm_device --no-run \
+              --message-format=json 2>/dev/null
+            cargo bench -p pagoda-benches --features cuda --bench cuda_attention \
+              --bench cuda_gemm --no-run --message-format=json 2>/dev/null; } |
          python3 -c 'import json,os,sys
 for l in sys.stdin:
     m = json.loads(l)
@@ -47,9 +53,10 @@ for l in sys.stdin:
         t = m["target"]["name"]
         pkg_dir = os.path.basename(os.path.dirname(m["manifest_path"]))
         name = {"conformance": "conformance-" + pkg_dir,
-                "cuda_attention": "bench-cuda_attention"}.get(t, t)
+                "cuda_attention": "bench-cuda_attention",
+                "cuda_gemm": "bench-cuda_gemm"}.get(t, t)
         print(name, m["executable"])')
-  [ "$(echo "$exes" | grep -c .)" -ge 5 ] || { echo "device-check: the build did not produce the 5 binaries" >&2; exit 1; }
+  [ "$(echo "$exes" | grep -c .)" -ge 7 ] || { echo "device-check: the build did not produce the 7 binaries" >&2; exit 1; }
   local name e
   while read -r name e; do
     cp "$e" "$DIR/bin/$name"
@@ -99,7 +106,7 @@ run() {
   export PAGODA_REQUIRE_DEVICE=1
   # The kernels' device tests first: they stop the check cleanly where there is no GPU.
   local bin filter
-  for bin in "$DIR"/bin/cuda_device "$DIR"/bin/conformance-*; do
+  for bin in "$DIR"/bin/cuda_device "$DIR"/bin/conformance-* "$DIR"/bin/gemm_device; do
     [ -e "$bin" ] || continue
     start=$(date +%s)
     # The backends' binaries also hold their emulator suites: only the `cuda` modules.
@@ -120,7 +127,8 @@ run() {
   cat "$log.table"
   # The benches last (criterion, then their own table with the ceilings); the quick
   # set keeps the whole check within its budget.
-  for bin in "$DIR"/bin/bench-*; do
+  # Attention first, then the GEMM (the glob's order is not the run order).
+  for bin in "$DIR"/bin/bench-cuda_attention "$DIR"/bin/bench-cuda_gemm; do
     [ -e "$bin" ] || continue
     start=$(date +%s)
     if ! PAGODA_BENCH_QUICK=1 timeout "$BUDGET_S" "$bin" --bench >"$log" 2>&1; then status=1; fi

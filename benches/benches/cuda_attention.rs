@@ -36,9 +36,9 @@ fn main() {
 #[cfg(feature = "cuda")]
 mod gpu {
     use criterion::{BenchmarkId, Criterion, Throughput};
-    use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
     use cudarc::driver::{CudaContext, CudaStream};
     use pagoda_benches::attn::{self, Case, ModelShape, LLAMA8B, SMOLLM2};
+    use pagoda_benches::cuda_ceilings::ceilings;
     use pagoda_core::{
         bf16, open_device, registered_backends, AttentionBackend, AttentionConfig, DType, Device,
         DeviceRuntime, HostSlice, LayerIo, Shape, Storage,
@@ -49,52 +49,6 @@ mod gpu {
 
     fn quick() -> bool {
         std::env::var("PAGODA_BENCH_QUICK").is_ok_and(|v| v != "0")
-    }
-
-    /// Seconds per call of `f` (after a warm-up), synchronizing `stream` once per batch.
-    fn time(stream: &CudaStream, reps: u32, mut f: impl FnMut()) -> f64 {
-        f();
-        stream.synchronize().expect("synchronize");
-        let t = Instant::now();
-        for _ in 0..reps {
-            f();
-        }
-        stream.synchronize().expect("synchronize");
-        t.elapsed().as_secs_f64() / f64::from(reps)
-    }
-
-    /// Device copy bandwidth (bytes read + written per second) and cuBLAS bf16 GEMM
-    /// FLOP/s.
-    fn ceilings(stream: &Arc<CudaStream>) -> (f64, f64) {
-        let bytes = 1usize << 30;
-        let src = stream.alloc_zeros::<u8>(bytes).expect("alloc");
-        let mut dst = stream.alloc_zeros::<u8>(bytes).expect("alloc");
-        let copy = time(stream, 10, || {
-            stream.memcpy_dtod(&src, &mut dst).expect("copy")
-        });
-        let n = 8192usize;
-        let a = stream.alloc_zeros::<bf16>(n * n).expect("alloc");
-        let b = stream.alloc_zeros::<bf16>(n * n).expect("alloc");
-        let mut c = stream.alloc_zeros::<bf16>(n * n).expect("alloc");
-        let blas = CudaBlas::new(stream.clone()).expect("cuBLAS (libcublas on the library path)");
-        let d = n as i32;
-        let cfg = GemmConfig {
-            transa: cublasOperation_t::CUBLAS_OP_N,
-            transb: cublasOperation_t::CUBLAS_OP_N,
-            m: d,
-            n: d,
-            k: d,
-            alpha: bf16::ONE,
-            lda: d,
-            ldb: d,
-            beta: bf16::ZERO,
-            ldc: d,
-        };
-        // SAFETY: a, b, c are n x n device matrices of this stream's context.
-        let gemm = time(stream, 5, || {
-            unsafe { blas.gemm(cfg, &a, &b, &mut c) }.expect("gemm")
-        });
-        (2.0 * bytes as f64 / copy, 2.0 * (n as f64).powi(3) / gemm)
     }
 
     /// A case's buffers on the device, as bf16.
@@ -143,8 +97,8 @@ mod gpu {
         be.plan(&case.batch).expect("plan");
         let (q, k, v) = (
             upload(rt, &case.q),
-            upload(rt, &case.k_cache),
-            upload(rt, &case.v_cache),
+            upload(rt, case.k_cache.host::<f32>().expect("an f32 pool")),
+            upload(rt, case.v_cache.host::<f32>().expect("an f32 pool")),
         );
         let out = rt
             .alloc_zeroed(DType::BF16, Shape::flat(case.out.len()))
@@ -222,7 +176,8 @@ mod gpu {
         let ctx = CudaContext::new(0).expect("cuda:0");
         let stream = ctx.default_stream();
         let rt = open_device(Device::Cuda(0)).expect("the cuda:0 runtime");
-        let (copy_bw, gemm_rate) = ceilings(&stream);
+        let ceil = ceilings(&stream);
+        let (copy_bw, gemm_rate) = (ceil.copy_bytes_per_s, ceil.gemm_flops);
         println!(
             "ceilings: device copy {:.0} GB/s (read + write), cuBLAS bf16 GEMM {:.1} TFLOP/s",
             copy_bw / 1e9,

@@ -1,50 +1,151 @@
-//! TEMPORARY placeholder (not committed): the gemm helper's branch brings the real one.
-use pagoda_cuda_kernels::Element;
-#[derive(Debug, thiserror::Error)]
-#[error("gemm: {0}")]
-pub struct GemmError(String);
-fn f<T: Element>(x: T) -> f32 {
-    match T::DTYPE {
-        pagoda_cuda_kernels::Dtype::F32 => unsafe { std::mem::transmute_copy::<T, f32>(&x) },
-        pagoda_cuda_kernels::Dtype::Bf16 => {
-            unsafe { std::mem::transmute_copy::<T, half::bf16>(&x) }.to_f32()
-        }
-        pagoda_cuda_kernels::Dtype::F16 => {
-            unsafe { std::mem::transmute_copy::<T, half::f16>(&x) }.to_f32()
-        }
+//! The linear layers' GEMM: `out[m, n] = x[m, k] · w[n, k]ᵀ`, the same everywhere.
+//!
+//! x and out are row-major activations (m = tokens), w the weight row-major
+//! `[out_features, in_features]` as PyTorch and GGUF store it; sums in f32. x and w share
+//! one dtype (bf16, f16 or f32); out is x's dtype or f32 ([`check_dtypes`]).
+//!
+//! * [`gemm_host`]: host memory (the `emu` device and tests), plain Rust with rayon;
+//!   batch-invariant (a row's result does not depend on m or the other rows);
+//!   [`gemm_host_ref`] is its f64 reference.
+//! * `DeviceGemm` (feature `cuda`): one entry point on a `cuda:N` device, backed by cuBLAS
+//!   (`cublasGemmEx`, f32 compute) or CUTLASS (crate `pagoda-cutlass`), chosen by
+//!   [`GemmImpl`]: no allocation and no host synchronization per call.
+
+#[cfg(feature = "cuda")]
+mod cublas;
+#[cfg(feature = "cuda")]
+mod device;
+mod host;
+
+#[cfg(feature = "cuda")]
+pub use device::DeviceGemm;
+pub use host::{gemm_host, gemm_host_ref};
+pub use pagoda_cuda_kernels::{Dtype, Element};
+
+/// Which library runs the GEMM on a `cuda:N` device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmImpl {
+    /// cuBLAS (`cublasGemmEx`, `CUBLAS_COMPUTE_32F`): every dtype combination, any shape;
+    /// libcublas is opened at run time.
+    Cublas,
+    /// The CUTLASS tensor-core kernel of `pagoda-cutlass`: bf16 or f16 in and out (the
+    /// same dtype for x, w and out), n and k multiples of 8, 16-byte aligned buffers.
+    Cutlass,
+}
+
+/// Why a GEMM could not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GemmError {
+    /// x and w differ in dtype, or out is neither x's dtype nor f32.
+    #[error("gemm: unsupported dtypes x={x:?} w={w:?} out={out:?} (x and w must match; out is x's dtype or f32)")]
+    Dtypes {
+        /// x's dtype.
+        x: Dtype,
+        /// w's dtype.
+        w: Dtype,
+        /// out's dtype.
+        out: Dtype,
+    },
+    /// A buffer does not hold exactly the elements the shape needs.
+    #[error("gemm: {what} has {actual} elements, m={m} n={n} k={k} needs {expected}")]
+    Length {
+        /// Which buffer (`x`, `w`, `out`).
+        what: &'static str,
+        /// Elements the shape needs.
+        expected: usize,
+        /// Elements it has.
+        actual: usize,
+        /// Rows of x and out.
+        m: usize,
+        /// Rows of w.
+        n: usize,
+        /// The reduction length.
+        k: usize,
+    },
+    /// m·k, n·k or m·n overflows `usize`, or a size does not fit the library's `int`.
+    #[error("gemm: shape m={m} n={n} k={k} too large ({why})")]
+    TooLarge {
+        /// Rows of x and out.
+        m: usize,
+        /// Rows of w.
+        n: usize,
+        /// The reduction length.
+        k: usize,
+        /// Which limit.
+        why: &'static str,
+    },
+    /// The chosen implementation cannot run this problem (dtype combination, alignment).
+    #[error("gemm ({implementation:?}): {reason}")]
+    Unsupported {
+        /// The implementation asked for.
+        implementation: GemmImpl,
+        /// Why not.
+        reason: String,
+    },
+    /// A buffer is not on this GEMM's device, or a device address is unusable.
+    #[error("gemm: {what}: {reason}")]
+    Operand {
+        /// Which buffer.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The device, the driver or the library cannot be used in this process.
+    #[error("gemm ({implementation:?}) unavailable on cuda:{ordinal}: {reason}")]
+    Unavailable {
+        /// The implementation asked for.
+        implementation: GemmImpl,
+        /// The device.
+        ordinal: usize,
+        /// Why (no driver, no device, no libcublas, ...).
+        reason: String,
+    },
+    /// The library reported an error for a launch.
+    #[error("gemm ({implementation:?}) failed: {reason}")]
+    Launch {
+        /// The implementation.
+        implementation: GemmImpl,
+        /// Its error.
+        reason: String,
+    },
+}
+
+/// Checks the dtype rule: x and w of one dtype, out of x's dtype or f32.
+pub fn check_dtypes(x: Dtype, w: Dtype, out: Dtype) -> Result<(), GemmError> {
+    if x == w && (out == x || out == Dtype::F32) {
+        Ok(())
+    } else {
+        Err(GemmError::Dtypes { x, w, out })
     }
 }
-fn t<O: Element>(x: f32) -> O {
-    match O::DTYPE {
-        pagoda_cuda_kernels::Dtype::F32 => unsafe { std::mem::transmute_copy::<f32, O>(&x) },
-        pagoda_cuda_kernels::Dtype::Bf16 => unsafe {
-            std::mem::transmute_copy::<half::bf16, O>(&half::bf16::from_f32(x))
-        },
-        pagoda_cuda_kernels::Dtype::F16 => unsafe {
-            std::mem::transmute_copy::<half::f16, O>(&half::f16::from_f32(x))
-        },
+
+/// The element counts of x, w and out (`m·k`, `n·k`, `m·n`), or [`GemmError::TooLarge`].
+pub fn operand_lens(m: usize, n: usize, k: usize) -> Result<[usize; 3], GemmError> {
+    let too_large = GemmError::TooLarge {
+        m,
+        n,
+        k,
+        why: "element count overflows usize",
+    };
+    match (m.checked_mul(k), n.checked_mul(k), m.checked_mul(n)) {
+        (Some(x), Some(w), Some(out)) => Ok([x, w, out]),
+        _ => Err(too_large),
     }
 }
-pub fn gemm_host<X: Element, W: Element, O: Element>(
-    x: &[X],
-    w: &[W],
-    out: &mut [O],
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), GemmError> {
-    if x.len() != m * k || w.len() != n * k || out.len() != m * n {
-        return Err(GemmError("len".into()));
-    }
-    let xf: Vec<f32> = x.iter().map(|&v| f(v)).collect();
-    let wf: Vec<f32> = w.iter().map(|&v| f(v)).collect();
-    for i in 0..m {
-        for j in 0..n {
-            let mut acc = 0f32;
-            for (a, b) in xf[i * k..(i + 1) * k].iter().zip(&wf[j * k..(j + 1) * k]) {
-                acc += a * b;
-            }
-            out[i * n + j] = t(acc);
+
+/// Checks that buffers of `lens` elements fit the shape exactly.
+fn check_lens(lens: [usize; 3], m: usize, n: usize, k: usize) -> Result<(), GemmError> {
+    let want = operand_lens(m, n, k)?;
+    for ((what, actual), expected) in ["x", "w", "out"].into_iter().zip(lens).zip(want) {
+        if actual != expected {
+            return Err(GemmError::Length {
+                what,
+                expected,
+                actual,
+                m,
+                n,
+                k,
+            });
         }
     }
     Ok(())

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 /// One [`CudaKernels`] (context + loaded modules) per device ordinal, shared by every
 /// backend of the process: modules load once, and all launches use the context the
 /// device runtime allocates in (the device's primary context).
-fn kernels(ordinal: usize) -> Result<Arc<CudaKernels>, String> {
+pub(crate) fn kernels(ordinal: usize) -> Result<Arc<CudaKernels>, String> {
     static ALL: Mutex<Vec<(usize, Arc<CudaKernels>)>> = Mutex::new(Vec::new());
     let mut all = ALL.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, k)) = all.iter().find(|(o, _)| *o == ordinal) {

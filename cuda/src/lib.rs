@@ -8,6 +8,8 @@
 //!   `cuda-flash` (crates `backends/cuda-*`): planning, validation, and launches of the
 //!   kernels of `pagoda-cuda-kernels`, on the `emu` device through the SIMT emulator
 //!   and (feature `cuda`) on `cuda:N` devices through `gpu.rs`.
+//! * [`gemm`]: the linear layers' GEMM, on host memory ([`gemm_host`]) and (feature
+//!   `cuda`) on `cuda:N` through cuBLAS or CUTLASS (`DeviceGemm`, [`GemmImpl`]).
 
 pub mod attn;
 pub mod gemm;
@@ -16,4 +18,7 @@ mod gpu;
 pub mod ops;
 pub mod runtime;
 
+#[cfg(feature = "cuda")]
+pub use gemm::DeviceGemm;
+pub use gemm::{gemm_host, GemmError, GemmImpl};
 pub use runtime::{cuda_unavailable, COMPILED, NOT_COMPILED, NO_DEVICE, NO_DRIVER};

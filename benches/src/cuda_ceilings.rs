@@ -1,0 +1,67 @@
+//! The device ceilings the CUDA benches compare against (feature `cuda`), measured in the
+//! bench's own process: device-to-device copy bandwidth and the cuBLAS bf16 GEMM rate.
+
+use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::CudaStream;
+use half::bf16;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Seconds per call of `f` (after a warm-up call), synchronizing `stream` once per batch
+/// of `reps` calls.
+pub fn time(stream: &CudaStream, reps: u32, mut f: impl FnMut()) -> f64 {
+    f();
+    stream.synchronize().expect("synchronize");
+    let t = Instant::now();
+    for _ in 0..reps {
+        f();
+    }
+    stream.synchronize().expect("synchronize");
+    t.elapsed().as_secs_f64() / f64::from(reps)
+}
+
+/// The device's measured ceilings.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceCeilings {
+    /// Device-to-device copy, bytes read + written per second (1 GiB buffers).
+    pub copy_bytes_per_s: f64,
+    /// cuBLAS bf16 GEMM (8192³, f32 accumulation), FLOP/s.
+    pub gemm_flops: f64,
+}
+
+/// Measures [`DeviceCeilings`] on `stream` (panics if the device or cuBLAS fails: a
+/// bench's setup).
+pub fn ceilings(stream: &Arc<CudaStream>) -> DeviceCeilings {
+    let bytes = 1usize << 30;
+    let src = stream.alloc_zeros::<u8>(bytes).expect("alloc");
+    let mut dst = stream.alloc_zeros::<u8>(bytes).expect("alloc");
+    let copy = time(stream, 10, || {
+        stream.memcpy_dtod(&src, &mut dst).expect("copy")
+    });
+    let n = 8192usize;
+    let a = stream.alloc_zeros::<bf16>(n * n).expect("alloc");
+    let b = stream.alloc_zeros::<bf16>(n * n).expect("alloc");
+    let mut c = stream.alloc_zeros::<bf16>(n * n).expect("alloc");
+    let blas = CudaBlas::new(stream.clone()).expect("cuBLAS (libcublas on the library path)");
+    let d = n as i32;
+    let cfg = GemmConfig {
+        transa: cublasOperation_t::CUBLAS_OP_N,
+        transb: cublasOperation_t::CUBLAS_OP_N,
+        m: d,
+        n: d,
+        k: d,
+        alpha: bf16::ONE,
+        lda: d,
+        ldb: d,
+        beta: bf16::ZERO,
+        ldc: d,
+    };
+    let gemm = time(stream, 5, || {
+        // SAFETY: a, b, c are n x n device matrices of this stream's context.
+        unsafe { blas.gemm(cfg, &a, &b, &mut c) }.expect("gemm")
+    });
+    DeviceCeilings {
+        copy_bytes_per_s: 2.0 * bytes as f64 / copy,
+        gemm_flops: 2.0 * (n as f64).powi(3) / gemm,
+    }
+}
