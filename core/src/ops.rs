@@ -154,12 +154,15 @@ pub trait ModelOps: Send {
     fn argmax(&mut self, logits: TensorRef<'_>, ids: &mut [u32]) -> Result<(), CoreError>;
 }
 
+/// How a device crate opens its model kernels on one device.
+pub type OpenModelOps = fn(Arc<dyn DeviceRuntime>) -> Result<Box<dyn ModelOps>, CoreError>;
+
 /// A device crate's model kernels for one device family.
 pub struct ModelOpsRegistration {
     pub kind: DeviceKind,
     /// The crate that registered it (for messages).
     pub provider: &'static str,
-    pub open: fn(Arc<dyn DeviceRuntime>) -> Result<Box<dyn ModelOps>, CoreError>,
+    pub open: OpenModelOps,
 }
 
 inventory::collect!(ModelOpsRegistration);

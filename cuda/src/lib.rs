@@ -8,6 +8,9 @@
 //!   `cuda-flash` (crates `backends/cuda-*`): planning, validation, and launches of the
 //!   kernels of `pagoda-cuda-kernels`, on the `emu` device through the SIMT emulator
 //!   and (feature `cuda`) on `cuda:N` devices through `gpu.rs`.
+//! * [`ops`]: core's `ModelOps` (the device forward's non-attention kernels) on `emu`
+//!   (`model.cu` emulated, GEMMs on the CPU) and, feature `cuda`, on `cuda:N`
+//!   (`ops_cuda.rs`: the same kernels on the GPU, the step's inputs in one copy).
 //! * [`gemm`]: the linear layers' GEMM, on host memory ([`gemm_host`]) and (feature
 //!   `cuda`) on `cuda:N` through cuBLAS or CUTLASS (`DeviceGemm`, [`GemmImpl`]).
 
@@ -16,6 +19,8 @@ pub mod gemm;
 #[cfg(feature = "cuda")]
 mod gpu;
 pub mod ops;
+#[cfg(feature = "cuda")]
+mod ops_cuda;
 pub mod runtime;
 
 #[cfg(feature = "cuda")]

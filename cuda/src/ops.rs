@@ -446,3 +446,25 @@ register_model_ops!(ModelOpsRegistration {
     provider: "pagoda-cuda",
     open,
 });
+
+/// The `cuda` family's model kernels: `ops_cuda.rs` with the feature; without it the
+/// device cannot be opened in the first place (its runtime says "not compiled with CUDA").
+fn open_cuda(runtime: Arc<dyn DeviceRuntime>) -> Result<Box<dyn ModelOps>, CoreError> {
+    #[cfg(feature = "cuda")]
+    {
+        crate::ops_cuda::open(runtime)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(CoreError::DeviceUnavailable {
+            device: runtime.device(),
+            message: crate::NOT_COMPILED.into(),
+        })
+    }
+}
+
+register_model_ops!(ModelOpsRegistration {
+    kind: DeviceKind::Cuda,
+    provider: "pagoda-cuda",
+    open: open_cuda,
+});

@@ -506,6 +506,6 @@ fn build_device_model(
     Ok(RunnerModel::Device {
         model: Box::new(model),
         ops,
-        scratch,
+        scratch: Box::new(scratch),
     })
 }

@@ -13,13 +13,13 @@ pub enum RunnerModel {
     /// Host memory, CPU kernels.
     Host {
         model: Box<Llama>,
-        scratch: ForwardScratch,
+        scratch: Box<ForwardScratch>,
     },
     /// Weights and activations on a device (`cuda:N`, or `emu`).
     Device {
         model: Box<DeviceLlama>,
         ops: Box<dyn ModelOps>,
-        scratch: DeviceScratch,
+        scratch: Box<DeviceScratch>,
     },
 }
 
@@ -28,7 +28,7 @@ impl RunnerModel {
     pub fn host(model: Llama) -> Self {
         RunnerModel::Host {
             model: Box::new(model),
-            scratch: ForwardScratch::default(),
+            scratch: Box::default(),
         }
     }
 

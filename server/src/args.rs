@@ -114,10 +114,10 @@ pub struct EngineArgs {
     /// No periodic log of throughput, queue sizes and KV usage.
     #[arg(long, help_heading = "ObservabilityConfig")]
     pub disable_log_stats: bool,
-    /// Device of the KV cache and attention (vLLM's `--device`): `auto` (= `cpu`),
-    /// `cpu`, `cuda`/`cuda:N` (refused with the reason until the model forward runs on
-    /// CUDA), or `emu` (the CUDA attention kernels compiled for the host: slow, a
-    /// debugging aid).
+    /// Device the model runs on (vLLM's `--device`): `auto` (= `cpu`), `cpu`,
+    /// `cuda`/`cuda:N` (a binary built with `--features cuda`; weights uploaded as bf16,
+    /// or f32 with `--dtype float32`), or `emu` (the same device forward with every CUDA
+    /// kernel compiled for the host: slow, a debugging aid).
     #[arg(long, default_value = "auto", value_parser = parse_device, help_heading = "DeviceConfig")]
     pub device: pagoda_core::Device,
     /// Force attention backends: `NAME` or `decode=NAME,prefill=NAME`.
