@@ -10,6 +10,12 @@ pub struct EngineConfig {
     /// Explicit number of KV blocks; otherwise derived from `kv_cache_bytes`.
     pub num_kv_blocks: Option<usize>,
     pub kv_cache_bytes: usize,
+    /// Whether `kv_cache_bytes` was asked for (`--kv-cache-memory-mib`); otherwise a
+    /// device that reports its memory sizes the cache by `gpu_memory_utilization`.
+    pub kv_cache_bytes_explicit: bool,
+    /// vLLM's `--gpu-memory-utilization` (default 0.9): on a CUDA device, the share of
+    /// its memory for weights, activations and the KV cache together.
+    pub gpu_memory_utilization: f64,
     pub max_num_batched_tokens: usize,
     pub max_num_seqs: usize,
     /// None: the model's context length.
@@ -56,6 +62,8 @@ impl EngineConfig {
             block_size: 16,
             num_kv_blocks: None,
             kv_cache_bytes: 1 << 30,
+            kv_cache_bytes_explicit: false,
+            gpu_memory_utilization: 0.9,
             max_num_batched_tokens: 256,
             max_num_seqs: 64,
             max_model_len: None,

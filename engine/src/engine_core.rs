@@ -7,7 +7,9 @@ use crate::runner::ModelRunner;
 use crate::runner_model::RunnerModel;
 use crate::structured::{Grammar, MaskStats};
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
-use pagoda_core::{has_model_ops, open_device, open_model_ops, DType, Device, DeviceRuntime};
+use pagoda_core::{
+    has_model_ops, open_device, open_model_ops, DType, Device, DeviceRuntime, MemoryInfo,
+};
 use pagoda_core::{
     EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob, ReqHandle, Request,
     RequestStatus, SchedulerOutput,
@@ -56,6 +58,28 @@ pub fn device_compute_dtype(weights: WeightDtype) -> Result<DType, String> {
              (--dtype auto or bfloat16) or float32"
                 .into(),
         ),
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The KV cache's share of a device's memory under `--gpu-memory-utilization`
+/// (vLLM's rule): `utilization` of the total, less what is in use once the weights
+/// and activation buffers are allocated; an error naming the flags when nothing is left.
+pub fn kv_bytes_for_utilization(mem: MemoryInfo, utilization: f64) -> Result<usize, String> {
+    let used = mem.total_bytes.saturating_sub(mem.free_bytes);
+    let budget = (mem.total_bytes as f64 * utilization) as usize;
+    match budget.checked_sub(used) {
+        Some(b) if b > 0 => Ok(b),
+        _ => Err(format!(
+            "out of device memory for the KV cache: the weights and activation buffers leave \
+             {:.2} of {:.2} GiB in use, and --gpu-memory-utilization {utilization} allows \
+             {:.2} GiB in all; raise --gpu-memory-utilization, lower --max-num-batched-tokens, \
+             or use a smaller model",
+            used as f64 / GIB,
+            mem.total_bytes as f64 / GIB,
+            budget as f64 / GIB
+        )),
     }
 }
 
@@ -135,17 +159,52 @@ impl EngineCore {
             .map_err(|e| EngineError::Selector {
                 message: e.to_string(),
             })?;
+        let (num_layers, num_kv_heads, head_dim, vocab_size) = (
+            model_config.num_layers,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+            model_config.vocab_size,
+        );
+        // The model first: on a device the KV cache gets what the weights and the
+        // activation buffers leave of `--gpu-memory-utilization`.
+        let model = if on_device {
+            build_device_model(config, &runtime, model_config, weights, compute)?
+        } else {
+            tracing::info!("linear-layer weights: {:?}", config.weight_dtype);
+            let model = Llama::new_with_dtype(model_config, weights, config.weight_dtype)?;
+            for (kind, bytes) in model.weight_summary() {
+                tracing::info!(
+                    "linear-layer weights: {kind}, {:.1} MiB",
+                    bytes as f64 / (1 << 20) as f64
+                );
+            }
+            RunnerModel::host(model)
+        };
         let mut spec = KvCacheSpec {
-            num_layers: model_config.num_layers,
+            num_layers,
             num_blocks: 0,
             block_size: config.block_size,
-            num_kv_heads: model_config.num_kv_heads,
-            head_dim: model_config.head_dim,
+            num_kv_heads,
+            head_dim,
             dtype: merged.kv_dtype,
         };
-        spec.num_blocks = config
-            .num_kv_blocks
-            .unwrap_or_else(|| spec.num_blocks_for_bytes(config.kv_cache_bytes));
+        spec.num_blocks = match (config.num_kv_blocks, runtime.memory_info()) {
+            (Some(n), _) => n,
+            (None, Some(mem)) if on_device && !config.kv_cache_bytes_explicit => {
+                let util = config.gpu_memory_utilization;
+                let bytes = kv_bytes_for_utilization(mem, util)
+                    .map_err(|message| EngineError::Device { device, message })?;
+                tracing::info!(
+                    "device memory: {:.2} of {:.2} GiB in use after the weights and activations; \
+                     --gpu-memory-utilization {util} leaves {:.2} GiB for the KV cache",
+                    (mem.total_bytes - mem.free_bytes) as f64 / GIB,
+                    mem.total_bytes as f64 / GIB,
+                    bytes as f64 / GIB
+                );
+                spec.num_blocks_for_bytes(bytes)
+            }
+            _ => spec.num_blocks_for_bytes(config.kv_cache_bytes),
+        };
         if spec.num_blocks < 2 {
             return Err(EngineError::invalid(
                 "num_kv_blocks",
@@ -170,25 +229,12 @@ impl EngineCore {
         let info = ModelInfo {
             name,
             max_model_len,
-            vocab_size: model_config.vocab_size,
+            vocab_size,
             eos_token_ids: eos_token_ids.clone(),
             attention: selection.to_string(),
             num_kv_blocks: spec.num_blocks,
             kv_cache_dtype: spec.dtype,
             block_size: spec.block_size,
-        };
-        let model = if on_device {
-            build_device_model(config, &runtime, model_config, weights, compute)?
-        } else {
-            tracing::info!("linear-layer weights: {:?}", config.weight_dtype);
-            let model = Llama::new_with_dtype(model_config, weights, config.weight_dtype)?;
-            for (kind, bytes) in model.weight_summary() {
-                tracing::info!(
-                    "linear-layer weights: {kind}, {:.1} MiB",
-                    bytes as f64 / (1 << 20) as f64
-                );
-            }
-            RunnerModel::host(model)
         };
         // The device's owner allocates the cache.
         let kv = KvCache::allocate(spec, runtime.as_ref()).map_err(|e| EngineError::Device {
@@ -508,4 +554,26 @@ fn build_device_model(
         ops,
         scratch: Box::new(scratch),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: usize = 1 << 30;
+
+    #[test]
+    fn the_kv_cache_gets_what_utilization_leaves() {
+        // 100 GiB device, 20 GiB in use after weights and activations: 0.9 leaves 70.
+        let mem = MemoryInfo {
+            free_bytes: 80 * G,
+            total_bytes: 100 * G,
+        };
+        let b = kv_bytes_for_utilization(mem, 0.9).unwrap();
+        assert!((b as f64 / G as f64 - 70.0).abs() < 1e-6, "{b}");
+        // Using more than the budget already is a clear error naming the flag.
+        let e = kv_bytes_for_utilization(mem, 0.2).unwrap_err();
+        assert!(e.contains("--gpu-memory-utilization 0.2"), "{e}");
+        assert!(kv_bytes_for_utilization(mem, 0.1).is_err());
+    }
 }

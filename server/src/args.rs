@@ -65,12 +65,14 @@ pub struct EngineArgs {
     /// Number of KV blocks (overrides --kv-cache-memory-mib).
     #[arg(long, help_heading = "CacheConfig")]
     pub num_kv_blocks: Option<usize>,
-    /// KV cache size in MiB when --num-kv-blocks is not given.
-    #[arg(long, default_value_t = 1024, help_heading = "CacheConfig")]
-    pub kv_cache_memory_mib: usize,
-    /// Fraction of GPU memory for the model and KV cache, in (0, 1] (vLLM's default
-    /// 0.9). Accepted and range-checked; no effect on the CPU engine, whose KV cache
-    /// is sized by --kv-cache-memory-mib or --num-kv-blocks.
+    /// KV cache size in MiB when --num-kv-blocks is not given (default 1024 on the
+    /// CPU; on a CUDA device the default is what --gpu-memory-utilization leaves).
+    #[arg(long, help_heading = "CacheConfig")]
+    pub kv_cache_memory_mib: Option<usize>,
+    /// Fraction of GPU memory for the model, activations and KV cache, in (0, 1]
+    /// (vLLM's default 0.9): on a CUDA device the KV cache gets what is left of it once
+    /// the weights and activation buffers are allocated. No effect on the CPU engine,
+    /// whose KV cache is sized by --kv-cache-memory-mib or --num-kv-blocks.
     #[arg(long, value_parser = parse_gpu_memory_utilization, help_heading = "CacheConfig")]
     pub gpu_memory_utilization: Option<f64>,
     /// Data type of the KV cache: `auto` (vLLM's default: the model's compute type,
@@ -229,7 +231,10 @@ impl EngineArgs {
 
     /// Logs what the accepted-but-inert vLLM flags mean here.
     pub fn log_compat_notes(&self) {
-        if let Some(g) = self.gpu_memory_utilization {
+        if let Some(g) = self
+            .gpu_memory_utilization
+            .filter(|_| self.device == pagoda_core::Device::Cpu)
+        {
             tracing::info!(
                 "--gpu-memory-utilization {g}: no effect on the CPU engine (the KV cache is sized by --kv-cache-memory-mib / --num-kv-blocks)"
             );
@@ -246,7 +251,9 @@ impl EngineArgs {
         let mut c = pagoda_engine::EngineConfig::new(self.model_path());
         c.block_size = self.block_size;
         c.num_kv_blocks = self.num_kv_blocks;
-        c.kv_cache_bytes = self.kv_cache_memory_mib << 20;
+        c.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(1024) << 20;
+        c.kv_cache_bytes_explicit = self.kv_cache_memory_mib.is_some();
+        c.gpu_memory_utilization = self.gpu_memory_utilization.unwrap_or(0.9);
         c.max_num_batched_tokens = self.max_num_batched_tokens;
         c.max_num_seqs = self.max_num_seqs;
         c.max_model_len = self.max_model_len;
