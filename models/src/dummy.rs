@@ -110,7 +110,7 @@ pub fn dummy_layer(config: &LlamaConfig, seed: u64, layer: usize) -> LayerWeight
     let (q_dim, kv_dim, inter) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
     let a = &c.arch;
     let ones = |n: usize| vec![1.0f32; n];
-    let moe = a.moe.map(|m| MoeWeights {
+    let moe = a.moe.as_ref().map(|m| MoeWeights {
         router: g.mat(10, m.num_experts, h),
         experts: (0..m.num_experts as u64)
             .map(|e| ExpertWeights {

@@ -139,3 +139,39 @@ fn load_format_values() {
     let e = "safetensors".parse::<LoadFormat>().unwrap_err().to_string();
     assert!(e.contains("valid values: auto, dummy"), "{e}");
 }
+
+/// The cost at Llama-3-8B shapes, measured on one layer and the embedding (the whole
+/// model is 32 GB of f32: run it where that fits). `cargo test --release -p
+/// pagoda-models --test dummy -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn eight_b_generation_cost() {
+    let (c, _) = read_config_file(&data("llama3-8b-shape/config.json")).unwrap();
+    let t = std::time::Instant::now();
+    let l = dummy_layer(&c, 0, 0);
+    let layer_s = t.elapsed().as_secs_f64();
+    let layer_params: usize = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+        .iter()
+        .map(|m| m.data.len())
+        .sum();
+    drop(l);
+    let mut one = c.clone();
+    one.num_layers = 1;
+    let t = std::time::Instant::now();
+    let w = dummy_weights(&one, 0).unwrap();
+    let one_s = t.elapsed().as_secs_f64();
+    let embed_params = 2 * w.embed.data.len();
+    drop(w);
+    let total = c.num_layers * layer_params + embed_params;
+    let est = (one_s - layer_s) + c.num_layers as f64 * layer_s;
+    println!(
+        "8B shapes on {} threads: a layer ({:.0} M params) {layer_s:.2} s, embed + LM head \
+         ({:.0} M) {:.2} s; whole model {:.2} G params = {:.1} GB f32, est. {est:.1} s",
+        rayon::current_num_threads(),
+        layer_params as f64 / 1e6,
+        embed_params as f64 / 1e6,
+        one_s - layer_s,
+        total as f64 / 1e9,
+        total as f64 * 4.0 / 1e9
+    );
+}
