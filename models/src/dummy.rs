@@ -93,7 +93,10 @@ fn check_sizes(c: &LlamaConfig) -> Result<(), ModelError> {
         c.intermediate_size.checked_mul(c.hidden_size),
         q.and_then(|q| q.checked_mul(c.hidden_size)),
     ];
-    if big.iter().any(|x| x.is_none_or(|n| n > isize::MAX as usize / 4)) {
+    if big
+        .iter()
+        .any(|x| x.is_none_or(|n| n > isize::MAX as usize / 4))
+    {
         return Err(ModelError::Config {
             message: "the config's tensor sizes overflow".into(),
         });
@@ -160,9 +163,7 @@ pub fn dummy_weights(config: &LlamaConfig, seed: u64) -> Result<LlamaWeights, Mo
     let embed = Mat::new(v, h, values(tensor_key(seed, EMBED), v * h));
     let lm_head =
         (!c.tie_word_embeddings).then(|| Mat::new(v, h, values(tensor_key(seed, LM_HEAD), v * h)));
-    let layers = (0..c.num_layers)
-        .map(|l| dummy_layer(c, seed, l))
-        .collect();
+    let layers = (0..c.num_layers).map(|l| dummy_layer(c, seed, l)).collect();
     Ok(LlamaWeights {
         embed,
         layers,

@@ -7,7 +7,9 @@ use pagoda_models::{dummy_layer, dummy_weights, load_dummy, LoadFormat, Mat, Mod
 use std::path::PathBuf;
 
 fn data(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/data")
+        .join(rel)
 }
 
 fn shape(m: &Mat) -> (usize, usize) {
@@ -37,7 +39,13 @@ fn weights_have_the_configs_shapes() {
         assert!(l.extra.q_bias.is_none() && l.extra.moe.is_none());
     }
     // Values in vLLM's range, spread over it (not constant, both signs).
-    let all: Vec<f32> = w.embed.data.iter().chain(&w.layers[1].w_down.data).copied().collect();
+    let all: Vec<f32> = w
+        .embed
+        .data
+        .iter()
+        .chain(&w.layers[1].w_down.data)
+        .copied()
+        .collect();
     assert!(all.iter().all(|x| x.abs() <= DUMMY_RANGE));
     let mean = all.iter().map(|&x| f64::from(x)).sum::<f64>() / all.len() as f64;
     assert!(mean.abs() < 2e-5, "mean {mean}");
@@ -100,7 +108,10 @@ fn the_fixtures_have_the_public_shapes() {
     assert_eq!(c.rope_scaling.unwrap().factor, 8.0);
     assert!(!c.tie_word_embeddings);
     let (s, _) = read_config_file(&data("smollm2-shape/config.json")).unwrap();
-    assert_eq!((s.num_layers, s.hidden_size, s.vocab_size), (30, 576, 49152));
+    assert_eq!(
+        (s.num_layers, s.hidden_size, s.vocab_size),
+        (30, 576, 49152)
+    );
     assert_eq!((s.num_heads, s.num_kv_heads, s.head_dim), (9, 3, 64));
     assert!(s.tie_word_embeddings);
 }

@@ -162,7 +162,8 @@ pub fn parse_dtype(s: &str) -> Result<pagoda_models::WeightDtype, String> {
 
 /// `--load-format`: `auto` or `dummy`.
 pub fn parse_load_format(s: &str) -> Result<pagoda_models::LoadFormat, String> {
-    s.parse().map_err(|e: pagoda_models::ModelError| e.to_string())
+    s.parse()
+        .map_err(|e: pagoda_models::ModelError| e.to_string())
 }
 
 /// `--quantization`: the methods implemented.
@@ -358,7 +359,10 @@ mod tests {
         assert_eq!(lf(&[]), LoadFormat::Auto);
         assert_eq!(lf(&["--load-format", "dummy"]), LoadFormat::Dummy);
         assert_eq!(lf(&["--load-format", "AUTO"]), LoadFormat::Auto);
-        let e = parse(&["--load-format", "safetensors"]).err().unwrap().to_string();
+        let e = parse(&["--load-format", "safetensors"])
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("valid values: auto, dummy"), "{e}");
         assert!(parse(&["-tp", "2"]).is_err());
         assert!(parse(&["--kv-cache-dtype", "fp8_e4m3"]).is_err());

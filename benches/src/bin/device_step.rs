@@ -114,7 +114,11 @@ fn parse_args(argv: &[String]) -> Result<Option<Args>, BoxError> {
                     "auto" => WeightDtype::Native,
                     "bf16" | "bfloat16" => WeightDtype::Bf16,
                     "f32" | "float32" | "float" => WeightDtype::F32,
-                    _ => return Err(format!("--dtype `{v}`: valid values: auto, bfloat16, float32").into()),
+                    _ => {
+                        return Err(
+                            format!("--dtype `{v}`: valid values: auto, bfloat16, float32").into(),
+                        )
+                    }
                 }
             }
             "--seed" => a.seed = parse_num(flag, v)? as u64,
@@ -160,10 +164,7 @@ fn linear_elems(c: &LlamaConfig) -> (f64, f64) {
     let (h, hd) = (c.hidden_size as f64, c.head_dim as f64);
     let (q, kv) = (c.num_heads as f64 * hd, c.num_kv_heads as f64 * hd);
     let per_layer = (q + 2.0 * kv) * h + h * q + 3.0 * c.intermediate_size as f64 * h;
-    (
-        c.num_layers as f64 * per_layer,
-        c.vocab_size as f64 * h,
-    )
+    (c.num_layers as f64 * per_layer, c.vocab_size as f64 * h)
 }
 
 /// Attention FLOPs (QKᵀ and PV) of a query attending to `keys` keys, all layers.
