@@ -17,8 +17,8 @@ pub struct GenerateArgs {
     pub prompts: Vec<String>,
     /// A prompt given as token ids, comma-separated (repeat for several; after the
     /// --prompt ones): what a model without a tokenizer takes (`--load-format dummy`).
-    #[arg(long = "prompt-ids", value_parser = parse_ids)]
-    pub prompt_ids: Vec<Vec<u32>>,
+    #[arg(long = "prompt-ids")]
+    pub prompt_ids: Vec<String>,
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
     #[arg(long, default_value_t = 0.0)]
@@ -59,12 +59,18 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         ..SamplingParams::default()
     };
     params.validate().context("invalid sampling flags")?;
+    let id_prompts = args
+        .prompt_ids
+        .iter()
+        .map(|s| parse_ids(s).map(PromptInput::Tokens))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
     let prompts: Vec<PromptInput> = args
         .prompts
         .iter()
         .cloned()
         .map(PromptInput::Text)
-        .chain(args.prompt_ids.iter().cloned().map(PromptInput::Tokens))
+        .chain(id_prompts)
         .collect();
     let t0 = std::time::Instant::now();
     let results = engine.generate(&prompts, &params)?;
