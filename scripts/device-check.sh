@@ -20,11 +20,51 @@
 # and CUTLASS against the f64 reference), then the CUDA attention benches
 # (benches/cuda_attention.rs, quick set: the ceilings, the issue's two target cases) and
 # the GEMM benches (benches/cuda_gemm.rs, quick set: Llama-3-8B's linear shapes at m = 1
-# and 8192, cuBLAS against CUTLASS). At most 8 minutes.
+# and 8192, cuBLAS against CUTLASS). Then the model steps (issue 13), each with its own
+# timeout and never past the overall budget:
+#   greedy  (90 s)  the real SmolLM2 on --device cuda against tests/data/smollm2-greedy.json
+#                   (ids equal up to each case's first reference gap under 0.5 nats); needs
+#                   $DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf, which at 94 MB does not fit the
+#                   64 MiB carry: the step then says so and is skipped
+#   serve   (150 s) pagoda serve --device cuda (the real SmolLM2 if carried, else
+#                   --load-format dummy with tests/data/smollm2-shape) + pagoda bench serve
+#                   at 1, 32 and 256 streams on loopback
+#   step    (180 s) device_step on the Llama-3-8B-shaped dummy config: decode b1/b32/b128
+#                   at context 512, prefill 8192
+# DEVICE_CHECK_ONLY=greedy,serve,step (or kernels) runs a subset. At most 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${DEVICE_CHECK_DIR:-target/device-check}"
 BUDGET_S="${DEVICE_CHECK_BUDGET_S:-420}"
+ONLY="${DEVICE_CHECK_ONLY:-kernels,greedy,serve,step}"
+SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
+CARRY_LIMIT_MIB=64
+
+wants() { [[ ",$ONLY," == *",$1,"* ]]; }
+
+# The release tools of the model steps: `pagoda` (server crate) and `device_step`
+# (pagoda-benches), both with --features cuda, stripped into $DIR/bin.
+build_tools() {
+  cargo build --release -p pagoda-server --features cuda --bin pagoda
+  cargo build --release -p pagoda-benches --features cuda --bin device_step
+  local target="${CARGO_TARGET_DIR:-target}/release" t
+  for t in pagoda device_step; do
+    cp "$target/$t" "$DIR/bin/$t"
+    strip "$DIR/bin/$t"
+  done
+  # The SmolLM2 weights only when they fit the carry beside the binaries.
+  local model="${PAGODA_CACHE:-$HOME/.cache/pagoda}/models/$SMOLLM2" used_kib model_kib
+  rm -rf "$DIR/models"
+  used_kib=$(du -sk "$DIR" | cut -f1)
+  if [ -f "$model" ]; then
+    model_kib=$(du -k "$model" | cut -f1)
+    if [ $((used_kib + model_kib)) -le $((CARRY_LIMIT_MIB * 1024)) ]; then
+      mkdir -p "$DIR/models" && cp "$model" "$DIR/models/"
+    else
+      echo "device-check: $SMOLLM2 ($((model_kib / 1024)) MiB) does not fit the ${CARRY_LIMIT_MIB} MiB carry beside $((used_kib / 1024)) MiB of binaries: the greedy step will be skipped, serve uses --load-format dummy"
+    fi
+  fi
+}
 
 build() {
   NVCC="${NVCC:-$(scripts/cuda-venv.sh)}"
@@ -62,7 +102,9 @@ for l in sys.stdin:
     cp "$e" "$DIR/bin/$name"
     strip "$DIR/bin/$name"
   done <<<"$exes"
+  build_tools
   du -sh "$DIR" | sed 's/^/device-check: carry /'
+  du -sh "$DIR"/bin/* | sed 's/^/device-check:   /'
 }
 
 # libcuda's folder on the GPU machine (its driver is mounted, not always in ld.so.conf);
@@ -92,6 +134,8 @@ run() {
   drv=$(find_driver || true)
   if [ -z "$drv" ]; then
     echo "device-check: no CUDA driver (libcuda.so.1 not found): nothing runs on this machine"
+    # A dry run still walks the model steps, each stopping at its reason.
+    if [ "${DEVICE_CHECK_DRY_RUN:-0}" = 1 ]; then T0=$(date +%s); model_steps; fi
     exit 0
   fi
   pylibs=$(find_python_cuda_libs)
@@ -106,6 +150,8 @@ run() {
   export PAGODA_REQUIRE_DEVICE=1
   # The kernels' device tests first: they stop the check cleanly where there is no GPU.
   local bin filter
+  T0=$(date +%s)
+  if wants kernels; then
   for bin in "$DIR"/bin/cuda_device "$DIR"/bin/conformance-* "$DIR"/bin/gemm_device; do
     [ -e "$bin" ] || continue
     start=$(date +%s)
@@ -125,11 +171,13 @@ run() {
     echo "$(basename "$bin"): $((end - start)) s"
   done
   cat "$log.table"
+  fi
   # The benches last (criterion, then their own table with the ceilings); the quick
   # set keeps the whole check within its budget.
   # Attention first, then the GEMM (the glob's order is not the run order).
   for bin in "$DIR"/bin/bench-cuda_attention "$DIR"/bin/bench-cuda_gemm; do
     [ -e "$bin" ] || continue
+    wants kernels || continue
     start=$(date +%s)
     if ! PAGODA_BENCH_QUICK=1 timeout "$BUDGET_S" "$bin" --bench >"$log" 2>&1; then status=1; fi
     end=$(date +%s)
@@ -137,7 +185,135 @@ run() {
     echo "$(basename "$bin"): $((end - start)) s"
   done
   rm -f "$log" "$log.table"
+  model_steps || status=1
   exit "$status"
+}
+
+# Seconds a step may take: its own limit, never past the overall budget.
+step_timeout() {
+  local left=$((BUDGET_TOTAL_S - ($(date +%s) - T0)))
+  [ "$left" -lt "$1" ] && echo "$((left > 0 ? left : 1))" || echo "$1"
+}
+
+# One row of the final table.
+row() { printf '%-22s %-8s %s\n' "$1" "$2" "$3" >>"$MODEL_TABLE"; }
+
+# A failed step's row: "no-device" (not a failure) when the reason is a missing
+# driver or device, as on a machine without a GPU; otherwise FAILED with its output.
+fail_row() {
+  local reason
+  reason=$(echo "$2" | grep -m1 -oE "no CUDA (driver|device)[^\"]*|not compiled with CUDA[^\"]*" || true)
+  if [ -n "$reason" ]; then row "$1" no-device "$reason"; return 0; fi
+  row "$1" FAILED "$(echo "$2" | tail -n 1)"
+  echo "--- $1 output ---"; echo "$2" | tail -n 30
+  return 1
+}
+
+# Loopback HTTP GET that succeeds on a 2xx (the GPU machine has Python, maybe no curl).
+http_ok() {
+  python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "$1" 2>/dev/null
+}
+
+# The model steps (issue 13): greedy vs reference, serve + bench, device_step.
+model_steps() {
+  BUDGET_TOTAL_S="${DEVICE_CHECK_TOTAL_S:-470}"
+  MODEL_TABLE=$(mktemp)
+  local st=0 out model_args tools="$DIR/bin" smollm2="$DIR/models/$SMOLLM2" t
+  printf '%-22s %-8s %s\n' "model step" "result" "detail" >"$MODEL_TABLE"
+  if ! wants greedy && ! wants serve && ! wants step; then rm -f "$MODEL_TABLE"; return 0; fi
+  if [ ! -x "$tools/pagoda" ] || [ ! -x "$tools/device_step" ]; then
+    echo "device-check: $tools/pagoda or device_step missing (an older build): model steps skipped"
+    rm -f "$MODEL_TABLE"; return 1
+  fi
+  if wants greedy; then
+    if [ -f "$smollm2" ]; then
+      t=$(step_timeout 90)
+      if out=$(greedy_check "$tools/pagoda" "$smollm2" "$t" 2>&1); then
+        row greedy ok "$(echo "$out" | tail -n 1)"
+      else
+        fail_row greedy "$out" || st=1
+      fi
+    else
+      row greedy skipped "$SMOLLM2 (94 MB) does not fit the ${CARRY_LIMIT_MIB} MiB carry"
+    fi
+  fi
+  if wants serve; then
+    if [ -f "$smollm2" ]; then model_args=(--model "$smollm2"); else
+      model_args=(--load-format dummy --model tests/data/smollm2-shape); fi
+    t=$(step_timeout 150)
+    if out=$(serve_bench "$tools/pagoda" "$t" "${model_args[@]}" 2>&1); then
+      row serve ok "${model_args[*]}"
+      echo "$out" | tail -n 8
+    else
+      fail_row serve "$out" || st=1
+    fi
+  fi
+  if wants step; then
+    t=$(step_timeout 180)
+    if out=$(timeout "$t" "$tools/device_step" --model tests/data/llama3-8b-shape \
+        --load-format dummy --device cuda:0 --batch-sizes 1,32,128 --context 512 \
+        --prefill-tokens 8192 --max-num-batched-tokens 8192 --warmup 2 --steps 10 \
+        --prefill-reps 1 2>&1); then
+      row device_step ok "8B-shaped dummy, bf16"
+      echo "$out" | grep -v '^device_step:'
+    else
+      fail_row device_step "$out" || st=1
+    fi
+  fi
+  cat "$MODEL_TABLE"
+  rm -f "$MODEL_TABLE"
+  return "$st"
+}
+
+# pagoda generate --device cuda on the reference prompts' ids, greedy; each case's ids
+# must equal the reference's up to its first step whose top-1/top-2 gap is under
+# 0.5 nats (past it, bf16 rounding may pick the other token).
+greedy_check() {
+  local pagoda=$1 model=$2 t=$3 args=() out
+  mapfile -t args < <(python3 - <<'PY'
+import json
+for c in json.load(open("tests/data/smollm2-greedy.json"))["cases"]:
+    print("--prompt-ids"); print(",".join(map(str, c["prompt_ids"])))
+PY
+)
+  out=$(timeout "$t" "$pagoda" generate --model "$model" --device cuda:0 --json \
+        --max-tokens 48 --temperature 0 "${args[@]}") || { echo "pagoda generate failed"; return 1; }
+  python3 - "$out" <<'PY'
+import json, sys
+ref = json.load(open("tests/data/smollm2-greedy.json"))["cases"]
+got = [json.loads(l) for l in sys.argv[1].splitlines() if l.startswith("{")]
+assert len(got) == len(ref), f"{len(got)} outputs for {len(ref)} cases"
+checked = 0
+for i, (c, g) in enumerate(zip(ref, got)):
+    n = next((k for k, gap in enumerate(c["gaps"]) if gap < 0.5), len(c["gaps"]))
+    n = min(n, len(c["greedy_ids"]))
+    if g["token_ids"][:n] != c["greedy_ids"][:n]:
+        print(f"case {i}: ids differ within the first {n}: {g['token_ids'][:n]} vs {c['greedy_ids'][:n]}")
+        sys.exit(1)
+    checked += n
+print(f"{len(ref)} cases, {checked} ids equal to the reference")
+PY
+}
+
+# pagoda serve on loopback, then pagoda bench serve at 1, 32 and 256 streams.
+serve_bench() {
+  local pagoda=$1 t=$2 port=18123 pid rc=0 end
+  shift 2
+  end=$(($(date +%s) + t))
+  "$pagoda" serve "$@" --device cuda:0 --host 127.0.0.1 --port "$port" \
+    --max-num-seqs 256 --max-num-batched-tokens 8192 --kv-cache-memory-mib 8192 \
+    --disable-log-stats >"$DIR/serve.log" 2>&1 &
+  pid=$!
+  until http_ok "http://127.0.0.1:$port/health"; do
+    if ! kill -0 "$pid" 2>/dev/null; then tail -n 5 "$DIR/serve.log"; echo "the server exited"; return 1; fi
+    [ "$(date +%s)" -lt "$end" ] || { kill "$pid"; echo "the server did not start in time"; return 1; }
+    sleep 1
+  done
+  timeout $((end - $(date +%s))) "$pagoda" bench serve --base-url "http://127.0.0.1:$port" \
+    --concurrency 1,32,256 --input-len 128 --output-len 64 \
+    --token-id-range 1000..10000 --quiet || rc=1
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
+  return "$rc"
 }
 
 case "${1:-all}" in

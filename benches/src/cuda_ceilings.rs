@@ -2,7 +2,7 @@
 //! bench's own process: device-to-device copy bandwidth and the cuBLAS bf16 GEMM rate.
 
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaContext, CudaStream};
 use half::bf16;
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,17 +32,51 @@ pub struct DeviceCeilings {
 /// Measures [`DeviceCeilings`] on `stream` (panics if the device or cuBLAS fails: a
 /// bench's setup).
 pub fn ceilings(stream: &Arc<CudaStream>) -> DeviceCeilings {
+    try_ceilings(stream).expect("measuring the device ceilings")
+}
+
+/// The ceilings of CUDA device `ordinal`, or why they could not be measured. The caller
+/// must have checked that a driver is present (cudarc panics without libcuda): open the
+/// device through `pagoda_core::open_device` first.
+pub fn for_ordinal(ordinal: usize) -> Result<DeviceCeilings, String> {
+    let ctx = CudaContext::new(ordinal).map_err(|e| format!("CUDA context: {e}"))?;
+    try_ceilings(&ctx.default_stream())
+}
+
+/// Seconds per call of a fallible `f` after one warm-up call.
+fn try_time(
+    stream: &CudaStream,
+    reps: u32,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> Result<f64, String> {
+    let sync = |s: &CudaStream| s.synchronize().map_err(|e| format!("synchronize: {e}"));
+    f()?;
+    sync(stream)?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        f()?;
+    }
+    sync(stream)?;
+    Ok(t.elapsed().as_secs_f64() / f64::from(reps))
+}
+
+/// [`ceilings`], reporting failures instead of panicking.
+pub fn try_ceilings(stream: &Arc<CudaStream>) -> Result<DeviceCeilings, String> {
+    let alloc = |e| format!("allocation: {e}");
     let bytes = 1usize << 30;
-    let src = stream.alloc_zeros::<u8>(bytes).expect("alloc");
-    let mut dst = stream.alloc_zeros::<u8>(bytes).expect("alloc");
-    let copy = time(stream, 10, || {
-        stream.memcpy_dtod(&src, &mut dst).expect("copy")
-    });
+    let src = stream.alloc_zeros::<u8>(bytes).map_err(alloc)?;
+    let mut dst = stream.alloc_zeros::<u8>(bytes).map_err(alloc)?;
+    let copy = try_time(stream, 10, || {
+        stream
+            .memcpy_dtod(&src, &mut dst)
+            .map_err(|e| format!("copy: {e}"))
+    })?;
     let n = 8192usize;
-    let a = stream.alloc_zeros::<bf16>(n * n).expect("alloc");
-    let b = stream.alloc_zeros::<bf16>(n * n).expect("alloc");
-    let mut c = stream.alloc_zeros::<bf16>(n * n).expect("alloc");
-    let blas = CudaBlas::new(stream.clone()).expect("cuBLAS (libcublas on the library path)");
+    let a = stream.alloc_zeros::<bf16>(n * n).map_err(alloc)?;
+    let b = stream.alloc_zeros::<bf16>(n * n).map_err(alloc)?;
+    let mut c = stream.alloc_zeros::<bf16>(n * n).map_err(alloc)?;
+    let blas = CudaBlas::new(stream.clone())
+        .map_err(|e| format!("cuBLAS (libcublas on the library path?): {e}"))?;
     let d = n as i32;
     let cfg = GemmConfig {
         transa: cublasOperation_t::CUBLAS_OP_N,
@@ -56,12 +90,13 @@ pub fn ceilings(stream: &Arc<CudaStream>) -> DeviceCeilings {
         beta: bf16::ZERO,
         ldc: d,
     };
-    let gemm = time(stream, 5, || {
-        // SAFETY: a, b, c are n x n device matrices of this stream's context.
-        unsafe { blas.gemm(cfg, &a, &b, &mut c) }.expect("gemm")
-    });
-    DeviceCeilings {
+    let gemm = try_time(stream, 5, || {
+        // SAFETY: a, b and c are n x n device matrices of this stream's context,
+        // matching the dimensions and leading dimensions of `cfg`.
+        unsafe { blas.gemm(cfg, &a, &b, &mut c) }.map_err(|e| format!("gemm: {e}"))
+    })?;
+    Ok(DeviceCeilings {
         copy_bytes_per_s: 2.0 * bytes as f64 / copy,
         gemm_flops: 2.0 * (n as f64).powi(3) / gemm,
-    }
+    })
 }

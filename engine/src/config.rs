@@ -6,6 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub model_path: PathBuf,
+    /// vLLM's `--load-format`: the model's weights (`Auto`), or random weights from
+    /// its `config.json` (`Dummy`, seeded by [`EngineConfig::seed`]).
+    pub load_format: pagoda_models::LoadFormat,
     pub block_size: usize,
     /// Explicit number of KV blocks; otherwise derived from `kv_cache_bytes`.
     pub num_kv_blocks: Option<usize>,
@@ -59,6 +62,7 @@ impl EngineConfig {
     pub fn new(model_path: impl Into<PathBuf>) -> Self {
         EngineConfig {
             model_path: model_path.into(),
+            load_format: pagoda_models::LoadFormat::Auto,
             block_size: 16,
             num_kv_blocks: None,
             kv_cache_bytes: 1 << 30,

@@ -510,8 +510,8 @@ pub fn release_freed_memory() {
 
 /// The device forward: weights uploaded in `compute` (a progress line per quarter of
 /// the layers), the model kernels of the device, activation buffers sized for the
-/// step budget.
-fn build_device_model(
+/// step budget (public for `pagoda-benches`' `device_step`, which times this model).
+pub fn build_device_model(
     config: &EngineConfig,
     runtime: &Arc<dyn DeviceRuntime>,
     model_config: LlamaConfig,

@@ -75,8 +75,14 @@ impl From<pagoda_core::CoreError> for EngineError {
 
 impl From<pagoda_models::ModelError> for EngineError {
     fn from(e: pagoda_models::ModelError) -> Self {
-        EngineError::Model {
-            message: e.to_string(),
+        match e {
+            // A text prompt to a model without a tokenizer: the caller's to fix.
+            e @ pagoda_models::ModelError::NoTokenizer { .. } => {
+                EngineError::invalid("prompt", e.to_string())
+            }
+            e => EngineError::Model {
+                message: e.to_string(),
+            },
         }
     }
 }

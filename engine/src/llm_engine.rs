@@ -168,7 +168,7 @@ impl LLMEngine {
         let runtime = crate::engine_core::open_engine_device(config.device)?;
         let t0 = Instant::now();
         tracing::info!("loading model from {}", config.model_path.display());
-        let loaded = pagoda_models::load_model(&config.model_path)?;
+        let loaded = config.load_format.load(&config.model_path, config.seed)?;
         tracing::info!(
             "model {} loaded in {:.1}s",
             loaded.name,

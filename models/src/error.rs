@@ -46,6 +46,13 @@ pub enum ModelError {
     },
     #[error("unsupported tokenizer: {reason}")]
     UnsupportedTokenizer { reason: String },
+    /// A text prompt for a model loaded without a tokenizer (`--load-format dummy`
+    /// and no `tokenizer.json` beside its config).
+    #[error(
+        "this model has no tokenizer (--load-format dummy with no tokenizer.json beside \
+         its config.json): send the prompt as token ids, not text ({chars} characters)"
+    )]
+    NoTokenizer { chars: usize },
     #[error("tokenizer error: {message}")]
     Tokenizer { message: String },
     #[error("chat template error: {message}")]

@@ -41,7 +41,7 @@ fn read_json_opt(path: &Path) -> Result<Option<Value>, ModelError> {
 }
 
 /// Token ids from a JSON int or list of ints.
-fn ids_of(v: Option<&Value>) -> Vec<u32> {
+pub(crate) fn ids_of(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
         Some(Value::Array(a)) => a
@@ -55,7 +55,13 @@ fn ids_of(v: Option<&Value>) -> Vec<u32> {
 
 /// Parses `config.json` of a directory; also returns the raw JSON.
 pub fn read_config(dir: &Path) -> Result<(LlamaConfig, Value), ModelError> {
-    let j = read_json(&dir.join("config.json"))?;
+    read_config_file(&dir.join("config.json"))
+}
+
+/// Parses an HF config file (any name: `--load-format dummy` takes one directly);
+/// also returns the raw JSON.
+pub fn read_config_file(file: &Path) -> Result<(LlamaConfig, Value), ModelError> {
+    let j = read_json(file)?;
     let family = architecture_of(&j)?;
     let arch = arch_config(&j, family)?;
     let u = |k: &str| j.get(k).and_then(|v| v.as_u64()).map(|x| x as usize);

@@ -61,6 +61,8 @@ pub struct Tokenizer {
     special: HashSet<u32>,
     bos: Option<u32>,
     add_bos: bool,
+    /// No real vocabulary ([`Tokenizer::ids_only`]): text cannot be encoded.
+    ids_only: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -103,6 +105,7 @@ impl Tokenizer {
             special,
             bos,
             add_bos,
+            ids_only: false,
         }
     }
 
@@ -158,7 +161,43 @@ impl Tokenizer {
         Ok(t)
     }
 
+    /// A stand-in for a model without a tokenizer (`--load-format dummy` with no
+    /// `tokenizer.json`), as vLLM's `skip_tokenizer_init`: token-id prompts only.
+    /// [`Tokenizer::encode`] refuses text with [`ModelError::NoTokenizer`]; token `i`
+    /// decodes to the placeholder `[i]`, so outputs stay readable ids.
+    pub fn ids_only(vocab_size: usize) -> Result<Self, ModelError> {
+        let vocab: serde_json::Map<String, Value> = (0..vocab_size)
+            .map(|i| (format!("[{i}]"), json!(i)))
+            .collect();
+        let doc = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": [],
+            "normalizer": null,
+            "pre_tokenizer": null,
+            "post_processor": null,
+            "decoder": {"type": "Fuse"},
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[0]"},
+        });
+        let bytes = serde_json::to_vec(&doc).map_err(tok_err)?;
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(tok_err)?;
+        let mut t = Self::from_hf(inner, None, false);
+        t.ids_only = true;
+        Ok(t)
+    }
+
+    /// Whether this is [`Tokenizer::ids_only`]'s stand-in (no text encoding).
+    pub fn is_ids_only(&self) -> bool {
+        self.ids_only
+    }
+
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError> {
+        if self.ids_only {
+            return Err(ModelError::NoTokenizer {
+                chars: text.chars().count(),
+            });
+        }
         if let Some(spm) = &self.spm {
             return spm.encode(text, add_special_tokens).map_err(tok_err);
         }

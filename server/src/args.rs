@@ -38,6 +38,14 @@ pub struct EngineArgs {
     /// `pagoda serve` also takes it as its positional argument, as `vllm serve` does.
     #[arg(long, env = "PAGODA_MODEL", help_heading = "ModelConfig")]
     pub model: Option<PathBuf>,
+    /// How the weights are loaded (vLLM's `--load-format`): `auto` (the model's
+    /// GGUF file or safetensors) or `dummy` (random weights, uniform in ±1e-3 with
+    /// norms 1.0, seeded by --seed; --model then names an HF `config.json` or a
+    /// directory holding one, and no weight file is read: for benchmarks at real
+    /// shapes). Without a `tokenizer.json` beside the config only token-id prompts
+    /// are served. Other vLLM formats are an error.
+    #[arg(long, default_value = "auto", value_parser = parse_load_format, help_heading = "ModelConfig")]
+    pub load_format: pagoda_models::LoadFormat,
     /// Storage type of the linear-layer weights: `auto` (a GGUF's quantized
     /// matrices, Q4_0/Q4_1/Q8_0/Q4_K/Q6_K, stay as stored and run on int8 kernels;
     /// anything else as `float32`), `float32` (also `f32`, `float`: dequantized,
@@ -154,6 +162,12 @@ pub fn parse_dtype(s: &str) -> Result<pagoda_models::WeightDtype, String> {
     }
 }
 
+/// `--load-format`: `auto` or `dummy`.
+pub fn parse_load_format(s: &str) -> Result<pagoda_models::LoadFormat, String> {
+    s.parse()
+        .map_err(|e: pagoda_models::ModelError| e.to_string())
+}
+
 /// `--quantization`: the methods implemented.
 pub fn parse_quantization(s: &str) -> Result<pagoda_models::WeightDtype, String> {
     match s.to_ascii_lowercase().as_str() {
@@ -249,6 +263,7 @@ impl EngineArgs {
     /// The engine configuration these flags describe.
     pub fn engine_config(&self) -> pagoda_engine::EngineConfig {
         let mut c = pagoda_engine::EngineConfig::new(self.model_path());
+        c.load_format = self.load_format;
         c.block_size = self.block_size;
         c.num_kv_blocks = self.num_kv_blocks;
         c.kv_cache_bytes = self.kv_cache_memory_mib.unwrap_or(1024) << 20;
@@ -346,6 +361,16 @@ mod tests {
         );
         assert_eq!(dtype(&["-q", "Q8_0"]), pagoda_models::WeightDtype::Q8_0);
         assert!(parse(&["--quantization", "awq"]).is_err());
+        use pagoda_models::LoadFormat;
+        let lf = |args: &[&str]| parse(args).unwrap().engine.engine_config().load_format;
+        assert_eq!(lf(&[]), LoadFormat::Auto);
+        assert_eq!(lf(&["--load-format", "dummy"]), LoadFormat::Dummy);
+        assert_eq!(lf(&["--load-format", "AUTO"]), LoadFormat::Auto);
+        let e = parse(&["--load-format", "safetensors"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("valid values: auto, dummy"), "{e}");
         assert!(parse(&["-tp", "2"]).is_err());
         assert!(parse(&["--kv-cache-dtype", "fp8_e4m3"]).is_err());
         let kv = |args: &[&str]| parse(args).unwrap().engine.engine_config().kv_cache_dtype;

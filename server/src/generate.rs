@@ -13,8 +13,12 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub engine: EngineArgs,
     /// A prompt (repeat the flag for several).
-    #[arg(long = "prompt", required = true)]
+    #[arg(long = "prompt", required_unless_present = "prompt_ids")]
     pub prompts: Vec<String>,
+    /// A prompt given as token ids, comma-separated (repeat for several; after the
+    /// --prompt ones): what a model without a tokenizer takes (`--load-format dummy`).
+    #[arg(long = "prompt-ids")]
+    pub prompt_ids: Vec<String>,
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
     #[arg(long, default_value_t = 0.0)]
@@ -31,6 +35,17 @@ pub struct GenerateArgs {
     pub json: bool,
 }
 
+/// `--prompt-ids 1,2,3`.
+fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
+    s.split(',')
+        .map(|t| {
+            t.trim()
+                .parse()
+                .map_err(|_| format!("--prompt-ids: `{t}` is not a token id"))
+        })
+        .collect()
+}
+
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     args.engine.log_compat_notes();
     let config = args.engine.engine_config();
@@ -44,11 +59,18 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         ..SamplingParams::default()
     };
     params.validate().context("invalid sampling flags")?;
+    let id_prompts = args
+        .prompt_ids
+        .iter()
+        .map(|s| parse_ids(s).map(PromptInput::Tokens))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
     let prompts: Vec<PromptInput> = args
         .prompts
         .iter()
         .cloned()
         .map(PromptInput::Text)
+        .chain(id_prompts)
         .collect();
     let t0 = std::time::Instant::now();
     let results = engine.generate(&prompts, &params)?;
@@ -58,6 +80,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         if args.json {
             let obj = serde_json::json!({
                 "prompt": r.prompt,
+                "prompt_token_ids": r.prompt_token_ids,
                 "token_ids": r.token_ids,
                 "text": r.text,
                 "finish_reason": r.finish_reason.map(|f| f.as_str()),

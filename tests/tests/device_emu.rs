@@ -82,6 +82,13 @@ fn smollm2_on_emu_matches_the_f32_path_within_bf16_error() {
     let mut emu = engine(emu_config());
     let attention = emu.model_info().attention.clone();
     assert!(attention.contains("cuda-"), "{attention}");
+    for (c, o) in cases.iter().zip(generate(&mut emu, &cases)) {
+        assert_eq!(o.prompt_token_ids, c.prompt_ids);
+        check_greedy(c, &o.token_ids, "emu");
+    }
+    // Steady state: the device buffers were allocated once, at start, for the step
+    // budget (prompt logprobs below need more logits rows and grow them once).
+    assert_eq!(emu.core().num_device_allocations(), Some(1));
     // Every prompt position against the CPU f32 path: the log-probability of the
     // actual next token and of every top-5 token both paths rank.
     let mut cpu_config = test_config();
@@ -124,33 +131,34 @@ fn smollm2_on_emu_matches_the_f32_path_within_bf16_error() {
         assert!(found >= 4, "{:?}: {found} of the reference top 5", c.prompt);
     }
     eprintln!("bf16 emu vs cpu f32: max logprob deviation {max_dev:.4}");
-    for (c, o) in cases.iter().zip(generate(&mut emu, &cases)) {
-        assert_eq!(o.prompt_token_ids, c.prompt_ids);
-        check_greedy(c, &o.token_ids, "emu");
-    }
-    // Warm: the device buffers were allocated once, at start, for the step budget.
-    assert_eq!(emu.core().num_device_allocations(), Some(1));
 }
 
 #[test]
 fn emu_batching_chunked_prefill_preemption_and_prefix_hits() {
-    let cases = reference_cases();
-    // Chunks of 4 tokens, and a cache so small that the three requests cannot all
-    // stay: chunked prefill, mixed decode/prefill steps and preemption.
+    // Two prompts keep the emulated steps few.
+    let cases = &reference_cases()[..2];
+    // Chunks of 4 tokens, and a cache so small (4 usable blocks of 4 tokens; each
+    // request needs 3) that the two requests cannot both stay: chunked prefill, mixed
+    // decode/prefill steps and preemption.
     let mut c = emu_config();
     c.max_num_batched_tokens = 4;
-    c.num_kv_blocks = Some(3);
-    c.block_size = 16;
+    c.num_kv_blocks = Some(5);
+    c.block_size = 4;
     let mut e = engine(c);
-    let outs = generate(&mut e, &cases);
+    let outs = generate(&mut e, cases);
     for (c, o) in cases.iter().zip(&outs) {
         check_greedy(c, &o.token_ids, "chunked+preempted");
     }
     // The same prompts again: prefix hits.
-    let again = generate(&mut e, &cases);
+    let again = generate(&mut e, cases);
     for (c, o) in cases.iter().zip(&again) {
         check_greedy(c, &o.token_ids, "prefix hits");
     }
+    assert!(e.stats().num_preemptions > 0, "no preemption happened");
+    assert!(
+        again.iter().any(|o| o.num_cached_tokens > 0),
+        "no prefix hit on the second run"
+    );
     assert!(!e.has_unfinished_requests());
     assert_eq!(e.stats().kv_cache_usage, 0.0);
 }

@@ -1,0 +1,521 @@
+//! The engine's forward step on a device, timed: decode steps at several batch sizes
+//! (each sequence with a context already in the KV cache) and the prefill of one long
+//! prompt chunked by the step budget, for a model file or a `config.json` with
+//! `--load-format dummy` (random weights at real shapes, e.g. Llama-3-8B's).
+//!
+//! ```sh
+//! cargo run --release -p pagoda-benches --bin device_step -- \
+//!     --model tests/data/tiny-dummy --load-format dummy --device cpu
+//! # on a GPU (feature cuda): the issue-13 figures at Llama-3-8B shapes
+//! device_step --model tests/data/llama3-8b-shape --load-format dummy --device cuda:0
+//! ```
+//!
+//! It builds the model as the engine does (`build_device_model` on a device, the CPU
+//! `Llama` on `cpu`), the attention backends the selector picks and a KV cache sized
+//! for the largest case, then drives `RunnerModel::forward` with batch descriptors
+//! built directly (no scheduler, no sampler: the logits come back to the host, as in
+//! the engine). The cached context is the cache's zeros: attention reads it all the
+//! same. On `cuda` it also measures the device's ceilings (copy bandwidth, cuBLAS
+//! bf16 GEMM) and prints each case's share: bytes a step must stream (the linear
+//! weights and the LM head, plus the KV context read) over the copy bandwidth, and its
+//! matmul FLOPs (linear layers, LM head rows, attention) over the GEMM rate.
+
+use pagoda_core::{AttentionBackend, BatchDescriptor, DType, Device, KvCache, KvCacheSpec};
+use pagoda_engine::engine_core::{build_device_model, device_compute_dtype, open_engine_device};
+use pagoda_engine::runner_model::RunnerModel;
+use pagoda_engine::EngineConfig;
+use pagoda_models::{
+    device_unsupported, merge_attention_configs, Llama, LlamaConfig, LoadFormat, WeightDtype,
+};
+use pagoda_selector::{select, BackendOverride};
+use std::path::PathBuf;
+use std::time::Instant;
+
+// Inventory only sees linked crates: link every backend (and the device ops).
+use pagoda_backends as _;
+
+type BoxError = Box<dyn std::error::Error>;
+
+const USAGE: &str = "\
+device_step: times the engine's forward step on a device
+
+usage: device_step [flags]
+  --model PATH                 GGUF / HF directory, or with --load-format dummy a config.json
+                               (or a directory holding one)      [tests/data/tiny-dummy]
+  --load-format auto|dummy     [dummy]
+  --device cpu|emu|cuda[:N]    [cpu]
+  --dtype auto|bfloat16|float32  weights (device compute dtype: auto = bf16) [auto]
+  --seed N                     dummy weights' seed               [0]
+  --batch-sizes 1,32,128       decode batch sizes                [1,32,128]
+  --context N                  tokens already cached per sequence [512]
+  --prefill-tokens N           one prompt of N tokens (0: none)  [8192]
+  --max-num-batched-tokens N   prefill chunk                     [8192]
+  --warmup N                   untimed steps per case            [3]
+  --steps N                    timed decode steps per case       [20]
+  --prefill-reps N             timed prefills (after one warm-up) [2]
+  --block-size N               KV block size                     [16]
+  --attention-backend SPEC     NAME or decode=NAME,prefill=NAME  [automatic]
+";
+
+/// The flags.
+struct Args {
+    model: PathBuf,
+    load_format: LoadFormat,
+    device: Device,
+    dtype: WeightDtype,
+    seed: u64,
+    batch_sizes: Vec<usize>,
+    context: usize,
+    prefill_tokens: usize,
+    max_num_batched_tokens: usize,
+    warmup: usize,
+    steps: usize,
+    prefill_reps: usize,
+    block_size: usize,
+    attention_backend: Option<String>,
+}
+
+fn parse_num(flag: &str, v: &str) -> Result<usize, BoxError> {
+    v.parse()
+        .map_err(|_| format!("{flag} `{v}` is not a non-negative integer").into())
+}
+
+fn parse_args(argv: &[String]) -> Result<Option<Args>, BoxError> {
+    let mut a = Args {
+        model: PathBuf::from("tests/data/tiny-dummy"),
+        load_format: LoadFormat::Dummy,
+        device: Device::Cpu,
+        dtype: WeightDtype::Native,
+        seed: 0,
+        batch_sizes: vec![1, 32, 128],
+        context: 512,
+        prefill_tokens: 8192,
+        max_num_batched_tokens: 8192,
+        warmup: 3,
+        steps: 20,
+        prefill_reps: 2,
+        block_size: 16,
+        attention_backend: None,
+    };
+    let mut it = argv.iter();
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            return Ok(None);
+        }
+        let v = it
+            .next()
+            .ok_or_else(|| format!("{flag} needs a value\n\n{USAGE}"))?;
+        match flag.as_str() {
+            "--model" => a.model = PathBuf::from(v),
+            "--load-format" => a.load_format = v.parse()?,
+            "--device" => a.device = v.parse()?,
+            "--dtype" => {
+                a.dtype = match v.to_ascii_lowercase().as_str() {
+                    "auto" => WeightDtype::Native,
+                    "bf16" | "bfloat16" => WeightDtype::Bf16,
+                    "f32" | "float32" | "float" => WeightDtype::F32,
+                    _ => {
+                        return Err(
+                            format!("--dtype `{v}`: valid values: auto, bfloat16, float32").into(),
+                        )
+                    }
+                }
+            }
+            "--seed" => a.seed = parse_num(flag, v)? as u64,
+            "--batch-sizes" => {
+                a.batch_sizes = v
+                    .split(',')
+                    .map(|b| parse_num(flag, b.trim()))
+                    .collect::<Result<_, _>>()?
+            }
+            "--context" => a.context = parse_num(flag, v)?,
+            "--prefill-tokens" => a.prefill_tokens = parse_num(flag, v)?,
+            "--max-num-batched-tokens" => a.max_num_batched_tokens = parse_num(flag, v)?,
+            "--warmup" => a.warmup = parse_num(flag, v)?,
+            "--steps" => a.steps = parse_num(flag, v)?,
+            "--prefill-reps" => a.prefill_reps = parse_num(flag, v)?,
+            "--block-size" => a.block_size = parse_num(flag, v)?,
+            "--attention-backend" => a.attention_backend = Some(v.clone()),
+            other => return Err(format!("unknown flag `{other}`\n\n{USAGE}").into()),
+        }
+    }
+    if a.batch_sizes.contains(&0) || a.steps == 0 || a.block_size == 0 {
+        return Err("--batch-sizes, --steps and --block-size must be positive".into());
+    }
+    if a.max_num_batched_tokens == 0 {
+        return Err("--max-num-batched-tokens must be positive".into());
+    }
+    Ok(Some(a))
+}
+
+/// One measured case, and what a step of it must move and compute.
+struct Row {
+    case: String,
+    tokens_per_step: usize,
+    secs_per_step: f64,
+    /// Tokens produced (decode) or consumed (prefill) per second.
+    tok_s: f64,
+    stream_bytes: f64,
+    flops: f64,
+}
+
+/// Elements of the linear layers a token goes through (all layers), and of the LM head.
+fn linear_elems(c: &LlamaConfig) -> (f64, f64) {
+    let (h, hd) = (c.hidden_size as f64, c.head_dim as f64);
+    let (q, kv) = (c.num_heads as f64 * hd, c.num_kv_heads as f64 * hd);
+    let per_layer = (q + 2.0 * kv) * h + h * q + 3.0 * c.intermediate_size as f64 * h;
+    (c.num_layers as f64 * per_layer, c.vocab_size as f64 * h)
+}
+
+/// Attention FLOPs (QKᵀ and PV) of a query attending to `keys` keys, all layers.
+fn attn_flops(c: &LlamaConfig, keys: f64) -> f64 {
+    4.0 * c.num_layers as f64 * c.num_heads as f64 * c.head_dim as f64 * keys
+}
+
+/// The model, its attention backends and its KV cache, ready to step.
+struct Bench {
+    model: RunnerModel,
+    attn: Vec<Box<dyn AttentionBackend>>,
+    kv: KvCache,
+    config: LlamaConfig,
+    block_size: usize,
+    logits: Vec<f32>,
+}
+
+impl Bench {
+    /// One forward step over `query_lens`/`seq_lens` (decode rows first), the
+    /// sequences' blocks laid out one after another from block 1.
+    fn step(
+        &mut self,
+        query_lens: &[usize],
+        seq_lens: &[usize],
+        blocks_per_seq: usize,
+        logits_rows: &[usize],
+    ) -> Result<(), BoxError> {
+        let table: Vec<Vec<u32>> = (0..query_lens.len())
+            .map(|r| {
+                let first = 1 + r * blocks_per_seq;
+                (first as u32..(first + blocks_per_seq) as u32).collect()
+            })
+            .collect();
+        let rows: Vec<&[u32]> = table.iter().map(Vec::as_slice).collect();
+        let batch = BatchDescriptor::new(self.block_size, query_lens, seq_lens, &rows)?;
+        let vocab = self.config.vocab_size as u32;
+        let mut ids = Vec::with_capacity(batch.num_tokens());
+        let mut positions = Vec::with_capacity(batch.num_tokens());
+        for (&q, &s) in query_lens.iter().zip(seq_lens) {
+            for p in s - q..s {
+                positions.push(p as u32);
+                // Arbitrary ids spread over the vocabulary.
+                ids.push((p as u32).wrapping_mul(2_654_435_761) % vocab);
+            }
+        }
+        for a in &mut self.attn {
+            a.plan(&batch)?;
+        }
+        self.model.forward(
+            &ids,
+            &positions,
+            &batch,
+            &mut self.attn,
+            &mut self.kv,
+            logits_rows,
+            &mut self.logits,
+        )?;
+        Ok(())
+    }
+}
+
+fn build(args: &Args) -> Result<Bench, BoxError> {
+    let runtime = open_engine_device(args.device)?;
+    let t = Instant::now();
+    let loaded = args.load_format.load(&args.model, args.seed)?;
+    let config = loaded.config.clone();
+    eprintln!(
+        "device_step: {} loaded ({:?}) in {:.1} s",
+        args.model.display(),
+        args.load_format,
+        t.elapsed().as_secs_f64()
+    );
+    let on_device = args.device != Device::Cpu;
+    let compute = if on_device {
+        if let Some(why) = device_unsupported(&config) {
+            return Err(why.into());
+        }
+        device_compute_dtype(args.dtype)?
+    } else {
+        DType::F32
+    };
+    let bs = args.block_size;
+    let max_batch = args.batch_sizes.iter().copied().max().unwrap_or(1);
+    let decode_blocks = max_batch * (args.context + 1).div_ceil(bs);
+    let prefill_blocks = args.prefill_tokens.div_ceil(bs);
+    let mut attn_configs = config.attention_configs(bs);
+    for c in &mut attn_configs {
+        c.device = args.device;
+        c.q_dtype = compute;
+        c.kv_dtype = compute;
+    }
+    let merged = merge_attention_configs(&attn_configs);
+    let over = BackendOverride::parse(args.attention_backend.as_deref().unwrap_or(""))?;
+    let selection = select(&merged, &over)?;
+    eprintln!("device_step: attention {selection}");
+    let attn = attn_configs
+        .iter()
+        .map(|c| selection.build(c))
+        .collect::<Result<Vec<_>, _>>()?;
+    let spec = KvCacheSpec {
+        num_layers: config.num_layers,
+        num_blocks: 1 + decode_blocks.max(prefill_blocks),
+        block_size: bs,
+        num_kv_heads: config.num_kv_heads,
+        head_dim: config.head_dim,
+        dtype: compute,
+    };
+    let kv = KvCache::allocate(spec, runtime.as_ref())?;
+    let t = Instant::now();
+    let model = if on_device {
+        let mut ec = EngineConfig::new(&args.model);
+        ec.max_num_batched_tokens = args.max_num_batched_tokens.max(max_batch);
+        ec.max_num_seqs = max_batch;
+        build_device_model(&ec, &runtime, config.clone(), loaded.weights, compute)?
+    } else {
+        RunnerModel::host(Llama::new_with_dtype(
+            config.clone(),
+            loaded.weights,
+            args.dtype,
+        )?)
+    };
+    eprintln!(
+        "device_step: model on {} ({compute}) in {:.1} s; KV cache {} blocks",
+        args.device,
+        t.elapsed().as_secs_f64(),
+        spec.num_blocks
+    );
+    Ok(Bench {
+        model,
+        attn,
+        kv,
+        config,
+        block_size: bs,
+        logits: Vec::new(),
+    })
+}
+
+fn decode_case(b: &mut Bench, args: &Args, batch: usize) -> Result<Row, BoxError> {
+    let bps = (args.context + 1).div_ceil(args.block_size);
+    let q = vec![1; batch];
+    let s = vec![args.context + 1; batch];
+    let rows: Vec<usize> = (0..batch).collect();
+    for _ in 0..args.warmup {
+        b.step(&q, &s, bps, &rows)?;
+    }
+    let t = Instant::now();
+    for _ in 0..args.steps {
+        b.step(&q, &s, bps, &rows)?;
+    }
+    let secs = t.elapsed().as_secs_f64() / args.steps as f64;
+    let c = &b.config;
+    let (lin, head) = linear_elems(c);
+    let elem = if args.device == Device::Cpu { 4.0 } else { 2.0 };
+    let kv_token = 2.0 * (c.num_layers * c.num_kv_heads * c.head_dim) as f64 * elem;
+    let keys = (args.context + 1) as f64;
+    Ok(Row {
+        case: format!("decode b{batch} ctx{}", args.context),
+        tokens_per_step: batch,
+        secs_per_step: secs,
+        tok_s: batch as f64 / secs,
+        stream_bytes: (lin + head) * elem + batch as f64 * keys * kv_token,
+        flops: batch as f64 * (2.0 * (lin + head) + attn_flops(c, keys)),
+    })
+}
+
+fn prefill_case(b: &mut Bench, args: &Args) -> Result<Row, BoxError> {
+    let (p, m) = (args.prefill_tokens, args.max_num_batched_tokens);
+    let bps = p.div_ceil(args.block_size);
+    let run = |b: &mut Bench| -> Result<usize, BoxError> {
+        let (mut done, mut steps) = (0, 0);
+        while done < p {
+            let q = m.min(p - done);
+            // Logits only for the last prompt token, as the engine asks.
+            let last = [q - 1];
+            let rows: &[usize] = if done + q == p { &last } else { &[] };
+            b.step(&[q], &[done + q], bps, rows)?;
+            done += q;
+            steps += 1;
+        }
+        Ok(steps)
+    };
+    if args.warmup > 0 {
+        run(&mut *b)?;
+    }
+    let t = Instant::now();
+    let mut steps = 0;
+    for _ in 0..args.prefill_reps.max(1) {
+        steps = run(&mut *b)?;
+    }
+    let secs = t.elapsed().as_secs_f64() / args.prefill_reps.max(1) as f64;
+    let c = &b.config;
+    let (lin, head) = linear_elems(c);
+    // Causal: token i attends to i + 1 keys.
+    let keys = p as f64 * (p as f64 + 1.0) / 2.0;
+    let steps = steps.max(1) as f64;
+    Ok(Row {
+        case: format!("prefill {p} (chunks of {m})"),
+        tokens_per_step: p.div_ceil(steps as usize),
+        secs_per_step: secs / steps,
+        tok_s: p as f64 / secs,
+        // Compute-bound: no bandwidth floor.
+        stream_bytes: f64::NAN,
+        // Per step (the average chunk), to compare with a step's time.
+        flops: (2.0 * (lin * p as f64 + head) + attn_flops(c, keys)) / steps,
+    })
+}
+
+/// The device's ceilings: (copy bytes/s, read + write; GEMM FLOP/s), where measured.
+fn ceilings(device: Device) -> Option<(f64, f64)> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(ordinal) = device {
+        return match pagoda_benches::cuda_ceilings::for_ordinal(ordinal) {
+            Ok(c) => Some((c.copy_bytes_per_s, c.gemm_flops)),
+            Err(e) => {
+                eprintln!("device_step: no ceilings: {e}");
+                None
+            }
+        };
+    }
+    let _ = device;
+    None
+}
+
+fn pct(x: f64) -> String {
+    if x.is_finite() {
+        format!("{:.1}%", 100.0 * x)
+    } else {
+        "-".into()
+    }
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let args = match parse_args(&argv) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{USAGE}");
+            return;
+        }
+        Err(e) => {
+            eprintln!("device_step: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(&args) {
+        eprintln!("device_step: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> Result<(), BoxError> {
+    let mut b = build(args)?;
+    let mut rows = Vec::new();
+    for &batch in &args.batch_sizes {
+        rows.push(decode_case(&mut b, args, batch)?);
+        eprintln!("device_step: {} done", rows[rows.len() - 1].case);
+    }
+    if args.prefill_tokens > 0 {
+        rows.push(prefill_case(&mut b, args)?);
+    }
+    let ceil = ceilings(args.device);
+    if let Some((bw, gemm)) = ceil {
+        println!(
+            "ceilings: copy {:.0} GB/s (read + write), GEMM {:.1} TFLOP/s",
+            bw / 1e9,
+            gemm / 1e12
+        );
+    }
+    println!(
+        "{:<30} {:>8} {:>10} {:>12} {:>10} {:>8}",
+        "case", "tok/step", "ms/step", "tok/s", "%BW floor", "%GEMM"
+    );
+    for r in &rows {
+        let (bw, gemm) = ceil.map_or((f64::NAN, f64::NAN), |(bw, g)| {
+            (
+                r.stream_bytes / bw / r.secs_per_step,
+                r.flops / r.secs_per_step / g,
+            )
+        });
+        println!(
+            "{:<30} {:>8} {:>10.3} {:>12.1} {:>10} {:>8}",
+            r.case,
+            r.tokens_per_step,
+            r.secs_per_step * 1e3,
+            r.tok_s,
+            pct(bw),
+            pct(gemm)
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Result<Option<Args>, BoxError> {
+        parse_args(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn flags() {
+        let a = args(&["--batch-sizes", "2,4", "--device", "emu", "--context", "8"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(a.batch_sizes, [2, 4]);
+        assert_eq!(a.device, Device::Emu);
+        assert_eq!(a.context, 8);
+        assert!(args(&["--help"]).unwrap().is_none());
+        for bad in [
+            &["--batch-sizes", "0"][..],
+            &["--steps", "x"],
+            &["--load-format", "pt"],
+            &["--bogus", "1"],
+            &["--steps"],
+        ] {
+            assert!(args(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn tiny_model_steps_on_the_cpu() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/tiny-dummy");
+        let a = args(&[
+            "--model",
+            dir,
+            "--batch-sizes",
+            "1,3",
+            "--context",
+            "20",
+            "--prefill-tokens",
+            "40",
+            "--max-num-batched-tokens",
+            "16",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--prefill-reps",
+            "1",
+        ])
+        .unwrap()
+        .unwrap();
+        let mut b = build(&a).unwrap();
+        let d = decode_case(&mut b, &a, 3).unwrap();
+        assert_eq!(d.tokens_per_step, 3);
+        assert!(d.secs_per_step > 0.0 && d.stream_bytes > 0.0);
+        assert_eq!(b.logits.len(), 3 * 256, "one logits row per decode row");
+        let p = prefill_case(&mut b, &a).unwrap();
+        assert_eq!(p.tokens_per_step, 14, "40 tokens in 3 chunks of at most 16");
+        assert_eq!(b.logits.len(), 256, "the last chunk asks for one row");
+        assert!(b.logits.iter().all(|x| x.is_finite()));
+    }
+}
