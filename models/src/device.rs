@@ -326,36 +326,15 @@ impl DeviceLlama {
                 ),
             });
         }
-        if positions.len() != n || batch.num_tokens() != n {
-            return Err(ModelError::Forward {
-                message: format!(
-                    "{n} input ids, {} positions, {} batch tokens",
-                    positions.len(),
-                    batch.num_tokens()
-                ),
-            });
-        }
-        if let Some(&id) = input_ids.iter().find(|&&id| id as usize >= c.vocab_size) {
-            return Err(ModelError::Forward {
-                message: format!("token id {id} is out of the vocabulary ({})", c.vocab_size),
-            });
-        }
-        if let Some(&p) = positions
-            .iter()
-            .find(|&&p| p as usize >= c.max_position_embeddings)
-        {
-            return Err(ModelError::Forward {
-                message: format!(
-                    "position {p} is past the model's {} positions",
-                    c.max_position_embeddings
-                ),
-            });
-        }
-        if let Some(&row) = logits_rows.iter().find(|&&x| x >= n) {
-            return Err(ModelError::Forward {
-                message: format!("logits row {row} of a {n}-token batch"),
-            });
-        }
+        crate::llama::check_step_inputs(
+            c,
+            c.max_position_embeddings,
+            input_ids,
+            positions,
+            batch,
+            kv,
+            logits_rows,
+        )?;
         logits.clear();
         if n == 0 {
             return Ok(());

@@ -631,52 +631,71 @@ impl Llama {
         kv: &KvCache,
         logits_rows: &[usize],
     ) -> Result<(), ModelError> {
-        let c = &self.config;
-        let n = input_ids.len();
-        if positions.len() != n {
-            return Err(forward_err(format!(
-                "{n} input ids but {} positions",
-                positions.len()
-            )));
-        }
-        if batch.num_tokens() != n || batch.slot_mapping().len() != n {
-            return Err(forward_err(format!(
-                "{n} input ids but the batch has {} tokens and {} slots",
-                batch.num_tokens(),
-                batch.slot_mapping().len()
-            )));
-        }
-        if let Some((t, &id)) = input_ids
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= c.vocab_size)
-        {
-            return Err(forward_err(format!(
-                "token {t}: id {id} is out of the vocabulary of {}",
-                c.vocab_size
-            )));
-        }
-        if let Some(&p) = positions
-            .iter()
-            .find(|&&p| p as usize >= self.rope.max_position())
-        {
-            return Err(forward_err(format!(
-                "position {p} is beyond the model's {} positions",
-                self.rope.max_position()
-            )));
-        }
-        if let Some(&t) = logits_rows.iter().find(|&&t| t >= n) {
-            return Err(forward_err(format!(
-                "logits row {t} is out of range for {n} tokens"
-            )));
-        }
-        let spec = &kv.spec;
-        if spec.num_layers != c.num_layers
-            || kv.layers.len() != c.num_layers
-            || spec.num_kv_heads != c.num_kv_heads
-            || spec.head_dim != c.head_dim
-        {
-            return Err(forward_err(format!(
+        check_step_inputs(
+            &self.config,
+            self.rope.max_position(),
+            input_ids,
+            positions,
+            batch,
+            kv,
+            logits_rows,
+        )
+    }
+}
+
+/// A step's inputs against the model (`c`, RoPE tables of `max_position`) and its KV
+/// cache: lengths, token ids, positions, logits rows, the cache's shape and block size.
+/// Shared by the CPU and the device forward.
+pub(crate) fn check_step_inputs(
+    c: &LlamaConfig,
+    max_position: usize,
+    input_ids: &[u32],
+    positions: &[u32],
+    batch: &BatchDescriptor,
+    kv: &KvCache,
+    logits_rows: &[usize],
+) -> Result<(), ModelError> {
+    let n = input_ids.len();
+    if positions.len() != n {
+        return Err(forward_err(format!(
+            "{n} input ids but {} positions",
+            positions.len()
+        )));
+    }
+    if batch.num_tokens() != n || batch.slot_mapping().len() != n {
+        return Err(forward_err(format!(
+            "{n} input ids but the batch has {} tokens and {} slots",
+            batch.num_tokens(),
+            batch.slot_mapping().len()
+        )));
+    }
+    if let Some((t, &id)) = input_ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= c.vocab_size)
+    {
+        return Err(forward_err(format!(
+            "token {t}: id {id} is out of the vocabulary of {}",
+            c.vocab_size
+        )));
+    }
+    if let Some(&p) = positions.iter().find(|&&p| p as usize >= max_position) {
+        return Err(forward_err(format!(
+            "position {p} is beyond the model's {max_position} positions"
+        )));
+    }
+    if let Some(&t) = logits_rows.iter().find(|&&t| t >= n) {
+        return Err(forward_err(format!(
+            "logits row {t} is out of range for {n} tokens"
+        )));
+    }
+    let spec = &kv.spec;
+    if spec.num_layers != c.num_layers
+        || kv.layers.len() != c.num_layers
+        || spec.num_kv_heads != c.num_kv_heads
+        || spec.head_dim != c.head_dim
+    {
+        return Err(forward_err(format!(
                 "KV cache ({} layers, {} kv heads, head dim {}) does not fit the model ({} layers, {} kv heads, head dim {})",
                 kv.layers.len(),
                 spec.num_kv_heads,
@@ -685,14 +704,13 @@ impl Llama {
                 c.num_kv_heads,
                 c.head_dim
             )));
-        }
-        if spec.block_size != batch.block_size() {
-            return Err(forward_err(format!(
-                "batch block size {} but cache block size {}",
-                batch.block_size(),
-                spec.block_size
-            )));
-        }
-        Ok(())
     }
+    if spec.block_size != batch.block_size() {
+        return Err(forward_err(format!(
+            "batch block size {} but cache block size {}",
+            batch.block_size(),
+            spec.block_size
+        )));
+    }
+    Ok(())
 }
