@@ -83,8 +83,8 @@ fn f32_mut<'a>(name: &'static str, t: TensorMut<'a>) -> Result<&'a mut [f32], Co
 }
 
 /// `[rows, cols]` of a 2-D view.
-fn dims2(name: &'static str, t: &TensorRef<'_>) -> Result<(usize, usize), CoreError> {
-    match t.shape().dims() {
+pub(crate) fn dims2(name: &str, shape: &[usize]) -> Result<(usize, usize), CoreError> {
+    match shape {
         [r, c] => Ok((*r, *c)),
         d => Err(CoreError::InvalidShape {
             message: format!("`{name}` must be 2-D, got {d:?}"),
@@ -177,7 +177,7 @@ impl ModelOps for EmuOps {
         scale: f32,
         out: TensorMut<'_>,
     ) -> Result<(), CoreError> {
-        let (_, hidden) = dims2("table", &table)?;
+        let (_, hidden) = dims2("table", table.shape().dims())?;
         let t = host_ref("table", &table)?;
         let o = host_mut("embed out", out)?;
         let ids = &self.ids;
@@ -223,9 +223,9 @@ impl ModelOps for EmuOps {
         w: TensorRef<'_>,
         out: TensorMut<'_>,
     ) -> Result<(), CoreError> {
-        let (m, k) = dims2("linear input", &x)?;
-        let (n, kw) = dims2("linear weight", &w)?;
-        let (mo, no) = dims2("linear out", &out.as_ref())?;
+        let (m, k) = dims2("linear input", x.shape().dims())?;
+        let (n, kw) = dims2("linear weight", w.shape().dims())?;
+        let (mo, no) = dims2("linear out", out.shape().dims())?;
         if kw != k || mo != m || no != n {
             return Err(CoreError::InvalidShape {
                 message: format!("linear: x [{m}, {k}] · w [{n}, {kw}]ᵀ into out [{mo}, {no}]"),
@@ -329,7 +329,7 @@ impl ModelOps for EmuOps {
         gate_up: TensorRef<'_>,
         out: TensorMut<'_>,
     ) -> Result<(), CoreError> {
-        let (_, inter) = dims2("gated act out", &out.as_ref())?;
+        let (_, inter) = dims2("gated act out", out.shape().dims())?;
         if gate_up.dtype() != out.dtype() {
             return Err(CoreError::DTypeMismatch {
                 name: "gated act out",
@@ -395,7 +395,7 @@ impl ModelOps for EmuOps {
     }
 
     fn argmax(&mut self, logits: TensorRef<'_>, ids: &mut [u32]) -> Result<(), CoreError> {
-        let (rows, vocab) = dims2("logits", &logits)?;
+        let (rows, vocab) = dims2("logits", logits.shape().dims())?;
         if ids.len() != rows {
             return Err(CoreError::ShapeMismatch {
                 name: "argmax ids",

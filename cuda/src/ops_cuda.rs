@@ -12,6 +12,7 @@
 
 use crate::gemm::{DeviceGemm, GemmImpl};
 use crate::gpu::kernels;
+use crate::ops::dims2;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr as _, PinnedHostSlice};
 use pagoda_core::{
     CoreError, DType, Device, DeviceRuntime, GatedAct, HostSliceMut, ModelOps, RopeShape,
@@ -36,16 +37,6 @@ fn i32_of(what: &str, v: usize) -> Result<i32, CoreError> {
     i32::try_from(v).map_err(|_| CoreError::InvalidShape {
         message: format!("{what} = {v} does not fit in i32"),
     })
-}
-
-/// `[rows, cols]` of a 2-D view.
-fn dims2(name: &str, shape: &[usize]) -> Result<(usize, usize), CoreError> {
-    match shape {
-        [r, c] => Ok((*r, *c)),
-        d => Err(CoreError::InvalidShape {
-            message: format!("`{name}` must be 2-D, got {d:?}"),
-        }),
-    }
 }
 
 /// The model kernels of one CUDA device.

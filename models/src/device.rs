@@ -400,10 +400,10 @@ impl DeviceLlama {
             let (k_cache, v_cache) = pools.views();
             let backend = &mut *attn[self.kind_of_layer[l]];
             backend.run(LayerIo {
-                q: heads_ref(&b.q, n, c.num_heads, hd)?,
+                q: lead_ref(&b.q, &[n, c.num_heads, hd])?,
                 k_cache,
                 v_cache,
-                out: heads(&mut b.attn, n, c.num_heads, hd)?,
+                out: lead(&mut b.attn, &[n, c.num_heads, hd])?,
                 lse: None,
             })?;
             ops.linear(
@@ -502,29 +502,27 @@ impl DeviceLlama {
     }
 }
 
-/// The first `n` rows of width `w` of a buffer, as `[n, w]`.
+/// The leading `dims.iter().product()` elements of a buffer, seen as `dims` (a step
+/// uses the first rows of buffers sized for the largest step).
+fn lead<'a>(s: &'a mut Storage, dims: &[usize]) -> Result<TensorMut<'a>, ModelError> {
+    let shape = Shape::new(dims).map_err(dev)?;
+    let (head, _) = s.view_mut().split_at(shape.numel()).map_err(dev)?;
+    head.reshape(shape).map_err(dev)
+}
+
+fn lead_ref<'a>(s: &'a Storage, dims: &[usize]) -> Result<TensorRef<'a>, ModelError> {
+    let shape = Shape::new(dims).map_err(dev)?;
+    let (head, _) = s.view().split_at(shape.numel()).map_err(dev)?;
+    head.reshape(shape).map_err(dev)
+}
+
+/// The first `n` rows of width `w`, as `[n, w]`.
 fn rows(s: &mut Storage, n: usize, w: usize) -> Result<TensorMut<'_>, ModelError> {
-    let v = s.view_mut();
-    let (head, _) = v.split_at(n * w).map_err(dev)?;
-    head.reshape(Shape::new(&[n, w]).map_err(dev)?).map_err(dev)
+    lead(s, &[n, w])
 }
 
 fn rows_ref(s: &Storage, n: usize, w: usize) -> Result<TensorRef<'_>, ModelError> {
-    let (head, _) = s.view().split_at(n * w).map_err(dev)?;
-    head.reshape(Shape::new(&[n, w]).map_err(dev)?).map_err(dev)
-}
-
-fn heads(s: &mut Storage, n: usize, h: usize, d: usize) -> Result<TensorMut<'_>, ModelError> {
-    let v = s.view_mut();
-    let (head, _) = v.split_at(n * h * d).map_err(dev)?;
-    head.reshape(Shape::new(&[n, h, d]).map_err(dev)?)
-        .map_err(dev)
-}
-
-fn heads_ref(s: &Storage, n: usize, h: usize, d: usize) -> Result<TensorRef<'_>, ModelError> {
-    let (head, _) = s.view().split_at(n * h * d).map_err(dev)?;
-    head.reshape(Shape::new(&[n, h, d]).map_err(dev)?)
-        .map_err(dev)
+    lead_ref(s, &[n, w])
 }
 
 /// The device buffers of a step.
