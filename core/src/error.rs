@@ -52,6 +52,10 @@ pub enum CoreError {
         device: super::Device,
         message: String,
     },
+    #[error("{what} cannot be captured in a CUDA graph (use --enforce-eager)")]
+    GraphUnsupported { what: String },
+    #[error("CUDA graph: {message}")]
+    Graph { message: String },
     #[error("invalid shape: {message}")]
     InvalidShape { message: String },
     #[error("buffer `{name}` holds {actual}, expected {expected}")]

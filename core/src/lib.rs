@@ -24,7 +24,7 @@ pub mod tensor;
 pub use attention::{
     merge_states, no_runtime_reasons, registered_backends, try_registered_backends,
     AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor, Capabilities, F32Io,
-    HostKvIo, InvalidReason, KvPools, LayerIo, Role,
+    GraphLimits, GraphSupport, HostKvIo, InvalidReason, KvPools, LayerIo, Role,
 };
 pub use device::{
     device_unavailable, open_device, DeviceRegistration, DeviceRuntime, HostRuntime, MemoryInfo,
@@ -41,7 +41,8 @@ pub use attention::inventory;
 pub use error::CoreError;
 pub use kv::{write_kv, KvCache, KvCacheDtype, KvCacheSpec, LayerKv};
 pub use ops::{
-    has_model_ops, open_model_ops, GatedAct, ModelOps, ModelOpsRegistration, RopeShape, StepInputs,
+    has_model_ops, open_model_ops, GatedAct, GraphId, ModelOps, ModelOpsRegistration, RopeShape,
+    StepInputs,
 };
 pub use request::{
     BlockHash, CheckedParams, FinishReason, Request, RequestId, RequestStatus, SamplingParams,

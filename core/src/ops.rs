@@ -13,7 +13,9 @@
 //! needed) go to the device once per step in [`ModelOps::begin_step`], into buffers
 //! the implementation owns at fixed addresses; the kernels after it read them from
 //! there. That is what lets a decode step be replayed as a CUDA graph: only the
-//! contents of those buffers change between replays.
+//! contents of those buffers change between replays. [`ModelOps::begin_capture`],
+//! [`ModelOps::end_capture`] and [`ModelOps::replay`] are that graph interface: stream
+//! capture on `cuda:N`, recorded launches on `emu`.
 
 use crate::device::DeviceRuntime;
 use crate::tensor::{Device, DeviceKind, TensorMut, TensorRef};
@@ -152,7 +154,56 @@ pub trait ModelOps: Send {
     /// Greedy ids of the rows of `logits` `[rows, vocab]` (first maximum; NaN
     /// skipped), computed on the device; waits and returns them on the host.
     fn argmax(&mut self, logits: TensorRef<'_>, ids: &mut [u32]) -> Result<(), CoreError>;
+
+    /// Sizes the step-input buffers of [`ModelOps::begin_step`] for every step of up
+    /// to `max_tokens` tokens and `max_rows` logits rows. After it no step moves them
+    /// (what a captured graph needs, as it reads them at their captured addresses); a
+    /// larger step is an error.
+    fn reserve_step(&mut self, max_tokens: usize, max_rows: usize) -> Result<(), CoreError> {
+        let _ = (max_tokens, max_rows);
+        Err(self.no_graphs())
+    }
+
+    /// Starts capturing: until [`ModelOps::end_capture`], the launches of this thread
+    /// on this device (these kernels, and the attention backends' on the same device)
+    /// are recorded into a graph instead of run. Nothing may wait for the device or
+    /// allocate while capturing.
+    fn begin_capture(&mut self) -> Result<(), CoreError> {
+        Err(self.no_graphs())
+    }
+
+    /// Ends the capture and keeps the graph; its handle.
+    fn end_capture(&mut self) -> Result<GraphId, CoreError> {
+        Err(self.no_graphs())
+    }
+
+    /// Drops a capture in progress (after an error inside one); no-op otherwise.
+    fn abort_capture(&mut self) {}
+
+    /// Runs a captured graph: its launches with their captured arguments.
+    ///
+    /// # Safety
+    /// Every buffer the captured launches use (weights, activations, the KV cache,
+    /// the step inputs, the attention backends' metadata) must still be alive at its
+    /// captured address and large enough, and this step's inputs must have been
+    /// checked and handed over (`begin_step`, the backends' `plan_graph`) as for an
+    /// eager step: the kernels trust them.
+    unsafe fn replay(&mut self, graph: GraphId) -> Result<(), CoreError> {
+        let _ = graph;
+        Err(self.no_graphs())
+    }
+
+    /// The error of the graph methods a device does not implement.
+    fn no_graphs(&self) -> CoreError {
+        CoreError::GraphUnsupported {
+            what: format!("the model kernels of {}", self.device()),
+        }
+    }
 }
+
+/// A graph kept by a [`ModelOps`] (index into its captures).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphId(pub usize);
 
 /// How a device crate opens its model kernels on one device.
 pub type OpenModelOps = fn(Arc<dyn DeviceRuntime>) -> Result<Box<dyn ModelOps>, CoreError>;

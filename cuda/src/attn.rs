@@ -22,7 +22,7 @@ use crate::runtime::{cuda_unavailable, COMPILED};
 use half::{bf16, f16};
 use pagoda_core::{
     AttentionBackend, AttentionConfig, BatchDescriptor, Capabilities, CoreError, DType, Device,
-    DeviceKind, HostElem, InvalidReason, LayerIo, TensorMut, TensorRef,
+    DeviceKind, GraphLimits, GraphSupport, HostElem, InvalidReason, LayerIo, TensorMut, TensorRef,
 };
 use pagoda_cuda_kernels::emu::{self, Batch, Io, Shape};
 use pagoda_cuda_kernels::{flash_head_dims, paged_head_dims, Dtype, Element, SplitPlan};
@@ -147,6 +147,85 @@ struct Planned {
     split: SplitPlan,
 }
 
+/// A host buffer that a captured launch reads at its address: refilled in place, grown
+/// only before [`EmuStep::lock`]; after it, a step that would need more is refused
+/// rather than moving the buffer.
+#[derive(Debug, Default)]
+struct Fixed<T> {
+    buf: Vec<T>,
+    locked: bool,
+}
+
+impl<T: Copy + Default> Fixed<T> {
+    fn reserve(&mut self, len: usize) {
+        if !self.locked && self.buf.len() < len {
+            self.buf.resize(len, T::default());
+        }
+    }
+
+    /// `data` at the start of the buffer; the filled part.
+    fn fill(&mut self, what: &str, data: &[T]) -> Result<&[T], String> {
+        let head = self.head_mut(what, data.len())?;
+        head.copy_from_slice(data);
+        Ok(head)
+    }
+
+    fn head_mut(&mut self, what: &str, len: usize) -> Result<&mut [T], String> {
+        self.reserve(len);
+        let have = self.buf.len();
+        self.buf.get_mut(..len).ok_or_else(|| {
+            format!("{what}: {len} entries exceed the {have} reserved for CUDA graphs")
+        })
+    }
+}
+
+/// The planned step's metadata on `emu`, in buffers the backend owns (as `gpu.rs` does
+/// in device memory): what a captured launch reads.
+#[derive(Debug, Default)]
+struct EmuStep {
+    query_start_loc: Fixed<u32>,
+    seq_lens: Fixed<u32>,
+    block_table: Fixed<u32>,
+    split_out: Fixed<f32>,
+    split_lse: Fixed<f32>,
+    /// Entries of each in use this step.
+    lens: [usize; 3],
+}
+
+impl EmuStep {
+    fn fill(&mut self, batch: &BatchDescriptor) -> Result<(), String> {
+        self.lens = [
+            self.query_start_loc
+                .fill("query_start_loc", batch.query_start_loc())?
+                .len(),
+            self.seq_lens.fill("seq_lens", batch.seq_lens())?.len(),
+            self.block_table
+                .fill("block_table", batch.block_table())?
+                .len(),
+        ];
+        Ok(())
+    }
+
+    /// Sizes every buffer for `limits` and freezes them.
+    fn lock(&mut self, limits: &GraphLimits, split_len: (usize, usize)) {
+        self.query_start_loc.reserve(limits.max_num_reqs + 1);
+        self.seq_lens.reserve(limits.max_num_reqs);
+        self.block_table
+            .reserve(limits.max_num_reqs * limits.max_blocks_per_seq);
+        self.split_out.reserve(split_len.0);
+        self.split_lse.reserve(split_len.1);
+        for locked in [
+            &mut self.query_start_loc.locked,
+            &mut self.seq_lens.locked,
+            &mut self.block_table.locked,
+            &mut self.split_out.locked,
+            &mut self.split_lse.locked,
+        ] {
+            *locked = true;
+        }
+    }
+}
+
 /// A CUDA attention backend (see the module docs).
 #[derive(Debug)]
 pub struct CudaAttention {
@@ -154,6 +233,10 @@ pub struct CudaAttention {
     kernel: Kernel,
     cfg: AttentionConfig,
     plan: Option<Planned>,
+    /// The planned metadata on `emu`.
+    emu: EmuStep,
+    /// The limits the buffers were sized and locked for by the first `plan_graph`.
+    graph_limits: Option<GraphLimits>,
     /// The device state on `cuda:N` (`None` on `emu`).
     #[cfg(feature = "cuda")]
     gpu: Option<crate::gpu::Gpu>,
@@ -201,6 +284,8 @@ impl CudaAttention {
             kernel,
             cfg: cfg.clone(),
             plan: None,
+            emu: EmuStep::default(),
+            graph_limits: None,
             #[cfg(feature = "cuda")]
             gpu,
         })
@@ -227,18 +312,19 @@ impl CudaAttention {
         }
     }
 
-    fn run_emu<T: Element + HostElem>(
-        &self,
-        p: &Planned,
-        io: LayerIo<'_>,
-    ) -> Result<(), CoreError> {
-        let b = &p.batch;
+    fn run_emu<T: Element + HostElem>(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
+        let p = self.plan.as_ref().ok_or_else(|| CoreError::NotPlanned {
+            backend: self.name.into(),
+        })?;
+        let shape = self.shape();
+        let e = &mut self.emu;
+        let [nq, ns, nt] = e.lens;
         let batch = Batch {
-            query_start_loc: b.query_start_loc(),
-            seq_lens: b.seq_lens(),
-            block_table: b.block_table(),
-            max_blocks_per_seq: b.block_table_stride(),
-            seqs: 0..b.num_reqs(),
+            query_start_loc: &e.query_start_loc.buf[..nq],
+            seq_lens: &e.seq_lens.buf[..ns],
+            block_table: &e.block_table.buf[..nt],
+            max_blocks_per_seq: p.batch.block_table_stride(),
+            seqs: 0..p.batch.num_reqs(),
         };
         let io = Io {
             q: io.q.as_host::<T>("q")?,
@@ -247,13 +333,57 @@ impl CudaAttention {
             out: io.out.into_host::<T>("out")?,
             lse: io.lse.map(|l| l.into_host::<f32>("lse")).transpose()?,
         };
-        let shape = self.shape();
-        match self.kernel {
+        let r = match self.kernel {
             Kernel::Naive => emu::naive(io, &batch, &shape),
-            Kernel::Paged => emu::paged(io, &batch, &shape, p.split),
+            Kernel::Paged => {
+                let (o, l) =
+                    p.split
+                        .workspace_len(p.batch.num_reqs(), shape.num_heads, shape.head_dim);
+                let o = e.split_out.head_mut("split_out", o);
+                let l = e.split_lse.head_mut("split_lse", l);
+                match (o, l) {
+                    (Ok(o), Ok(l)) => emu::paged_in(io, &batch, &shape, p.split, o, l),
+                    (Err(m), _) | (_, Err(m)) => return Err(failed(self.name, m)),
+                }
+            }
             Kernel::Flash => emu::flash(io, &batch, &shape),
+        };
+        r.map_err(|e| failed(self.name, e))
+    }
+
+    /// The split plan of a decode batch of `num_reqs` requests over `max_seq_len` keys.
+    fn split_plan(&self, max_seq_len: usize, num_reqs: usize) -> SplitPlan {
+        // Under a window a decode row attends to its last `w` keys only: the plan
+        // covers those (the kernel starts the partitions at the window).
+        let keys = SplitPlan::keys(max_seq_len, self.cfg.sliding_window);
+        match self.kernel {
+            Kernel::Paged => {
+                let groups = self.cfg.num_kv_heads
+                    * self
+                        .cfg
+                        .gqa_ratio()
+                        .div_ceil(pagoda_cuda_kernels::PAGED_MAX_GROUP);
+                SplitPlan::choose(keys, self.cfg.block_size, num_reqs * groups, self.num_sms())
+            }
+            _ => SplitPlan::single(keys, self.cfg.block_size),
         }
-        .map_err(|e| failed(self.name, e))
+    }
+
+    /// The plan of `batch` with `split`: metadata into the backend's buffers.
+    fn plan_with(&mut self, batch: &BatchDescriptor, split: SplitPlan) -> Result<(), CoreError> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &mut self.gpu {
+            g.plan(&self.cfg, batch, split)
+                .map_err(|e| failed(self.name, e))?;
+        }
+        if self.cfg.device == Device::Emu {
+            self.emu.fill(batch).map_err(|e| failed(self.name, e))?;
+        }
+        self.plan = Some(Planned {
+            batch: batch.clone(),
+            split,
+        });
+        Ok(())
     }
 }
 
@@ -285,35 +415,71 @@ impl AttentionBackend for CudaAttention {
         self.kernel
             .capabilities()
             .check_batch(self.name, &self.cfg, batch)?;
-        // Under a window a decode row attends to its last `w` keys only: the plan
-        // covers those (the kernel starts the partitions at the window).
-        let keys = SplitPlan::keys(batch.max_seq_len(), self.cfg.sliding_window);
-        let split = match self.kernel {
-            Kernel::Paged => {
-                let groups = self.cfg.num_kv_heads
-                    * self
-                        .cfg
-                        .gqa_ratio()
-                        .div_ceil(pagoda_cuda_kernels::PAGED_MAX_GROUP);
-                SplitPlan::choose(
-                    keys,
-                    self.cfg.block_size,
-                    batch.num_reqs() * groups,
-                    self.num_sms(),
-                )
-            }
-            _ => SplitPlan::single(keys, self.cfg.block_size),
-        };
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &mut self.gpu {
-            g.plan(&self.cfg, batch, split)
-                .map_err(|e| failed(self.name, e))?;
+        let split = self.split_plan(batch.max_seq_len(), batch.num_reqs());
+        self.plan_with(batch, split)
+    }
+
+    fn graph_support(&self) -> GraphSupport {
+        match self.kernel {
+            // Their grids and scalars follow (requests, table stride, split plan);
+            // lengths and block tables are read from the metadata buffers.
+            Kernel::Naive | Kernel::Paged => GraphSupport::UniformDecode,
+            Kernel::Flash => GraphSupport::Never,
         }
-        self.plan = Some(Planned {
-            batch: batch.clone(),
-            split,
-        });
-        Ok(())
+    }
+
+    fn plan_graph(
+        &mut self,
+        batch: &BatchDescriptor,
+        limits: &GraphLimits,
+    ) -> Result<(), CoreError> {
+        self.plan = None;
+        if self.graph_support() == GraphSupport::Never {
+            return Err(CoreError::GraphUnsupported {
+                what: format!("attention backend `{}`", self.name),
+            });
+        }
+        if batch.num_decode_reqs() != batch.num_reqs() || batch.max_seq_len() > limits.max_seq_len {
+            return Err(CoreError::Graph {
+                message: format!(
+                    "`{}` captures decode-only batches of at most {} tokens per sequence",
+                    self.name, limits.max_seq_len
+                ),
+            });
+        }
+        self.kernel
+            .capabilities()
+            .check_batch(self.name, &self.cfg, batch)?;
+        // The split depends on the bucket and the limit only, never on this step's
+        // lengths: partitions past a sequence's end are empty (lse -inf, weight 0).
+        let split = self.split_plan(limits.max_seq_len, batch.num_reqs());
+        if self.graph_limits.is_none() {
+            // Size the workspace for the largest any bucket needs, then freeze the
+            // buffers (eager steps stay within the same limits).
+            let (heads, hd) = (self.cfg.num_heads, self.cfg.head_dim);
+            let need = (1..=limits.max_num_reqs)
+                .map(|r| {
+                    self.split_plan(limits.max_seq_len, r)
+                        .workspace_len(r, heads, hd)
+                })
+                .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)));
+            #[cfg(feature = "cuda")]
+            if let Some(g) = &mut self.gpu {
+                g.lock(limits, need).map_err(|e| failed(self.name, e))?;
+            }
+            if self.cfg.device == Device::Emu {
+                self.emu.lock(limits, need);
+            }
+            self.graph_limits = Some(*limits);
+        } else if self.graph_limits != Some(*limits) {
+            return Err(CoreError::Graph {
+                message: format!(
+                    "`{}` was locked for {:?}, not {limits:?}",
+                    self.name, self.graph_limits
+                ),
+            });
+        }
+        self.plan_with(batch, split)
     }
 
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
@@ -332,9 +498,9 @@ impl AttentionBackend for CudaAttention {
             return Err(failed(self.name, "no launcher for this device"));
         }
         match self.cfg.q_dtype {
-            DType::F32 => self.run_emu::<f32>(p, io),
-            DType::BF16 => self.run_emu::<bf16>(p, io),
-            DType::F16 => self.run_emu::<f16>(p, io),
+            DType::F32 => self.run_emu::<f32>(io),
+            DType::BF16 => self.run_emu::<bf16>(io),
+            DType::F16 => self.run_emu::<f16>(io),
         }
     }
 

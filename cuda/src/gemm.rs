@@ -134,7 +134,7 @@ pub fn operand_lens(m: usize, n: usize, k: usize) -> Result<[usize; 3], GemmErro
 }
 
 /// Checks that buffers of `lens` elements fit the shape exactly.
-fn check_lens(lens: [usize; 3], m: usize, n: usize, k: usize) -> Result<(), GemmError> {
+pub(crate) fn check_lens(lens: [usize; 3], m: usize, n: usize, k: usize) -> Result<(), GemmError> {
     let want = operand_lens(m, n, k)?;
     for ((what, actual), expected) in ["x", "w", "out"].into_iter().zip(lens).zip(want) {
         if actual != expected {

@@ -4,9 +4,10 @@
 //! metadata (query offsets, sequence lengths, block table, slot mapping; `u32` → the
 //! kernels' `i32`) into device buffers that grow to the largest step seen and are never
 //! shrunk, and sizes `paged`'s split workspace; [`Gpu::run`] and [`Gpu::write_kv`] then
-//! only fill a parameter struct and launch on the device's default stream: no
+//! only fill a parameter struct and launch on the device's engine stream: no
 //! allocation, no host synchronization (CUDA-graph friendly). Uploads and launches share
 //! that stream with the device runtime's copies, so they are ordered without events.
+//! [`Gpu::lock`] sizes the buffers for the engine's limits and freezes them for graphs.
 //!
 //! The buffers' lengths and indices were checked before a launch: the batch by its
 //! constructor and [`pagoda_core::LayerIo::validate_batch`], the element counts of the
@@ -16,27 +17,53 @@ use crate::attn::Kernel;
 use cudarc::driver::{
     sys, CudaContext, CudaSlice, CudaStream, DevicePtr as _, DeviceRepr, ValidAsZeroBits,
 };
-use pagoda_core::{AttentionConfig, BatchDescriptor, DevicePtr, LayerIo, TensorMut, TensorRef};
+use pagoda_core::{
+    AttentionConfig, BatchDescriptor, DevicePtr, GraphLimits, LayerIo, TensorMut, TensorRef,
+};
 use pagoda_cuda_kernels::cuda::CudaKernels;
 use pagoda_cuda_kernels::{AttnParams, Dtype, SplitPlan, WriteKvParams};
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-/// One [`CudaKernels`] (context + loaded modules) per device ordinal, shared by every
-/// backend of the process: modules load once, and all launches use the context the
-/// device runtime allocates in (the device's primary context).
-pub(crate) fn kernels(ordinal: usize) -> Result<Arc<CudaKernels>, String> {
-    static ALL: Mutex<Vec<(usize, Arc<CudaKernels>)>> = Mutex::new(Vec::new());
+/// A device's shared state: the kernels (context + loaded modules) and the one stream
+/// all of Pagoda's work on the device goes to.
+type Shared = (usize, Arc<CudaKernels>, Arc<CudaStream>);
+
+fn shared(ordinal: usize) -> Result<Shared, String> {
+    static ALL: Mutex<Vec<Shared>> = Mutex::new(Vec::new());
     let mut all = ALL.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, k)) = all.iter().find(|(o, _)| *o == ordinal) {
-        return Ok(k.clone());
+    if let Some(s) = all.iter().find(|(o, ..)| *o == ordinal) {
+        return Ok(s.clone());
     }
     let k = Arc::new(CudaKernels::new(ordinal).map_err(|e| e.to_string())?);
     // Load every module now: a missing kernel image is a construction error, not a
     // failure in the middle of a step.
     k.preload().map_err(|e| e.to_string())?;
-    all.push((ordinal, k.clone()));
-    Ok(k)
+    let stream = k
+        .context()
+        .new_stream()
+        .map_err(|e| format!("creating a stream: {e}"))?;
+    // SAFETY: every use of this context's buffers by Pagoda is enqueued on `stream`
+    // (the runtime's copies, the kernels, cuBLAS, CUTLASS), so stream order alone
+    // orders them; cudarc's per-buffer events exist for several streams, and events
+    // recorded outside a capture cannot be waited on inside one (CUDA graphs).
+    unsafe { k.context().disable_event_tracking() };
+    all.push((ordinal, k, stream));
+    Ok(all.last().expect("pushed").clone())
+}
+
+/// One [`CudaKernels`] (context + loaded modules) per device ordinal, shared by every
+/// backend of the process: modules load once, and all launches use the context the
+/// device runtime allocates in (the device's primary context).
+pub(crate) fn kernels(ordinal: usize) -> Result<Arc<CudaKernels>, String> {
+    shared(ordinal).map(|s| s.1)
+}
+
+/// The stream every copy, kernel and GEMM of Pagoda on `cuda:ordinal` is enqueued on:
+/// not the legacy default stream, which cannot be captured into a CUDA graph, and one
+/// stream, so that its order is the only order needed.
+pub(crate) fn engine_stream(ordinal: usize) -> Result<Arc<CudaStream>, String> {
+    shared(ordinal).map(|s| s.2)
 }
 
 /// The streaming multiprocessors of the context's device (`paged`'s split plan).
@@ -47,14 +74,20 @@ fn num_sms(ctx: &CudaContext) -> Result<usize, String> {
     Ok(usize::try_from(n).unwrap_or(1).max(1))
 }
 
-/// A device buffer that grows (to a power of two) and is never shrunk.
+/// A device buffer that grows (to a power of two) and is never shrunk; once locked
+/// (CUDA graphs read it at its captured address) it does not move: a step that needs
+/// more is an error.
 struct Grow<T> {
     buf: Option<CudaSlice<T>>,
+    locked: bool,
 }
 
 impl<T: DeviceRepr + ValidAsZeroBits> Grow<T> {
     fn new() -> Self {
-        Grow { buf: None }
+        Grow {
+            buf: None,
+            locked: false,
+        }
     }
 
     /// At least `len` elements; their device address (0 when `len` is 0).
@@ -63,6 +96,12 @@ impl<T: DeviceRepr + ValidAsZeroBits> Grow<T> {
             return Ok(0);
         }
         if self.buf.as_ref().is_none_or(|b| b.len() < len) {
+            if self.locked {
+                return Err(format!(
+                    "{len} elements exceed the {} reserved for CUDA graphs",
+                    self.buf.as_ref().map_or(0, |b| b.len())
+                ));
+            }
             self.buf = None; // free first: the old contents are not needed
             let b = stream
                 .alloc_zeros::<T>(len.next_power_of_two())
@@ -158,7 +197,7 @@ impl Gpu {
     /// The state for `cuda:ordinal`, or why the device cannot launch.
     pub(crate) fn new(ordinal: usize) -> Result<Self, String> {
         let kernels = kernels(ordinal)?;
-        let stream = kernels.context().default_stream();
+        let stream = engine_stream(ordinal)?;
         let num_sms = num_sms(kernels.context())?;
         Ok(Gpu {
             kernels,
@@ -210,6 +249,39 @@ impl Gpu {
         });
         self.planned_slots.clear();
         self.planned_slots.extend_from_slice(slots);
+        Ok(())
+    }
+
+    /// Sizes every metadata buffer and the split workspace (`split_len` floats of
+    /// partial outputs and LSEs) for `limits`, then freezes them: captured graphs read
+    /// them at these addresses.
+    pub(crate) fn lock(
+        &mut self,
+        limits: &GraphLimits,
+        split_len: (usize, usize),
+    ) -> Result<(), String> {
+        if self.query_start_loc.locked {
+            return Ok(());
+        }
+        self.kernels
+            .context()
+            .bind_to_thread()
+            .map_err(|e| e.to_string())?;
+        let s = &self.stream;
+        let reqs = limits.max_num_reqs.max(1);
+        self.query_start_loc.reserve(s, reqs + 1)?;
+        self.seq_lens.reserve(s, reqs)?;
+        self.block_table
+            .reserve(s, reqs * limits.max_blocks_per_seq.max(1))?;
+        self.slot_mapping.reserve(s, limits.max_num_tokens.max(1))?;
+        self.split_out.reserve(s, split_len.0.max(1))?;
+        self.split_lse.reserve(s, split_len.1.max(1))?;
+        self.query_start_loc.locked = true;
+        self.seq_lens.locked = true;
+        self.block_table.locked = true;
+        self.slot_mapping.locked = true;
+        self.split_out.locked = true;
+        self.split_lse.locked = true;
         Ok(())
     }
 

@@ -8,12 +8,14 @@
 //! positions against the RoPE tables, slots against the pools), so bad input is an
 //! error, never a panic.
 
-use crate::gemm::gemm_host;
+use crate::gemm::{check_dtypes, check_lens, gemm_host, GemmError};
 use pagoda_core::{
-    register_model_ops, CoreError, Device, DeviceKind, DeviceRuntime, GatedAct, HostSlice,
+    register_model_ops, CoreError, Device, DeviceKind, DeviceRuntime, GatedAct, GraphId, HostSlice,
     HostSliceMut, ModelOps, ModelOpsRegistration, RopeShape, StepInputs, TensorMut, TensorRef,
 };
 use pagoda_cuda_kernels::emu_model::{self, RopeKvIo, RopeKvShape};
+use pagoda_cuda_kernels::graph::{self, EmuGraph};
+use pagoda_cuda_kernels::Element;
 use std::sync::Arc;
 
 /// Calls `$body` with `$x` bound to the typed host slice of a read view.
@@ -109,14 +111,20 @@ fn to_i32<T: Copy + TryInto<i32>>(
 /// The model kernels on `emu`.
 pub struct EmuOps {
     runtime: Arc<dyn DeviceRuntime>,
-    /// The step's integer inputs, as the kernels take them (i32).
+    /// The step's integer inputs, as the kernels take them (i32): the emu's "device
+    /// buffers", refilled in place (a captured launch reads them at their addresses).
     ids: Vec<i32>,
     positions: Vec<i32>,
     slots: Vec<i32>,
     rows: Vec<i32>,
+    /// `(tokens, rows)` fixed by `reserve_step`: steps beyond are refused, so the
+    /// buffers above never move.
+    reserved: Option<(usize, usize)>,
     /// Argmax values (the kernel writes them; the caller wants the ids).
     values: Vec<f32>,
     ids_out: Vec<i32>,
+    /// Captured graphs, by [`GraphId`].
+    graphs: Vec<EmuGraph>,
 }
 
 impl EmuOps {
@@ -129,10 +137,54 @@ impl EmuOps {
             positions: Vec::new(),
             slots: Vec::new(),
             rows: Vec::new(),
+            reserved: None,
             values: Vec::new(),
             ids_out: Vec::new(),
+            graphs: Vec::new(),
         })
     }
+
+    /// Downloads wait for the device: not while capturing.
+    fn not_capturing(op: &'static str) -> Result<(), CoreError> {
+        if graph::is_capturing() {
+            Err(CoreError::Graph {
+                message: format!("{op} waits for the device, which a capture cannot"),
+            })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// `gemm_host`, run now or recorded into the capture in progress (its slices as raw
+/// parts: a replay reads the buffers at their captured addresses).
+fn gemm_launch<X: Element, W: Element, O: Element>(
+    x: &[X],
+    w: &[W],
+    out: &mut [O],
+    (m, n, k): (usize, usize, usize),
+) -> Result<(), GemmError> {
+    if !graph::is_capturing() {
+        return gemm_host(x, w, out, m, n, k);
+    }
+    check_dtypes(X::DTYPE, W::DTYPE, O::DTYPE)?;
+    check_lens([x.len(), w.len(), out.len()], m, n, k)?;
+    let (xp, xl) = (x.as_ptr() as usize, x.len());
+    let (wp, wl) = (w.as_ptr() as usize, w.len());
+    let (op, ol) = (out.as_mut_ptr() as usize, out.len());
+    graph::launch("gemm", move || {
+        // SAFETY: the slices were valid at capture; `EmuGraph::replay`'s caller
+        // guarantees they still are, at the same addresses, unaliased.
+        let (x, w, out) = unsafe {
+            (
+                std::slice::from_raw_parts(xp as *const X, xl),
+                std::slice::from_raw_parts(wp as *const W, wl),
+                std::slice::from_raw_parts_mut(op as *mut O, ol),
+            )
+        };
+        i32::from(gemm_host(x, w, out, m, n, k).is_err())
+    });
+    Ok(())
 }
 
 impl ModelOps for EmuOps {
@@ -154,6 +206,17 @@ impl ModelOps for EmuOps {
                     step.slot_mapping.len()
                 ),
             });
+        }
+        if let Some((max_tokens, max_rows)) = self.reserved {
+            if n > max_tokens || step.logits_rows.len() > max_rows {
+                return Err(CoreError::Graph {
+                    message: format!(
+                        "a step of {n} tokens and {} logits rows exceeds the {max_tokens} and \
+                         {max_rows} reserved before capture",
+                        step.logits_rows.len()
+                    ),
+                });
+            }
         }
         to_i32("input_ids", step.input_ids, &mut self.ids)?;
         to_i32("positions", step.positions, &mut self.positions)?;
@@ -234,7 +297,7 @@ impl ModelOps for EmuOps {
         let xs = host_ref("linear input", &x)?;
         let ws = host_ref("linear weight", &w)?;
         let o = host_mut("linear out", out)?;
-        with_ref!(xs, xs => with_ref!(ws, ws => with_mut!(o, o => gemm_host(xs, ws, o, m, n, k))))
+        with_ref!(xs, xs => with_ref!(ws, ws => with_mut!(o, o => gemm_launch(xs, ws, o, (m, n, k)))))
             .map_err(|e| kernel_err("linear", e))
     }
 
@@ -376,6 +439,7 @@ impl ModelOps for EmuOps {
     }
 
     fn download_f32(&mut self, x: TensorRef<'_>, out: &mut [f32]) -> Result<(), CoreError> {
+        Self::not_capturing("download")?;
         let xs = host_ref("download source", &x)?;
         if xs.len() != out.len() {
             return Err(CoreError::ShapeMismatch {
@@ -395,6 +459,7 @@ impl ModelOps for EmuOps {
     }
 
     fn argmax(&mut self, logits: TensorRef<'_>, ids: &mut [u32]) -> Result<(), CoreError> {
+        Self::not_capturing("argmax")?;
         let (rows, vocab) = dims2("logits", logits.shape().dims())?;
         if ids.len() != rows {
             return Err(CoreError::ShapeMismatch {
@@ -413,6 +478,54 @@ impl ModelOps for EmuOps {
             *d = s as u32;
         }
         Ok(())
+    }
+
+    fn reserve_step(&mut self, max_tokens: usize, max_rows: usize) -> Result<(), CoreError> {
+        if let Some(r) = self.reserved {
+            if r != (max_tokens, max_rows) {
+                return Err(CoreError::Graph {
+                    message: format!(
+                        "step buffers already reserved for {r:?}, not ({max_tokens}, {max_rows})"
+                    ),
+                });
+            }
+            return Ok(());
+        }
+        for v in [&mut self.ids, &mut self.positions, &mut self.slots] {
+            v.reserve_exact(max_tokens.saturating_sub(v.len()));
+        }
+        self.rows
+            .reserve_exact(max_rows.saturating_sub(self.rows.len()));
+        self.reserved = Some((max_tokens, max_rows));
+        Ok(())
+    }
+
+    fn begin_capture(&mut self) -> Result<(), CoreError> {
+        if self.reserved.is_none() {
+            return Err(CoreError::Graph {
+                message: "reserve_step must size the step buffers before a capture".into(),
+            });
+        }
+        graph::begin_capture().map_err(|e| kernel_err("begin_capture", e))
+    }
+
+    fn end_capture(&mut self) -> Result<GraphId, CoreError> {
+        let g = graph::end_capture().map_err(|e| kernel_err("end_capture", e))?;
+        self.graphs.push(g);
+        Ok(GraphId(self.graphs.len() - 1))
+    }
+
+    fn abort_capture(&mut self) {
+        graph::abort_capture();
+    }
+
+    unsafe fn replay(&mut self, id: GraphId) -> Result<(), CoreError> {
+        let g = self.graphs.get(id.0).ok_or_else(|| CoreError::Graph {
+            message: format!("no graph {}", id.0),
+        })?;
+        // SAFETY: the caller's promise (ModelOps::replay); the step buffers did not
+        // move since `reserve_step` (larger steps are refused).
+        unsafe { g.replay() }.map_err(|e| kernel_err("replay", e))
     }
 }
 

@@ -1,5 +1,5 @@
 //! Core's [`ModelOps`] on `cuda:N` (feature `cuda`): the kernels of `cu/model.cu`
-//! launched through cudarc on the device's default stream, the linear layers through
+//! launched through cudarc on the device's engine stream, the linear layers through
 //! [`DeviceGemm`]: cuBLAS, or with `PAGODA_GEMM=cutlass` the CUTLASS kernel wherever it
 //! applies (bf16/f16 in and out; the f32 logits of the LM head stay on cuBLAS).
 //!
@@ -11,11 +11,11 @@
 //! ([`ModelOps::download_f32`], [`ModelOps::argmax`]).
 
 use crate::gemm::{DeviceGemm, GemmImpl};
-use crate::gpu::kernels;
+use crate::gpu::{engine_stream, kernels};
 use crate::ops::dims2;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr as _, PinnedHostSlice};
 use pagoda_core::{
-    CoreError, DType, Device, DeviceRuntime, GatedAct, HostSliceMut, ModelOps, RopeShape,
+    CoreError, DType, Device, DeviceRuntime, GatedAct, GraphId, HostSliceMut, ModelOps, RopeShape,
     StepInputs, TensorMut, TensorRef,
 };
 use pagoda_cuda_kernels::cuda::CudaKernels;
@@ -56,7 +56,19 @@ pub struct CudaOps {
     num_rows: usize,
     argmax_ids: Option<CudaSlice<i32>>,
     argmax_values: Option<CudaSlice<f32>>,
+    /// `(tokens, rows)` the step buffer was sized for by `reserve_step`; larger steps
+    /// are refused from then on, so the buffer never moves under a captured graph.
+    reserved: Option<(usize, usize)>,
+    graphs: Vec<Graph>,
 }
+
+/// A captured graph (cudarc's `CudaGraph` is not `Send`: it holds raw handles).
+struct Graph(cudarc::driver::CudaGraph);
+
+// SAFETY: CUDA graph handles may be used from any thread as long as calls on one graph
+// are serialized (CUDA's graph thread-safety rules); `CudaOps` owns its graphs and only
+// touches them through `&mut self`.
+unsafe impl Send for Graph {}
 
 impl CudaOps {
     /// Kernels for `runtime`'s device, a `cuda:N`.
@@ -71,7 +83,7 @@ impl CudaOps {
         };
         let failed = |message: String| CoreError::DeviceFailed { device, message };
         let kernels = kernels(ordinal).map_err(failed)?;
-        let stream = kernels.context().default_stream();
+        let stream = engine_stream(ordinal).map_err(failed)?;
         let gemm = DeviceGemm::new(ordinal, GemmImpl::Cublas).map_err(|e| failed(e.to_string()))?;
         let cutlass = match std::env::var("PAGODA_GEMM").as_deref() {
             Ok("cutlass") => Some(
@@ -92,6 +104,8 @@ impl CudaOps {
             num_rows: 0,
             argmax_ids: None,
             argmax_values: None,
+            reserved: None,
+            graphs: Vec::new(),
         })
     }
 
@@ -138,6 +152,28 @@ impl CudaOps {
         Ok(base + (off * 4) as u64)
     }
 
+    /// Grows the step buffer (device + pinned staging) to at least `len` i32s.
+    fn ensure_step_buffer(&mut self, len: usize) -> Result<(), CoreError> {
+        if self.step.as_ref().is_some_and(|b| b.len() >= len) {
+            return Ok(());
+        }
+        let cap = len.next_power_of_two().max(64);
+        self.step = None;
+        self.staging = None;
+        let b = self
+            .stream
+            .alloc_zeros::<i32>(cap)
+            .map_err(|e| self.failed("allocating the step buffer", e))?;
+        // SAFETY: a pinned host allocation of `cap` i32s; it is read only through
+        // `as_mut_slice`, after the previous step's copy (every step ends with a
+        // download that waits for the stream).
+        let h = unsafe { self.kernels.context().alloc_pinned::<i32>(cap) }
+            .map_err(|e| self.failed("allocating the pinned step buffer", e))?;
+        self.step = Some(b);
+        self.staging = Some(h);
+        Ok(())
+    }
+
     fn check_tokens(&self, name: &'static str, rows: usize) -> Result<(), CoreError> {
         if rows == self.num_tokens {
             Ok(())
@@ -176,23 +212,18 @@ impl ModelOps for CudaOps {
             });
         }
         let r = s.logits_rows.len();
-        let len = 3 * n + r;
-        let too_small = self.step.as_ref().is_none_or(|b| b.len() < len);
-        if too_small {
-            let cap = len.next_power_of_two().max(64);
-            self.step = None;
-            self.staging = None;
-            let b = self
-                .stream
-                .alloc_zeros::<i32>(cap)
-                .map_err(|e| self.failed("allocating the step buffer", e))?;
-            // SAFETY: a pinned host allocation of `cap` i32s; it is read only through
-            // `as_mut_slice`, which waits for the copies that use it.
-            let h = unsafe { self.kernels.context().alloc_pinned::<i32>(cap) }
-                .map_err(|e| self.failed("allocating the pinned step buffer", e))?;
-            self.step = Some(b);
-            self.staging = Some(h);
+        if let Some((max_tokens, max_rows)) = self.reserved {
+            if n > max_tokens || r > max_rows {
+                return Err(CoreError::Graph {
+                    message: format!(
+                        "a step of {n} tokens and {r} logits rows exceeds the {max_tokens} and \
+                         {max_rows} reserved before capture"
+                    ),
+                });
+            }
         }
+        let len = 3 * n + r;
+        self.ensure_step_buffer(len)?;
         let staging = self.staging.as_mut().expect("allocated above");
         let host = staging
             .as_mut_slice()
@@ -573,6 +604,64 @@ impl ModelOps for CudaOps {
             *d = s.max(0) as u32;
         }
         Ok(())
+    }
+
+    fn reserve_step(&mut self, max_tokens: usize, max_rows: usize) -> Result<(), CoreError> {
+        if let Some(r) = self.reserved {
+            if r != (max_tokens, max_rows) {
+                return Err(CoreError::Graph {
+                    message: format!(
+                        "step buffer already reserved for {r:?}, not ({max_tokens}, {max_rows})"
+                    ),
+                });
+            }
+            return Ok(());
+        }
+        self.ensure_step_buffer(3 * max_tokens + max_rows)?;
+        self.reserved = Some((max_tokens, max_rows));
+        Ok(())
+    }
+
+    fn begin_capture(&mut self) -> Result<(), CoreError> {
+        if self.reserved.is_none() {
+            return Err(CoreError::Graph {
+                message: "reserve_step must size the step buffer before a capture".into(),
+            });
+        }
+        self.stream
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .map_err(|e| self.failed("beginning a stream capture", e))
+    }
+
+    fn end_capture(&mut self) -> Result<GraphId, CoreError> {
+        let g = self
+            .stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| self.failed("ending the stream capture", e))?
+            .ok_or_else(|| self.failed("ending the stream capture", "no graph was captured"))?;
+        // Uploaded now: the first replay must not pay for it.
+        g.upload()
+            .map_err(|e| self.failed("uploading the graph", e))?;
+        self.graphs.push(Graph(g));
+        Ok(GraphId(self.graphs.len() - 1))
+    }
+
+    fn abort_capture(&mut self) {
+        // Ending the capture discards what was recorded; its error (the capture was
+        // already invalidated) is the one being reported by the caller.
+        let _ = self
+            .stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+    }
+
+    unsafe fn replay(&mut self, id: GraphId) -> Result<(), CoreError> {
+        let g = self.graphs.get(id.0).ok_or_else(|| CoreError::Graph {
+            message: format!("no graph {}", id.0),
+        })?;
+        g.0.launch()
+            .map_err(|e| self.failed("launching a CUDA graph", e))
     }
 }
 

@@ -42,10 +42,13 @@ pub struct EngineConfig {
     pub seed: u64,
     /// vLLM's `--disable-log-stats`: no periodic throughput/queue log lines.
     pub disable_log_stats: bool,
-    /// Where the KV cache lives and attention runs (vLLM's `--device`): `cpu`, or
-    /// `emu` (the CUDA attention kernels compiled for the host; slow, for testing).
-    /// The model forward runs in host memory, so a CUDA device is refused at start.
+    /// Where the model runs (vLLM's `--device`): `cpu`, `cuda[:N]` (weights, KV cache
+    /// and every kernel on the GPU), or `emu` (the CUDA kernels compiled for the host;
+    /// slow, for testing).
     pub device: pagoda_core::Device,
+    /// vLLM's `--enforce-eager`: no CUDA graphs on a device (every step launched
+    /// kernel by kernel). Off by default: decode steps replay graphs captured at start.
+    pub enforce_eager: bool,
 }
 
 /// Prompts that trigger the runner's test-only faults (see
@@ -80,6 +83,7 @@ impl EngineConfig {
             seed: 0,
             disable_log_stats: false,
             device: pagoda_core::Device::Cpu,
+            enforce_eager: false,
         }
     }
 }

@@ -8,15 +8,16 @@ use crate::runner_model::RunnerModel;
 use crate::structured::{Grammar, MaskStats};
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
 use pagoda_core::{
-    has_model_ops, open_device, open_model_ops, DType, Device, DeviceRuntime, MemoryInfo,
+    has_model_ops, open_device, open_model_ops, DType, Device, DeviceRuntime, GraphLimits,
+    MemoryInfo,
 };
 use pagoda_core::{
     EngineCoreOutput, KvCache, KvCacheSpec, ModelRunnerOutput, PromptLogprob, ReqHandle, Request,
     RequestStatus, SchedulerOutput,
 };
 use pagoda_models::{
-    device_unsupported, llama::Llama, merge_attention_configs, DeviceLlama, DeviceScratch,
-    LlamaConfig, LlamaWeights, WeightDtype,
+    capture_sizes, device_unsupported, llama::Llama, merge_attention_configs, DeviceLlama,
+    DeviceScratch, LlamaConfig, LlamaWeights, WeightDtype,
 };
 use pagoda_scheduler::{Scheduler, SchedulerConfig};
 use pagoda_selector::{select, BackendOverride};
@@ -241,7 +242,10 @@ impl EngineCore {
             device: runtime.device(),
             message: format!("allocating the KV cache: {e}"),
         })?;
-        let runner = ModelRunner::new(model, kv, attn, eos_token_ids);
+        let mut runner = ModelRunner::new(model, kv, attn, eos_token_ids);
+        if on_device {
+            capture_graphs(config, &runtime, &mut runner, max_model_len)?;
+        }
         release_freed_memory();
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_seqs: config.max_num_seqs,
@@ -269,6 +273,12 @@ impl EngineCore {
     /// CPU); constant once the engine is warm.
     pub fn num_device_allocations(&self) -> Option<usize> {
         self.runner.num_device_allocations()
+    }
+
+    /// The captured decode graphs' buckets and how many steps replayed one (`None`:
+    /// no graphs: the CPU, `--enforce-eager`, or a backend that cannot be captured).
+    pub fn graph_stats(&self) -> Option<(Vec<usize>, usize)> {
+        self.runner.graph_stats()
     }
 
     /// Arms (or disarms) the runner's test-only fault injection.
@@ -508,6 +518,81 @@ pub fn release_freed_memory() {
     }
 }
 
+/// Captures the decode steps' CUDA graphs of a device runner (vLLM's default), unless
+/// `--enforce-eager`; a backend that cannot be captured leaves every step eager (with
+/// the reason in the log), a capture that fails is an error naming the flag.
+fn capture_graphs(
+    config: &EngineConfig,
+    runtime: &Arc<dyn DeviceRuntime>,
+    runner: &mut ModelRunner,
+    max_model_len: usize,
+) -> Result<(), EngineError> {
+    let device = runtime.device();
+    if config.enforce_eager {
+        tracing::info!("CUDA graphs: off (--enforce-eager); every step runs eagerly");
+        return Ok(());
+    }
+    let limits = GraphLimits {
+        max_seq_len: max_model_len,
+        max_num_reqs: config.max_num_seqs,
+        max_num_tokens: config.max_num_batched_tokens,
+        max_blocks_per_seq: max_model_len.div_ceil(config.block_size),
+    };
+    if let Some(name) = runner.backend_without_graphs() {
+        tracing::warn!(
+            "CUDA graphs: off, every step runs eagerly: attention backend `{name}` cannot be \
+             captured"
+        );
+        return Ok(());
+    }
+    let sizes = capture_sizes(config.max_num_seqs, config.max_num_batched_tokens);
+    let free_before = runtime.memory_info().map(|m| m.free_bytes);
+    let start = std::time::Instant::now();
+    match runner.capture_graphs(limits, &sizes) {
+        Ok(buckets) => {
+            let used = free_before
+                .zip(runtime.memory_info().map(|m| m.free_bytes))
+                .map_or(0, |(a, b)| a.saturating_sub(b));
+            tracing::info!(
+                "CUDA graphs: {} decode sizes captured ({}) in {:.1} s, {:.1} MiB; \
+                 mixed and prefill steps run eagerly",
+                buckets.len(),
+                summarize_sizes(&buckets),
+                start.elapsed().as_secs_f64(),
+                used as f64 / (1 << 20) as f64
+            );
+            Ok(())
+        }
+        Err(e) => Err(EngineError::Device {
+            device,
+            message: format!(
+                "capturing CUDA graphs: {e} (--enforce-eager runs without them; a smaller \
+                 --max-num-seqs captures fewer; --gpu-memory-utilization leaves more memory)"
+            ),
+        }),
+    }
+}
+
+/// `1, 2, 4, 8, 16, ..., 256` as `1, 2, 4, 8..=256 step 8`.
+fn summarize_sizes(sizes: &[usize]) -> String {
+    match sizes {
+        [] => String::new(),
+        [a] => a.to_string(),
+        _ if sizes.len() > 5 => format!(
+            "{}, {}, {} ... {}",
+            sizes[0],
+            sizes[1],
+            sizes[2],
+            sizes[sizes.len() - 1]
+        ),
+        _ => sizes
+            .iter()
+            .map(|b| b.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
 /// The device forward: weights uploaded in `compute` (a progress line per quarter of
 /// the layers), the model kernels of the device, activation buffers sized for the
 /// step budget (public for `pagoda-benches`' `device_step`, which times this model).
@@ -553,6 +638,7 @@ pub fn build_device_model(
         model: Box::new(model),
         ops,
         scratch: Box::new(scratch),
+        graphs: None,
     })
 }
 

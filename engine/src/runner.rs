@@ -16,11 +16,11 @@
 
 use crate::prompt_logprobs;
 use crate::runner_model::RunnerModel;
-use crate::sampler::{RowResult, SampleInput, Sampler, SamplerError};
+use crate::sampler::{is_plain_greedy, RowResult, SampleInput, Sampler, SamplerError};
 use crate::structured::{apply_mask, Grammar, MaskJob, MaskStats, MaskWorker};
 use crate::EngineError;
 use pagoda_core::{
-    AttentionBackend, BatchDescriptor, CheckedParams, KvCache, ModelRunnerOutput,
+    AttentionBackend, BatchDescriptor, CheckedParams, GraphLimits, KvCache, ModelRunnerOutput,
     PromptLogprobsChunk, ReqHandle, RequestId, SchedulerOutput,
 };
 use std::collections::HashMap;
@@ -104,6 +104,8 @@ pub struct ModelRunner {
     sample_rows: Vec<usize>,
     prompt_rows: Vec<PromptRows>,
     logits: Vec<f32>,
+    /// The sampled rows' ids when the device computed them (plain greedy steps).
+    greedy_ids: Vec<u32>,
     batch: BatchDescriptor,
     faults: Option<FaultInjection>,
     /// Grammars of constrained requests, by request handle.
@@ -138,6 +140,7 @@ impl ModelRunner {
             sample_rows: Vec::new(),
             prompt_rows: Vec::new(),
             logits: Vec::new(),
+            greedy_ids: Vec::new(),
             batch: BatchDescriptor::default(),
             faults: None,
             grammars: HashMap::new(),
@@ -169,6 +172,29 @@ impl ModelRunner {
     }
 
     /// How many times the device forward's buffers were allocated (`None` on the CPU).
+    /// Captures the device model's decode graphs (see [`RunnerModel::capture_graphs`]).
+    pub fn capture_graphs(
+        &mut self,
+        limits: GraphLimits,
+        sizes: &[usize],
+    ) -> Result<Vec<usize>, EngineError> {
+        self.model
+            .capture_graphs(&mut self.attn, &mut self.kv, limits, sizes)
+    }
+
+    /// The first attention backend whose `run` cannot be captured, if any.
+    pub fn backend_without_graphs(&self) -> Option<&str> {
+        self.attn
+            .iter()
+            .find(|a| a.graph_support() != pagoda_core::GraphSupport::UniformDecode)
+            .map(|a| a.name())
+    }
+
+    /// Captured decode buckets and graph replays so far (`None`: no graphs).
+    pub fn graph_stats(&self) -> Option<(Vec<usize>, usize)> {
+        self.model.graph_stats()
+    }
+
     pub fn num_device_allocations(&self) -> Option<usize> {
         self.model.num_device_allocations()
     }
@@ -249,9 +275,20 @@ impl ModelRunner {
         Ok(())
     }
 
-    fn forward(&mut self) -> Result<(), EngineError> {
-        for a in &mut self.attn {
-            a.plan(&self.batch)?;
+    /// The forward pass; with `greedy`, a device model hands back the sampled rows'
+    /// argmax ids instead of their logits (returns whether it did).
+    fn forward(&mut self, greedy: bool) -> Result<bool, EngineError> {
+        if greedy {
+            return self.model.forward_greedy(
+                &self.input_ids,
+                &self.positions,
+                &self.batch,
+                &mut self.attn,
+                &mut self.kv,
+                &self.logits_rows,
+                &mut self.logits,
+                &mut self.greedy_ids,
+            );
         }
         self.model.forward(
             &self.input_ids,
@@ -262,7 +299,29 @@ impl ModelRunner {
             &self.logits_rows,
             &mut self.logits,
         )?;
-        Ok(())
+        Ok(false)
+    }
+
+    /// Whether every sampled row of the step is the plain argmax of its logits (see
+    /// [`is_plain_greedy`]) and nothing else needs logits (prompt log-probabilities,
+    /// grammars, test faults): then the device may reduce them to ids.
+    fn all_plain_greedy(&self, sched_out: &SchedulerOutput) -> bool {
+        self.prompt_rows.is_empty()
+            && self.faults.is_none()
+            && self.sample_rows.iter().all(|&i| {
+                let h = sched_out.num_scheduled_tokens[i].0;
+                let Some(st) = self.state(h) else {
+                    return false;
+                };
+                !self.grammars.contains_key(&h)
+                    && is_plain_greedy(&SampleInput {
+                        params: &st.params,
+                        prompt_ids: &st.token_ids[..st.num_prompt_tokens],
+                        output_ids: &st.token_ids[st.num_prompt_tokens..],
+                        seed: st.seed,
+                        eos_ids: &self.eos_ids,
+                    })
+            })
     }
 
     /// Hands the grammars of this step's constrained sampled rows to the mask
@@ -416,10 +475,11 @@ impl ModelRunner {
         drop(rows);
         // Grammar masks are computed on the worker while the model runs.
         self.start_masks(sched_out)?;
-        let forward = self.forward();
+        let greedy = self.model.is_device() && self.all_plain_greedy(sched_out);
+        let forward = self.forward(greedy);
         // Joined even when the forward pass failed, so no grammar is lost.
         let masks = self.finish_masks(sched_out, forward.is_ok());
-        forward?;
+        let on_device_ids = forward?;
         masks?;
 
         // Sample the rows that need a token.
@@ -438,12 +498,15 @@ impl ModelRunner {
             });
         }
         let vocab = self.model.config().vocab_size;
-        let sampled = self
-            .sampler
-            .sample_batch(&mut self.logits[..num_sample_rows * vocab], &inputs)
-            .map_err(|e| EngineError::Fault {
-                message: format!("sampler: {e}"),
-            })?;
+        let sampled: Vec<RowResult> = if on_device_ids {
+            self.greedy_ids.iter().map(|&t| Ok((t, None))).collect()
+        } else {
+            self.sampler
+                .sample_batch(&mut self.logits[..num_sample_rows * vocab], &inputs)
+                .map_err(|e| EngineError::Fault {
+                    message: format!("sampler: {e}"),
+                })?
+        };
         drop(inputs);
 
         out.handles = sched_out

@@ -5,8 +5,10 @@
 //! the sampler and everything above them are the same on every device.
 
 use crate::EngineError;
-use pagoda_core::{AttentionBackend, BatchDescriptor, KvCache, ModelOps};
-use pagoda_models::{DeviceLlama, DeviceScratch, ForwardScratch, Llama, LlamaConfig};
+use pagoda_core::{AttentionBackend, BatchDescriptor, GraphLimits, KvCache, ModelOps};
+use pagoda_models::{
+    DecodeGraphs, DeviceLlama, DeviceOutput, DeviceScratch, ForwardScratch, Llama, LlamaConfig,
+};
 
 /// The CPU forward or the device forward, each with its reusable buffers.
 pub enum RunnerModel {
@@ -20,6 +22,8 @@ pub enum RunnerModel {
         model: Box<DeviceLlama>,
         ops: Box<dyn ModelOps>,
         scratch: Box<DeviceScratch>,
+        /// Decode steps' CUDA graphs, once captured (`None`: every step eager).
+        graphs: Option<Box<DecodeGraphs>>,
     },
 }
 
@@ -30,6 +34,11 @@ impl RunnerModel {
             model: Box::new(model),
             scratch: Box::default(),
         }
+    }
+
+    /// Whether this is the device forward.
+    pub fn is_device(&self) -> bool {
+        matches!(self, RunnerModel::Device { .. })
     }
 
     pub fn config(&self) -> &LlamaConfig {
@@ -48,7 +57,63 @@ impl RunnerModel {
         }
     }
 
-    /// One step: `logits` gets `[logits_rows.len(), vocab]` f32 on the host.
+    /// Captured decode buckets and replays so far (`None`: no graphs).
+    pub fn graph_stats(&self) -> Option<(Vec<usize>, usize)> {
+        match self {
+            RunnerModel::Device {
+                graphs: Some(g), ..
+            } => Some((g.buckets(), g.num_replays())),
+            _ => None,
+        }
+    }
+
+    /// Captures the decode graphs of `sizes` (device models only); returns the
+    /// captured buckets.
+    pub fn capture_graphs(
+        &mut self,
+        attn: &mut [Box<dyn AttentionBackend>],
+        kv: &mut KvCache,
+        limits: GraphLimits,
+        sizes: &[usize],
+    ) -> Result<Vec<usize>, EngineError> {
+        match self {
+            RunnerModel::Host { .. } => Err(EngineError::invalid(
+                "enforce_eager",
+                "CUDA graphs need a device model (--device cuda or emu)",
+            )),
+            RunnerModel::Device {
+                model,
+                ops,
+                scratch,
+                graphs,
+            } => {
+                *graphs = None;
+                let mut last_tenth = 0;
+                let g = model.capture_decode_graphs(
+                    ops.as_mut(),
+                    attn,
+                    kv,
+                    scratch,
+                    limits,
+                    sizes,
+                    |done, all| {
+                        let tenth = done * 10 / all.max(1);
+                        if tenth > last_tenth {
+                            last_tenth = tenth;
+                            tracing::debug!("capturing CUDA graphs: {done}/{all}");
+                        }
+                    },
+                )?;
+                let buckets = g.buckets();
+                *graphs = Some(Box::new(g));
+                Ok(buckets)
+            }
+        }
+    }
+
+    /// One step: plans the attention backends, then runs the forward; `logits` gets
+    /// `[logits_rows.len(), vocab]` f32 on the host. A device model with graphs runs
+    /// a uniform decode step from its bucket's graph (planned by `plan_graph`).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &mut self,
@@ -60,21 +125,91 @@ impl RunnerModel {
         logits_rows: &[usize],
         logits: &mut Vec<f32>,
     ) -> Result<(), EngineError> {
-        match self {
-            RunnerModel::Host { model, scratch } => model.forward_kinds(
+        let out = StepOut::Logits(logits);
+        self.forward_into(input_ids, positions, batch, attn, kv, logits_rows, out)
+            .map(|_| ())
+    }
+
+    /// [`RunnerModel::forward`], or with `greedy` the rows' greedy ids computed on the
+    /// device (no logits copied). Returns whether `greedy` was filled: the CPU model
+    /// always hands back logits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_greedy(
+        &mut self,
+        input_ids: &[u32],
+        positions: &[u32],
+        batch: &BatchDescriptor,
+        attn: &mut [Box<dyn AttentionBackend>],
+        kv: &mut KvCache,
+        logits_rows: &[usize],
+        logits: &mut Vec<f32>,
+        greedy: &mut Vec<u32>,
+    ) -> Result<bool, EngineError> {
+        let out = match self {
+            RunnerModel::Host { .. } => StepOut::Logits(logits),
+            RunnerModel::Device { .. } => StepOut::Greedy(greedy),
+        };
+        self.forward_into(input_ids, positions, batch, attn, kv, logits_rows, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_into(
+        &mut self,
+        input_ids: &[u32],
+        positions: &[u32],
+        batch: &BatchDescriptor,
+        attn: &mut [Box<dyn AttentionBackend>],
+        kv: &mut KvCache,
+        logits_rows: &[usize],
+        mut out: StepOut<'_>,
+    ) -> Result<bool, EngineError> {
+        let greedy = matches!(out, StepOut::Greedy(_));
+        if let RunnerModel::Device {
+            model,
+            ops,
+            scratch,
+            graphs: Some(g),
+        } = self
+        {
+            if model.forward_graph(
+                ops.as_mut(),
+                g,
                 input_ids,
                 positions,
                 batch,
                 attn,
                 kv,
                 logits_rows,
-                logits,
+                out.device(),
                 scratch,
-            )?,
+            )? {
+                return Ok(greedy);
+            }
+        }
+        for a in attn.iter_mut() {
+            a.plan(batch)?;
+        }
+        match self {
+            RunnerModel::Host { model, scratch } => {
+                let StepOut::Logits(logits) = out else {
+                    unreachable!("forward_greedy asks the CPU model for logits")
+                };
+                model.forward_kinds(
+                    input_ids,
+                    positions,
+                    batch,
+                    attn,
+                    kv,
+                    logits_rows,
+                    logits,
+                    scratch,
+                )?
+            }
             RunnerModel::Device {
                 model,
                 ops,
                 scratch,
+                ..
             } => model.forward_kinds(
                 ops.as_mut(),
                 input_ids,
@@ -83,10 +218,25 @@ impl RunnerModel {
                 attn,
                 kv,
                 logits_rows,
-                logits,
+                out.device(),
                 scratch,
             )?,
         }
-        Ok(())
+        Ok(greedy)
+    }
+}
+
+/// Where a step's logits rows go.
+enum StepOut<'a> {
+    Logits(&'a mut Vec<f32>),
+    Greedy(&'a mut Vec<u32>),
+}
+
+impl StepOut<'_> {
+    fn device(&mut self) -> DeviceOutput<'_> {
+        match self {
+            StepOut::Logits(v) => DeviceOutput::Logits(v),
+            StepOut::Greedy(v) => DeviceOutput::Greedy(v),
+        }
     }
 }

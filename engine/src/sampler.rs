@@ -223,6 +223,25 @@ impl Sampler {
     }
 }
 
+/// Whether sampling this row is the argmax of its raw logits and nothing else: greedy,
+/// no log-probabilities, and none of steps 0-4 (module doc) changes a logit. Such rows
+/// can take the device's argmax instead of copying logits to the sampler.
+pub fn is_plain_greedy(input: &SampleInput<'_>) -> bool {
+    let p = input.params;
+    let masks_stops = input.output_ids.len() < p.min_tokens
+        && (!p.stop_token_ids.is_empty() || (!p.ignore_eos && !input.eos_ids.is_empty()));
+    p.is_greedy()
+        && p.logprobs.is_none()
+        && p.logprob_token_ids.is_none()
+        && p.allowed_token_ids.is_none()
+        && p.bad_words_token_ids.is_empty()
+        && p.logit_bias.is_empty()
+        && !masks_stops
+        && p.repetition_penalty == 1.0
+        && p.frequency_penalty == 0.0
+        && p.presence_penalty == 0.0
+}
+
 /// The uniform number in `[0, 1)` used to draw output token number `k` of a request
 /// seeded with `seed`: a counter-based hash (two splitmix64 finalizer rounds keyed
 /// by the seed), so no RNG state is shared or carried between steps.

@@ -32,6 +32,9 @@ use pagoda_kernels::{Llama3Scaling, RopeCache};
 use std::ops::DerefMut;
 use std::sync::Arc;
 
+mod graphs;
+pub use graphs::{capture_sizes, DecodeGraphs};
+
 fn dev(e: CoreError) -> ModelError {
     ModelError::Forward {
         message: e.to_string(),
@@ -295,8 +298,9 @@ impl DeviceLlama {
         v
     }
 
-    /// One step on the device: `logits` gets `[logits_rows.len(), vocab]` f32 on the
-    /// host. One planned backend per attention kind, as [`crate::llama::Llama::forward_kinds`].
+    /// One step on the device: `out` gets the logits rows (`[logits_rows.len(), vocab]`
+    /// f32 on the host) or their greedy ids. One planned backend per attention kind, as
+    /// [`crate::llama::Llama::forward_kinds`].
     #[allow(clippy::too_many_arguments)]
     pub fn forward_kinds<B, A>(
         &self,
@@ -307,22 +311,48 @@ impl DeviceLlama {
         attn: &mut [B],
         kv: &mut KvCache,
         logits_rows: &[usize],
-        logits: &mut Vec<f32>,
+        mut out: DeviceOutput<'_>,
         s: &mut DeviceScratch,
     ) -> Result<(), ModelError>
     where
         B: DerefMut<Target = A>,
         A: AttentionBackend + ?Sized,
     {
+        out.clear();
+        self.check_step(input_ids, positions, batch, attn.len(), kv, logits_rows)?;
+        let (n, r) = (input_ids.len(), logits_rows.len());
+        if n == 0 {
+            return Ok(());
+        }
+        s.reserve(ops.runtime().as_ref(), &self.config, self.dtype, n, r)?;
+        self.begin_step(
+            ops,
+            input_ids,
+            positions,
+            batch.slot_mapping(),
+            logits_rows,
+            s,
+        )?;
+        self.launch(ops, n, r, attn, kv, s)?;
+        self.finish(ops, r, out, s)
+    }
+
+    /// The checks of a step's inputs (before anything reaches the device).
+    fn check_step(
+        &self,
+        input_ids: &[u32],
+        positions: &[u32],
+        batch: &BatchDescriptor,
+        num_backends: usize,
+        kv: &KvCache,
+        logits_rows: &[usize],
+    ) -> Result<(), ModelError> {
         let c = &self.config;
-        let n = input_ids.len();
-        let r = logits_rows.len();
-        if attn.len() != self.attn_kinds.len() {
+        if num_backends != self.attn_kinds.len() {
             return Err(ModelError::Forward {
                 message: format!(
-                    "the model's layers need {} attention backends, got {}",
+                    "the model's layers need {} attention backends, got {num_backends}",
                     self.attn_kinds.len(),
-                    attn.len()
                 ),
             });
         }
@@ -334,21 +364,47 @@ impl DeviceLlama {
             batch,
             kv,
             logits_rows,
-        )?;
-        logits.clear();
-        if n == 0 {
-            return Ok(());
-        }
-        s.reserve(ops.runtime().as_ref(), c, self.dtype, n, r)?;
+        )
+    }
+
+    /// Hands the step's integer inputs to the device (one copy).
+    fn begin_step(
+        &self,
+        ops: &mut dyn ModelOps,
+        input_ids: &[u32],
+        positions: &[u32],
+        slot_mapping: &[i64],
+        logits_rows: &[usize],
+        s: &mut DeviceScratch,
+    ) -> Result<(), ModelError> {
         s.rows_u32.clear();
         s.rows_u32.extend(logits_rows.iter().map(|&x| x as u32));
         ops.begin_step(&StepInputs {
             input_ids,
             positions,
-            slot_mapping: batch.slot_mapping(),
+            slot_mapping,
             logits_rows: &s.rows_u32,
         })
-        .map_err(dev)?;
+        .map_err(dev)
+    }
+
+    /// Every kernel of a step of `n` tokens and `r` logits rows, the step's inputs
+    /// already on the device and the backends planned: the launch sequence a graph
+    /// captures. Waits for nothing and allocates nothing.
+    fn launch<B, A>(
+        &self,
+        ops: &mut dyn ModelOps,
+        n: usize,
+        r: usize,
+        attn: &mut [B],
+        kv: &mut KvCache,
+        s: &mut DeviceScratch,
+    ) -> Result<(), ModelError>
+    where
+        B: DerefMut<Target = A>,
+        A: AttentionBackend + ?Sized,
+    {
+        let c = &self.config;
         let (hidden, hd, eps) = (c.hidden_size, c.head_dim, c.rms_norm_eps);
         let q_dim = c.num_heads * hd;
         let inter = c.intermediate_size;
@@ -495,10 +551,53 @@ impl DeviceLlama {
             rows(&mut b.logits, r, vocab)?,
         )
         .map_err(dev)?;
-        logits.resize(r * vocab, 0.0);
-        ops.download_f32(rows_ref(&b.logits, r, vocab)?, logits)
-            .map_err(dev)?;
         Ok(())
+    }
+
+    /// Hands the first `r` rows of the step's logits to the host: copied, or reduced
+    /// to their greedy ids on the device.
+    fn finish(
+        &self,
+        ops: &mut dyn ModelOps,
+        r: usize,
+        out: DeviceOutput<'_>,
+        s: &DeviceScratch,
+    ) -> Result<(), ModelError> {
+        let vocab = self.config.vocab_size;
+        let logits = rows_ref(&s.bufs.logits, r, vocab)?;
+        match out {
+            DeviceOutput::Logits(v) => {
+                v.clear();
+                v.resize(r * vocab, 0.0);
+                ops.download_f32(logits, v)
+            }
+            DeviceOutput::Greedy(ids) => {
+                ids.clear();
+                ids.resize(r, 0);
+                ops.argmax(logits, ids)
+            }
+        }
+        .map_err(dev)
+    }
+}
+
+/// What a device step hands back to the host for its logits rows.
+#[derive(Debug)]
+pub enum DeviceOutput<'a> {
+    /// `[rows, vocab]` f32 logits, copied once: the CPU sampler's input (any
+    /// sampling parameters, log-probabilities, grammars).
+    Logits(&'a mut Vec<f32>),
+    /// Each row's greedy id (first maximum, NaN skipped), computed on the device:
+    /// `rows` ids come back instead of `rows x vocab` floats.
+    Greedy(&'a mut Vec<u32>),
+}
+
+impl DeviceOutput<'_> {
+    fn clear(&mut self) {
+        match self {
+            DeviceOutput::Logits(v) => v.clear(),
+            DeviceOutput::Greedy(v) => v.clear(),
+        }
     }
 }
 

@@ -29,7 +29,9 @@ pub mod weights;
 pub use arch::{ArchConfig, Architecture, AttnKind};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{merge_attention_configs, LlamaConfig, RopeScaling};
-pub use device::{device_unsupported, DeviceLlama, DeviceScratch};
+pub use device::{
+    capture_sizes, device_unsupported, DecodeGraphs, DeviceLlama, DeviceOutput, DeviceScratch,
+};
 pub use dummy::{dummy_layer, dummy_weights, load_dummy, LoadFormat};
 pub use error::ModelError;
 pub use linear::{Linear, WeightDtype};

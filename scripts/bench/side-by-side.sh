@@ -18,6 +18,10 @@
 #   bf16) and Pagoda runs with `--dtype bf16` (its bf16 GEMMs on vdpbf16ps).
 #   WEIGHTS=q4_1: both load the shipped Q4_1 GGUF as it is, each at its default (Pagoda's
 #   `--dtype auto` keeps the Q4_1/Q8_0 blocks: its int8 kernels).
+#   CLIENT=python: the load comes from scripts/bench/py_client.py instead (text prompts
+#   of ~INPUT_LEN tokens, a Python asyncio streaming client as users run one), and
+#   nothing is niced (NICE=0): the client competes with the server for the cores, as
+#   it does on a user's machine. Shared-prefix runs are skipped in this mode.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -35,7 +39,10 @@ LLAMA_PARALLEL="${LLAMA_PARALLEL:-32}"
 LLAMA_CTX_PER_SLOT="${LLAMA_CTX_PER_SLOT:-768}"
 OUT="${OUT:-$ROOT/target/bench/side-by-side-$(date -u +%Y%m%dT%H%M%SZ)}"
 NAME=smollm2
-if [ "$(id -u)" = 0 ]; then NICE="${NICE:--10}"; else NICE="${NICE:-0}"; fi
+CLIENT="${CLIENT:-pagoda}"
+if [ "$CLIENT" = python ]; then
+    NICE="${NICE:-0}"
+elif [ "$(id -u)" = 0 ]; then NICE="${NICE:--10}"; else NICE="${NICE:-0}"; fi
 mkdir -p "$OUT"
 
 log() { echo "[side-by-side $(date -u +%H:%M:%S)] $*" >&2; }
@@ -83,7 +90,7 @@ PAGODA="$OUT/bin/pagoda"
     echo "llama-server: $("$LLAMA_SERVER" --version 2>&1 | grep -m1 version)"
     echo "model: $MODEL ($(stat -c %s "$MODEL") bytes)"
     echo "weights: $WEIGHTS; pagoda serve args: ${PAGODA_SERVE_ARGS:-}"
-    echo "workload: input=$INPUT_LEN output=$OUTPUT_LEN concurrency=$CONCURRENCY prefix=$PREFIX_LEN@$PREFIX_CONCURRENCY rounds=$ROUNDS threads=$THREADS nice=$NICE"
+    echo "workload: input=$INPUT_LEN output=$OUTPUT_LEN concurrency=$CONCURRENCY prefix=$PREFIX_LEN@$PREFIX_CONCURRENCY rounds=$ROUNDS threads=$THREADS nice=$NICE client=$CLIENT"
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt" >&2
 
@@ -141,6 +148,15 @@ bench() { # name round variant args...
     # llama-server closes streamed connections: dial afresh for each request.
     [ "$name" = llama ] && extra+=(--new-connection-per-request)
     [ -n "${NUM_PROMPTS:-}" ] && extra+=(--num-prompts "$NUM_PROMPTS")
+    if [ "$CLIENT" = python ]; then
+        [ "$variant" = main ] || return 0
+        local a=("$@")
+        python3 scripts/bench/py_client.py --base-url "http://127.0.0.1:$PORT" --model "$NAME" \
+            --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --label "$name" \
+            --json "$OUT/$name-$variant-r$round.json" ${NUM_PROMPTS:+--num-prompts "$NUM_PROMPTS"} \
+            --concurrency "${a[1]}" --seed "$round" 2>&1 | tee "$OUT/$name-$variant-r$round.txt" >&2
+        return 0
+    fi
     nice -n "$NICE" "$PAGODA" bench serve --base-url "http://127.0.0.1:$PORT" --model "$NAME" \
         --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --label "$name" --quiet \
         --json "$OUT/$name-$variant-r$round.json" "${extra[@]}" "$@" \

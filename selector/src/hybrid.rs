@@ -4,7 +4,9 @@
 //! plans each part on its own sub-descriptor and runs each on its slice of the
 //! token buffers.
 
-use pagoda_core::{AttentionBackend, BatchDescriptor, CoreError, LayerIo};
+use pagoda_core::{
+    AttentionBackend, BatchDescriptor, CoreError, GraphLimits, GraphSupport, LayerIo,
+};
 
 /// Runs decode rows on one backend and prefill rows on another.
 pub struct HybridBackend {
@@ -95,6 +97,26 @@ impl AttentionBackend for HybridBackend {
         if self.has_prefill {
             self.prefill.run(io(q_p, o_p, l_p))?;
         }
+        Ok(())
+    }
+
+    /// A graph step is decode-only: the decode backend's support.
+    fn graph_support(&self) -> GraphSupport {
+        self.decode.graph_support()
+    }
+
+    fn plan_graph(
+        &mut self,
+        batch: &BatchDescriptor,
+        limits: &GraphLimits,
+    ) -> Result<(), CoreError> {
+        self.has_decode = false;
+        self.has_prefill = false;
+        self.num_tokens = 0;
+        self.decode.plan_graph(batch, limits)?;
+        self.num_decode_tokens = batch.num_tokens();
+        self.num_tokens = batch.num_tokens();
+        self.has_decode = batch.num_reqs() > 0;
         Ok(())
     }
 }

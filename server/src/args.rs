@@ -67,6 +67,11 @@ pub struct EngineArgs {
     /// Context length limit (default: the model's).
     #[arg(long, help_heading = "ModelConfig")]
     pub max_model_len: Option<usize>,
+    /// No CUDA graphs (vLLM's flag): on a device, every step launches its kernels one
+    /// by one. By default decode-only steps replay graphs captured at start for batch
+    /// sizes 1, 2, 4, 8, 16, ... up to --max-num-seqs. No effect on the CPU engine.
+    #[arg(long, help_heading = "ModelConfig")]
+    pub enforce_eager: bool,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16, help_heading = "CacheConfig")]
     pub block_size: usize,
@@ -253,6 +258,9 @@ impl EngineArgs {
                 "--gpu-memory-utilization {g}: no effect on the CPU engine (the KV cache is sized by --kv-cache-memory-mib / --num-kv-blocks)"
             );
         }
+        if self.enforce_eager && self.device == pagoda_core::Device::Cpu {
+            tracing::info!("--enforce-eager: no effect on the CPU engine (it captures no graphs)");
+        }
         if self.no_enable_chunked_prefill {
             tracing::warn!(
                 "--no-enable-chunked-prefill ignored: chunked prefill is always on in Pagoda"
@@ -278,6 +286,7 @@ impl EngineArgs {
         c.seed = self.seed;
         c.disable_log_stats = self.disable_log_stats;
         c.device = self.device;
+        c.enforce_eager = self.enforce_eager;
         c.kv_cache_dtype = self.kv_cache_dtype;
         c.scheduling_policy = match self.scheduling_policy {
             SchedulingPolicyArg::Fcfs => pagoda_engine::SchedulingPolicy::Fcfs,

@@ -12,15 +12,18 @@
 //!
 //! It builds the model as the engine does (`build_device_model` on a device, the CPU
 //! `Llama` on `cpu`), the attention backends the selector picks and a KV cache sized
-//! for the largest case, then drives `RunnerModel::forward` with batch descriptors
-//! built directly (no scheduler, no sampler: the logits come back to the host, as in
-//! the engine). The cached context is the cache's zeros: attention reads it all the
+//! for the largest case, then drives `RunnerModel::forward_greedy` (or `forward` with
+//! `--logits`) with batch descriptors built directly (no scheduler, no sampler);
+//! decode steps replay CUDA graphs captured for the batch sizes unless
+//! `--enforce-eager`, as in the engine. The cached context is the cache's zeros: attention reads it all the
 //! same. On `cuda` it also measures the device's ceilings (copy bandwidth, cuBLAS
 //! bf16 GEMM) and prints each case's share: bytes a step must stream (the linear
 //! weights and the LM head, plus the KV context read) over the copy bandwidth, and its
 //! matmul FLOPs (linear layers, LM head rows, attention) over the GEMM rate.
 
-use pagoda_core::{AttentionBackend, BatchDescriptor, DType, Device, KvCache, KvCacheSpec};
+use pagoda_core::{
+    AttentionBackend, BatchDescriptor, DType, Device, GraphLimits, KvCache, KvCacheSpec,
+};
 use pagoda_engine::engine_core::{build_device_model, device_compute_dtype, open_engine_device};
 use pagoda_engine::runner_model::RunnerModel;
 use pagoda_engine::EngineConfig;
@@ -55,6 +58,11 @@ usage: device_step [flags]
   --prefill-reps N             timed prefills (after one warm-up) [2]
   --block-size N               KV block size                     [16]
   --attention-backend SPEC     NAME or decode=NAME,prefill=NAME  [automatic]
+  --enforce-eager              no CUDA graphs (by default a device replays decode steps
+                               from graphs captured for the batch sizes, as the engine)
+  --logits                     copy every logits row to the host (by default greedy ids
+                               come back, argmax on the device, as for temperature-0
+                               requests in the engine)
 ";
 
 /// The flags.
@@ -73,6 +81,8 @@ struct Args {
     prefill_reps: usize,
     block_size: usize,
     attention_backend: Option<String>,
+    enforce_eager: bool,
+    logits: bool,
 }
 
 fn parse_num(flag: &str, v: &str) -> Result<usize, BoxError> {
@@ -96,11 +106,22 @@ fn parse_args(argv: &[String]) -> Result<Option<Args>, BoxError> {
         prefill_reps: 2,
         block_size: 16,
         attention_backend: None,
+        enforce_eager: false,
+        logits: false,
     };
     let mut it = argv.iter();
     while let Some(flag) = it.next() {
-        if flag == "--help" || flag == "-h" {
-            return Ok(None);
+        match flag.as_str() {
+            "--help" | "-h" => return Ok(None),
+            "--enforce-eager" => {
+                a.enforce_eager = true;
+                continue;
+            }
+            "--logits" => {
+                a.logits = true;
+                continue;
+            }
+            _ => {}
         }
         let v = it
             .next()
@@ -179,7 +200,10 @@ struct Bench {
     kv: KvCache,
     config: LlamaConfig,
     block_size: usize,
-    logits: Vec<f32>,
+    /// Copy logits rows (else greedy ids on a device).
+    logits: bool,
+    out: Vec<f32>,
+    ids: Vec<u32>,
 }
 
 impl Bench {
@@ -210,18 +234,28 @@ impl Bench {
                 ids.push((p as u32).wrapping_mul(2_654_435_761) % vocab);
             }
         }
-        for a in &mut self.attn {
-            a.plan(&batch)?;
+        if self.logits {
+            self.model.forward(
+                &ids,
+                &positions,
+                &batch,
+                &mut self.attn,
+                &mut self.kv,
+                logits_rows,
+                &mut self.out,
+            )?;
+        } else {
+            self.model.forward_greedy(
+                &ids,
+                &positions,
+                &batch,
+                &mut self.attn,
+                &mut self.kv,
+                logits_rows,
+                &mut self.out,
+                &mut self.ids,
+            )?;
         }
-        self.model.forward(
-            &ids,
-            &positions,
-            &batch,
-            &mut self.attn,
-            &mut self.kv,
-            logits_rows,
-            &mut self.logits,
-        )?;
         Ok(())
     }
 }
@@ -260,7 +294,7 @@ fn build(args: &Args) -> Result<Bench, BoxError> {
     let over = BackendOverride::parse(args.attention_backend.as_deref().unwrap_or(""))?;
     let selection = select(&merged, &over)?;
     eprintln!("device_step: attention {selection}");
-    let attn = attn_configs
+    let mut attn = attn_configs
         .iter()
         .map(|c| selection.build(c))
         .collect::<Result<Vec<_>, _>>()?;
@@ -272,13 +306,30 @@ fn build(args: &Args) -> Result<Bench, BoxError> {
         head_dim: config.head_dim,
         dtype: compute,
     };
-    let kv = KvCache::allocate(spec, runtime.as_ref())?;
+    let mut kv = KvCache::allocate(spec, runtime.as_ref())?;
     let t = Instant::now();
     let model = if on_device {
         let mut ec = EngineConfig::new(&args.model);
         ec.max_num_batched_tokens = args.max_num_batched_tokens.max(max_batch);
         ec.max_num_seqs = max_batch;
-        build_device_model(&ec, &runtime, config.clone(), loaded.weights, compute)?
+        let mut m = build_device_model(&ec, &runtime, config.clone(), loaded.weights, compute)?;
+        if !args.enforce_eager {
+            // As the engine: the decode batch sizes' graphs, for the longest context here.
+            let max_len = (args.context + 1).max(args.prefill_tokens);
+            let limits = GraphLimits {
+                max_seq_len: max_len,
+                max_num_reqs: max_batch,
+                max_num_tokens: ec.max_num_batched_tokens,
+                max_blocks_per_seq: max_len.div_ceil(bs),
+            };
+            let t = Instant::now();
+            let sizes = m.capture_graphs(&mut attn, &mut kv, limits, &args.batch_sizes)?;
+            eprintln!(
+                "device_step: CUDA graphs for batch sizes {sizes:?} captured in {:.1} s",
+                t.elapsed().as_secs_f64()
+            );
+        }
+        m
     } else {
         RunnerModel::host(Llama::new_with_dtype(
             config.clone(),
@@ -298,7 +349,9 @@ fn build(args: &Args) -> Result<Bench, BoxError> {
         kv,
         config,
         block_size: bs,
-        logits: Vec::new(),
+        logits: args.logits,
+        out: Vec::new(),
+        ids: Vec::new(),
     })
 }
 
@@ -512,10 +565,41 @@ mod tests {
         let d = decode_case(&mut b, &a, 3).unwrap();
         assert_eq!(d.tokens_per_step, 3);
         assert!(d.secs_per_step > 0.0 && d.stream_bytes > 0.0);
-        assert_eq!(b.logits.len(), 3 * 256, "one logits row per decode row");
+        // The CPU model hands back logits whatever the sampling.
+        assert_eq!(b.out.len(), 3 * 256, "one logits row per decode row");
         let p = prefill_case(&mut b, &a).unwrap();
         assert_eq!(p.tokens_per_step, 14, "40 tokens in 3 chunks of at most 16");
-        assert_eq!(b.logits.len(), 256, "the last chunk asks for one row");
-        assert!(b.logits.iter().all(|x| x.is_finite()));
+        assert_eq!(b.out.len(), 256, "the last chunk asks for one row");
+        assert!(b.out.iter().all(|x| x.is_finite()));
+    }
+
+    #[test]
+    fn tiny_model_replays_graphs_on_emu() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/tiny-dummy");
+        let a = args(&[
+            "--model",
+            dir,
+            "--device",
+            "emu",
+            "--batch-sizes",
+            "1,2",
+            "--context",
+            "20",
+            "--prefill-tokens",
+            "0",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+        ])
+        .unwrap()
+        .unwrap();
+        let mut b = build(&a).unwrap();
+        decode_case(&mut b, &a, 2).unwrap();
+        assert_eq!(b.ids.len(), 2, "greedy ids, one per decode row");
+        assert!(b.ids.iter().all(|&t| t < 256));
+        let (buckets, replays) = b.model.graph_stats().expect("graphs on emu");
+        assert_eq!(buckets, [1, 2]);
+        assert_eq!(replays, 3, "warm-up and timed steps replay the b2 graph");
     }
 }

@@ -39,6 +39,57 @@ pub trait AttentionBackend: Send {
     ) -> Result<(), CoreError> {
         crate::write_kv(k_pool, v_pool, k, v, slot_mapping, slot_elems)
     }
+
+    /// Which steps this backend's `run` can be captured for in a CUDA graph
+    /// (vLLM's `AttentionCGSupport`). The default: none.
+    fn graph_support(&self) -> GraphSupport {
+        GraphSupport::Never
+    }
+
+    /// Plans a decode-only `batch` whose `run`s are captured once and replayed for
+    /// every batch of the same number of requests and block-table stride: the
+    /// launches (geometry, scalars, buffer addresses) must then not depend on the
+    /// batch's contents, only on `(num_reqs, block_table_stride)` and `limits`; what
+    /// changes (lengths, block tables) goes into the backend's own device buffers, at
+    /// addresses fixed from the first such plan on. Eager `plan`s may follow, bounded
+    /// by the same `limits`, and must not move those buffers either.
+    ///
+    /// The default refuses: backends that return [`GraphSupport::Never`] are only run
+    /// eagerly.
+    fn plan_graph(
+        &mut self,
+        batch: &BatchDescriptor,
+        limits: &GraphLimits,
+    ) -> Result<(), CoreError> {
+        let _ = (batch, limits);
+        Err(CoreError::GraphUnsupported {
+            what: format!("attention backend `{}`", self.name()),
+        })
+    }
+}
+
+/// Which steps a backend can run inside a captured CUDA graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphSupport {
+    /// Only eagerly.
+    Never,
+    /// Decode-only batches (every request one new token), planned by
+    /// [`AttentionBackend::plan_graph`].
+    UniformDecode,
+}
+
+/// The bounds every step of an engine stays within, which graph plans size their
+/// buffers for once (so that no later step moves them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphLimits {
+    /// The longest sequence (context + new tokens): `--max-model-len`.
+    pub max_seq_len: usize,
+    /// The most requests in a step: `--max-num-seqs`.
+    pub max_num_reqs: usize,
+    /// The most tokens in a step: `--max-num-batched-tokens`.
+    pub max_num_tokens: usize,
+    /// The widest block table: blocks of `max_seq_len`.
+    pub max_blocks_per_seq: usize,
 }
 
 /// Buffers of one layer's attention call. Each carries its device, dtype and shape;

@@ -161,6 +161,44 @@ impl BatchDescriptor {
         Ok(())
     }
 
+    /// Pads a decode-only batch to `num_reqs` requests and a block table of `stride`
+    /// columns: the shape a captured CUDA graph was recorded for. Each padding request
+    /// has one token at position 0 of block 0 and slot `-1` (so no K/V is written; its
+    /// attention reads block 0 and its output is never used). On error the descriptor
+    /// is left empty (still valid).
+    pub fn pad_decode(&mut self, num_reqs: usize, stride: usize) -> Result<(), CoreError> {
+        let n = self.num_reqs();
+        let filled = if self.num_decode_reqs != n {
+            Err(invalid(format!(
+                "only decode-only batches are padded ({} of {n} requests are decode rows)",
+                self.num_decode_reqs
+            )))
+        } else if num_reqs < n || stride < self.block_table_stride {
+            Err(invalid(format!(
+                "cannot pad {n} requests x {} blocks to {num_reqs} x {stride}",
+                self.block_table_stride
+            )))
+        } else {
+            let old = std::mem::replace(&mut self.block_table_stride, stride);
+            let mut table = Vec::with_capacity(num_reqs * stride);
+            for row in self.block_table.chunks(old.max(1)).take(n) {
+                table.extend_from_slice(row);
+                table.resize(table.len() + stride - row.len(), u32::MAX);
+            }
+            for r in n..num_reqs {
+                table.push(0);
+                table.resize((r + 1) * stride, u32::MAX);
+                let end = *self.query_start_loc.last().expect("starts with 0") + 1;
+                self.query_start_loc.push(end);
+                self.seq_lens.push(1);
+                self.slot_mapping.push(-1);
+            }
+            self.block_table = table;
+            Ok(())
+        };
+        self.checked(filled)
+    }
+
     /// Validates after a fill; on any error leaves the empty batch behind.
     fn checked(&mut self, filled: Result<(), CoreError>) -> Result<(), CoreError> {
         match filled.and_then(|()| self.validate()) {
@@ -398,6 +436,29 @@ fn slot(row: &[u32], block_size: usize, pos: usize) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn padding_a_decode_batch_for_a_graph() {
+        let mut b = BatchDescriptor::new(4, &[1, 1], &[5, 2], &[&[7, 2], &[3]]).unwrap();
+        b.pad_decode(4, 3).unwrap();
+        assert_eq!(b.num_reqs(), 4);
+        assert_eq!(b.num_decode_reqs(), 4);
+        assert_eq!(b.block_table_stride(), 3);
+        let m = u32::MAX;
+        assert_eq!(b.block_table(), &[7, 2, m, 3, m, m, 0, m, m, 0, m, m]);
+        assert_eq!(b.seq_lens(), &[5, 2, 1, 1]);
+        assert_eq!(b.query_start_loc(), &[0, 1, 2, 3, 4]);
+        // The real rows keep their slots; padding writes nothing.
+        assert_eq!(b.slot_mapping(), &[8, 13, -1, -1]);
+        assert_eq!(b.blocks(0), &[7, 2]);
+        // Prefill rows, fewer requests or a narrower table are refused.
+        let mut p = BatchDescriptor::new(4, &[1, 2], &[5, 2], &[&[7, 2], &[3]]).unwrap();
+        assert!(p.pad_decode(4, 3).is_err());
+        assert_eq!(p.num_reqs(), 0, "left empty on error");
+        let mut b = BatchDescriptor::new(4, &[1, 1], &[5, 2], &[&[7, 2], &[3]]).unwrap();
+        assert!(b.clone().pad_decode(1, 3).is_err());
+        assert!(b.pad_decode(2, 1).is_err());
+    }
 
     #[test]
     fn slot_mapping_and_split() {

@@ -4,7 +4,7 @@
 
 use super::cublas::Cublas;
 use super::{check_dtypes, operand_lens, Dtype, GemmError, GemmImpl};
-use crate::gpu::kernels;
+use crate::gpu::{engine_stream, kernels};
 use cudarc::driver::{result as drv, CudaContext, CudaStream};
 use pagoda_core::{DType, Device, TensorMut, TensorRef};
 use pagoda_cuda_kernels::cuda::CudaKernels;
@@ -54,7 +54,7 @@ impl DeviceGemm {
         let ctx = kernels.context();
         ctx.bind_to_thread()
             .map_err(|e| unavailable(e.to_string()))?;
-        let stream = ctx.default_stream();
+        let stream = engine_stream(ordinal).map_err(unavailable)?;
         let cublas = match implementation {
             GemmImpl::Cublas => Some(Cublas::new(&stream).map_err(unavailable)?),
             GemmImpl::Cutlass => {
@@ -88,7 +88,7 @@ impl DeviceGemm {
         self.ordinal
     }
 
-    /// The stream the GEMMs are enqueued on (the device's default stream).
+    /// The stream the GEMMs are enqueued on (the device's engine stream).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }

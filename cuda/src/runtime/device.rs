@@ -1,4 +1,5 @@
-//! `cuda:N` through cudarc: a context and its default stream per device; buffers are
+//! `cuda:N` through cudarc: the device's context and Pagoda's one stream on it
+//! (`gpu::engine_stream`, shared with the kernels and GEMMs); buffers are
 //! `CudaSlice<u8>` wrapped as [`DeviceMemory`]; copies are async on the stream then
 //! synchronized (uploads and downloads are not on the step's hot path).
 
@@ -53,8 +54,9 @@ pub(super) fn open(device: Device) -> Result<Arc<dyn DeviceRuntime>, CoreError> 
             message: format!("{NO_DEVICE} {ordinal} (the driver sees {count})"),
         });
     }
-    let ctx = CudaContext::new(ordinal).map_err(|e| failed(device, "context", e))?;
-    let stream = ctx.default_stream();
+    let kernels = crate::gpu::kernels(ordinal).map_err(|e| failed(device, "context", e))?;
+    let ctx = kernels.context().clone();
+    let stream = crate::gpu::engine_stream(ordinal).map_err(|e| failed(device, "stream", e))?;
     Ok(Arc::new(CudaRuntime {
         device,
         ctx,

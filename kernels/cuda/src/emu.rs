@@ -8,7 +8,7 @@
 //! shapes (docs/gpu.md, "Emulator limits").
 
 use crate::params::{AttnParams, MmaProbeParams, SplitPlan, WriteKvParams};
-use crate::{ffi, flash_head_dims, invalid, paged_head_dims, Dtype, Element, Error};
+use crate::{ffi, flash_head_dims, graph, invalid, paged_head_dims, Dtype, Element, Error};
 use std::ops::Range;
 use std::ptr;
 
@@ -299,21 +299,47 @@ pub fn naive<T: Element>(mut io: Io<'_, T>, batch: &Batch<'_>, shape: &Shape) ->
     if c.max_q_len == 0 {
         return Ok(());
     }
+    let (params, t) = (c.params, T::DTYPE as i32);
     // SAFETY: check_attn verified every buffer length and every index the kernel derives
     // (rows from query_start_loc, blocks < pool size), and `io` borrows them all for
     // the duration of this synchronous call.
-    let rc = unsafe { ffi::pg_emu_naive(&c.params, T::DTYPE as i32) };
+    let rc = graph::launch("naive", move || unsafe { ffi::pg_emu_naive(&params, t) });
     status("naive", rc, T::DTYPE, shape.head_dim)
 }
 
 /// Paged decode (every launched sequence must have exactly one new token), split as
 /// `plan` says (covering [`SplitPlan::keys`] of the longest sequence); partials are
-/// merged by the second kernel when `plan.num_splits > 1`.
+/// merged by the second kernel when `plan.num_splits > 1`, in a workspace allocated for
+/// the call (see [`paged_in`] for a persistent one).
 pub fn paged<T: Element>(
+    io: Io<'_, T>,
+    batch: &Batch<'_>,
+    shape: &Shape,
+    plan: SplitPlan,
+) -> Result<(), Error> {
+    paged_impl(io, batch, shape, plan, None)
+}
+
+/// [`paged`] with the split partials in `split_out`/`split_lse` (at least
+/// [`SplitPlan::workspace_len`] for the launched sequences): what a captured launch
+/// ([`crate::graph`]) needs, as its workspace must outlive the call.
+pub fn paged_in<T: Element>(
+    io: Io<'_, T>,
+    batch: &Batch<'_>,
+    shape: &Shape,
+    plan: SplitPlan,
+    split_out: &mut [f32],
+    split_lse: &mut [f32],
+) -> Result<(), Error> {
+    paged_impl(io, batch, shape, plan, Some((split_out, split_lse)))
+}
+
+fn paged_impl<T: Element>(
     mut io: Io<'_, T>,
     batch: &Batch<'_>,
     shape: &Shape,
     plan: SplitPlan,
+    workspace: Option<(&mut [f32], &mut [f32])>,
 ) -> Result<(), Error> {
     if !paged_head_dims(T::DTYPE).contains(&shape.head_dim) {
         return Err(Error::Unsupported {
@@ -352,15 +378,42 @@ pub fn paged<T: Element>(
     c.params.num_splits = to_i32("num_splits", plan.num_splits)?;
     c.params.partition_size = to_i32("partition_size", plan.partition_size)?;
     let (out_len, lse_len) = plan.workspace_len(batch.seqs.len(), shape.num_heads, shape.head_dim);
-    let mut split_out = vec![0.0f32; out_len];
-    let mut split_lse = vec![0.0f32; lse_len];
+    let (mut own_out, mut own_lse) = (Vec::new(), Vec::new());
+    let (split_out, split_lse) = match workspace {
+        Some((o, l)) => {
+            if o.len() < out_len || l.len() < lse_len {
+                return Err(invalid(
+                    "split workspace",
+                    format!(
+                        "{} + {} floats, the plan needs {out_len} + {lse_len}",
+                        o.len(),
+                        l.len()
+                    ),
+                ));
+            }
+            (o, l)
+        }
+        None if plan.num_splits > 1 && graph::is_capturing() => {
+            return Err(invalid(
+                "split workspace",
+                "a captured paged launch needs a persistent workspace (paged_in)",
+            ));
+        }
+        None => {
+            own_out.resize(out_len, 0.0f32);
+            own_lse.resize(lse_len, 0.0f32);
+            (&mut own_out[..], &mut own_lse[..])
+        }
+    };
     if plan.num_splits > 1 {
         c.params.split_out = split_out.as_mut_ptr();
         c.params.split_lse = split_lse.as_mut_ptr();
     }
-    // SAFETY: as in `naive`, plus: the plan covers every key, and the split buffers have
-    // the lengths workspace_len gives for these sequences, alive until the call returns.
-    let rc = unsafe { ffi::pg_emu_paged(&c.params, T::DTYPE as i32) };
+    let (params, t) = (c.params, T::DTYPE as i32);
+    // SAFETY: as in `naive`, plus: the plan covers every key, and the split buffers hold
+    // at least workspace_len floats for these sequences, alive until the call returns
+    // (or, captured, until the replays: the caller's promise to `EmuGraph::replay`).
+    let rc = graph::launch("paged", move || unsafe { ffi::pg_emu_paged(&params, t) });
     status("paged", rc, T::DTYPE, shape.head_dim)
 }
 
@@ -381,8 +434,9 @@ fn flash_impl<T: Element>(
     if c.max_q_len == 0 {
         return Ok(());
     }
+    let (params, t) = (c.params, T::DTYPE as i32);
     // SAFETY: as in `naive`; the grid comes from max_q_len, computed from the same batch.
-    let rc = unsafe { run(&c.params, T::DTYPE as i32) };
+    let rc = graph::launch("flash", move || unsafe { run(&params, t) });
     status("flash", rc, T::DTYPE, shape.head_dim)
 }
 
@@ -449,8 +503,9 @@ pub fn write_kv<S: Element, T: Element>(
         src_dtype: S::DTYPE as i32,
         pad: 0,
     };
+    let t = T::DTYPE as i32;
     // SAFETY: lengths checked above; every slot is -1 or inside the pools.
-    let rc = unsafe { ffi::pg_emu_write_kv(&p, T::DTYPE as i32) };
+    let rc = graph::launch("write_kv", move || unsafe { ffi::pg_emu_write_kv(&p, t) });
     status("write_kv", rc, T::DTYPE, shape.head_dim)
 }
 

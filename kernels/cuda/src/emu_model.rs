@@ -18,7 +18,7 @@ use crate::emu::{checked_mul, expect_len, to_i32};
 use crate::params::{
     ArgmaxParams, CastParams, EmbedParams, GatherParams, GluParams, NormParams, RopeKvParams,
 };
-use crate::{ffi, invalid, Dtype, Element, Error};
+use crate::{ffi, graph, invalid, Dtype, Element, Error};
 use std::ptr;
 
 fn status(kernel: &'static str, rc: i32, dtype: Dtype) -> Result<(), Error> {
@@ -85,8 +85,9 @@ pub fn embed<W: Element, O: Element>(
         scale,
         pad: 0,
     };
+    let (w, o) = (W::DTYPE as i32, O::DTYPE as i32);
     // SAFETY: out holds ids.len() rows of `hidden`, every id names a row of `table`.
-    let rc = unsafe { ffi::pg_emu_embed(&p, W::DTYPE as i32, O::DTYPE as i32) };
+    let rc = graph::launch("embed", move || unsafe { ffi::pg_emu_embed(&p, w, o) });
     status("embed", rc, O::DTYPE)
 }
 
@@ -137,8 +138,11 @@ pub fn rms_norm<X: Element, O: Element>(
         eps,
         w_offset,
     };
+    let (x, o) = (X::DTYPE as i32, O::DTYPE as i32);
     // SAFETY: x and out hold `rows` rows of `dim`, weight `dim` values.
-    let rc = unsafe { ffi::pg_emu_rms_norm(&p, X::DTYPE as i32, O::DTYPE as i32) };
+    let rc = graph::launch("rms_norm", move || unsafe {
+        ffi::pg_emu_rms_norm(&p, x, o)
+    });
     status("rms_norm", rc, O::DTYPE)
 }
 
@@ -167,8 +171,11 @@ pub fn add_rms_norm<X: Element, O: Element>(
         eps,
         w_offset,
     };
+    let (x, o) = (X::DTYPE as i32, O::DTYPE as i32);
     // SAFETY: residual, x and out hold `rows` rows of `dim`, weight `dim` values.
-    let rc = unsafe { ffi::pg_emu_add_rms_norm(&p, X::DTYPE as i32, O::DTYPE as i32) };
+    let rc = graph::launch("add_rms_norm", move || unsafe {
+        ffi::pg_emu_add_rms_norm(&p, x, o)
+    });
     status("add_rms_norm", rc, O::DTYPE)
 }
 
@@ -310,9 +317,10 @@ pub fn rope_write_kv<T: Element, KV: Element>(
         num_kv_heads: to_i32("num_kv_heads", s.num_kv_heads)?,
         head_dim: to_i32("head_dim", s.head_dim)?,
     };
+    let (t, kv) = (T::DTYPE as i32, KV::DTYPE as i32);
     // SAFETY: every length is checked above, positions index the tables, non-negative
     // slots index the pools.
-    let rc = unsafe { ffi::pg_emu_rope_kv(&p, T::DTYPE as i32, KV::DTYPE as i32) };
+    let rc = graph::launch("rope_kv", move || unsafe { ffi::pg_emu_rope_kv(&p, t, kv) });
     status("rope_write_kv", rc, KV::DTYPE)
 }
 
@@ -349,8 +357,9 @@ fn glu<T: Element>(
         rows: to_i32("rows", rows)?,
         inter: inter_i,
     };
+    let t = T::DTYPE as i32;
     // SAFETY: gate_up holds `rows` rows of 2 inter, out `rows` rows of inter.
-    let rc = unsafe { run(&p, T::DTYPE as i32) };
+    let rc = graph::launch(kernel, move || unsafe { run(&p, t) });
     status(kernel, rc, T::DTYPE)
 }
 
@@ -404,8 +413,11 @@ pub fn gather_rows<X: Element>(
         num_rows: to_i32("rows", rows.len())?,
         dim: dim_i,
     };
+    let x = X::DTYPE as i32;
     // SAFETY: every row index names a row of x; out holds rows.len() rows.
-    let rc = unsafe { ffi::pg_emu_gather_rows(&p, X::DTYPE as i32) };
+    let rc = graph::launch("gather_rows", move || unsafe {
+        ffi::pg_emu_gather_rows(&p, x)
+    });
     status("gather_rows", rc, X::DTYPE)
 }
 
@@ -431,8 +443,9 @@ pub fn argmax<X: Element>(
         rows: to_i32("rows", rows)?,
         vocab: to_i32("vocab", vocab)?,
     };
+    let x = X::DTYPE as i32;
     // SAFETY: logits holds rows x vocab values, ids and values `rows` each.
-    let rc = unsafe { ffi::pg_emu_argmax(&p, X::DTYPE as i32) };
+    let rc = graph::launch("argmax", move || unsafe { ffi::pg_emu_argmax(&p, x) });
     status("argmax", rc, X::DTYPE)
 }
 
@@ -447,8 +460,9 @@ pub fn cast<S: Element, D: Element>(src: &[S], dst: &mut [D]) -> Result<(), Erro
         dst: dst.as_mut_ptr().cast(),
         n: i64::try_from(src.len()).map_err(|_| invalid("src", "length does not fit in i64"))?,
     };
+    let (s, d) = (S::DTYPE as i32, D::DTYPE as i32);
     // SAFETY: src and dst both hold n elements.
-    let rc = unsafe { ffi::pg_emu_cast(&p, S::DTYPE as i32, D::DTYPE as i32) };
+    let rc = graph::launch("cast", move || unsafe { ffi::pg_emu_cast(&p, s, d) });
     status("cast", rc, D::DTYPE)
 }
 

@@ -23,6 +23,7 @@
 pub mod emu;
 pub mod emu_model;
 mod ffi;
+pub mod graph;
 pub mod params;
 #[doc(hidden)]
 pub mod selftest;
