@@ -140,11 +140,14 @@ pub trait ModelOps: Send {
         out: TensorMut<'_>,
     ) -> Result<(), CoreError>;
 
-    /// `out[i] = x[logits_rows[i]]` (the step's logits rows), rows of `width`.
+    /// `out[i] = x[logits_rows[first + i]]` for the step's logits rows `first..first +
+    /// out rows` (rows of `width`): the LM head runs over chunks of the logits rows
+    /// when a step has more than its buffers hold (prompt log-probabilities).
     fn gather_logits_rows(
         &mut self,
         x: TensorRef<'_>,
         width: usize,
+        first: usize,
         out: TensorMut<'_>,
     ) -> Result<(), CoreError>;
 

@@ -415,6 +415,7 @@ impl ModelOps for EmuOps {
         &mut self,
         x: TensorRef<'_>,
         width: usize,
+        first: usize,
         out: TensorMut<'_>,
     ) -> Result<(), CoreError> {
         if x.dtype() != out.dtype() {
@@ -426,7 +427,17 @@ impl ModelOps for EmuOps {
         }
         let xs = host_ref("gather input", &x)?;
         let o = host_mut("gather out", out)?;
-        let rows = &self.rows;
+        let count = o.len().checked_div(width).unwrap_or(0);
+        let rows = self
+            .rows
+            .get(first..first + count)
+            .ok_or_else(|| CoreError::InvalidShape {
+                message: format!(
+                    "gather: rows {first}..{} of the step's {}",
+                    first + count,
+                    self.rows.len()
+                ),
+            })?;
         let r = match (xs, o) {
             (HostSlice::F32(x), HostSliceMut::F32(o)) => emu_model::gather_rows(x, width, rows, o),
             (HostSlice::BF16(x), HostSliceMut::BF16(o)) => {

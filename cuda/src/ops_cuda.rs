@@ -509,27 +509,30 @@ impl ModelOps for CudaOps {
         &mut self,
         x: TensorRef<'_>,
         width: usize,
+        first: usize,
         out: TensorMut<'_>,
     ) -> Result<(), CoreError> {
-        let r = self.num_rows;
+        let r = out.len().checked_div(width).unwrap_or(0);
         if width == 0
             || x.dtype() != out.dtype()
             || out.len() != r * width
+            || first + r > self.num_rows
             || x.len() != self.num_tokens * width
         {
             return Err(CoreError::InvalidShape {
                 message: format!(
-                    "gather: x {} ({}), out {} ({}), {r} rows of {width}",
+                    "gather: x {} ({}), out {} ({}), rows {first}.. of {} of {width}",
                     x.len(),
                     x.dtype(),
                     out.len(),
-                    out.dtype()
+                    out.dtype(),
+                    self.num_rows
                 ),
             });
         }
         let prm = GatherParams {
             x: p::<c_void>(self.addr("gather input", &x)?),
-            rows: p(self.section(3)?),
+            rows: p(self.section(3)? + (first * 4) as u64),
             out: p(self.addr_mut("gather out", &out)?),
             num_rows: i32_of("rows", r)?,
             dim: i32_of("width", width)?,

@@ -324,7 +324,7 @@ impl DeviceLlama {
         if n == 0 {
             return Ok(());
         }
-        s.reserve(ops.runtime().as_ref(), &self.config, self.dtype, n, r)?;
+        s.reserve(ops.runtime().as_ref(), &self.config, self.dtype, n)?;
         self.begin_step(
             ops,
             input_ids,
@@ -334,7 +334,7 @@ impl DeviceLlama {
             s,
         )?;
         self.launch(ops, n, r, attn, kv, s)?;
-        self.finish(ops, r, out, s)
+        self.finish(ops, n, r, out, s)
     }
 
     /// The checks of a step's inputs (before anything reaches the device).
@@ -507,77 +507,111 @@ impl DeviceLlama {
                 .map_err(dev)?;
             }
         }
-        if r == 0 {
+        // The first chunk of logits rows (all of them, unless a step asks for more
+        // than the buffers hold: prompt log-probabilities); `finish` does the rest.
+        self.head(ops, n, 0, r.min(s.rows), s)
+    }
+
+    /// The last residual add, the final norm and the LM head for the step's logits rows
+    /// `first..first + count` (`count <= s.rows`), into the first `count` rows of the
+    /// logits buffer.
+    fn head(
+        &self,
+        ops: &mut dyn ModelOps,
+        n: usize,
+        first: usize,
+        count: usize,
+        s: &mut DeviceScratch,
+    ) -> Result<(), ModelError> {
+        if count == 0 {
             return Ok(());
         }
-        // The last residual add, the final norm and the LM head on the logits rows only.
+        let c = &self.config;
+        let (hidden, eps, vocab) = (c.hidden_size, c.rms_norm_eps, c.vocab_size);
+        let b = &mut s.bufs;
         ops.gather_logits_rows(
             rows_ref(&b.h, n, hidden)?,
             hidden,
-            rows(&mut b.sel_h, r, hidden)?,
+            first,
+            rows(&mut b.sel_h, count, hidden)?,
         )
         .map_err(dev)?;
         if self.layers.is_empty() {
             ops.rms_norm(
-                rows_ref(&b.sel_h, r, hidden)?,
+                rows_ref(&b.sel_h, count, hidden)?,
                 self.norm.view(),
                 0.0,
                 eps,
-                rows(&mut b.sel_n, r, hidden)?,
+                rows(&mut b.sel_n, count, hidden)?,
             )
             .map_err(dev)?;
         } else {
             ops.gather_logits_rows(
                 rows_ref(&b.proj, n, hidden)?,
                 hidden,
-                rows(&mut b.sel_p, r, hidden)?,
+                first,
+                rows(&mut b.sel_p, count, hidden)?,
             )
             .map_err(dev)?;
             ops.add_rms_norm(
-                rows(&mut b.sel_h, r, hidden)?,
-                rows_ref(&b.sel_p, r, hidden)?,
+                rows(&mut b.sel_h, count, hidden)?,
+                rows_ref(&b.sel_p, count, hidden)?,
                 self.norm.view(),
                 0.0,
                 eps,
-                rows(&mut b.sel_n, r, hidden)?,
+                rows(&mut b.sel_n, count, hidden)?,
             )
             .map_err(dev)?;
         }
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let vocab = c.vocab_size;
+        let lm_head = self.lm_head.as_ref().unwrap_or(&self.embed);
         ops.linear(
-            rows_ref(&b.sel_n, r, hidden)?,
-            head.view(),
-            rows(&mut b.logits, r, vocab)?,
+            rows_ref(&b.sel_n, count, hidden)?,
+            lm_head.view(),
+            rows(&mut b.logits, count, vocab)?,
         )
-        .map_err(dev)?;
-        Ok(())
+        .map_err(dev)
     }
 
-    /// Hands the first `r` rows of the step's logits to the host: copied, or reduced
-    /// to their greedy ids on the device.
+    /// Hands the step's `r` logits rows to the host: copied, or reduced to their greedy
+    /// ids on the device; chunk by chunk of the buffers' rows when `r` exceeds them (the
+    /// first chunk was computed by `launch`).
     fn finish(
         &self,
         ops: &mut dyn ModelOps,
+        n: usize,
         r: usize,
-        out: DeviceOutput<'_>,
-        s: &DeviceScratch,
+        mut out: DeviceOutput<'_>,
+        s: &mut DeviceScratch,
     ) -> Result<(), ModelError> {
         let vocab = self.config.vocab_size;
-        let logits = rows_ref(&s.bufs.logits, r, vocab)?;
-        match out {
+        let cap = s.rows;
+        match &mut out {
             DeviceOutput::Logits(v) => {
                 v.clear();
                 v.resize(r * vocab, 0.0);
-                ops.download_f32(logits, v)
             }
             DeviceOutput::Greedy(ids) => {
                 ids.clear();
                 ids.resize(r, 0);
-                ops.argmax(logits, ids)
             }
         }
-        .map_err(dev)
+        let mut first = 0;
+        while first < r {
+            let count = cap.min(r - first);
+            if first > 0 {
+                self.head(ops, n, first, count, s)?;
+            }
+            let logits = rows_ref(&s.bufs.logits, count, vocab)?;
+            match &mut out {
+                DeviceOutput::Logits(v) => {
+                    ops.download_f32(logits, &mut v[first * vocab..(first + count) * vocab])
+                }
+                DeviceOutput::Greedy(ids) => ops.argmax(logits, &mut ids[first..first + count]),
+            }
+            .map_err(dev)?;
+            first += count;
+        }
+        Ok(())
     }
 }
 
@@ -645,8 +679,10 @@ struct Bufs {
     logits: Storage,
 }
 
-/// Device buffers of [`DeviceLlama::forward_kinds`], for up to `tokens` tokens and
-/// `rows` logits rows; they grow (allocating) only when a step needs more.
+/// Device buffers of [`DeviceLlama::forward_kinds`], for up to `tokens` tokens and an
+/// LM head over `rows` logits rows at a time: they grow (allocating) only when a step
+/// has more tokens; a step with more logits rows (prompt log-probabilities) runs the
+/// LM head chunk by chunk.
 pub struct DeviceScratch {
     tokens: usize,
     rows: usize,
@@ -657,7 +693,8 @@ pub struct DeviceScratch {
 }
 
 impl DeviceScratch {
-    /// Buffers for steps of up to `tokens` tokens and `rows` logits rows.
+    /// Buffers for steps of up to `tokens` tokens, the LM head `rows` rows at a time
+    /// (the engine: `--max-num-batched-tokens` and `--max-num-seqs`).
     pub fn new(
         rt: &Arc<dyn DeviceRuntime>,
         config: &LlamaConfig,
@@ -698,13 +735,11 @@ impl DeviceScratch {
         config: &LlamaConfig,
         dtype: DType,
         tokens: usize,
-        rows: usize,
     ) -> Result<(), ModelError> {
-        if tokens <= self.tokens && rows <= self.rows {
+        if tokens <= self.tokens {
             return Ok(());
         }
-        self.tokens = self.tokens.max(tokens).next_power_of_two();
-        self.rows = self.rows.max(rows).next_power_of_two();
+        self.tokens = tokens.next_power_of_two();
         self.bufs = Bufs::new(rt, config, dtype, self.tokens, self.rows)?;
         self.num_allocations += 1;
         Ok(())

@@ -331,3 +331,61 @@ fn a_graph_planned_for_the_longest_context_matches_eager_steps() {
         .unwrap();
     assert!(!ran, "prefill steps are not replayed");
 }
+
+/// A prefill step asking for every row's logits (prompt log-probabilities) with buffers
+/// for 2 rows at a time: the LM head runs in chunks of 2, 2, 2, 1 and must give the
+/// logits of one big chunk, bit for bit (the GEMM is batch-invariant); greedy ids are
+/// their argmax.
+#[test]
+fn the_lm_head_runs_in_chunks_when_a_step_has_more_rows_than_its_buffers() {
+    let mut r = rig();
+    let rt = r.ops.runtime().clone();
+    let mut small = DeviceScratch::new(&rt, r.model.config(), DType::BF16, 64, 2).unwrap();
+    let n = 7;
+    let batch = BatchDescriptor::new(BLOCK, &[n], &[n], &[&[3]]).unwrap();
+    let ids: Vec<u32> = (0..n as u32).map(|i| 5 + 11 * i).collect();
+    let positions: Vec<u32> = (0..n as u32).collect();
+    let rows: Vec<usize> = (0..n).collect();
+    let (mut big, mut chunked, mut greedy) = (Vec::new(), Vec::new(), Vec::new());
+    let mut step = |r: &mut Rig, scratch: &mut DeviceScratch, out: DeviceOutput<'_>| {
+        for a in &mut r.attn {
+            a.plan(&batch).unwrap();
+        }
+        r.model
+            .forward_kinds(
+                r.ops.as_mut(),
+                &ids,
+                &positions,
+                &batch,
+                &mut r.attn,
+                &mut r.kv,
+                &rows,
+                out,
+                scratch,
+            )
+            .unwrap();
+    };
+    let mut one = std::mem::replace(
+        &mut r.scratch,
+        DeviceScratch::new(&rt, r.model.config(), DType::BF16, 1, 1).unwrap(),
+    );
+    step(&mut r, &mut one, DeviceOutput::Logits(&mut big));
+    step(&mut r, &mut small, DeviceOutput::Logits(&mut chunked));
+    step(&mut r, &mut small, DeviceOutput::Greedy(&mut greedy));
+    assert_eq!(big.len(), n * r.vocab);
+    assert!(big == chunked, "chunked LM head differs");
+    let want: Vec<u32> = big
+        .chunks(r.vocab)
+        .map(|row| {
+            let mut best = 0;
+            for (i, &x) in row.iter().enumerate() {
+                if x > row[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        })
+        .collect();
+    assert_eq!(greedy, want);
+    assert_eq!(small.num_allocations(), 1, "chunks, not a larger buffer");
+}

@@ -150,8 +150,18 @@ impl DeviceLlama {
             }));
         }
         let rt = ops.runtime().clone();
-        s.reserve(rt.as_ref(), &self.config, self.dtype, largest, largest)?;
-        ops.reserve_step(s.tokens, s.rows).map_err(graph_err)?;
+        if largest > s.rows {
+            return Err(graph_err(CoreError::Graph {
+                message: format!(
+                    "capture size {largest} exceeds the {} logits rows of the activation \
+                     buffers (sized for --max-num-seqs)",
+                    s.rows
+                ),
+            }));
+        }
+        s.reserve(rt.as_ref(), &self.config, self.dtype, largest)?;
+        // Logits rows never exceed tokens: reserve the rows section for all of them.
+        ops.reserve_step(s.tokens, s.tokens).map_err(graph_err)?;
         let mut g = DecodeGraphs {
             limits,
             graphs: Vec::with_capacity(sizes.len()),
@@ -267,7 +277,7 @@ impl DeviceLlama {
         // checked above and handed over by `begin_step` and `plan_graph`.
         unsafe { ops.replay(id) }.map_err(graph_err)?;
         g.num_replays += 1;
-        self.finish(ops, n, out, s)?;
+        self.finish(ops, bucket, n, out, s)?;
         Ok(true)
     }
 }
