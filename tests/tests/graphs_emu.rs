@@ -347,7 +347,7 @@ fn the_lm_head_runs_in_chunks_when_a_step_has_more_rows_than_its_buffers() {
     let positions: Vec<u32> = (0..n as u32).collect();
     let rows: Vec<usize> = (0..n).collect();
     let (mut big, mut chunked, mut greedy) = (Vec::new(), Vec::new(), Vec::new());
-    let mut step = |r: &mut Rig, scratch: &mut DeviceScratch, out: DeviceOutput<'_>| {
+    let step = |r: &mut Rig, scratch: &mut DeviceScratch, out: DeviceOutput<'_>| {
         for a in &mut r.attn {
             a.plan(&batch).unwrap();
         }
