@@ -29,14 +29,17 @@
 #   serve   (150 s) pagoda serve --device cuda (the real SmolLM2 if carried, else
 #                   --load-format dummy with tests/data/smollm2-shape) + pagoda bench serve
 #                   at 1, 32 and 256 streams on loopback
+#   graphs  (60 s)  device_step on the SmolLM2-shaped dummy config at batch 1 (a
+#                   launch-bound model: the >= 1000 tok/s target), decode steps replayed
+#                   from CUDA graphs, then with --enforce-eager
 #   step    (180 s) device_step on the Llama-3-8B-shaped dummy config: decode b1/b32/b128
-#                   at context 512, prefill 8192
-# DEVICE_CHECK_ONLY=greedy,serve,step (or kernels) runs a subset. At most 8 minutes.
+#                   at context 512 (from CUDA graphs), prefill 8192
+# DEVICE_CHECK_ONLY=greedy,serve,graphs,step (or kernels) runs a subset. At most 8 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${DEVICE_CHECK_DIR:-target/device-check}"
 BUDGET_S="${DEVICE_CHECK_BUDGET_S:-420}"
-ONLY="${DEVICE_CHECK_ONLY:-kernels,greedy,serve,step}"
+ONLY="${DEVICE_CHECK_ONLY:-kernels,greedy,serve,graphs,step}"
 SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf
 CARRY_LIMIT_MIB=64
 
@@ -209,6 +212,9 @@ fail_row() {
   return 1
 }
 
+# The tok/s column of device_step's first decode row.
+tok_s() { echo "$1" | awk '/^decode b/ {for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) v = $i} END {print v}'; }
+
 # Loopback HTTP GET that succeeds on a 2xx (the GPU machine has Python, maybe no curl).
 http_ok() {
   python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "$1" 2>/dev/null
@@ -220,7 +226,9 @@ model_steps() {
   MODEL_TABLE=$(mktemp)
   local st=0 out model_args tools="$DIR/bin" smollm2="$DIR/models/$SMOLLM2" t
   printf '%-22s %-8s %s\n' "model step" "result" "detail" >"$MODEL_TABLE"
-  if ! wants greedy && ! wants serve && ! wants step; then rm -f "$MODEL_TABLE"; return 0; fi
+  if ! wants greedy && ! wants serve && ! wants graphs && ! wants step; then
+    rm -f "$MODEL_TABLE"; return 0
+  fi
   if [ ! -x "$tools/pagoda" ] || [ ! -x "$tools/device_step" ]; then
     echo "device-check: $tools/pagoda or device_step missing (an older build): model steps skipped"
     rm -f "$MODEL_TABLE"; return 1
@@ -242,10 +250,28 @@ model_steps() {
       model_args=(--load-format dummy --model tests/data/smollm2-shape); fi
     t=$(step_timeout 150)
     if out=$(serve_bench "$tools/pagoda" "$t" "${model_args[@]}" 2>&1); then
-      row serve ok "${model_args[*]}"
+      row serve ok "${model_args[*]}; $(grep -m1 -o 'CUDA graphs: .*' "$DIR/serve.log" || echo 'no graph log line')"
       echo "$out" | tail -n 8
     else
       fail_row serve "$out" || st=1
+    fi
+  fi
+  if wants graphs; then
+    local g e
+    t=$(step_timeout 30)
+    if g=$(timeout "$t" "$tools/device_step" --model tests/data/smollm2-shape --load-format dummy \
+        --device cuda:0 --batch-sizes 1 --context 128 --prefill-tokens 0 --warmup 10 \
+        --steps 200 2>&1); then
+      t=$(step_timeout 30)
+      if e=$(timeout "$t" "$tools/device_step" --model tests/data/smollm2-shape \
+          --load-format dummy --device cuda:0 --batch-sizes 1 --context 128 \
+          --prefill-tokens 0 --warmup 10 --steps 200 --enforce-eager 2>&1); then
+        row graphs ok "SmolLM2-shape b1 tok/s: graphs $(tok_s "$g"), eager $(tok_s "$e") (target >= 1000)"
+      else
+        fail_row graphs "$e" || st=1
+      fi
+    else
+      fail_row graphs "$g" || st=1
     fi
   fi
   if wants step; then
