@@ -93,6 +93,25 @@ pub struct EngineCore {
     prompt_logprobs: HashMap<ReqHandle, Vec<PromptLogprob>>,
     /// Requests admitted (or resumed) by the latest step's schedule.
     newly_scheduled: Vec<ReqHandle>,
+    /// The threads a step runs on: the step itself runs on one of them, so the
+    /// kernels' parallel loops split work from a worker (its own deque) instead of
+    /// handing every GEMM from the engine thread to the pool and sleeping until it is
+    /// done. At one stream that hand-off was ~150 futex wake/sleep pairs per token,
+    /// 17 % of the server's CPU time in the scheduler (BENCHMARKS.md, Quantized).
+    pool: Arc<rayon::ThreadPool>,
+}
+
+/// The step pool: as many threads as the global rayon pool (`RAYON_NUM_THREADS`, else
+/// the CPUs), named for profiles.
+fn step_pool() -> Result<Arc<rayon::ThreadPool>, EngineError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(rayon::current_num_threads())
+        .thread_name(|i| format!("pagoda-step-{i}"))
+        .build()
+        .map(Arc::new)
+        .map_err(|e| EngineError::Fault {
+            message: format!("starting the step thread pool: {e}"),
+        })
 }
 
 impl EngineCore {
@@ -264,6 +283,7 @@ impl EngineCore {
                 runner,
                 prompt_logprobs: HashMap::new(),
                 newly_scheduled: Vec::new(),
+                pool: step_pool()?,
             },
             info,
         ))
@@ -369,12 +389,12 @@ impl EngineCore {
         self.newly_scheduled.clear();
         self.newly_scheduled
             .extend(sched_out.scheduled_new_reqs.iter().map(|r| r.handle));
+        let (pool, runner) = (&self.pool, &mut self.runner);
+        let out = pool.install(|| runner.execute(&sched_out))?;
         if sched_out.total_num_scheduled_tokens == 0 {
-            // Still let the runner drop finished requests' state.
-            self.runner.execute(&sched_out)?;
+            // The runner still dropped finished requests' state.
             return Ok(Vec::new());
         }
-        let out = self.runner.execute(&sched_out)?;
         let mut outputs = self.scheduler.update_from_output(&sched_out, &out);
         // Grammars go with their request, not one step later.
         for o in outputs.iter().filter(|o| o.finish_reason.is_some()) {
