@@ -96,8 +96,10 @@ pub struct EngineCore {
     /// The threads a step runs on: the step itself runs on one of them, so the
     /// kernels' parallel loops split work from a worker (its own deque) instead of
     /// handing every GEMM from the engine thread to the pool and sleeping until it is
-    /// done. At one stream that hand-off was ~150 futex wake/sleep pairs per token,
-    /// 17 % of the server's CPU time in the scheduler (BENCHMARKS.md, Quantized).
+    /// done. Measured at one stream on the Q4_1 file (2 cores): the server used 1.46
+    /// cores with 17 % of its time in the kernel's scheduler, now 0.99 cores and 3 %
+    /// for the same tokens per second: the core it gives back is the client's
+    /// (BENCHMARKS.md, "Quantized").
     pool: Arc<rayon::ThreadPool>,
 }
 
