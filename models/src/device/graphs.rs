@@ -178,17 +178,7 @@ impl DeviceLlama {
         for (done, &bucket) in sizes.iter().rev().enumerate() {
             g.pad(&[], &[], &empty, bucket).map_err(graph_err)?;
             self.check_step(&g.ids, &g.positions, &g.batch, attn.len(), kv, &g.rows)?;
-            self.begin_step(
-                ops,
-                &g.ids,
-                &g.positions,
-                g.batch.slot_mapping(),
-                &g.rows,
-                s,
-            )?;
-            for a in attn.iter_mut() {
-                a.plan_graph(&g.batch, &limits)?;
-            }
+            self.hand_over_padded(ops, &g, attn, s)?;
             if done == 0 && ops.device().kind() == DeviceKind::Cuda {
                 // One eager step first: lazy initialisation (module loading, the GEMM
                 // library's handles and heuristics) must not happen inside a capture.
@@ -211,6 +201,33 @@ impl DeviceLlama {
             }));
         }
         Ok(g)
+    }
+
+    /// Hands the padded step in `g` to the device: its inputs (one copy) and every
+    /// backend's graph plan (metadata into their fixed buffers).
+    fn hand_over_padded<B, A>(
+        &self,
+        ops: &mut dyn ModelOps,
+        g: &DecodeGraphs,
+        attn: &mut [B],
+        s: &mut DeviceScratch,
+    ) -> Result<(), ModelError>
+    where
+        B: DerefMut<Target = A>,
+        A: AttentionBackend + ?Sized,
+    {
+        self.begin_step(
+            ops,
+            &g.ids,
+            &g.positions,
+            g.batch.slot_mapping(),
+            &g.rows,
+            s,
+        )?;
+        for a in attn.iter_mut() {
+            a.plan_graph(&g.batch, &g.limits)?;
+        }
+        Ok(())
     }
 
     /// Runs a decode step from its bucket's graph, if it qualifies (see the module
@@ -252,17 +269,7 @@ impl DeviceLlama {
         self.check_step(input_ids, positions, batch, attn.len(), kv, logits_rows)?;
         g.pad(input_ids, positions, batch, bucket)
             .map_err(graph_err)?;
-        self.begin_step(
-            ops,
-            &g.ids,
-            &g.positions,
-            g.batch.slot_mapping(),
-            &g.rows,
-            s,
-        )?;
-        for a in attn.iter_mut() {
-            a.plan_graph(&g.batch, &g.limits)?;
-        }
+        self.hand_over_padded(ops, g, attn, s)?;
         let id = g
             .graphs
             .iter()
