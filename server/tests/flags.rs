@@ -39,8 +39,13 @@ fn bad_flag_values_are_clear_errors() {
     );
     refused(&["--tensor-parallel-size=4"], &["valid value: 1"]);
     refused(
-        &["--kv-cache-dtype", "fp8"],
-        &["--kv-cache-dtype", "fp8", "valid values: auto"],
+        &["--kv-cache-dtype", "fp8_e5m2"],
+        &[
+            "--kv-cache-dtype",
+            "fp8_e5m2",
+            "not implemented",
+            "valid values: auto",
+        ],
     );
     refused(
         &["--dtype", "half"],

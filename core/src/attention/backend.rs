@@ -2,6 +2,7 @@
 //! layer's call, [`LayerIo`].
 
 use super::{AttentionConfig, BatchDescriptor};
+use crate::fp8::F8E4M3;
 use crate::tensor::{DType, Device, HostSlice, TensorMut, TensorRef};
 use crate::CoreError;
 use half::{bf16, f16};
@@ -118,12 +119,14 @@ pub struct F32Io<'a> {
     pub lse: Option<&'a mut [f32]>,
 }
 
-/// A layer's K and V pools in host memory, both of one element type.
+/// A layer's K and V pools in host memory, both of one element type (an fp8 cache is
+/// [`F8E4M3`] elements, scale 1.0).
 #[derive(Debug, Clone, Copy)]
 pub enum KvPools<'a> {
     F32(&'a [f32], &'a [f32]),
     F16(&'a [f16], &'a [f16]),
     BF16(&'a [bf16], &'a [bf16]),
+    F8E4M3(&'a [F8E4M3], &'a [F8E4M3]),
 }
 
 impl KvPools<'_> {
@@ -132,6 +135,7 @@ impl KvPools<'_> {
             KvPools::F32(..) => DType::F32,
             KvPools::F16(..) => DType::F16,
             KvPools::BF16(..) => DType::BF16,
+            KvPools::F8E4M3(..) => DType::F8E4M3,
         }
     }
 }
@@ -197,6 +201,7 @@ impl<'a> LayerIo<'a> {
             (HostSlice::F32(k), HostSlice::F32(v)) => KvPools::F32(k, v),
             (HostSlice::F16(k), HostSlice::F16(v)) => KvPools::F16(k, v),
             (HostSlice::BF16(k), HostSlice::BF16(v)) => KvPools::BF16(k, v),
+            (HostSlice::F8E4M3(k), HostSlice::F8E4M3(v)) => KvPools::F8E4M3(k, v),
             (k, v) => {
                 return Err(CoreError::DTypeMismatch {
                     name: "v_cache",
