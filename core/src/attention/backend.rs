@@ -388,6 +388,19 @@ mod tests {
                 actual: DType::F16
             })
         ));
+        // An fp8 pair is an fp8 pool, holding the same bytes; fp8 with bf16 is refused.
+        let e8 = [F8E4M3::from_f32(1.5); 8];
+        let f8 = TensorRef::host(Device::Cpu, &e8).unwrap();
+        let got = make(&q, f8, f8, &mut out).into_host_kv().unwrap();
+        assert!(matches!(got.kv, KvPools::F8E4M3(k, v) if k[0].to_f32() == 1.5 && v.len() == 8));
+        assert!(matches!(
+            make(&q, f8, bf, &mut out).into_host_kv(),
+            Err(CoreError::DTypeMismatch {
+                name: "v_cache",
+                expected: DType::F8E4M3,
+                actual: DType::BF16
+            })
+        ));
     }
 
     #[test]

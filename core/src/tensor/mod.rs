@@ -436,6 +436,31 @@ mod tests {
     }
 
     #[test]
+    fn fp8_storage_is_one_byte_an_element_and_rounds_on_every_write() {
+        let shape = Shape::new(&[2, 3]).unwrap();
+        let mut s = Storage::host_filled(Device::Cpu, DType::F8E4M3, shape, 500.0).unwrap();
+        assert_eq!((s.dtype(), s.size_bytes()), (DType::F8E4M3, 6));
+        assert_eq!(DType::F8E4M3.to_string(), "fp8_e4m3");
+        // Filled with 500: clamped to the largest finite value.
+        assert!(s
+            .host::<F8E4M3>()
+            .unwrap()
+            .iter()
+            .all(|x| x.to_f32() == 448.0));
+        let (a, b) = s.view().split_at(3).unwrap();
+        assert_eq!((a.shape().dims(), b.dtype()), (&[1, 3][..], DType::F8E4M3));
+        let (_, mut b) = s.view_mut().split_at(3).unwrap();
+        b.reborrow().into_host_slice().unwrap().set(2, 0.3);
+        let src = [1.0f32, -0.3];
+        scatter_rows(&mut s.view_mut(), TensorRef::cpu(&src), &[1], 2, "k").unwrap();
+        let got = s.host::<F8E4M3>().unwrap();
+        assert_eq!(got[2..4], [F8E4M3::from_f32(1.0), F8E4M3::from_f32(-0.3)]);
+        assert_eq!((got[3].to_f32(), got[5].to_f32()), (-0.3125, 0.3125));
+        assert_eq!(s.view().host_slice().unwrap().at(3), -0.3125);
+        assert!(s.host::<f32>().is_err());
+    }
+
+    #[test]
     fn scatter_rows_converts_to_the_destination_dtype() {
         let mut s =
             Storage::host_filled(Device::Cpu, DType::BF16, Shape::flat(6), f32::NAN).unwrap();
