@@ -107,6 +107,11 @@ fn pool(dtype: DType, data: Vec<f32>) -> Result<Storage, CoreError> {
                 .map(|&x| pagoda_core::f16::from_f32(x))
                 .collect(),
         ),
+        DType::F8E4M3 => HostVec::F8E4M3(
+            data.iter()
+                .map(|&x| pagoda_core::F8E4M3::from_f32(x))
+                .collect(),
+        ),
     };
     Storage::from_host(Device::Cpu, v, Shape::flat(n))
 }

@@ -93,6 +93,7 @@ impl DeviceRuntime for HostRuntime {
             (HostSliceMut::F32(d), HostSlice::F32(s)) => d.copy_from_slice(s),
             (HostSliceMut::F16(d), HostSlice::F16(s)) => d.copy_from_slice(s),
             (HostSliceMut::BF16(d), HostSlice::BF16(s)) => d.copy_from_slice(s),
+            (HostSliceMut::F8E4M3(d), HostSlice::F8E4M3(s)) => d.copy_from_slice(s),
             (d, s) => {
                 return Err(CoreError::DTypeMismatch {
                     name: "upload source",
@@ -113,6 +114,7 @@ impl DeviceRuntime for HostRuntime {
             (HostSliceMut::F32(d), HostSlice::F32(s)) => d.copy_from_slice(s),
             (HostSliceMut::F16(d), HostSlice::F16(s)) => d.copy_from_slice(s),
             (HostSliceMut::BF16(d), HostSlice::BF16(s)) => d.copy_from_slice(s),
+            (HostSliceMut::F8E4M3(d), HostSlice::F8E4M3(s)) => d.copy_from_slice(s),
             (d, s) => {
                 return Err(CoreError::DTypeMismatch {
                     name: "download destination",

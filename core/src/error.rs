@@ -40,6 +40,12 @@ pub enum CoreError {
         crate::kv::KvCacheDtype::VALID
     )]
     InvalidKvCacheDtype { spec: String, reason: String },
+    #[error("{what} cannot handle {dtype} data: {reason}")]
+    UnsupportedDType {
+        what: &'static str,
+        dtype: super::DType,
+        reason: &'static str,
+    },
     #[error("`{spec}` is not a device (expected one of: cpu, cuda, cuda:N, emu)")]
     InvalidDevice { spec: String },
     #[error("device {device} is not available: {message}")]

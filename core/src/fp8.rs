@@ -30,6 +30,15 @@ impl F8E4M3 {
         self.0
     }
 
+    /// The bits of a slice of values, without a copy (what the CPU kernels read:
+    /// `pagoda-kernels` knows no core types).
+    pub fn slice_to_bits(x: &[F8E4M3]) -> &[u8] {
+        // SAFETY: `F8E4M3` is `repr(transparent)` over `u8`: same size, alignment and
+        // validity (every bit pattern is a value), so the slice reinterprets as is;
+        // the lifetime is kept.
+        unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), x.len()) }
+    }
+
     /// Widens to f32 (exact).
     pub fn to_f32(self) -> f32 {
         let b = self.0;
@@ -127,6 +136,14 @@ mod tests {
             }
             assert_eq!(F8E4M3::from_f32(x).0, c, "code {c:#x} = {x}");
         }
+    }
+
+    #[test]
+    fn slice_to_bits_keeps_every_code() {
+        let x: Vec<F8E4M3> = (0..=255u8).map(F8E4M3).collect();
+        let b = F8E4M3::slice_to_bits(&x);
+        assert_eq!(b.len(), 256);
+        assert!(b.iter().enumerate().all(|(i, &c)| c as usize == i));
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //!
 //! The pools' element type is chosen by `--kv-cache-dtype` ([`KvCacheDtype`]): a
 //! 16-bit cache holds twice the tokens in the same memory and halves the bytes a
-//! decode step reads; K/V rows are rounded to it (nearest even) when written.
+//! decode step reads; an fp8 (E4M3) cache holds four times the f32 tokens. K/V rows
+//! are rounded to it (nearest even) when written; fp8 uses vLLM's default scale
+//! 1.0 (no calibration), so values beyond ±448 are clamped to ±448.
 
 use crate::device::DeviceRuntime;
 use crate::tensor::{scatter_rows, DType, Device, Shape, Storage, TensorMut, TensorRef};
@@ -31,8 +33,8 @@ pub enum KvCacheDtype {
 
 impl KvCacheDtype {
     /// The values `--kv-cache-dtype` accepts, with their aliases, for messages.
-    pub const VALID: &'static str =
-        "auto, bfloat16 (bf16), float16 (fp16, f16, half), float32 (fp32, f32, float)";
+    pub const VALID: &'static str = "auto, bfloat16 (bf16), float16 (fp16, f16, half), \
+         float32 (fp32, f32, float), fp8 (fp8_e4m3)";
 
     /// The pools' element type for a model that computes in `compute`.
     pub fn resolve(self, compute: DType) -> DType {
@@ -51,6 +53,7 @@ impl fmt::Display for KvCacheDtype {
             KvCacheDtype::Fixed(DType::BF16) => "bfloat16",
             KvCacheDtype::Fixed(DType::F16) => "float16",
             KvCacheDtype::Fixed(DType::F32) => "float32",
+            KvCacheDtype::Fixed(DType::F8E4M3) => "fp8_e4m3",
         })
     }
 }
@@ -58,10 +61,10 @@ impl fmt::Display for KvCacheDtype {
 impl std::str::FromStr for KvCacheDtype {
     type Err = CoreError;
 
-    /// vLLM's values (`auto`, `bfloat16`; its `fp8`, `fp8_e4m3`, `fp8_e5m2`,
-    /// `fp8_inc` and `fp8_ds_mla` are refused: no fp8 cache here), and the spellings
-    /// of the same types users type for `--dtype` (`bf16`, `float16`, `fp16`, `half`,
-    /// `float32`, ...). Case does not matter.
+    /// vLLM's values (`auto`, `bfloat16`, `fp8` = `fp8_e4m3`: OCP E4M3 with scale
+    /// 1.0; its `fp8_e5m2`, `fp8_inc` and `fp8_ds_mla` are refused with the reason),
+    /// and the spellings of the same types users type for `--dtype` (`bf16`,
+    /// `float16`, `fp16`, `half`, `float32`, ...). Case does not matter.
     fn from_str(s: &str) -> Result<Self, CoreError> {
         let v = s.trim().to_ascii_lowercase();
         let fixed = |d| Ok(KvCacheDtype::Fixed(d));
@@ -70,10 +73,15 @@ impl std::str::FromStr for KvCacheDtype {
             "bfloat16" | "bf16" => fixed(DType::BF16),
             "float16" | "fp16" | "f16" | "half" => fixed(DType::F16),
             "float32" | "fp32" | "f32" | "float" => fixed(DType::F32),
+            "fp8" | "fp8_e4m3" => fixed(DType::F8E4M3),
             _ => Err(CoreError::InvalidKvCacheDtype {
                 spec: s.to_string(),
-                reason: if v.starts_with("fp8") {
-                    "fp8 KV caches are not implemented on this engine".into()
+                reason: if v == "fp8_e5m2" {
+                    "fp8_e5m2 KV caches are not implemented on this engine; \
+                     fp8 (fp8_e4m3) is"
+                        .into()
+                } else if v.starts_with("fp8") {
+                    "this fp8 variant is not implemented on this engine; fp8 (fp8_e4m3) is".into()
                 } else {
                     "not a KV cache data type".into()
                 },
@@ -200,6 +208,9 @@ impl KvCache {
                 Some(crate::tensor::HostSlice::F32(x)) => crate::tensor::HostVec::F32(x.to_vec()),
                 Some(crate::tensor::HostSlice::F16(x)) => crate::tensor::HostVec::F16(x.to_vec()),
                 Some(crate::tensor::HostSlice::BF16(x)) => crate::tensor::HostVec::BF16(x.to_vec()),
+                Some(crate::tensor::HostSlice::F8E4M3(x)) => {
+                    crate::tensor::HostVec::F8E4M3(x.to_vec())
+                }
                 None => {
                     return Err(CoreError::NotOnHost {
                         name: "kv cache",
@@ -311,16 +322,23 @@ mod tests {
             ("half", Fixed(DType::F16)),
             ("float32", Fixed(DType::F32)),
             ("f32", Fixed(DType::F32)),
+            ("fp8", Fixed(DType::F8E4M3)),
+            ("FP8_E4M3", Fixed(DType::F8E4M3)),
         ] {
             assert_eq!(s.parse::<KvCacheDtype>(), Ok(want), "{s}");
             // Display gives a spelling that parses back.
             assert_eq!(want.to_string().parse::<KvCacheDtype>(), Ok(want));
         }
-        for bad in ["fp8", "fp8_e4m3", "fp8_e5m2", "int8", ""] {
+        for bad in ["fp8_e5m2", "fp8_inc", "int8", ""] {
             let e = bad.parse::<KvCacheDtype>().unwrap_err().to_string();
             assert!(e.contains("auto, bfloat16 (bf16)"), "{e}");
-            assert!(!bad.starts_with("fp8") || e.contains("fp8"), "{e}");
+            assert!(e.contains("fp8 (fp8_e4m3)"), "{e}");
+            assert!(
+                !bad.starts_with("fp8") || e.contains("not implemented"),
+                "{e}"
+            );
         }
+        assert_eq!(Fixed(DType::F8E4M3).to_string(), "fp8_e4m3");
         assert_eq!(Auto.resolve(DType::F32), DType::F32);
         assert_eq!(Fixed(DType::BF16).resolve(DType::F32), DType::BF16);
     }
@@ -343,6 +361,62 @@ mod tests {
             2 * f32_blocks
         );
         assert_eq!(spec(DType::F16).num_blocks_for_bytes(bytes), 2 * f32_blocks);
+        assert_eq!(spec(DType::F8E4M3).bytes_per_block(), 2 * 30 * 16 * 192);
+        assert_eq!(
+            spec(DType::F8E4M3).num_blocks_for_bytes(bytes),
+            4 * f32_blocks
+        );
+    }
+
+    proptest! {
+        /// An fp8 pool holds each written element rounded to E4M3 (nearest even,
+        /// clamped to ±448), from f32, bf16 and f16 rows alike.
+        #[test]
+        fn write_kv_rounds_rows_into_an_fp8_pool(
+            vals in proptest::collection::vec(-1000.0f32..1000.0, 8),
+            scale in -12i32..4,
+        ) {
+            use crate::fp8::F8E4M3;
+            use half::{bf16, f16};
+            let rows: Vec<f32> = vals.iter().map(|v| v * 2f32.powi(scale)).collect();
+            let slots = [1i64, -1, 0, 3];
+            let want = |src: &[f32]| -> Vec<F8E4M3> {
+                let mut w = vec![F8E4M3::NAN; 8];
+                for (t, &s) in slots.iter().enumerate() {
+                    if s >= 0 {
+                        for j in 0..2 {
+                            w[s as usize * 2 + j] = F8E4M3::from_f32(src[t * 2 + j]);
+                        }
+                    }
+                }
+                w
+            };
+            let b: Vec<bf16> = rows.iter().map(|&x| bf16::from_f32(x)).collect();
+            let h: Vec<f16> = rows.iter().map(|&x| f16::from_f32(x)).collect();
+            let bw: Vec<f32> = b.iter().map(|x| x.to_f32()).collect();
+            let hw: Vec<f32> = h.iter().map(|x| x.to_f32()).collect();
+            let sources = [
+                (TensorRef::cpu(&rows), rows.clone()),
+                (TensorRef::host(Device::Cpu, &b).unwrap(), bw),
+                (TensorRef::host(Device::Cpu, &h).unwrap(), hw),
+            ];
+            for (src, widened) in sources {
+                let mut kp = vec![F8E4M3::NAN; 8];
+                let mut vp = vec![F8E4M3::NAN; 8];
+                write_kv(
+                    TensorMut::host(Device::Cpu, &mut kp).unwrap(),
+                    TensorMut::host(Device::Cpu, &mut vp).unwrap(),
+                    src,
+                    src,
+                    &slots,
+                    2,
+                )
+                .unwrap();
+                prop_assert_eq!(&kp, &want(&widened));
+                prop_assert_eq!(&vp, &want(&widened));
+                prop_assert!(kp.iter().all(|x| x.to_f32().is_nan() || x.to_f32().abs() <= 448.0));
+            }
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! runner each step ([`sched`]), structured-output constraints as data ([`structured`]),
 //! data with its device and dtype ([`tensor`]) and the owners of device memory
 //! ([`device`]), the model kernels a device provides ([`ops`]), how the paged KV cache is laid out ([`kv`]), the FP8 E4M3 element
-//! conversions ([`fp8`]; not a KV cache dtype yet), and the
+//! conversions ([`fp8`]; the element of `--kv-cache-dtype fp8`), and the
 //! attention-backend protocol with its inventory registry ([`attention`]).
 //!
 //! Architecture invariant: core knows nothing of HTTP, tokenizers, model files,
@@ -34,6 +34,7 @@ pub use tensor::{
     Shape, Storage, TensorMut, TensorRef,
 };
 // Host element types of the f16/bf16 dtypes.
+pub use fp8::F8E4M3;
 pub use half::{bf16, f16};
 // `register_backend!` expands to `$crate::inventory::submit!`, so inventory must be
 // reachable from the crate root.

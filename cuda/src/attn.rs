@@ -44,11 +44,21 @@ pub const EMU_SMS: usize = 2;
 
 const ALL_DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
-fn kernel_dtype(d: DType) -> Dtype {
+fn kernel_dtype(d: DType) -> Result<Dtype, CoreError> {
     match d {
-        DType::F32 => Dtype::F32,
-        DType::BF16 => Dtype::Bf16,
-        DType::F16 => Dtype::F16,
+        DType::F32 => Ok(Dtype::F32),
+        DType::BF16 => Ok(Dtype::Bf16),
+        DType::F16 => Ok(Dtype::F16),
+        DType::F8E4M3 => Err(no_fp8()),
+    }
+}
+
+/// Why an fp8 buffer reaches no CUDA kernel.
+pub(crate) fn no_fp8() -> CoreError {
+    CoreError::UnsupportedDType {
+        what: "the CUDA kernels",
+        dtype: DType::F8E4M3,
+        reason: "the CUDA kernels do not read fp8 KV caches yet",
     }
 }
 
@@ -57,8 +67,13 @@ impl Kernel {
     pub fn head_dims(self, dtype: DType) -> Option<Vec<usize>> {
         match self {
             Kernel::Naive => None,
-            Kernel::Paged => Some(paged_head_dims(kernel_dtype(dtype)).to_vec()),
-            Kernel::Flash => Some(flash_head_dims(kernel_dtype(dtype)).to_vec()),
+            // No kernel reads fp8: no head dim has one.
+            Kernel::Paged => {
+                Some(kernel_dtype(dtype).map_or(vec![], |d| paged_head_dims(d).to_vec()))
+            }
+            Kernel::Flash => {
+                Some(kernel_dtype(dtype).map_or(vec![], |d| flash_head_dims(d).to_vec()))
+            }
         }
     }
 
@@ -489,7 +504,7 @@ impl AttentionBackend for CudaAttention {
         io.validate_batch(&p.batch, &self.cfg)?;
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.gpu {
-            let dtype = kernel_dtype(self.cfg.q_dtype);
+            let dtype = kernel_dtype(self.cfg.q_dtype)?;
             return g
                 .run(self.kernel, &self.cfg, &p.batch, dtype, io)
                 .map_err(|e| failed(self.name, e));
@@ -501,6 +516,7 @@ impl AttentionBackend for CudaAttention {
             DType::F32 => self.run_emu::<f32>(io),
             DType::BF16 => self.run_emu::<bf16>(io),
             DType::F16 => self.run_emu::<f16>(io),
+            DType::F8E4M3 => Err(no_fp8()),
         }
     }
 
@@ -538,7 +554,7 @@ impl AttentionBackend for CudaAttention {
         }
         #[cfg(feature = "cuda")]
         if let Some(g) = &mut self.gpu {
-            let dtypes = (kernel_dtype(k.dtype()), kernel_dtype(k_pool.dtype()));
+            let dtypes = (kernel_dtype(k.dtype())?, kernel_dtype(k_pool.dtype())?);
             return g
                 .write_kv(&self.cfg, k_pool, v_pool, k, v, slot_mapping, dtypes)
                 .map_err(|e| failed(self.name, e));
@@ -551,6 +567,7 @@ impl AttentionBackend for CudaAttention {
                     DType::F32 => write_kv_emu::<$s, f32>(k_pool, v_pool, k, v, sm, &shape),
                     DType::BF16 => write_kv_emu::<$s, bf16>(k_pool, v_pool, k, v, sm, &shape),
                     DType::F16 => write_kv_emu::<$s, f16>(k_pool, v_pool, k, v, sm, &shape),
+                    DType::F8E4M3 => Err(no_fp8()),
                 }
             };
         }
@@ -558,6 +575,7 @@ impl AttentionBackend for CudaAttention {
             DType::F32 => by_pool!(f32),
             DType::BF16 => by_pool!(bf16),
             DType::F16 => by_pool!(f16),
+            DType::F8E4M3 => Err(no_fp8()),
         }?;
         r.map_err(|e| failed(self.name, e))
     }

@@ -46,6 +46,14 @@ pub enum GemmError {
         /// out's dtype.
         out: Dtype,
     },
+    /// A buffer's dtype has no GEMM here (fp8: KV caches only).
+    #[error("gemm: {what} is {dtype}; the CUDA kernels do not read fp8 data yet")]
+    UnsupportedDType {
+        /// Which buffer (`x`, `w`, `out`).
+        what: &'static str,
+        /// Its dtype.
+        dtype: pagoda_core::DType,
+    },
     /// A buffer does not hold exactly the elements the shape needs.
     #[error("gemm: {what} has {actual} elements, m={m} n={n} k={k} needs {expected}")]
     Length {

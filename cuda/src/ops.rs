@@ -18,24 +18,28 @@ use pagoda_cuda_kernels::graph::{self, EmuGraph};
 use pagoda_cuda_kernels::Element;
 use std::sync::Arc;
 
-/// Calls `$body` with `$x` bound to the typed host slice of a read view.
+/// Calls `$body` with `$x` bound to the typed host slice of a read view (an fp8
+/// slice returns the error from the enclosing function: no kernel reads fp8).
 macro_rules! with_ref {
     ($s:expr, $x:ident => $body:expr) => {
         match $s {
             HostSlice::F32($x) => $body,
             HostSlice::F16($x) => $body,
             HostSlice::BF16($x) => $body,
+            HostSlice::F8E4M3(_) => return Err(crate::attn::no_fp8()),
         }
     };
 }
 
-/// Calls `$body` with `$x` bound to the typed host slice of a write view.
+/// Calls `$body` with `$x` bound to the typed host slice of a write view (fp8: as
+/// in `with_ref`).
 macro_rules! with_mut {
     ($s:expr, $x:ident => $body:expr) => {
         match $s {
             HostSliceMut::F32($x) => $body,
             HostSliceMut::F16($x) => $body,
             HostSliceMut::BF16($x) => $body,
+            HostSliceMut::F8E4M3(_) => return Err(crate::attn::no_fp8()),
         }
     };
 }

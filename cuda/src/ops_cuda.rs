@@ -25,11 +25,12 @@ use pagoda_cuda_kernels::{
 use std::ffi::c_void;
 use std::sync::Arc;
 
-fn dt(d: DType) -> Dtype {
+fn dt(d: DType) -> Result<Dtype, CoreError> {
     match d {
-        DType::F32 => Dtype::F32,
-        DType::BF16 => Dtype::Bf16,
-        DType::F16 => Dtype::F16,
+        DType::F32 => Ok(Dtype::F32),
+        DType::BF16 => Ok(Dtype::Bf16),
+        DType::F16 => Ok(Dtype::F16),
+        DType::F8E4M3 => Err(crate::attn::no_fp8()),
     }
 }
 
@@ -293,7 +294,7 @@ impl ModelOps for CudaOps {
         // model before begin_step.
         unsafe {
             self.kernels
-                .embed(&self.stream, &prm, dt(table.dtype()), dt(out.dtype()))
+                .embed(&self.stream, &prm, dt(table.dtype())?, dt(out.dtype())?)
         }
         .map_err(|e| self.failed("embed", e))
     }
@@ -333,7 +334,7 @@ impl ModelOps for CudaOps {
         // SAFETY: lengths checked above; all views are this device's memory.
         unsafe {
             self.kernels
-                .rms_norm(&self.stream, &prm, dt(x.dtype()), dt(out.dtype()))
+                .rms_norm(&self.stream, &prm, dt(x.dtype())?, dt(out.dtype())?)
         }
         .map_err(|e| self.failed("rms_norm", e))
     }
@@ -378,7 +379,7 @@ impl ModelOps for CudaOps {
         // SAFETY: lengths and dtypes checked above; all views are this device's memory.
         unsafe {
             self.kernels
-                .add_rms_norm(&self.stream, &prm, dt(x.dtype()), dt(out.dtype()))
+                .add_rms_norm(&self.stream, &prm, dt(x.dtype())?, dt(out.dtype())?)
         }
         .map_err(|e| self.failed("add_rms_norm", e))
     }
@@ -391,7 +392,7 @@ impl ModelOps for CudaOps {
     ) -> Result<(), CoreError> {
         let (m, k) = dims2("linear input", x.shape().dims())?;
         let (n, _) = dims2("linear weight", w.shape().dims())?;
-        let (xd, wd, od) = (dt(x.dtype()), dt(w.dtype()), dt(out.dtype()));
+        let (xd, wd, od) = (dt(x.dtype())?, dt(w.dtype())?, dt(out.dtype())?);
         let g = match &self.cutlass {
             Some(c) if c.supports((m, n, k), xd, wd, od).is_ok() => c,
             _ => &self.gemm,
@@ -465,7 +466,7 @@ impl ModelOps for CudaOps {
         // against the pool by the model and the batch constructor before begin_step.
         unsafe {
             self.kernels
-                .rope_write_kv(&self.stream, &prm, dt(qkv.dtype()), dt(k_pool.dtype()))
+                .rope_write_kv(&self.stream, &prm, dt(qkv.dtype())?, dt(k_pool.dtype())?)
         }
         .map_err(|e| self.failed("rope_write_kv", e))
     }
@@ -494,7 +495,7 @@ impl ModelOps for CudaOps {
             rows: i32_of("rows", rows)?,
             inter: i32_of("inter", inter)?,
         };
-        let d = dt(out.dtype());
+        let d = dt(out.dtype())?;
         // SAFETY: lengths and dtypes checked above.
         unsafe {
             match act {
@@ -538,7 +539,7 @@ impl ModelOps for CudaOps {
             dim: i32_of("width", width)?,
         };
         // SAFETY: lengths checked above; rows were checked < tokens by the model.
-        unsafe { self.kernels.gather_rows(&self.stream, &prm, dt(x.dtype())) }
+        unsafe { self.kernels.gather_rows(&self.stream, &prm, dt(x.dtype())?) }
             .map_err(|e| self.failed("gather_rows", e))
     }
 
@@ -591,7 +592,7 @@ impl ModelOps for CudaOps {
             vocab: i32_of("vocab", vocab)?,
         };
         // SAFETY: `[rows, vocab]` logits on this device; the outputs hold >= rows.
-        unsafe { self.kernels.argmax(&self.stream, &prm, dt(logits.dtype())) }
+        unsafe { self.kernels.argmax(&self.stream, &prm, dt(logits.dtype())?) }
             .map_err(|e| self.failed("argmax", e))?;
         let mut host = vec![0i32; self.argmax_ids.as_ref().map_or(0, |b| b.len())];
         self.stream

@@ -106,6 +106,12 @@ fn download(rt: &dyn DeviceRuntime, s: &Storage) -> Vec<f32> {
                 .expect("download");
             h.iter().map(|x| x.to_f32()).collect()
         }
+        DType::F8E4M3 => {
+            let mut h = vec![pagoda_core::F8E4M3::ZERO; s.len()];
+            rt.download(s.view(), HostSliceMut::F8E4M3(&mut h))
+                .expect("download");
+            h.iter().map(|x| x.to_f32()).collect()
+        }
     }
 }
 

@@ -1,11 +1,13 @@
 //! The element types of a KV cache as the CPU attention kernels read them:
-//! [`KvElem`], implemented for `f32`, `bf16` and `f16`.
+//! [`KvElem`], implemented for `f32`, `bf16`, `f16` and FP8 E4M3 ([`E4M3`]).
 //!
-//! A bf16 or f16 cache is read at its own width and widened to f32 in registers
+//! A bf16, f16 or fp8 cache is read at its own width and widened to f32 in registers
 //! ([`KvElem::load`] on a [`Simd`] vector) or in a small row buffer ([`widen`]);
 //! the arithmetic is the f32 kernels' own. Widening is exact, so a kernel reading a
-//! 16-bit cache computes exactly what its f32 twin computes on the widened values.
+//! 16-bit or fp8 cache computes exactly what its f32 twin computes on the widened
+//! values.
 
+use crate::fp8::E4M3;
 use crate::simd::{Portable, Simd};
 use crate::Isa;
 use half::{bf16, f16};
@@ -30,6 +32,7 @@ mod sealed {
     impl Sealed for f32 {}
     impl Sealed for half::bf16 {}
     impl Sealed for half::f16 {}
+    impl Sealed for crate::fp8::E4M3 {}
 }
 
 impl KvElem for f32 {
@@ -62,6 +65,17 @@ impl KvElem for f16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
+    }
+}
+
+impl KvElem for E4M3 {
+    #[inline(always)]
+    unsafe fn load<S: Simd>(p: *const Self) -> S::V {
+        S::load_e4m3(p as *const u8)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        E4M3::to_f32(self)
     }
 }
 
@@ -126,6 +140,9 @@ mod tests {
             .collect();
         let b: Vec<bf16> = vals.iter().map(|&x| bf16::from_f32(x)).collect();
         let h: Vec<f16> = vals.iter().map(|&x| f16::from_f32(x)).collect();
+        // Every code, NaNs included, and again in a shifted order.
+        let e: Vec<E4M3> = (0..67u32).map(|i| E4M3((i * 37 % 256) as u8)).collect();
+        let e_all: Vec<E4M3> = (0..=255).map(E4M3).collect();
         for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
             for n in [0, 1, 7, 8, 16, 17, 33, 67] {
                 let mut out = vec![f32::NAN; n];
@@ -137,6 +154,15 @@ mod tests {
                 assert_eq!(out.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
                 widen(isa, &vals[..n], &mut out);
                 assert_eq!(out, vals[..n]);
+                widen(isa, &e[..n], &mut out);
+                let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan();
+                assert!(out.iter().zip(&e[..n]).all(|(o, x)| same(*o, x.to_f32())));
+            }
+            let mut out = vec![f32::NAN; 256];
+            widen(isa, &e_all, &mut out);
+            for (o, x) in out.iter().zip(&e_all) {
+                let want = crate::fp8::e4m3_ref(x.0);
+                assert!(*o as f64 == want || o.is_nan() && want.is_nan(), "{x:?}");
             }
         }
     }

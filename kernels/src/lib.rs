@@ -6,8 +6,8 @@
 //! It is also the one place for the CPU helpers the attention backends share:
 //! [`Isa`] (the only CPU-feature probe, honouring `PAGODA_DISABLE_AVX512=1`),
 //! [`exp_fast`] (the one vectorised exp), the [`simd`] vector types, the KV cache
-//! element types as the kernels read them ([`kv_elem`]: f32, bf16, f16, widened in
-//! registers), and the paged-cache walk of [`blocks`].
+//! element types as the kernels read them ([`kv_elem`]: f32, bf16, f16 and FP8 E4M3
+//! ([`fp8`]), widened in registers), and the paged-cache walk of [`blocks`].
 //!
 //! Every fast kernel has a slow, obviously correct `*_ref` twin that the property
 //! tests in `tests/` compare against. Parallel kernels use rayon's global pool only,
@@ -17,6 +17,7 @@ pub mod act;
 pub mod blocks;
 pub mod dispatch;
 pub mod error;
+pub mod fp8;
 pub mod isa;
 pub mod kv_elem;
 pub mod matmul;
@@ -34,6 +35,7 @@ pub use act::{
 pub use blocks::StepBlocks;
 pub use dispatch::{gemm_paths, GemmPath, GemmPaths};
 pub use error::KernelError;
+pub use fp8::E4M3;
 pub use isa::Isa;
 pub use kv_elem::KvElem;
 pub use matmul::matmul_t_ref;

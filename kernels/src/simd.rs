@@ -7,8 +7,9 @@
 //! are built without `-C target-cpu`). Lengths handed to kernels are multiples of 16.
 //!
 //! Besides f32, a vector can be loaded from 16-bit floats ([`Simd::load_bf16`],
-//! [`Simd::load_f16`]), widened to f32 in registers: how the attention kernels read a
-//! bf16 or f16 KV cache without an f32 copy of it ([`crate::kv_elem`]).
+//! [`Simd::load_f16`]) or FP8 E4M3 bytes ([`Simd::load_e4m3`]), widened to f32 in
+//! registers: how the attention kernels read a bf16, f16 or fp8 KV cache without an
+//! f32 copy of it ([`crate::kv_elem`]).
 
 /// f32 vectors of `LANES` lanes (`LANES` divides 16).
 ///
@@ -28,6 +29,12 @@ pub trait Simd {
     unsafe fn load_bf16(p: *const u16) -> Self::V;
     /// Loads `LANES` IEEE binary16 values (their bits) widened to f32 (exact).
     unsafe fn load_f16(p: *const u16) -> Self::V;
+    /// Loads `LANES` FP8 E4M3 values (their bits) widened to f32 (exact; NaN codes
+    /// give NaN). The x86 vectors place the 7 magnitude bits in an f16 (E4M3's
+    /// exponent and mantissa fields line up with f16's, bias 7 against 15), widen it
+    /// with `vcvtph2ps`, which handles subnormals in hardware, and scale by 2⁸;
+    /// the portable one reads [`crate::fp8::E4M3_TO_F32`].
+    unsafe fn load_e4m3(p: *const u8) -> Self::V;
     unsafe fn store(p: *mut f32, v: Self::V);
     /// `a * b + c`
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
@@ -71,6 +78,11 @@ impl Simd for Portable {
     unsafe fn load_f16(p: *const u16) -> Self::V {
         let b = std::ptr::read_unaligned(p as *const [u16; 8]);
         std::array::from_fn(|i| half::f16::from_bits(b[i]).to_f32())
+    }
+    #[inline(always)]
+    unsafe fn load_e4m3(p: *const u8) -> Self::V {
+        let b = std::ptr::read_unaligned(p as *const [u8; 8]);
+        std::array::from_fn(|i| crate::fp8::E4M3_TO_F32[b[i] as usize])
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: Self::V) {
@@ -129,6 +141,12 @@ mod x86 {
         unsafe fn load_f16(p: *const u16) -> Self::V {
             _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
         }
+        /// AVX-512 F implies AVX2, whose 256-bit integer ops build the f16s.
+        #[inline(always)]
+        unsafe fn load_e4m3(p: *const u8) -> Self::V {
+            let w = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
+            _mm512_mul_ps(_mm512_cvtph_ps(e4m3_to_f16_256(w)), _mm512_set1_ps(256.0))
+        }
         #[inline(always)]
         unsafe fn store(p: *mut f32, v: Self::V) {
             _mm512_storeu_ps(p, v)
@@ -155,7 +173,22 @@ mod x86 {
         }
     }
 
-    /// 8 lanes with FMA (and F16C for [`Simd::load_f16`]).
+    /// 16 E4M3 codes (zero-extended to u16 lanes) as the f16s of their values
+    /// times 2⁻⁸: magnitude bits shifted up by 7 (exponent field onto f16's, the 3
+    /// mantissa bits onto the top of f16's 10), sign onto bit 15, and the NaN code
+    /// `x.1111.111` given an all-ones exponent (f16 NaN).
+    #[inline(always)]
+    unsafe fn e4m3_to_f16_256(w: __m256i) -> __m256i {
+        let mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
+        let sign = _mm256_slli_epi16::<8>(_mm256_and_si256(w, _mm256_set1_epi16(0x80)));
+        let nan = _mm256_and_si256(
+            _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f)),
+            _mm256_set1_epi16(0x7c00),
+        );
+        _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi16::<7>(mag), sign), nan)
+    }
+
+    /// 8 lanes with FMA (and F16C for [`Simd::load_f16`] and [`Simd::load_e4m3`]).
     pub struct Avx2;
 
     impl Simd for Avx2 {
@@ -182,6 +215,19 @@ mod x86 {
         #[inline(always)]
         unsafe fn load_f16(p: *const u16) -> Self::V {
             _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+        }
+        #[inline(always)]
+        unsafe fn load_e4m3(p: *const u8) -> Self::V {
+            let w = _mm_cvtepu8_epi16(_mm_loadl_epi64(p as *const __m128i));
+            // The same bit moves as `e4m3_to_f16_256`, on 8 lanes.
+            let mag = _mm_and_si128(w, _mm_set1_epi16(0x7f));
+            let sign = _mm_slli_epi16::<8>(_mm_and_si128(w, _mm_set1_epi16(0x80)));
+            let nan = _mm_and_si128(
+                _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f)),
+                _mm_set1_epi16(0x7c00),
+            );
+            let h = _mm_or_si128(_mm_or_si128(_mm_slli_epi16::<7>(mag), sign), nan);
+            _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0))
         }
         #[inline(always)]
         unsafe fn store(p: *mut f32, v: Self::V) {
@@ -280,6 +326,22 @@ mod tests {
         }
         let nan = [half::f16::NAN.to_bits(); 16];
         assert!(S::reduce(S::load_f16(nan.as_ptr())).is_nan());
+        // Every E4M3 code widens to the table's value (which is tested against the
+        // format's definition), NaN codes to NaN.
+        let codes: Vec<u8> = (0..=255).collect();
+        let mut all = [0f32; 256];
+        let mut i = 0;
+        while i < 256 {
+            S::store(all.as_mut_ptr().add(i), S::load_e4m3(codes.as_ptr().add(i)));
+            i += S::LANES;
+        }
+        for (b, got) in all.iter().enumerate() {
+            let want = crate::fp8::E4M3_TO_F32[b];
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "code {b:#x}: {got} != {want}"
+            );
+        }
     }
 
     #[test]

@@ -64,6 +64,11 @@ fn upload(
             let v: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
             rt.upload(s.view_mut(), HostSlice::F16(&v))
         }
+        DType::F8E4M3 => Err(pagoda_core::CoreError::UnsupportedDType {
+            what: "device model weights",
+            dtype,
+            reason: "fp8 is a KV cache dtype only",
+        }),
     }
     .map_err(dev)?;
     Ok(s)

@@ -5,7 +5,8 @@
 //!
 //! vLLM flags that have no meaning on this engine are accepted at the values
 //! that describe what Pagoda does (`--tensor-parallel-size 1`) and refused, naming
-//! the valid values, at any other (as `--kv-cache-dtype fp8`: no fp8 cache here).
+//! the valid values, at any other (as `--kv-cache-dtype fp8_e5m2`: only E4M3 fp8
+//! caches here).
 
 pub mod frontend;
 
@@ -93,7 +94,11 @@ pub struct EngineArgs {
     /// (also `bf16`) or `float16` (also `fp16`, `half`): twice the tokens in the same
     /// memory (blocks from --kv-cache-memory-mib count 2 bytes an element) and half
     /// the bytes attention reads; values rounded to nearest even, read back exactly.
-    /// `float32` is accepted too; vLLM's `fp8` values are an error (not implemented).
+    /// `fp8` (also `fp8_e4m3`): OCP FP8 E4M3, 1 byte an element (four times the f32
+    /// tokens), 3 mantissa bits, with vLLM's default scale 1.0 and no calibration:
+    /// values beyond ±448 are clamped to ±448; read by the CPU backends (naive,
+    /// paged, flash), not by the CUDA kernels yet. `float32` is accepted too;
+    /// `fp8_e5m2` and vLLM's other fp8 variants are an error (not implemented).
     #[arg(long, default_value = "auto", value_parser = parse_kv_cache_dtype, help_heading = "CacheConfig")]
     pub kv_cache_dtype: pagoda_core::KvCacheDtype,
     /// Automatic prefix caching (on by default).
@@ -381,7 +386,11 @@ mod tests {
             .to_string();
         assert!(e.contains("valid values: auto, dummy"), "{e}");
         assert!(parse(&["-tp", "2"]).is_err());
-        assert!(parse(&["--kv-cache-dtype", "fp8_e4m3"]).is_err());
+        let e = parse(&["--kv-cache-dtype", "fp8_e5m2"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("fp8_e5m2 KV caches are not implemented"), "{e}");
         let kv = |args: &[&str]| parse(args).unwrap().engine.engine_config().kv_cache_dtype;
         use pagoda_core::{DType, KvCacheDtype};
         assert_eq!(kv(&[]), KvCacheDtype::Auto);
@@ -391,6 +400,8 @@ mod tests {
             ("fp16", DType::F16),
             ("half", DType::F16),
             ("float32", DType::F32),
+            ("fp8", DType::F8E4M3),
+            ("fp8_e4m3", DType::F8E4M3),
         ] {
             assert_eq!(kv(&["--kv-cache-dtype", v]), KvCacheDtype::Fixed(d), "{v}");
         }

@@ -39,8 +39,13 @@ fn bad_flag_values_are_clear_errors() {
     );
     refused(&["--tensor-parallel-size=4"], &["valid value: 1"]);
     refused(
-        &["--kv-cache-dtype", "fp8"],
-        &["--kv-cache-dtype", "fp8", "valid values: auto"],
+        &["--kv-cache-dtype", "fp8_e5m2"],
+        &[
+            "--kv-cache-dtype",
+            "fp8_e5m2",
+            "not implemented",
+            "valid values: auto",
+        ],
     );
     refused(
         &["--dtype", "half"],
@@ -207,9 +212,10 @@ fn positional_model_and_vllm_cache_flags() {
 }
 
 #[test]
-fn kv_cache_dtype_bf16_serves_and_doubles_the_blocks() {
+fn kv_cache_dtypes_bf16_and_fp8_serve_and_multiply_the_blocks() {
     // SmolLM2: 30 layers x (K, V) x 16 tokens x 3 KV heads x 64 dims; a block is
-    // 737280 bytes in f32, 368640 in bf16: 64 MiB hold 91 f32 blocks, 182 bf16 ones.
+    // 737280 bytes in f32, 368640 in bf16, 184320 in fp8: 64 MiB hold 91 f32 blocks,
+    // 182 bf16 ones, 364 fp8 ones.
     let blocks = |dtype: &str, label: &str| {
         let s = Server::start(&["--kv-cache-dtype", dtype, "--kv-cache-memory-mib", "64"]);
         let r = s.post_ok(
@@ -225,6 +231,7 @@ fn kv_cache_dtype_bf16_serves_and_doubles_the_blocks() {
         m[at..].split('"').next().unwrap().parse::<usize>().unwrap()
     };
     assert_eq!(blocks("bf16", "bfloat16"), 182);
+    assert_eq!(blocks("fp8", "fp8_e4m3"), 364);
     assert_eq!(blocks("auto", "auto"), 91);
 }
 
@@ -255,8 +262,9 @@ fn backends_command_shows_which_backend_takes_which_kv_dtype() {
             .collect::<Vec<_>>()
     };
     // backend, devices, q dtypes, kv dtypes, rows
-    assert_eq!(row("paged")[3], "f32,bf16,f16", "{s}");
-    assert_eq!(row("flash")[3], "f32,bf16,f16", "{s}");
+    assert_eq!(row("paged")[3], "f32,bf16,f16,fp8_e4m3", "{s}");
+    assert_eq!(row("flash")[3], "f32,bf16,f16,fp8_e4m3", "{s}");
+    assert_eq!(row("naive")[3], "f32,f16,bf16,fp8_e4m3", "{s}");
     assert_eq!(row("example")[3], "f32", "{s}");
     assert!(s.contains("kv cache bf16"), "{s}");
     assert!(s.contains("choice: decode=paged,prefill=flash"), "{s}");

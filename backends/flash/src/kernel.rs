@@ -11,7 +11,7 @@
 //! scores are soft-capped (`cap * tanh(s / cap)`) when asked, and the softmax is
 //! online (running max `m`, sum `l`).
 //!
-//! The repacking reads the cache at its own width (f32, bf16 or f16, [`KvElem`])
+//! The repacking reads the cache at its own width (f32, bf16, f16 or fp8 E4M3, [`KvElem`])
 //! and widens each row to f32 in registers as it copies it: the packed runs, the
 //! only K/V the tiles read, are f32 whatever the cache holds. They hold only this
 //! step's requests, not a copy of the cache.

@@ -1,7 +1,7 @@
 //! Flash-style prefill attention on CPU: tiled online softmax over the paged cache.
 //!
 //! Registered as `"flash"`. Serves prefill rows only (query length > 1, variable
-//! lengths, with or without cached context), over an f32, bf16 or f16 KV cache
+//! lengths, with or without cached context), over an f32, bf16, f16 or fp8 KV cache
 //! (`--kv-cache-dtype`; rows widened to f32 as they are repacked), and declares so in its
 //! [`capabilities`]: as a GEMM tile a decode row is only `group` rows tall, and
 //! packing its whole context costs as much again (measured 3-4x slower than the
@@ -24,9 +24,9 @@ pub mod kernel;
 use kernel::{Dims, Scratch, Tile, TileIo};
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
-    Capabilities, CoreError, DType, InvalidReason, KvPools, LayerIo, Role,
+    Capabilities, CoreError, DType, InvalidReason, KvPools, LayerIo, Role, F8E4M3,
 };
-use pagoda_kernels::{Isa, KvElem, StepBlocks};
+use pagoda_kernels::{Isa, KvElem, StepBlocks, E4M3};
 use rayon::prelude::*;
 use std::sync::Mutex;
 use thiserror::Error;
@@ -60,11 +60,11 @@ impl From<FlashError> for CoreError {
     }
 }
 
-/// What `flash` serves: CPU, f32 queries, an f32, bf16 or f16 KV cache, prefill rows
+/// What `flash` serves: CPU, f32 queries, an f32, bf16, f16 or fp8 KV cache, prefill rows
 /// only, head dims 1..=256, any block size, LSE output.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        kv_dtypes: vec![DType::F32, DType::BF16, DType::F16],
+        kv_dtypes: vec![DType::F32, DType::BF16, DType::F16, DType::F8E4M3],
         head_dims: Some((1..=MAX_HEAD_DIM).collect()),
         max_gqa_ratio: Some(kernel::TILE_ROWS),
         decode: false,
@@ -262,6 +262,10 @@ impl FlashBackend {
                 KvPools::F32(k, v) => pack_all(isa, k, v, blocks, &dims, base, packed),
                 KvPools::BF16(k, v) => pack_all(isa, k, v, blocks, &dims, base, packed),
                 KvPools::F16(k, v) => pack_all(isa, k, v, blocks, &dims, base, packed),
+                KvPools::F8E4M3(k, v) => {
+                    let (k, v) = (fp8_bits(k), fp8_bits(v));
+                    pack_all(isa, k, v, blocks, &dims, base, packed)
+                }
             }
         }
         let (pk, pv) = (
@@ -413,4 +417,10 @@ impl AttentionBackend for FlashBackend {
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
         self.run_layer(io)
     }
+}
+
+/// An fp8 pool as the kernels read it (the same bytes; `pagoda-kernels` knows no
+/// core types).
+fn fp8_bits(x: &[F8E4M3]) -> &[E4M3] {
+    E4M3::from_bits_slice(F8E4M3::slice_to_bits(x))
 }

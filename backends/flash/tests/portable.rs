@@ -18,8 +18,9 @@ fn conformance_without_avx512() {
     for check in Check::ALL {
         run_check(check, "flash", Tolerance::F32, None);
     }
-    // The 16-bit caches through the same kernel (AVX2's F16C widening of f16).
-    for kv in [DType::BF16, DType::F16] {
+    // The 16-bit and fp8 caches through the same kernel (AVX2's F16C widening of
+    // f16 and of fp8 through f16).
+    for kv in [DType::BF16, DType::F16, DType::F8E4M3] {
         let subject = || Subject::registered("flash").map(|s| s.on(Device::Cpu, DType::F32, kv));
         run_check(Check::RandomBatches, subject(), Tolerance::F32, None);
         run_check(Check::DecodeEqualsPrefill, subject(), Tolerance::F32, None);

@@ -2,7 +2,7 @@
 //! on random prefill batches (rows with and without cached context; shuffled
 //! blocks, NaN in unused slots) and one long prefill, plus its refusals (decode
 //! rows among them: mixed batches go through the selector's hybrid, tested in
-//! `selector/tests/hybrid.rs`). Every case runs over f32, bf16 and f16 KV caches.
+//! `selector/tests/hybrid.rs`). Every case runs over f32, bf16, f16 and fp8 KV caches.
 //!
 //! Tolerance: `Tolerance::F32` for every KV dtype. The case's K/V are values of the
 //! cache's dtype and the reference reads the same values; the repacking widens them
@@ -53,7 +53,7 @@ proptest! {
         prefills in prop::collection::vec((2usize..160, 0usize..200), 1..5),
         seed in any::<u64>(),
         threads in 1usize..8,
-        kv_dtype in prop::sample::select(vec![DType::F32, DType::BF16, DType::F16]),
+        kv_dtype in prop::sample::select(vec![DType::F32, DType::BF16, DType::F16, DType::F8E4M3]),
     ) {
         let (nh, nkv, hd) = head_shape(shape);
         let rows: Vec<(usize, usize)> = prefills.iter().map(|&(q, ctx)| (q, q + ctx)).collect();
@@ -64,7 +64,7 @@ proptest! {
 
 #[test]
 fn long_prefill_with_prefix_matches_naive_backend() {
-    for kv_dtype in [DType::F32, DType::BF16, DType::F16] {
+    for kv_dtype in [DType::F32, DType::BF16, DType::F16, DType::F8E4M3] {
         let cfg = AttentionConfig {
             kv_dtype,
             ..AttentionConfig::cpu_f32(32, 8, 128, 16)

@@ -22,13 +22,14 @@ use pagoda_core::{
 /// The registered name.
 pub const NAME: &str = "naive";
 
-/// What `naive` supports: CPU memory of any dtype (f32, f16, bf16: read widened to
-/// f64, so it is the oracle of the f16/bf16 backends too), any head dim, block size and
-/// GQA ratio, both roles, sliding window, soft-cap and LSE.
+/// What `naive` supports: CPU memory of any dtype (f32, f16, bf16, and fp8 E4M3 for
+/// the KV cache: read widened to f64, so it is the oracle of the f16/bf16/fp8 backends
+/// too), any head dim, block size and GQA ratio, both roles, sliding window, soft-cap
+/// and LSE.
 pub fn capabilities() -> Capabilities {
     Capabilities {
         q_dtypes: vec![DType::F32, DType::F16, DType::BF16],
-        kv_dtypes: vec![DType::F32, DType::F16, DType::BF16],
+        kv_dtypes: vec![DType::F32, DType::F16, DType::BF16, DType::F8E4M3],
         sliding_window: true,
         logits_soft_cap: true,
         ..Capabilities::cpu_f32()

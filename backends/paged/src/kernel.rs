@@ -8,9 +8,10 @@
 //! soft-capped scores are capped before it. (A sliding window only narrows the key
 //! range of the items, in `plan`.)
 //!
-//! The cache is read at its own width ([`KvElem`]: f32, bf16 or f16): each K/V
-//! vector is widened to f32 in registers as it is loaded, so a 16-bit cache
-//! streams half the bytes and the arithmetic is the f32 kernel's.
+//! The cache is read at its own width ([`KvElem`]: f32, bf16, f16 or fp8 E4M3):
+//! each K/V vector is widened to f32 in registers as it is loaded, so a 16-bit
+//! cache streams half the bytes (fp8 a quarter) and the arithmetic is the f32
+//! kernel's.
 
 use pagoda_kernels::blocks::slot;
 use pagoda_kernels::exp_fast;

@@ -1,8 +1,9 @@
 //! Paged decode attention on CPU: split-KV (flash-decoding), SIMD, multi-threaded.
 //!
 //! Registered as `"paged"`. Serves decode rows only (query length 1), over an
-//! f32, bf16 or f16 KV cache (`--kv-cache-dtype`): a 16-bit cache is read at its
-//! width and widened in registers ([`kernel`]), never copied to f32.
+//! f32, bf16, f16 or fp8 (E4M3) KV cache (`--kv-cache-dtype`): a 16-bit or fp8
+//! cache is read at its width and widened in registers ([`kernel`]), never copied
+//! to f32.
 //!
 //! * [`AttentionBackend::plan`] copies the batch's block table and cuts the work
 //!   into items `(request, key range)`. Long contexts are split into block-aligned
@@ -21,9 +22,9 @@ pub mod kernel;
 
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
-    Capabilities, CoreError, DType, InvalidReason, KvPools, LayerIo, Role,
+    Capabilities, CoreError, DType, InvalidReason, KvPools, LayerIo, Role, F8E4M3,
 };
-use pagoda_kernels::{Isa, KvElem, StepBlocks};
+use pagoda_kernels::{Isa, KvElem, StepBlocks, E4M3};
 use rayon::prelude::*;
 use thiserror::Error;
 
@@ -63,11 +64,11 @@ pub fn supported_head_dims() -> Vec<usize> {
     (1..=16).map(|i| i * 16).collect()
 }
 
-/// What `paged` serves: CPU, f32 queries, an f32, bf16 or f16 KV cache, decode
+/// What `paged` serves: CPU, f32 queries, an f32, bf16, f16 or fp8 KV cache, decode
 /// only, any block size, LSE output, sliding window and logits soft-cap.
 pub fn capabilities() -> Capabilities {
     Capabilities {
-        kv_dtypes: vec![DType::F32, DType::BF16, DType::F16],
+        kv_dtypes: vec![DType::F32, DType::BF16, DType::F16, DType::F8E4M3],
         sliding_window: true,
         logits_soft_cap: true,
         head_dims: Some(supported_head_dims()),
@@ -226,6 +227,10 @@ impl PagedBackend {
                 KvPools::F32(k, v) => attend_items(p, cfg, isa, q, k, v),
                 KvPools::BF16(k, v) => attend_items(p, cfg, isa, q, k, v),
                 KvPools::F16(k, v) => attend_items(p, cfg, isa, q, k, v),
+                KvPools::F8E4M3(k, v) => {
+                    let (k, v) = (fp8_bits(k), fp8_bits(v));
+                    attend_items(p, cfg, isa, q, k, v)
+                }
             }
         }
 
@@ -356,4 +361,10 @@ impl AttentionBackend for PagedBackend {
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
         self.run_layer(io)
     }
+}
+
+/// An fp8 pool as the kernels read it (the same bytes; `pagoda-kernels` knows no
+/// core types).
+fn fp8_bits(x: &[F8E4M3]) -> &[E4M3] {
+    E4M3::from_bits_slice(F8E4M3::slice_to_bits(x))
 }

@@ -1,5 +1,5 @@
 //! `paged` against the naive f64 reference on random decode batches (shuffled
-//! blocks, NaN in unused slots) over f32, bf16 and f16 KV caches on every available
+//! blocks, NaN in unused slots) over f32, bf16, f16 and fp8 KV caches on every available
 //! ISA, plus its refusals: prefill rows, bad buffers, bad blocks.
 //!
 //! Tolerance: `Tolerance::F32` for every KV dtype. The case's K/V are values of the
@@ -60,7 +60,7 @@ proptest! {
         seqs in prop::collection::vec(1usize..700, 1..6),
         seed in any::<u64>(),
         threads in 1usize..24,
-        kv_dtype in prop::sample::select(vec![DType::F32, DType::BF16, DType::F16]),
+        kv_dtype in prop::sample::select(vec![DType::F32, DType::BF16, DType::F16, DType::F8E4M3]),
     ) {
         let (nh, nkv, hd) = HEAD_SHAPES[shape];
         let rows: Vec<(usize, usize)> = seqs.iter().map(|&s| (1, s)).collect();
@@ -70,8 +70,8 @@ proptest! {
 }
 
 #[test]
-fn sixteen_bit_caches_long_context_and_llama8b_shape() {
-    for kv_dtype in [DType::BF16, DType::F16] {
+fn narrow_caches_long_context_and_llama8b_shape() {
+    for kv_dtype in [DType::BF16, DType::F16, DType::F8E4M3] {
         let cfg = AttentionConfig {
             kv_dtype,
             ..AttentionConfig::cpu_f32(32, 8, 128, 16)

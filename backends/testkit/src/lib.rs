@@ -19,10 +19,13 @@
 //! [`Subject`] built from a constructor.
 //!
 //! A backend's own kernel tests (one layer, called directly) use [`direct`].
+//! An fp8 KV cache's error against the f32 cache it rounds, with its derived bound,
+//! is [`fp8`].
 
 pub mod case;
 pub mod checks;
 pub mod direct;
+pub mod fp8;
 pub mod gen;
 pub mod place;
 pub mod suite;

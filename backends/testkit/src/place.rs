@@ -54,6 +54,9 @@ pub fn round_to(dtype: DType, x: &mut [f32]) {
         DType::BF16 => x
             .iter_mut()
             .for_each(|v| *v = pagoda_core::bf16::from_f32(*v).to_f32()),
+        DType::F8E4M3 => x
+            .iter_mut()
+            .for_each(|v| *v = pagoda_core::F8E4M3::from_f32(*v).to_f32()),
     }
 }
 
@@ -89,6 +92,11 @@ pub fn host_vec(dtype: DType, data: &[f32]) -> HostVec {
                 .map(|&x| pagoda_core::bf16::from_f32(x))
                 .collect(),
         ),
+        DType::F8E4M3 => HostVec::F8E4M3(
+            data.iter()
+                .map(|&x| pagoda_core::F8E4M3::from_f32(x))
+                .collect(),
+        ),
     }
 }
 
@@ -101,6 +109,7 @@ pub fn upload(rt: &dyn DeviceRuntime, dtype: DType, data: &[f32]) -> Result<Stor
         HostVec::F32(x) => HostSlice::F32(x),
         HostVec::F16(x) => HostSlice::F16(x),
         HostVec::BF16(x) => HostSlice::BF16(x),
+        HostVec::F8E4M3(x) => HostSlice::F8E4M3(x),
     };
     rt.upload(s.view_mut(), src)?;
     Ok(s)
@@ -123,6 +132,11 @@ pub fn download(rt: &dyn DeviceRuntime, src: TensorRef<'_>) -> Result<Vec<f32>, 
         DType::BF16 => {
             let mut v = vec![pagoda_core::bf16::ZERO; n];
             rt.download(src, HostSliceMut::BF16(&mut v))?;
+            v.iter().map(|x| x.to_f32()).collect()
+        }
+        DType::F8E4M3 => {
+            let mut v = vec![pagoda_core::F8E4M3::ZERO; n];
+            rt.download(src, HostSliceMut::F8E4M3(&mut v))?;
             v.iter().map(|x| x.to_f32()).collect()
         }
     })

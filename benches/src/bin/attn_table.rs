@@ -7,7 +7,7 @@
 //! engine builds: decode rows on the best decode backend, prefill rows on the best
 //! prefill backend, composed by the selector's `HybridBackend`).
 //!
-//! `--kv-dtype bf16|f16` puts every case's KV cache in that dtype (the
+//! `--kv-dtype bf16|f16|fp8` puts every case's KV cache in that dtype (the
 //! `--kv-cache-dtype` A/B; default f32); decode throughput counts its bytes.
 //!
 //! `cargo run --release -p pagoda-benches --bin attn_table [-- --skip-naive] [--kv-dtype bf16]`

@@ -2,6 +2,7 @@
 //! layer's call, [`LayerIo`].
 
 use super::{AttentionConfig, BatchDescriptor};
+use crate::fp8::F8E4M3;
 use crate::tensor::{DType, Device, HostSlice, TensorMut, TensorRef};
 use crate::CoreError;
 use half::{bf16, f16};
@@ -118,12 +119,14 @@ pub struct F32Io<'a> {
     pub lse: Option<&'a mut [f32]>,
 }
 
-/// A layer's K and V pools in host memory, both of one element type.
+/// A layer's K and V pools in host memory, both of one element type (an fp8 cache is
+/// [`F8E4M3`] elements, scale 1.0).
 #[derive(Debug, Clone, Copy)]
 pub enum KvPools<'a> {
     F32(&'a [f32], &'a [f32]),
     F16(&'a [f16], &'a [f16]),
     BF16(&'a [bf16], &'a [bf16]),
+    F8E4M3(&'a [F8E4M3], &'a [F8E4M3]),
 }
 
 impl KvPools<'_> {
@@ -132,6 +135,7 @@ impl KvPools<'_> {
             KvPools::F32(..) => DType::F32,
             KvPools::F16(..) => DType::F16,
             KvPools::BF16(..) => DType::BF16,
+            KvPools::F8E4M3(..) => DType::F8E4M3,
         }
     }
 }
@@ -197,6 +201,7 @@ impl<'a> LayerIo<'a> {
             (HostSlice::F32(k), HostSlice::F32(v)) => KvPools::F32(k, v),
             (HostSlice::F16(k), HostSlice::F16(v)) => KvPools::F16(k, v),
             (HostSlice::BF16(k), HostSlice::BF16(v)) => KvPools::BF16(k, v),
+            (HostSlice::F8E4M3(k), HostSlice::F8E4M3(v)) => KvPools::F8E4M3(k, v),
             (k, v) => {
                 return Err(CoreError::DTypeMismatch {
                     name: "v_cache",
@@ -381,6 +386,19 @@ mod tests {
                 name: "v_cache",
                 expected: DType::BF16,
                 actual: DType::F16
+            })
+        ));
+        // An fp8 pair is an fp8 pool, holding the same bytes; fp8 with bf16 is refused.
+        let e8 = [F8E4M3::from_f32(1.5); 8];
+        let f8 = TensorRef::host(Device::Cpu, &e8).unwrap();
+        let got = make(&q, f8, f8, &mut out).into_host_kv().unwrap();
+        assert!(matches!(got.kv, KvPools::F8E4M3(k, v) if k[0].to_f32() == 1.5 && v.len() == 8));
+        assert!(matches!(
+            make(&q, f8, bf, &mut out).into_host_kv(),
+            Err(CoreError::DTypeMismatch {
+                name: "v_cache",
+                expected: DType::F8E4M3,
+                actual: DType::BF16
             })
         ));
     }

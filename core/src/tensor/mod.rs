@@ -8,6 +8,7 @@
 //! [`DeviceMemory`] box whose views carry a [`DevicePtr`] (an address and a length):
 //! core knows no CUDA (candle's `Device`/`Storage` split is the model).
 
+use crate::fp8::F8E4M3;
 use crate::CoreError;
 use half::{bf16, f16};
 use std::fmt;
@@ -94,6 +95,9 @@ pub enum DType {
     F32,
     F16,
     BF16,
+    /// OCP FP8 E4M3 ([`F8E4M3`]): KV caches only (`--kv-cache-dtype fp8`), read by
+    /// the CPU attention backends.
+    F8E4M3,
 }
 
 impl DType {
@@ -102,6 +106,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::F8E4M3 => 1,
         }
     }
 }
@@ -112,6 +117,7 @@ impl fmt::Display for DType {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
+            DType::F8E4M3 => "fp8_e4m3",
         })
     }
 }
@@ -138,6 +144,7 @@ mod sealed {
     impl Sealed for f32 {}
     impl Sealed for half::f16 {}
     impl Sealed for half::bf16 {}
+    impl Sealed for crate::fp8::F8E4M3 {}
 }
 
 macro_rules! host_elem {
@@ -174,6 +181,7 @@ macro_rules! host_elem {
 host_elem!(f32, F32, |x| x, |x| x);
 host_elem!(f16, F16, f16::from_f32, f16::to_f32);
 host_elem!(bf16, BF16, bf16::from_f32, bf16::to_f32);
+host_elem!(F8E4M3, F8E4M3, F8E4M3::from_f32, F8E4M3::to_f32);
 
 /// Host elements of one dtype, borrowed.
 #[derive(Debug, Clone, Copy)]
@@ -181,6 +189,7 @@ pub enum HostSlice<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
     BF16(&'a [bf16]),
+    F8E4M3(&'a [F8E4M3]),
 }
 
 /// Host elements of one dtype, borrowed mutably.
@@ -189,6 +198,7 @@ pub enum HostSliceMut<'a> {
     F32(&'a mut [f32]),
     F16(&'a mut [f16]),
     BF16(&'a mut [bf16]),
+    F8E4M3(&'a mut [F8E4M3]),
 }
 
 impl HostSlice<'_> {
@@ -197,6 +207,7 @@ impl HostSlice<'_> {
             HostSlice::F32(_) => DType::F32,
             HostSlice::F16(_) => DType::F16,
             HostSlice::BF16(_) => DType::BF16,
+            HostSlice::F8E4M3(_) => DType::F8E4M3,
         }
     }
     pub fn len(&self) -> usize {
@@ -204,6 +215,7 @@ impl HostSlice<'_> {
             HostSlice::F32(x) => x.len(),
             HostSlice::F16(x) => x.len(),
             HostSlice::BF16(x) => x.len(),
+            HostSlice::F8E4M3(x) => x.len(),
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -218,6 +230,7 @@ impl HostSlice<'_> {
             HostSlice::F32(x) => x[i],
             HostSlice::F16(x) => x[i].to_f32(),
             HostSlice::BF16(x) => x[i].to_f32(),
+            HostSlice::F8E4M3(x) => x[i].to_f32(),
         }
     }
     /// Element `i` widened to f32, `None` out of bounds.
@@ -226,6 +239,7 @@ impl HostSlice<'_> {
             HostSlice::F32(x) => x.get(i).copied(),
             HostSlice::F16(x) => x.get(i).map(|v| v.to_f32()),
             HostSlice::BF16(x) => x.get(i).map(|v| v.to_f32()),
+            HostSlice::F8E4M3(x) => x.get(i).map(|v| v.to_f32()),
         }
     }
 }
@@ -249,6 +263,7 @@ impl HostSliceMut<'_> {
             HostSliceMut::F32(o) => o[i] = x,
             HostSliceMut::F16(o) => o[i] = f16::from_f32(x),
             HostSliceMut::BF16(o) => o[i] = bf16::from_f32(x),
+            HostSliceMut::F8E4M3(o) => o[i] = F8E4M3::from_f32(x),
         }
     }
     /// A read-only view of the same elements.
@@ -257,6 +272,7 @@ impl HostSliceMut<'_> {
             HostSliceMut::F32(x) => HostSlice::F32(x),
             HostSliceMut::F16(x) => HostSlice::F16(x),
             HostSliceMut::BF16(x) => HostSlice::BF16(x),
+            HostSliceMut::F8E4M3(x) => HostSlice::F8E4M3(x),
         }
     }
     fn reborrow_mut(&mut self) -> HostSliceMut<'_> {
@@ -264,6 +280,7 @@ impl HostSliceMut<'_> {
             HostSliceMut::F32(x) => HostSliceMut::F32(x),
             HostSliceMut::F16(x) => HostSliceMut::F16(x),
             HostSliceMut::BF16(x) => HostSliceMut::BF16(x),
+            HostSliceMut::F8E4M3(x) => HostSliceMut::F8E4M3(x),
         }
     }
     /// Copies `src[s]` into `self[d]`, converting to this slice's dtype (f32 sources
@@ -288,21 +305,28 @@ impl HostSliceMut<'_> {
                     .iter_mut()
                     .zip(x)
                     .for_each(|(d, v)| *d = T::from_f32(v.to_f32())),
+                HostSlice::F8E4M3(x) => dst
+                    .iter_mut()
+                    .zip(x)
+                    .for_each(|(d, v)| *d = T::from_f32(v.to_f32())),
             }
         }
         let src = match src {
             HostSlice::F32(x) => HostSlice::F32(&x[s]),
             HostSlice::F16(x) => HostSlice::F16(&x[s]),
             HostSlice::BF16(x) => HostSlice::BF16(&x[s]),
+            HostSlice::F8E4M3(x) => HostSlice::F8E4M3(&x[s]),
         };
         match (self.reborrow_mut(), src) {
             // Same dtype: a plain copy.
             (HostSliceMut::F32(o), HostSlice::F32(x)) => o[d].copy_from_slice(x),
             (HostSliceMut::F16(o), HostSlice::F16(x)) => o[d].copy_from_slice(x),
             (HostSliceMut::BF16(o), HostSlice::BF16(x)) => o[d].copy_from_slice(x),
+            (HostSliceMut::F8E4M3(o), HostSlice::F8E4M3(x)) => o[d].copy_from_slice(x),
             (HostSliceMut::F32(o), x) => conv(&mut o[d], x),
             (HostSliceMut::F16(o), x) => conv(&mut o[d], x),
             (HostSliceMut::BF16(o), x) => conv(&mut o[d], x),
+            (HostSliceMut::F8E4M3(o), x) => conv(&mut o[d], x),
         }
     }
 }
@@ -409,6 +433,31 @@ mod tests {
                 len_bytes: 12
             })
         );
+    }
+
+    #[test]
+    fn fp8_storage_is_one_byte_an_element_and_rounds_on_every_write() {
+        let shape = Shape::new(&[2, 3]).unwrap();
+        let mut s = Storage::host_filled(Device::Cpu, DType::F8E4M3, shape, 500.0).unwrap();
+        assert_eq!((s.dtype(), s.size_bytes()), (DType::F8E4M3, 6));
+        assert_eq!(DType::F8E4M3.to_string(), "fp8_e4m3");
+        // Filled with 500: clamped to the largest finite value.
+        assert!(s
+            .host::<F8E4M3>()
+            .unwrap()
+            .iter()
+            .all(|x| x.to_f32() == 448.0));
+        let (a, b) = s.view().split_at(3).unwrap();
+        assert_eq!((a.shape().dims(), b.dtype()), (&[1, 3][..], DType::F8E4M3));
+        let (_, mut b) = s.view_mut().split_at(3).unwrap();
+        b.reborrow().into_host_slice().unwrap().set(2, 0.3);
+        let src = [1.0f32, -0.3];
+        scatter_rows(&mut s.view_mut(), TensorRef::cpu(&src), &[1], 2, "k").unwrap();
+        let got = s.host::<F8E4M3>().unwrap();
+        assert_eq!(got[2..4], [F8E4M3::from_f32(1.0), F8E4M3::from_f32(-0.3)]);
+        assert_eq!((got[3].to_f32(), got[5].to_f32()), (-0.3125, 0.3125));
+        assert_eq!(s.view().host_slice().unwrap().at(3), -0.3125);
+        assert!(s.host::<f32>().is_err());
     }
 
     #[test]

@@ -5,6 +5,7 @@ use super::view::{device_view_check, host_view_check, Data, DataMut};
 use super::{
     DType, Device, DeviceMemory, HostElem, HostSlice, HostSliceMut, Shape, TensorMut, TensorRef,
 };
+use crate::fp8::F8E4M3;
 use crate::CoreError;
 use half::{bf16, f16};
 
@@ -14,6 +15,7 @@ pub enum HostVec {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    F8E4M3(Vec<F8E4M3>),
 }
 
 impl HostVec {
@@ -23,6 +25,7 @@ impl HostVec {
             DType::F32 => HostVec::F32(vec![value; len]),
             DType::F16 => HostVec::F16(vec![f16::from_f32(value); len]),
             DType::BF16 => HostVec::BF16(vec![bf16::from_f32(value); len]),
+            DType::F8E4M3 => HostVec::F8E4M3(vec![F8E4M3::from_f32(value); len]),
         }
     }
     fn slice(&self) -> HostSlice<'_> {
@@ -30,6 +33,7 @@ impl HostVec {
             HostVec::F32(x) => HostSlice::F32(x),
             HostVec::F16(x) => HostSlice::F16(x),
             HostVec::BF16(x) => HostSlice::BF16(x),
+            HostVec::F8E4M3(x) => HostSlice::F8E4M3(x),
         }
     }
     fn slice_mut(&mut self) -> HostSliceMut<'_> {
@@ -37,6 +41,7 @@ impl HostVec {
             HostVec::F32(x) => HostSliceMut::F32(x),
             HostVec::F16(x) => HostSliceMut::F16(x),
             HostVec::BF16(x) => HostSliceMut::BF16(x),
+            HostVec::F8E4M3(x) => HostSliceMut::F8E4M3(x),
         }
     }
 }

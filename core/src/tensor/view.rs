@@ -236,6 +236,9 @@ impl<'a> TensorRef<'a> {
                     HostSlice::F32(x) => (HostSlice::F32(&x[..at]), HostSlice::F32(&x[at..])),
                     HostSlice::F16(x) => (HostSlice::F16(&x[..at]), HostSlice::F16(&x[at..])),
                     HostSlice::BF16(x) => (HostSlice::BF16(&x[..at]), HostSlice::BF16(&x[at..])),
+                    HostSlice::F8E4M3(x) => {
+                        (HostSlice::F8E4M3(&x[..at]), HostSlice::F8E4M3(&x[at..]))
+                    }
                 };
                 (Data::Host(a), Data::Host(b))
             }
@@ -428,6 +431,10 @@ impl<'a> TensorMut<'a> {
                     HostSliceMut::BF16(x) => {
                         let (a, b) = x.split_at_mut(at);
                         (HostSliceMut::BF16(a), HostSliceMut::BF16(b))
+                    }
+                    HostSliceMut::F8E4M3(x) => {
+                        let (a, b) = x.split_at_mut(at);
+                        (HostSliceMut::F8E4M3(a), HostSliceMut::F8E4M3(b))
                     }
                 };
                 (DataMut::Host(a), DataMut::Host(b))

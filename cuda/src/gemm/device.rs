@@ -33,11 +33,12 @@ impl std::fmt::Debug for DeviceGemm {
     }
 }
 
-fn of_core(d: DType) -> Dtype {
+fn of_core(what: &'static str, d: DType) -> Result<Dtype, GemmError> {
     match d {
-        DType::F32 => Dtype::F32,
-        DType::BF16 => Dtype::Bf16,
-        DType::F16 => Dtype::F16,
+        DType::F32 => Ok(Dtype::F32),
+        DType::BF16 => Ok(Dtype::Bf16),
+        DType::F16 => Ok(Dtype::F16),
+        DType::F8E4M3 => Err(GemmError::UnsupportedDType { what, dtype: d }),
     }
 }
 
@@ -277,9 +278,9 @@ impl DeviceGemm {
                     addr(out.device_ptr()),
                 ),
                 (m, n, k),
-                of_core(x.dtype()),
-                of_core(w.dtype()),
-                of_core(out.dtype()),
+                of_core("x", x.dtype())?,
+                of_core("w", w.dtype())?,
+                of_core("out", out.dtype())?,
             )
         }
     }

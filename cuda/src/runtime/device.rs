@@ -88,26 +88,28 @@ impl DeviceMemory for Buffer {
 
 fn bytes_of<'a>(s: &HostSlice<'a>) -> &'a [u8] {
     fn cast<T>(x: &[T]) -> &[u8] {
-        // SAFETY: f32/f16/bf16 are plain old data without padding; the byte view covers
-        // exactly the same memory for the same lifetime.
+        // SAFETY: f32/f16/bf16/fp8 are plain old data without padding; the byte view
+        // covers exactly the same memory for the same lifetime.
         unsafe { std::slice::from_raw_parts(x.as_ptr().cast(), std::mem::size_of_val(x)) }
     }
     match *s {
         HostSlice::F32(x) => cast(x),
         HostSlice::F16(x) => cast(x),
         HostSlice::BF16(x) => cast(x),
+        HostSlice::F8E4M3(x) => cast(x),
     }
 }
 
 fn bytes_of_mut(s: HostSliceMut<'_>) -> &mut [u8] {
     fn cast<T>(x: &mut [T]) -> &mut [u8] {
-        // SAFETY: as in `bytes_of`; every byte pattern is a valid f32/f16/bf16.
+        // SAFETY: as in `bytes_of`; every byte pattern is a valid f32/f16/bf16/fp8.
         unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr().cast(), std::mem::size_of_val(x)) }
     }
     match s {
         HostSliceMut::F32(x) => cast(x),
         HostSliceMut::F16(x) => cast(x),
         HostSliceMut::BF16(x) => cast(x),
+        HostSliceMut::F8E4M3(x) => cast(x),
     }
 }
 
