@@ -642,14 +642,32 @@ pub fn build_device_model(
                 tracing::info!("loading weights onto {device}: {done}/{all} layers");
             }
         },
-    )?;
+    )
+    .map_err(|e| {
+        let e = e.to_string();
+        // Out of device memory: say what can be changed (the other errors are the
+        // model's own, e.g. a tensor of the wrong shape).
+        let hint = if e.to_ascii_lowercase().contains("memory") {
+            " (the weights must fit the device: --dtype bfloat16 halves f32 weights)"
+        } else {
+            ""
+        };
+        dev_err(format!("loading the weights: {e}{hint}"))
+    })?;
     let scratch = DeviceScratch::new(
         runtime,
         model.config(),
         compute,
         config.max_num_batched_tokens,
         config.max_num_seqs,
-    )?;
+    )
+    .map_err(|e| {
+        dev_err(format!(
+            "{e} (the activation buffers are sized for --max-num-batched-tokens {} and \
+             --max-num-seqs {}: lower them)",
+            config.max_num_batched_tokens, config.max_num_seqs
+        ))
+    })?;
     tracing::info!(
         "device {device}: weights {compute} {:.1} MiB in {:.1} s, activations {:.1} MiB",
         model.weight_bytes() as f64 / (1 << 20) as f64,
