@@ -5,6 +5,7 @@
 
 use crate::runner::ModelRunner;
 use crate::runner_model::RunnerModel;
+use crate::step_pool::StepPool;
 use crate::structured::{Grammar, MaskStats};
 use crate::{EngineConfig, EngineError, EngineStats, ModelInfo};
 use pagoda_core::{
@@ -96,24 +97,9 @@ pub struct EngineCore {
     /// The threads a step runs on: the step itself runs on one of them, so the
     /// kernels' parallel loops split work from a worker (its own deque) instead of
     /// handing every GEMM from the engine thread to the pool and sleeping until it is
-    /// done. Measured at one stream on the Q4_1 file (2 cores): the server used 1.46
-    /// cores with 17 % of its time in the kernel's scheduler, now 0.99 cores and 3 %
-    /// for the same tokens per second: the core it gives back is the client's
-    /// (BENCHMARKS.md, "Quantized").
-    pool: Arc<rayon::ThreadPool>,
-}
-
-/// The step pool: as many threads as the global rayon pool (`RAYON_NUM_THREADS`, else
-/// the CPUs), named for profiles.
-fn step_pool() -> Result<Arc<rayon::ThreadPool>, EngineError> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(rayon::current_num_threads())
-        .thread_name(|i| format!("pagoda-step-{i}"))
-        .build()
-        .map(Arc::new)
-        .map_err(|e| EngineError::Fault {
-            message: format!("starting the step thread pool: {e}"),
-        })
+    /// done, and the others poll for that work while the step lasts
+    /// ([`StepPool`]; BENCHMARKS.md, "Quantized").
+    pool: StepPool,
 }
 
 impl EngineCore {
@@ -285,7 +271,7 @@ impl EngineCore {
                 runner,
                 prompt_logprobs: HashMap::new(),
                 newly_scheduled: Vec::new(),
-                pool: step_pool()?,
+                pool: StepPool::new()?,
             },
             info,
         ))

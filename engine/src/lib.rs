@@ -16,6 +16,7 @@ pub mod prompt_logprobs;
 pub mod runner;
 pub mod runner_model;
 pub mod sampler;
+pub mod step_pool;
 pub mod structured;
 
 pub use config::{EngineConfig, FaultInjectionConfig, ModelInfo};
@@ -28,3 +29,4 @@ pub use output::{
     ITERATION_TOKENS_BUCKETS,
 };
 pub use pagoda_scheduler::SchedulingPolicy;
+pub use step_pool::StepPool;

@@ -26,7 +26,7 @@ use pagoda_core::{
 };
 use pagoda_engine::engine_core::{build_device_model, device_compute_dtype, open_engine_device};
 use pagoda_engine::runner_model::RunnerModel;
-use pagoda_engine::EngineConfig;
+use pagoda_engine::{EngineConfig, StepPool};
 use pagoda_models::{
     device_unsupported, merge_attention_configs, Llama, LlamaConfig, LoadFormat, WeightDtype,
 };
@@ -178,6 +178,26 @@ struct Row {
     tok_s: f64,
     stream_bytes: f64,
     flops: f64,
+    /// Process CPU time over wall time while the case ran (how many cores it kept busy).
+    cores: f64,
+}
+
+/// This process's CPU time so far (user + system), from `/proc/self/stat`; 0 where
+/// there is no procfs.
+fn cpu_secs() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces): utime and stime are
+    // the 12th and 13th, in clock ticks (100 a second on Linux).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    f.iter().sum::<f64>() / 100.0
 }
 
 /// Elements of the linear layers a token goes through (all layers), and of the LM head.
@@ -204,6 +224,8 @@ struct Bench {
     logits: bool,
     out: Vec<f32>,
     ids: Vec<u32>,
+    /// The engine's step pool: steps run on it as `EngineCore::step`'s do.
+    pool: StepPool,
 }
 
 impl Bench {
@@ -234,28 +256,25 @@ impl Bench {
                 ids.push((p as u32).wrapping_mul(2_654_435_761) % vocab);
             }
         }
-        if self.logits {
-            self.model.forward(
-                &ids,
-                &positions,
-                &batch,
-                &mut self.attn,
-                &mut self.kv,
-                logits_rows,
-                &mut self.out,
-            )?;
-        } else {
-            self.model.forward_greedy(
-                &ids,
-                &positions,
-                &batch,
-                &mut self.attn,
-                &mut self.kv,
-                logits_rows,
-                &mut self.out,
-                &mut self.ids,
-            )?;
-        }
+        let Self {
+            model,
+            attn,
+            kv,
+            logits,
+            out,
+            ids: greedy,
+            pool,
+            ..
+        } = self;
+        pool.install(|| {
+            if *logits {
+                model.forward(&ids, &positions, &batch, attn, kv, logits_rows, out)
+            } else {
+                model
+                    .forward_greedy(&ids, &positions, &batch, attn, kv, logits_rows, out, greedy)
+                    .map(|_| ())
+            }
+        })?;
         Ok(())
     }
 }
@@ -352,6 +371,7 @@ fn build(args: &Args) -> Result<Bench, BoxError> {
         logits: args.logits,
         out: Vec::new(),
         ids: Vec::new(),
+        pool: StepPool::new()?,
     })
 }
 
@@ -363,11 +383,13 @@ fn decode_case(b: &mut Bench, args: &Args, batch: usize) -> Result<Row, BoxError
     for _ in 0..args.warmup {
         b.step(&q, &s, bps, &rows)?;
     }
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_secs());
     for _ in 0..args.steps {
         b.step(&q, &s, bps, &rows)?;
     }
-    let secs = t.elapsed().as_secs_f64() / args.steps as f64;
+    let wall = t.elapsed().as_secs_f64();
+    let cores = (cpu_secs() - cpu) / wall;
+    let secs = wall / args.steps as f64;
     let c = &b.config;
     let (lin, head) = linear_elems(c);
     let elem = if args.device == Device::Cpu { 4.0 } else { 2.0 };
@@ -380,6 +402,7 @@ fn decode_case(b: &mut Bench, args: &Args, batch: usize) -> Result<Row, BoxError
         tok_s: batch as f64 / secs,
         stream_bytes: (lin + head) * elem + batch as f64 * keys * kv_token,
         flops: batch as f64 * (2.0 * (lin + head) + attn_flops(c, keys)),
+        cores,
     })
 }
 
@@ -402,12 +425,14 @@ fn prefill_case(b: &mut Bench, args: &Args) -> Result<Row, BoxError> {
     if args.warmup > 0 {
         run(&mut *b)?;
     }
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_secs());
     let mut steps = 0;
     for _ in 0..args.prefill_reps.max(1) {
         steps = run(&mut *b)?;
     }
-    let secs = t.elapsed().as_secs_f64() / args.prefill_reps.max(1) as f64;
+    let wall = t.elapsed().as_secs_f64();
+    let cores = (cpu_secs() - cpu) / wall;
+    let secs = wall / args.prefill_reps.max(1) as f64;
     let c = &b.config;
     let (lin, head) = linear_elems(c);
     // Causal: token i attends to i + 1 keys.
@@ -422,6 +447,7 @@ fn prefill_case(b: &mut Bench, args: &Args) -> Result<Row, BoxError> {
         stream_bytes: f64::NAN,
         // Per step (the average chunk), to compare with a step's time.
         flops: (2.0 * (lin * p as f64 + head) + attn_flops(c, keys)) / steps,
+        cores,
     })
 }
 
@@ -487,8 +513,8 @@ fn run(args: &Args) -> Result<(), BoxError> {
         );
     }
     println!(
-        "{:<30} {:>8} {:>10} {:>12} {:>10} {:>8}",
-        "case", "tok/step", "ms/step", "tok/s", "%BW floor", "%GEMM"
+        "{:<30} {:>8} {:>10} {:>12} {:>10} {:>8} {:>6}",
+        "case", "tok/step", "ms/step", "tok/s", "%BW floor", "%GEMM", "cores"
     );
     for r in &rows {
         let (bw, gemm) = ceil.map_or((f64::NAN, f64::NAN), |(bw, g)| {
@@ -498,13 +524,14 @@ fn run(args: &Args) -> Result<(), BoxError> {
             )
         });
         println!(
-            "{:<30} {:>8} {:>10.3} {:>12.1} {:>10} {:>8}",
+            "{:<30} {:>8} {:>10.3} {:>12.1} {:>10} {:>8} {:>6.2}",
             r.case,
             r.tokens_per_step,
             r.secs_per_step * 1e3,
             r.tok_s,
             pct(bw),
-            pct(gemm)
+            pct(gemm),
+            r.cores
         );
     }
     Ok(())

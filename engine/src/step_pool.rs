@@ -1,0 +1,169 @@
+//! The threads a step runs on, kept hot for the length of the step.
+//!
+//! A decode step at one stream is ~150 small parallel loops (four GEMVs a layer, the
+//! LM head in chunks) of 20-300 µs each. Rayon parks an idle worker after a few
+//! rounds of `sched_yield`, and waking a parked thread costs tens of µs (a futex
+//! wake, and on a VM an IPI to a halted vCPU), so at one stream the second core
+//! joined each loop late or not at all: the server used one core out of two.
+//! [`StepPool::install`] runs the step on one worker and, for as long as the step
+//! lasts, keeps every other worker polling the pool for work (`rayon::yield_now`)
+//! instead of parking, the way llama.cpp's threads poll between graph nodes. When
+//! there is nothing to steal they give the core to the OS scheduler
+//! (`sched_yield`), so a client process on the same cores still runs; between
+//! steps they park as before.
+
+use crate::error::EngineError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Environment variable: `0` turns the polling off (A/B runs, shared machines).
+pub const STEP_SPIN_ENV: &str = "PAGODA_STEP_SPIN";
+
+/// The step's thread pool; see the module doc.
+#[derive(Clone)]
+pub struct StepPool {
+    pool: Arc<rayon::ThreadPool>,
+    spin: bool,
+}
+
+impl std::fmt::Debug for StepPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepPool")
+            .field("threads", &self.pool.current_num_threads())
+            .field("spin", &self.spin)
+            .finish()
+    }
+}
+
+impl StepPool {
+    /// As many threads as the global rayon pool (`RAYON_NUM_THREADS`, else the
+    /// CPUs), named for profiles; polling on unless `PAGODA_STEP_SPIN=0`.
+    pub fn new() -> Result<Self, EngineError> {
+        let spin = std::env::var(STEP_SPIN_ENV).map_or(true, |v| v.trim() != "0");
+        Self::with_threads(rayon::current_num_threads(), spin)
+    }
+
+    /// `threads` workers; `spin` keeps the idle ones polling during a step.
+    pub fn with_threads(threads: usize, spin: bool) -> Result<Self, EngineError> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .thread_name(|i| format!("pagoda-step-{i}"))
+            .build()
+            .map_err(|e| EngineError::Fault {
+                message: format!("starting the step thread pool: {e}"),
+            })?;
+        Ok(Self {
+            pool: Arc::new(pool),
+            spin,
+        })
+    }
+
+    pub fn num_threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Whether idle workers poll during a step.
+    pub fn spins(&self) -> bool {
+        self.spin
+    }
+
+    /// Runs `f` on a worker of the pool, the other workers polling for its parallel
+    /// loops until it returns.
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        let helpers = self.num_threads() - 1;
+        if !self.spin || helpers == 0 {
+            return self.pool.install(f);
+        }
+        self.pool.install(|| {
+            let done = AtomicBool::new(false);
+            rayon::scope(|s| {
+                for _ in 0..helpers {
+                    s.spawn(|_| poll_until(&done));
+                }
+                // The pollers sit under `f`'s own jobs in this worker's deque: the
+                // others steal them (that is what wakes them), this one never pops
+                // them before `f` is done, and if one was not stolen it returns at once.
+                // Set on return and on unwind: a panicking step must not leave the
+                // scope waiting on pollers forever.
+                let _stop = Stop(&done);
+                f()
+            })
+        })
+    }
+}
+
+/// Sets the flag when dropped.
+struct Stop<'a>(&'a AtomicBool);
+
+impl Drop for Stop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Steals and runs pool jobs until `done`; between finds, a few spin hints, then
+/// the core to the OS scheduler.
+fn poll_until(done: &AtomicBool) {
+    let mut idle = 0u32;
+    while !done.load(Ordering::Acquire) {
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => idle = 0,
+            _ => {
+                idle += 1;
+                if idle % 16 == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rayon::prelude::*;
+
+    #[test]
+    fn install_returns_the_result_with_and_without_polling() {
+        for spin in [false, true] {
+            for threads in [1, 2, 4] {
+                let pool = StepPool::with_threads(threads, spin).unwrap();
+                for _ in 0..20 {
+                    let s: u64 = pool.install(|| (0..10_000u64).into_par_iter().sum());
+                    assert_eq!(s, 10_000 * 9_999 / 2, "spin {spin} threads {threads}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_panicking_step_does_not_hang_the_pool() {
+        let pool = StepPool::with_threads(2, true).unwrap();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.install(|| panic!("step failed"))
+        }));
+        assert!(r.is_err());
+        let s: u64 = pool.install(|| (0..100u64).into_par_iter().sum());
+        assert_eq!(s, 4950);
+    }
+
+    #[test]
+    fn the_steps_parallel_loops_use_every_worker() {
+        let pool = StepPool::with_threads(2, true).unwrap();
+        let seen = std::sync::Mutex::new(std::collections::HashSet::new());
+        for _ in 0..200 {
+            pool.install(|| {
+                (0..64).into_par_iter().for_each(|_| {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                    seen.lock().unwrap().insert(rayon::current_thread_index());
+                })
+            });
+            if seen.lock().unwrap().len() == 2 {
+                return;
+            }
+        }
+        panic!("one worker ran every item: {:?}", seen.lock().unwrap());
+    }
+}
