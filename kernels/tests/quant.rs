@@ -14,7 +14,7 @@
 //! and subnormal).
 
 use half::f16;
-use pagoda_kernels::quant::{matmul_quant_acts, QuantActs, QB};
+use pagoda_kernels::quant::{matmul_quant_acts, QuantActs, QB, QP};
 use pagoda_kernels::{matmul_quant, QuantFormat, QuantKernel, QuantMatrix};
 use proptest::prelude::*;
 
@@ -280,4 +280,30 @@ fn bad_shapes_are_refused() {
     let mut out = vec![0.0; 3];
     assert!(matmul_quant(&[0.0; 32], &w, &mut out, 1).is_err());
     assert!(matmul_quant(&[0.0; 31], &w, &mut out[..2], 1).is_err());
+}
+
+#[test]
+fn scales_are_held_as_f16_exactly_when_every_one_is_an_f16() {
+    // Q4_1's d and m are f16 in the file: f16 records, 5 bits a weight.
+    let mut rng = Rng(11);
+    let (n, k) = (32, 64);
+    let mut data = blocks(QuantFormat::Q4_1, n, k, &mut rng);
+    let w = QuantMatrix::from_gguf(QuantFormat::Q4_1, &data, n, k).unwrap();
+    assert!(w.f16_scales());
+    assert_eq!(w.num_bytes(), n / QP * k / QB * (64 + 256));
+    // Q4_0 with d = 65504: its offset -8·d is no f16, so the whole matrix keeps f32.
+    data = blocks(QuantFormat::Q4_0, n, k, &mut rng);
+    data[0..2].copy_from_slice(&f16::from_f32(65504.0).to_le_bytes());
+    let big = QuantMatrix::from_gguf(QuantFormat::Q4_0, &data, n, k).unwrap();
+    assert!(!big.f16_scales());
+    assert_eq!(big.num_bytes(), n / QP * k / QB * (128 + 256));
+    assert_eq!(
+        big.dequantize()[0],
+        65504.0 * (data[2] & 0xF) as f32 - 8.0 * 65504.0
+    );
+    // Q4_K's scales are d·sc products: rarely f16s, so f32 records.
+    data = blocks(QuantFormat::Q4K, n, 256, &mut rng);
+    assert!(!QuantMatrix::from_gguf(QuantFormat::Q4K, &data, n, 256)
+        .unwrap()
+        .f16_scales());
 }

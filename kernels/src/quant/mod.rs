@@ -8,7 +8,8 @@
 //! (Q4_0: `mn = -8s`; Q8_0: `u = q + 128`, `mn = -128s`; Q6_K: its raw 6-bit `u`,
 //! `mn = -32s`, sub-blocks of 16). Rows are grouped into panels of [`QP`] = 16
 //! (one 16-lane vector of outputs); per block of 32 elements a panel holds its
-//! scales and offsets as 16-float vectors, then the integers in groups of 4
+//! scales and offsets as 16-lane vectors (f16 where every value is an f16 exactly,
+//! as a Q4_0/Q4_1/Q8_0 file's are, else f32), then the integers in groups of 4
 //! elements per lane (`vpdpbusd`'s shape): the broadcast form of `crate::packed`,
 //! with no horizontal sums.
 //!
@@ -87,25 +88,16 @@ impl QuantFormat {
 /// How a [`QuantMatrix`] holds its integers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Storage {
-    /// 4-bit `u`, one (scale, offset) per 32 elements: 6 bits per weight.
+    /// 4-bit `u`, one (scale, offset) per 32 elements: 5 bits per weight with f16
+    /// scales, 6 with f32 (see `Layout`).
     Nibbles,
-    /// 8-bit `u`, one (scale, offset) per 32 elements: 10 bits per weight.
+    /// 8-bit `u`, one (scale, offset) per 32 elements: 9 (f16) or 10 bits per weight.
     Bytes,
-    /// 8-bit `u`, one (scale, offset) per 16 elements: 12 bits per weight.
+    /// 8-bit `u`, one (scale, offset) per 16 elements: 10 (f16) or 12 bits per weight.
     Bytes16,
 }
 
 impl Storage {
-    /// Bytes per (panel, block of 32) record.
-    pub(crate) const fn record_bytes(self) -> usize {
-        self.quant_offset() + QP * QB / self.per_byte()
-    }
-
-    /// Where the integers start in a record (after `subs` scale/offset vector pairs).
-    pub(crate) const fn quant_offset(self) -> usize {
-        self.subs() * 2 * 64
-    }
-
     /// Scale sub-blocks per block of 32.
     pub(crate) const fn subs(self) -> usize {
         match self {
@@ -122,6 +114,58 @@ impl Storage {
     }
 }
 
+/// Where things sit in a (panel, block) record: per scale sub-block `h`, a 16-lane
+/// vector of scales then one of offsets, as f32, or as f16 when every value of the
+/// matrix is an f16 exactly (Q4_0, Q4_1 and Q8_0 files store theirs as f16: half
+/// the scale bytes, 6 -> 5 bits a weight for nibbles, and the same results bit for
+/// bit); then the integers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Layout {
+    pub storage: Storage,
+    /// Scales and offsets as f16.
+    pub half: bool,
+}
+
+impl Layout {
+    /// Bytes of one scale (or offset).
+    pub(crate) const fn scale_bytes(self) -> usize {
+        if self.half {
+            2
+        } else {
+            4
+        }
+    }
+
+    /// Where sub-block `h`'s vector of scales starts; its offsets follow it.
+    pub(crate) const fn scale_offset(self, h: usize) -> usize {
+        2 * h * QP * self.scale_bytes()
+    }
+
+    /// Where sub-block `h`'s vector of offsets starts.
+    pub(crate) const fn min_offset(self, h: usize) -> usize {
+        self.scale_offset(h) + QP * self.scale_bytes()
+    }
+
+    /// Where the integers start (after `subs` scale/offset vector pairs).
+    pub(crate) const fn quant_offset(self) -> usize {
+        self.scale_offset(self.storage.subs())
+    }
+
+    /// Bytes per record: a multiple of 64 in every layout.
+    pub(crate) const fn record_bytes(self) -> usize {
+        self.quant_offset() + QP * QB / self.storage.per_byte()
+    }
+
+    /// Lane `lane`'s value in the scale (or offset) vector at byte `o` of `rec`.
+    pub(crate) fn value(self, rec: &[u8], o: usize, lane: usize) -> f32 {
+        if self.half {
+            half::f16::from_le_bytes([rec[o + 2 * lane], rec[o + 2 * lane + 1]]).to_f32()
+        } else {
+            pack::f32_at(rec, o + 4 * lane)
+        }
+    }
+}
+
 /// One 64-byte piece of a record, so vector loads never split a cache line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -133,10 +177,10 @@ pub(crate) struct Chunk(pub(crate) [u8; 64]);
 pub struct QuantMatrix {
     n: usize,
     k: usize,
-    storage: Storage,
+    layout: Layout,
     /// The format it came from (`Q4_1`, ...; `Q8_0` when quantized at load).
     format_name: &'static str,
-    /// `n.div_ceil(QP) * k / QB` records of `storage.record_bytes()`.
+    /// `n.div_ceil(QP) * k / QB` records of `layout.record_bytes()`.
     data: Vec<Chunk>,
 }
 
@@ -145,7 +189,8 @@ impl std::fmt::Debug for QuantMatrix {
         f.debug_struct("QuantMatrix")
             .field("n", &self.n)
             .field("k", &self.k)
-            .field("storage", &self.storage)
+            .field("storage", &self.layout.storage)
+            .field("f16_scales", &self.layout.half)
             .finish_non_exhaustive()
     }
 }
@@ -162,7 +207,13 @@ impl QuantMatrix {
     }
 
     pub fn storage(&self) -> Storage {
-        self.storage
+        self.layout.storage
+    }
+
+    /// Whether scales and offsets are held as f16 (every one of them is an f16
+    /// exactly; see `Layout`), else f32.
+    pub fn f16_scales(&self) -> bool {
+        self.layout.half
     }
 
     /// The format it came from (`Q4_1`, ...; `Q8_0` when quantized at load).
@@ -181,7 +232,7 @@ impl QuantMatrix {
 
     /// The records of panel `p`.
     fn panel(&self, p: usize) -> &[u8] {
-        let rb = self.storage.record_bytes() / 64;
+        let rb = self.layout.record_bytes() / 64;
         let chunks = &self.data[p * self.blocks() * rb..(p + 1) * self.blocks() * rb];
         // SAFETY: `Chunk` is 64 plain bytes with no padding; the slice covers
         // exactly those chunks.
@@ -193,9 +244,9 @@ impl QuantMatrix {
     pub fn row_into(&self, r: usize, dst: &mut [f32]) -> Result<(), KernelError> {
         crate::packed::check_row(r, self.n, self.k, dst)?;
         let (panel, lane) = (self.panel(r / QP), r % QP);
-        let rb = self.storage.record_bytes();
+        let rb = self.layout.record_bytes();
         for (b, out) in dst.chunks_exact_mut(QB).enumerate() {
-            pack::decode_lane(self.storage, &panel[b * rb..(b + 1) * rb], lane, out);
+            pack::decode_lane(self.layout, &panel[b * rb..(b + 1) * rb], lane, out);
         }
         Ok(())
     }
@@ -365,7 +416,7 @@ pub fn matmul_quant_acts(
                 let o = unsafe { out_ptr.get().add(r0 * ldo + p * QP) };
                 // SAFETY: `kernel` is available (checked above); `recs` is the
                 // panel's `k / QB` records; `o` is valid for h rows of `cols` at `ldo`.
-                unsafe { run_tile(kernel, w.storage, recs, acts, r0, h, o, ldo, cols) };
+                unsafe { run_tile(kernel, w.layout, recs, acts, r0, h, o, ldo, cols) };
                 r0 += h;
             }
         }
@@ -388,7 +439,7 @@ pub fn matmul_quant_acts(
 #[allow(clippy::too_many_arguments)]
 unsafe fn run_tile(
     kernel: QuantKernel,
-    storage: Storage,
+    layout: Layout,
     recs: &[u8],
     acts: &QuantActs,
     r0: usize,
@@ -401,15 +452,15 @@ unsafe fn run_tile(
     match kernel {
         QuantKernel::Avx512Vnni => {
             // SAFETY: the caller's contract, forwarded.
-            return unsafe { x86::tile_vnni(storage, recs, acts, r0, h, out, ldo, cols) };
+            return unsafe { x86::tile_vnni(layout, recs, acts, r0, h, out, ldo, cols) };
         }
         QuantKernel::Avx2 => {
             // SAFETY: the caller's contract, forwarded.
-            return unsafe { x86::tile_avx2(storage, recs, acts, r0, h, out, ldo, cols) };
+            return unsafe { x86::tile_avx2(layout, recs, acts, r0, h, out, ldo, cols) };
         }
         QuantKernel::Portable => {}
     }
     let _ = kernel;
     // SAFETY: the caller's contract, forwarded.
-    unsafe { portable::tile(storage, recs, acts, r0, h, out, ldo, cols) }
+    unsafe { portable::tile(layout, recs, acts, r0, h, out, ldo, cols) }
 }

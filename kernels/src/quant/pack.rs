@@ -2,14 +2,15 @@
 //! [`QuantMatrix`], and reading one lane back.
 //!
 //! A record (one panel of [`QP`] rows, one block of [`QB`] elements) is: per scale
-//! sub-block, a 16-float vector of scales then one of offsets; then the integers.
+//! sub-block, a 16-lane vector of scales then one of offsets (f32, or f16 when the
+//! whole matrix's values are f16s exactly: `Layout`); then the integers.
 //! Integers come in groups of 4 elements (`g = e / 4`), 4 bytes per lane, a lane
 //! per row: `vpdpbusd` multiplies such a 64-byte vector by one broadcast group of
 //! the activation. With bytes, group `g` is the `g`-th 64-byte vector; with
 //! nibbles, vector `t` (0..4) holds group `t` in its low nibbles and group `t + 4`
 //! in its high ones (one shift and two masks unpack it).
 
-use super::{Chunk, QuantFormat, QuantMatrix, Storage, QB, QP};
+use super::{Chunk, Layout, QuantFormat, QuantMatrix, Storage, QB, QP};
 use crate::error::KernelError;
 use half::f16;
 use rayon::prelude::*;
@@ -105,13 +106,28 @@ pub(crate) fn canon(fmt: QuantFormat, b: &[u8], sb: usize) -> Canon {
     c
 }
 
-/// Writes `c` as lane `lane` of a record.
-fn put(storage: Storage, rec: &mut [u8], lane: usize, c: &Canon) {
-    for h in 0..storage.subs() {
-        rec[128 * h + 4 * lane..][..4].copy_from_slice(&c.s[h].to_le_bytes());
-        rec[128 * h + 64 + 4 * lane..][..4].copy_from_slice(&c.mn[h].to_le_bytes());
+impl Canon {
+    /// Whether its scales and offsets are f16s exactly (then an f16 record holds them).
+    fn f16_exact(&self, storage: Storage) -> bool {
+        let exact = |v: f32| f16::from_f32(v).to_f32().to_bits() == v.to_bits();
+        (0..storage.subs()).all(|h| exact(self.s[h]) && exact(self.mn[h]))
     }
-    let q = &mut rec[storage.quant_offset()..];
+}
+
+/// Writes `c` as lane `lane` of a record.
+fn put(layout: Layout, rec: &mut [u8], lane: usize, c: &Canon) {
+    let storage = layout.storage;
+    for h in 0..storage.subs() {
+        let (so, mo) = (layout.scale_offset(h), layout.min_offset(h));
+        if layout.half {
+            rec[so + 2 * lane..][..2].copy_from_slice(&f16::from_f32(c.s[h]).to_le_bytes());
+            rec[mo + 2 * lane..][..2].copy_from_slice(&f16::from_f32(c.mn[h]).to_le_bytes());
+        } else {
+            rec[so + 4 * lane..][..4].copy_from_slice(&c.s[h].to_le_bytes());
+            rec[mo + 4 * lane..][..4].copy_from_slice(&c.mn[h].to_le_bytes());
+        }
+    }
+    let q = &mut rec[layout.quant_offset()..];
     for (e, &u) in c.u.iter().enumerate() {
         let (g, byte) = (e / 4, e % 4);
         match storage {
@@ -123,22 +139,23 @@ fn put(storage: Storage, rec: &mut [u8], lane: usize, c: &Canon) {
 
 /// Lane `lane` of a record, dequantized (`u·s + mn`, rounded once per step as
 /// the GGUF dequantizer does) into `out` (32 elements).
-pub(crate) fn decode_lane(storage: Storage, rec: &[u8], lane: usize, out: &mut [f32]) {
-    let f = |o: usize| f32_at(rec, o);
+pub(crate) fn decode_lane(layout: Layout, rec: &[u8], lane: usize, out: &mut [f32]) {
     for (e, o) in out.iter_mut().enumerate() {
-        let h = if storage == Storage::Bytes16 {
+        let h = if layout.storage == Storage::Bytes16 {
             e / 16
         } else {
             0
         };
-        *o = lane_u(storage, rec, lane, e) as f32 * f(128 * h + 4 * lane)
-            + f(128 * h + 64 + 4 * lane);
+        let s = layout.value(rec, layout.scale_offset(h), lane);
+        let mn = layout.value(rec, layout.min_offset(h), lane);
+        *o = lane_u(layout, rec, lane, e) as f32 * s + mn;
     }
 }
 
 /// The integer `u` of element `e` (0..32) of lane `lane` of a record.
-pub(crate) fn lane_u(storage: Storage, rec: &[u8], lane: usize, e: usize) -> u8 {
-    let q = &rec[storage.quant_offset()..];
+pub(crate) fn lane_u(layout: Layout, rec: &[u8], lane: usize, e: usize) -> u8 {
+    let storage = layout.storage;
+    let q = &rec[layout.quant_offset()..];
     let (g, byte) = (e / 4, e % 4);
     match storage {
         Storage::Nibbles => (q[64 * (g % 4) + 4 * lane + byte] >> (4 * (g / 4))) & 0xF,
@@ -200,7 +217,8 @@ impl QuantMatrix {
         }))
     }
 
-    /// Packs `n` rows, block `sb` of row `r` given by `block(r, sb)`.
+    /// Packs `n` rows, block `sb` of row `r` given by `block(r, sb)`; with f16
+    /// scales when every block's are f16s exactly.
     fn build(
         storage: Storage,
         format_name: &'static str,
@@ -208,7 +226,12 @@ impl QuantMatrix {
         k: usize,
         block: impl Fn(usize, usize) -> Canon + Sync,
     ) -> Self {
-        let (panels, kb, rb) = (n.div_ceil(QP), k / QB, storage.record_bytes());
+        let kb = k / QB;
+        let half = (0..n)
+            .into_par_iter()
+            .all(|r| (0..kb).all(|sb| block(r, sb).f16_exact(storage)));
+        let layout = Layout { storage, half };
+        let (panels, rb) = (n.div_ceil(QP), layout.record_bytes());
         let mut data = vec![Chunk([0; 64]); panels * kb * rb / 64];
         if kb > 0 {
             data.par_chunks_mut(kb * rb / 64)
@@ -224,7 +247,7 @@ impl QuantMatrix {
                     };
                     for lane in 0..QP.min(n - p * QP) {
                         for (sb, rec) in bytes.chunks_exact_mut(rb).enumerate() {
-                            put(storage, rec, lane, &block(p * QP + lane, sb));
+                            put(layout, rec, lane, &block(p * QP + lane, sb));
                         }
                     }
                 });
@@ -232,7 +255,7 @@ impl QuantMatrix {
         QuantMatrix {
             n,
             k,
-            storage,
+            layout,
             format_name,
             data,
         }

@@ -3,8 +3,8 @@
 //! results are bit-identical to theirs (and it is their executable spec).
 
 use super::act::QuantActs;
-use super::pack::{f32_at, lane_u};
-use super::{Storage, QB, QP};
+use super::pack::lane_u;
+use super::{Layout, Storage, QB, QP};
 
 /// `h` rows of `acts` from `r0` times one panel (`recs`, `k / QB` records).
 ///
@@ -12,7 +12,7 @@ use super::{Storage, QB, QP};
 /// `out` is valid for `h` rows of `cols <= QP` elements at stride `ldo`.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn tile(
-    storage: Storage,
+    layout: Layout,
     recs: &[u8],
     acts: &QuantActs,
     r0: usize,
@@ -21,7 +21,7 @@ pub(super) unsafe fn tile(
     ldo: usize,
     cols: usize,
 ) {
-    let rb = storage.record_bytes();
+    let (storage, rb) = (layout.storage, layout.record_bytes());
     for i in 0..h {
         let (a, blocks) = (acts.row(r0 + i), acts.row_blocks(r0 + i));
         let mut acc = [0.0f32; QP];
@@ -30,10 +30,10 @@ pub(super) unsafe fn tile(
             for (lane, acc) in acc.iter_mut().enumerate() {
                 let mut isum = [0i32; 2];
                 for (e, &av) in aq.iter().enumerate() {
-                    isum[e / 16] += lane_u(storage, rec, lane, e) as i32 * av as i32;
+                    isum[e / 16] += lane_u(layout, rec, lane, e) as i32 * av as i32;
                 }
-                let s = |h: usize| f32_at(rec, 128 * h + 4 * lane);
-                let mn = |h: usize| f32_at(rec, 128 * h + 64 + 4 * lane);
+                let s = |h: usize| layout.value(rec, layout.scale_offset(h), lane);
+                let mn = |h: usize| layout.value(rec, layout.min_offset(h), lane);
                 if storage == Storage::Bytes16 {
                     for (hh, &is) in isum.iter().enumerate() {
                         *acc = (is as f32).mul_add(s(hh) * ab.d, *acc);

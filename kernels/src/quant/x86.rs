@@ -10,7 +10,7 @@
 //! pair then stays within 2 · 128 · 127), and adds `128·Σa` back.
 
 use super::act::{ActBlock, QuantActs};
-use super::{Storage, QB, QP};
+use super::{Layout, Storage, QB, QP};
 use std::arch::x86_64::*;
 
 const NIB: u8 = 0;
@@ -25,24 +25,29 @@ const fn storage_of(s: u8) -> Storage {
     }
 }
 
-/// Picks the monomorphized kernel for (`storage`, `h` in 1..=4).
+/// Picks the monomorphized kernel for (`layout`, `h` in 1..=4).
 macro_rules! dispatch {
-    ($f:ident, $storage:expr, $h:expr, $($arg:expr),*) => {
-        match ($storage, $h) {
-            (Storage::Nibbles, 1) => $f::<NIB, 1>($($arg),*),
-            (Storage::Nibbles, 2) => $f::<NIB, 2>($($arg),*),
-            (Storage::Nibbles, 3) => $f::<NIB, 3>($($arg),*),
-            (Storage::Nibbles, _) => $f::<NIB, 4>($($arg),*),
-            (Storage::Bytes, 1) => $f::<BYT, 1>($($arg),*),
-            (Storage::Bytes, 2) => $f::<BYT, 2>($($arg),*),
-            (Storage::Bytes, 3) => $f::<BYT, 3>($($arg),*),
-            (Storage::Bytes, _) => $f::<BYT, 4>($($arg),*),
-            (Storage::Bytes16, 1) => $f::<B16, 1>($($arg),*),
-            (Storage::Bytes16, 2) => $f::<B16, 2>($($arg),*),
-            (Storage::Bytes16, 3) => $f::<B16, 3>($($arg),*),
-            (Storage::Bytes16, _) => $f::<B16, 4>($($arg),*),
+    ($f:ident, $layout:expr, $h:expr, $($arg:expr),*) => {{
+        let l: Layout = $layout;
+        macro_rules! by_h {
+            ($s:expr, $half:expr) => {
+                match $h {
+                    1 => $f::<$s, $half, 1>($($arg),*),
+                    2 => $f::<$s, $half, 2>($($arg),*),
+                    3 => $f::<$s, $half, 3>($($arg),*),
+                    _ => $f::<$s, $half, 4>($($arg),*),
+                }
+            };
         }
-    };
+        match (l.storage, l.half) {
+            (Storage::Nibbles, false) => by_h!(NIB, false),
+            (Storage::Nibbles, true) => by_h!(NIB, true),
+            (Storage::Bytes, false) => by_h!(BYT, false),
+            (Storage::Bytes, true) => by_h!(BYT, true),
+            (Storage::Bytes16, false) => by_h!(B16, false),
+            (Storage::Bytes16, true) => by_h!(B16, true),
+        }
+    }};
 }
 
 /// `h` (1..=4) rows of `acts` from `r0` times one panel, on AVX-512 VNNI.
@@ -52,7 +57,7 @@ macro_rules! dispatch {
 /// `out` is valid for `h` rows of `cols <= QP` at stride `ldo`.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn tile_vnni(
-    storage: Storage,
+    layout: Layout,
     recs: &[u8],
     acts: &QuantActs,
     r0: usize,
@@ -62,7 +67,7 @@ pub(super) unsafe fn tile_vnni(
     cols: usize,
 ) {
     // SAFETY: the caller's contract, forwarded.
-    unsafe { dispatch!(vnni, storage, h, recs, acts, r0, out, ldo, cols) }
+    unsafe { dispatch!(vnni, layout, h, recs, acts, r0, out, ldo, cols) }
 }
 
 /// As [`tile_vnni`], on AVX2 + FMA.
@@ -71,7 +76,7 @@ pub(super) unsafe fn tile_vnni(
 /// AVX2 and FMA available; otherwise as [`tile_vnni`].
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn tile_avx2(
-    storage: Storage,
+    layout: Layout,
     recs: &[u8],
     acts: &QuantActs,
     r0: usize,
@@ -81,7 +86,7 @@ pub(super) unsafe fn tile_avx2(
     cols: usize,
 ) {
     // SAFETY: the caller's contract, forwarded.
-    unsafe { dispatch!(avx2, storage, h, recs, acts, r0, out, ldo, cols) }
+    unsafe { dispatch!(avx2, layout, h, recs, acts, r0, out, ldo, cols) }
 }
 
 type Rows<'a, const H: usize> = [(&'a [i8], &'a [ActBlock]); H];
@@ -97,7 +102,7 @@ fn rows<const H: usize>(acts: &QuantActs, r0: usize) -> Rows<'_, H> {
 /// cost 2.6-4x there).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[allow(clippy::needless_range_loop)]
-unsafe fn vnni<const S: u8, const H: usize>(
+unsafe fn vnni<const S: u8, const F: bool, const H: usize>(
     recs: &[u8],
     acts: &QuantActs,
     r0: usize,
@@ -105,8 +110,11 @@ unsafe fn vnni<const S: u8, const H: usize>(
     ldo: usize,
     cols: usize,
 ) {
-    let st = storage_of(S);
-    let (rb, qo) = (st.record_bytes(), st.quant_offset());
+    let lay = Layout {
+        storage: storage_of(S),
+        half: F,
+    };
+    let (rb, qo) = (lay.record_bytes(), lay.quant_offset());
     let kb = recs.len() / rb;
     let rows = rows::<H>(acts, r0);
     // Every row has kb blocks of QB int8 (QuantActs' layout), checked once here.
@@ -116,14 +124,20 @@ unsafe fn vnni<const S: u8, const H: usize>(
     let mut acc = [_mm512_setzero_ps(); H];
     let m4 = _mm512_set1_epi8(0x0F);
     for b in 0..kb {
-        // SAFETY: record b of kb lies inside `recs`; every offset below (scales at
-        // 128·hh, offsets at 128·hh + 64, integers at qo + 64·g) plus 64 bytes
-        // stays inside its `rb` bytes.
+        // SAFETY: record b of kb lies inside `recs`; every offset below (scale and
+        // offset vectors at `lay`'s offsets, 16 lanes of 2 or 4 bytes; integers at
+        // qo + 64·g, 64 bytes) stays inside its `rb` bytes.
         let r = unsafe { recs.as_ptr().add(b * rb) };
         // SAFETY: `o` is one of the offsets above: 64 bytes inside the record.
         let ld = |o: usize| unsafe { _mm512_loadu_si512(r.add(o) as *const __m512i) };
-        // SAFETY: as for `ld`.
-        let ldf = |o: usize| unsafe { _mm512_loadu_ps(r.add(o) as *const f32) };
+        // SAFETY: as for `ld`: 16 f16 (32 bytes) or 16 f32 (64 bytes).
+        let ldf = |o: usize| unsafe {
+            if F {
+                _mm512_cvtph_ps(_mm256_loadu_si256(r.add(o) as *const __m256i))
+            } else {
+                _mm512_loadu_ps(r.add(o) as *const f32)
+            }
+        };
         let mut w = [_mm512_setzero_si512(); 8];
         if S == NIB {
             for t in 0..4 {
@@ -153,7 +167,7 @@ unsafe fn vnni<const S: u8, const H: usize>(
                     for g in 4 * hh..4 * hh + 4 {
                         s = _mm512_dpbusd_epi32(s, w[g], av(g));
                     }
-                    let (sc, mn) = (ldf(128 * hh), ldf(128 * hh + 64));
+                    let (sc, mn) = (ldf(lay.scale_offset(hh)), ldf(lay.min_offset(hh)));
                     acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sc, d), acc[i]);
                     acc[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ab.a16[hh]), acc[i]);
                 }
@@ -162,7 +176,7 @@ unsafe fn vnni<const S: u8, const H: usize>(
                 for g in 0..8 {
                     s = _mm512_dpbusd_epi32(s, w[g], av(g));
                 }
-                let (sc, mn) = (ldf(0), ldf(64));
+                let (sc, mn) = (ldf(lay.scale_offset(0)), ldf(lay.min_offset(0)));
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sc, d), acc[i]);
                 acc[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ab.a32), acc[i]);
             }
@@ -184,9 +198,9 @@ unsafe fn vnni<const S: u8, const H: usize>(
 /// As [`tile_avx2`] with `h = H`.
 ///
 /// The hot loop reads through raw pointers (bounds-checked slices cost ~40 % here).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)]
-unsafe fn avx2<const S: u8, const H: usize>(
+unsafe fn avx2<const S: u8, const F: bool, const H: usize>(
     recs: &[u8],
     acts: &QuantActs,
     r0: usize,
@@ -194,8 +208,11 @@ unsafe fn avx2<const S: u8, const H: usize>(
     ldo: usize,
     cols: usize,
 ) {
-    let st = storage_of(S);
-    let (rb, qo) = (st.record_bytes(), st.quant_offset());
+    let lay = Layout {
+        storage: storage_of(S),
+        half: F,
+    };
+    let (rb, qo) = (lay.record_bytes(), lay.quant_offset());
     let kb = recs.len() / rb;
     let rows = rows::<H>(acts, r0);
     // Every row has kb blocks of QB int8 (QuantActs' layout), checked once here.
@@ -212,14 +229,23 @@ unsafe fn avx2<const S: u8, const H: usize>(
         }
         let mut acc = [_mm256_setzero_ps(); H];
         for b in 0..kb {
-            // SAFETY: record b of kb lies inside `recs`; every offset below
-            // (scales at 128·hh + lo, offsets at 128·hh + 64 + lo, integers at
-            // qo + 64·g + lo) plus 32 bytes stays inside its `rb` bytes.
+            // SAFETY: record b of kb lies inside `recs`; every offset below (lanes
+            // 8·half.. of the scale and offset vectors at `lay`'s offsets, 8 lanes
+            // of 2 or 4 bytes; integers at qo + 64·g + lo, 32 bytes) stays inside
+            // its `rb` bytes.
             let r = unsafe { recs.as_ptr().add(b * rb) };
             // SAFETY: `o` is one of the offsets above: 32 bytes inside the record.
             let ld = |o: usize| unsafe { _mm256_loadu_si256(r.add(o) as *const __m256i) };
-            // SAFETY: as for `ld`.
-            let ldf = |o: usize| unsafe { _mm256_loadu_ps(r.add(o) as *const f32) };
+            // SAFETY: as for `ld`: 8 f16 (16 bytes) or 8 f32 (32 bytes) from `o`,
+            // this half's lanes of the vector.
+            let ldf = |o: usize| unsafe {
+                let o = o + 8 * half * lay.scale_bytes();
+                if F {
+                    _mm256_cvtph_ps(_mm_loadu_si128(r.add(o) as *const __m128i))
+                } else {
+                    _mm256_loadu_ps(r.add(o) as *const f32)
+                }
+            };
             let mut w = [_mm256_setzero_si256(); 8];
             let mut wa = [_mm256_setzero_si256(); 8];
             if S == NIB {
@@ -266,14 +292,14 @@ unsafe fn avx2<const S: u8, const H: usize>(
                 if S == B16 {
                     for hh in 0..2 {
                         let s = isum(4 * hh, 4 * hh + 4, ab.s16[hh]);
-                        let (sc, mn) = (ldf(128 * hh + lo), ldf(128 * hh + 64 + lo));
+                        let (sc, mn) = (ldf(lay.scale_offset(hh)), ldf(lay.min_offset(hh)));
                         acc[i] =
                             _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sc, d), acc[i]);
                         acc[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ab.a16[hh]), acc[i]);
                     }
                 } else {
                     let s = isum(0, 8, ab.s16[0] + ab.s16[1]);
-                    let (sc, mn) = (ldf(lo), ldf(64 + lo));
+                    let (sc, mn) = (ldf(lay.scale_offset(0)), ldf(lay.min_offset(0)));
                     acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sc, d), acc[i]);
                     acc[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ab.a32), acc[i]);
                 }
