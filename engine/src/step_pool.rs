@@ -110,7 +110,7 @@ fn poll_until(done: &AtomicBool) {
             Some(rayon::Yield::Executed) => idle = 0,
             _ => {
                 idle += 1;
-                if idle % 16 == 0 {
+                if idle.is_multiple_of(16) {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
