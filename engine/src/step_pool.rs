@@ -101,15 +101,42 @@ impl Drop for Stop<'_> {
     }
 }
 
+thread_local! {
+    static POLLING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// This thread is polling while one is held.
+struct Polling;
+
+impl Polling {
+    /// `None` if this thread is polling already.
+    fn enter() -> Option<Polling> {
+        // `then`, not `then_some`: an eagerly built guard would be dropped (and clear
+        // the flag) when this thread is polling already.
+        (!POLLING.replace(true)).then(|| Polling)
+    }
+}
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        POLLING.set(false);
+    }
+}
+
 /// Steals and runs pool jobs until `done`; between finds, a few spin hints, then
 /// the core to the OS scheduler.
 fn poll_until(done: &AtomicBool) {
+    // A poller that steals another poller returns it at once: one poller a worker,
+    // so with more than two threads every idle worker polls, not one of them twice.
+    let Some(_polling) = Polling::enter() else {
+        return;
+    };
     let mut idle = 0u32;
     while !done.load(Ordering::Acquire) {
         match rayon::yield_now() {
             Some(rayon::Yield::Executed) => idle = 0,
             _ => {
-                idle += 1;
+                idle = idle.wrapping_add(1);
                 if idle.is_multiple_of(16) {
                     std::thread::yield_now();
                 } else {
@@ -147,6 +174,34 @@ mod tests {
         assert!(r.is_err());
         let s: u64 = pool.install(|| (0..100u64).into_par_iter().sum());
         assert_eq!(s, 4950);
+    }
+
+    #[test]
+    fn a_thread_polls_once() {
+        let outer = Polling::enter();
+        assert!(outer.is_some());
+        assert!(Polling::enter().is_none());
+        // A nested poller returns without waiting for its flag.
+        poll_until(&AtomicBool::new(false));
+        drop(outer);
+        assert!(Polling::enter().is_some());
+    }
+
+    #[test]
+    fn with_four_threads_every_worker_polls() {
+        // Loops of items that each take a while: with one poller a worker, all four
+        // workers run some of them.
+        let pool = StepPool::with_threads(4, true).unwrap();
+        let seen = std::sync::Mutex::new(std::collections::HashSet::new());
+        for _ in 0..50 {
+            pool.install(|| {
+                (0..256).into_par_iter().for_each(|_| {
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                    seen.lock().unwrap().insert(rayon::current_thread_index());
+                })
+            });
+        }
+        assert_eq!(seen.lock().unwrap().len(), 4, "{:?}", seen.lock().unwrap());
     }
 
     #[test]
