@@ -13,7 +13,7 @@
 //! steps they park as before.
 
 use crate::error::EngineError;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Environment variable: `0` turns the polling off (A/B runs, shared machines).
@@ -24,6 +24,8 @@ pub const STEP_SPIN_ENV: &str = "PAGODA_STEP_SPIN";
 pub struct StepPool {
     pool: Arc<rayon::ThreadPool>,
     spin: bool,
+    /// Workers polling right now (for tests).
+    active: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for StepPool {
@@ -55,6 +57,7 @@ impl StepPool {
         Ok(Self {
             pool: Arc::new(pool),
             spin,
+            active: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -76,13 +79,18 @@ impl StepPool {
         }
         self.pool.install(|| {
             let done = AtomicBool::new(false);
+            let me = rayon::current_thread_index();
             rayon::scope(|s| {
-                for _ in 0..helpers {
-                    s.spawn(|_| poll_until(&done));
-                }
-                // The pollers sit under `f`'s own jobs in this worker's deque: the
-                // others steal them (that is what wakes them), this one never pops
-                // them before `f` is done, and if one was not stolen it returns at once.
+                // One poller in each worker's own broadcast queue (no other worker
+                // can take it, and pushing it wakes them all); this worker's returns
+                // at once whenever it gets to it.
+                s.spawn_broadcast(|_, ctx| {
+                    if Some(ctx.index()) != me {
+                        self.active.fetch_add(1, Ordering::Relaxed);
+                        poll_until(&done);
+                        self.active.fetch_sub(1, Ordering::Relaxed);
+                    }
+                });
                 // Set on return and on unwind: a panicking step must not leave the
                 // scope waiting on pollers forever.
                 let _stop = Stop(&done);
@@ -126,8 +134,8 @@ impl Drop for Polling {
 /// Steals and runs pool jobs until `done`; between finds, a few spin hints, then
 /// the core to the OS scheduler.
 fn poll_until(done: &AtomicBool) {
-    // A poller that steals another poller returns it at once: one poller a worker,
-    // so with more than two threads every idle worker polls, not one of them twice.
+    // A thread polls once: a nested poller returns at once.
+    // (Broadcast pollers never nest; this guards against any other way in.)
     let Some(_polling) = Polling::enter() else {
         return;
     };
@@ -188,20 +196,22 @@ mod tests {
     }
 
     #[test]
-    fn with_four_threads_every_worker_polls() {
-        // Loops of items that each take a while: with one poller a worker, all four
-        // workers run some of them.
+    fn with_four_threads_the_three_others_poll() {
         let pool = StepPool::with_threads(4, true).unwrap();
-        let seen = std::sync::Mutex::new(std::collections::HashSet::new());
-        for _ in 0..50 {
-            pool.install(|| {
-                (0..256).into_par_iter().for_each(|_| {
-                    std::thread::sleep(std::time::Duration::from_micros(20));
-                    seen.lock().unwrap().insert(rayon::current_thread_index());
-                })
+        for _ in 0..20 {
+            let t = std::time::Instant::now();
+            let seen = pool.install(|| {
+                // Wait (a bounded while) for every other worker to be polling.
+                while pool.active.load(Ordering::Relaxed) < 3
+                    && t.elapsed() < std::time::Duration::from_secs(5)
+                {
+                    std::hint::spin_loop();
+                }
+                pool.active.load(Ordering::Relaxed)
             });
+            assert_eq!(seen, 3);
         }
-        assert_eq!(seen.lock().unwrap().len(), 4, "{:?}", seen.lock().unwrap());
+        assert_eq!(pool.active.load(Ordering::Relaxed), 0, "pollers left");
     }
 
     #[test]
