@@ -229,20 +229,16 @@ fn priority_field_and_policy() {
         "1",
     ])));
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let blocker = {
-        let s = s.clone();
-        std::thread::spawn(move || {
-            s.post_ok(
-                "/v1/completions",
-                &json!({"prompt": "Tell me a long story:", "max_tokens": 64, "ignore_eos": true}),
-            )
-        })
-    };
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let spawn = |name: &'static str, priority: i64, delay_ms: u64| {
+    // The blocker holds the slot until its client hangs up (no timing assumption:
+    // a fast machine finishes a short blocker before the others queue).
+    let mut blocker = s.open_stream(
+        "/v1/completions",
+        &json!({"prompt": "Count:", "max_tokens": 1000, "ignore_eos": true, "stream": true}),
+    );
+    assert!(blocker.next_event().is_some());
+    let spawn = |name: &'static str, priority: i64| {
         let (s, order) = (s.clone(), order.clone());
         std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(delay_ms));
             s.post_ok(
                 "/v1/completions",
                 &json!({"prompt": name, "max_tokens": 1, "priority": priority}),
@@ -250,12 +246,14 @@ fn priority_field_and_policy() {
             order.lock().unwrap().push(name);
         })
     };
-    let low = spawn("low", 10, 0);
-    let urgent = spawn("urgent", -10, 200);
+    let low = spawn("low", 10);
+    s.expect_metrics(&[("vllm:num_requests_waiting", 1.0)]);
+    let urgent = spawn("urgent", -10);
+    s.expect_metrics(&[("vllm:num_requests_waiting", 2.0)]);
+    drop(blocker);
     for t in [low, urgent] {
         t.join().unwrap();
     }
-    blocker.join().unwrap();
     assert_eq!(*order.lock().unwrap(), vec!["urgent", "low"]);
 }
 

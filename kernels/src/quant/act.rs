@@ -1,6 +1,7 @@
 //! Activations quantized to int8 per block of 32, the `x` side of the quantized
 //! matmul: `x ≈ d·a` with `d = max|x_block| / 127` and `a = round(x / d)` in
-//! `[-127, 127]` (ties to even), so each element is off by at most `d/2`. Per block it also keeps
+//! `[-127, 127]` (ties to even), so each element is off by at most `d/2` (plus f32's
+//! roundings of `1/d` and `x·(1/d)`, under `1.5 ε|x|`). Per block it also keeps
 //! the sums the offset term of the weights needs (`d·Σa` over 32 and over each
 //! half, and the integer half sums for the AVX2 path).
 //!
