@@ -265,13 +265,20 @@ impl EngineCore {
             ..SchedulerConfig::default()
         })
         .map_err(|e| EngineError::invalid("scheduler", e.to_string()))?;
+        let pool = StepPool::new()?;
+        tracing::info!(
+            "step pool: {} threads, idle workers {} during a step ({}=0 to park)",
+            pool.num_threads(),
+            if pool.spins() { "poll" } else { "park" },
+            crate::step_pool::STEP_SPIN_ENV
+        );
         Ok((
             EngineCore {
                 scheduler,
                 runner,
                 prompt_logprobs: HashMap::new(),
                 newly_scheduled: Vec::new(),
-                pool: StepPool::new()?,
+                pool,
             },
             info,
         ))
