@@ -49,6 +49,8 @@ pub struct EngineConfig {
     /// vLLM's `--enforce-eager`: no CUDA graphs on a device (every step launched
     /// kernel by kernel). Off by default: decode steps replay graphs captured at start.
     pub enforce_eager: bool,
+    /// Bounds of structured-output compilation (the `--structured-outputs-*` flags).
+    pub structured_limits: crate::structured::CompileLimits,
 }
 
 /// Prompts that trigger the runner's test-only faults (see
@@ -84,6 +86,7 @@ impl EngineConfig {
             disable_log_stats: false,
             device: pagoda_core::Device::Cpu,
             enforce_eager: false,
+            structured_limits: Default::default(),
         }
     }
 }

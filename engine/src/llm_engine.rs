@@ -203,6 +203,7 @@ impl LLMEngine {
             hf_tokenizer.clone(),
             eos_token_ids.clone(),
             info.vocab_size,
+            config.structured_limits.clone(),
         ));
         Ok(LLMEngine {
             core,

@@ -7,6 +7,11 @@
 //!   per engine ([`SharedCompiler`] builds it on first use). An invalid constraint is
 //!   [`EngineError::InvalidGrammar`] (HTTP 400) with llguidance's message, found
 //!   before the request enters the engine.
+//! * Compiles run on the [`compile`] pool: dedicated low-priority threads with a
+//!   large stack, after the static bounds of [`bounds`] (chain depth, regex size),
+//!   under a deadline and llguidance's fuel and size limits ([`CompileLimits`]),
+//!   cancelled when the client goes; the first mask is computed there too, so a
+//!   constraint that cannot start is refused before it is queued.
 //! * Each step the model runner hands the constrained rows' grammars to the
 //!   [`MaskWorker`], a dedicated thread (not the rayon pool the forward pass uses)
 //!   that computes their allowed-token bitmasks while the model runs, as vLLM does;
@@ -19,21 +24,25 @@
 //!   When the grammar is complete its mask allows EOS only, so the request stops
 //!   with EOS (`finish_reason: "stop"`).
 
+pub mod bounds;
+pub mod compile;
 mod gbnf;
 
 use crate::EngineError;
+pub use compile::{CompileLimits, CompileStats, CompileTicket};
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::SimpleVob;
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
 use pagoda_core::{Constraint, StructuredOutputs};
 use serde_json::{json, Value};
-use std::sync::{mpsc, Arc, OnceLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Compiles constraints for one tokenizer and vocabulary.
 pub struct GrammarCompiler {
     factory: ParserFactory,
+    limits: CompileLimits,
 }
 
 impl GrammarCompiler {
@@ -44,6 +53,7 @@ impl GrammarCompiler {
         tokenizer: &tokenizers::Tokenizer,
         eos_ids: &[u32],
         vocab_size: usize,
+        limits: CompileLimits,
     ) -> Result<Self, EngineError> {
         let fault = |e: String| EngineError::Fault {
             message: format!("structured outputs: {e}"),
@@ -64,12 +74,25 @@ impl GrammarCompiler {
             .map_err(|e| fault(e.to_string()))?;
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| fault(e.to_string()))?;
         factory.quiet();
-        Ok(GrammarCompiler { factory })
+        limits.apply(factory.limits_mut());
+        Ok(GrammarCompiler { factory, limits })
     }
 
-    /// Compiles one request's constraint. Errors are the caller's (a 400).
+    /// Compiles one request's constraint on this thread, first mask included.
+    /// Errors are the caller's (a 400). Mind the stack: deep constraints need the
+    /// compile pool's ([`SharedCompiler::submit`]); this is for tests and tools.
     pub fn compile(&self, spec: &StructuredOutputs) -> Result<Grammar, EngineError> {
+        let mut g = Grammar::new(self.build_matcher(spec)?);
+        g.precompute_first_mask().map_err(|e| {
+            invalid_grammar(format!("the constraint cannot generate any output: {e}"))
+        })?;
+        Ok(g)
+    }
+
+    /// Checks the bounds, then builds the matcher (no mask yet).
+    pub(crate) fn build_matcher(&self, spec: &StructuredOutputs) -> Result<Matcher, EngineError> {
         spec.validate()?;
+        check_bounds(spec, &self.limits)?;
         let grammar = top_level_grammar(spec)?;
         let parser = self
             .factory
@@ -79,11 +102,60 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(invalid_grammar(format!("Grammar error: {e}")));
         }
-        Ok(Grammar {
-            matcher,
-            num_consumed: 0,
-        })
+        Ok(matcher)
     }
+}
+
+/// The static bounds of [`bounds`], each refusal naming its flag.
+fn check_bounds(spec: &StructuredOutputs, limits: &CompileLimits) -> Result<(), EngineError> {
+    let too_deep = |what: &str| {
+        invalid_grammar(format!(
+            "the {what} nests more than {} levels deep (--structured-outputs-max-depth)",
+            limits.max_depth
+        ))
+    };
+    let mut regexes: Vec<String> = spec.whitespace_pattern.iter().cloned().collect();
+    match &spec.constraint {
+        Constraint::Json(schema) => {
+            bounds::schema_depth(schema, limits.max_depth)
+                .map_err(|_| too_deep("JSON schema (counting `$ref`s)"))?;
+            bounds::schema_patterns(schema, &mut regexes);
+        }
+        Constraint::JsonObject => {}
+        Constraint::Regex(rx) => regexes.push(rx.clone()),
+        Constraint::Choice(choices) => {
+            let total: u64 = choices.iter().map(|c| c.len() as u64 + 1).sum();
+            if total > limits.max_regex_size {
+                return Err(invalid_grammar(format!(
+                    "`choice` has {} options of {total} bytes in all; the limit is {} bytes \
+                     (--structured-outputs-max-regex-size)",
+                    choices.len(),
+                    limits.max_regex_size
+                )));
+            }
+        }
+        Constraint::Grammar(g) => {
+            let lark = if gbnf::is_gbnf(g) {
+                gbnf::to_lark(g)
+                    .map_err(|e| invalid_grammar(format!("Invalid grammar specification: {e}")))?
+            } else {
+                g.clone()
+            };
+            bounds::lark_depth(&lark, limits.max_depth)
+                .map_err(|_| too_deep("grammar's rule chain"))?;
+        }
+    }
+    for rx in &regexes {
+        if let Some(size) = bounds::regex_size(rx).filter(|&s| s > limits.max_regex_size) {
+            let shown: String = rx.chars().take(60).collect();
+            return Err(invalid_grammar(format!(
+                "the regex `{shown}` expands to {size} elements once its repetitions are counted; \
+                 the limit is {} (--structured-outputs-max-regex-size)",
+                limits.max_regex_size
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn invalid_grammar(message: String) -> EngineError {
@@ -199,6 +271,9 @@ fn escape_regex(s: &str) -> String {
 pub struct Grammar {
     matcher: Matcher,
     num_consumed: usize,
+    /// The mask before any output token, computed on the compile pool; the
+    /// first [`Grammar::compute_mask`] returns it.
+    first_mask: Option<SimpleVob>,
 }
 
 impl std::fmt::Debug for Grammar {
@@ -211,8 +286,29 @@ impl std::fmt::Debug for Grammar {
 }
 
 impl Grammar {
+    fn new(matcher: Matcher) -> Self {
+        Grammar {
+            matcher,
+            num_consumed: 0,
+            first_mask: None,
+        }
+    }
+
+    /// Computes the first mask now (where the compile runs): an error means the
+    /// constraint cannot produce any output.
+    fn precompute_first_mask(&mut self) -> Result<(), String> {
+        let m = self.compute_mask()?;
+        self.first_mask = Some(m);
+        Ok(())
+    }
+
     /// The tokens allowed next: EOS only once the grammar is complete.
     pub fn compute_mask(&mut self) -> Result<SimpleVob, String> {
+        if let Some(m) = self.first_mask.take() {
+            if self.num_consumed == 0 {
+                return Ok(m);
+            }
+        }
         self.matcher
             .compute_mask_or_eos()
             .map_err(|e| format!("structured outputs: {e}"))
@@ -222,6 +318,7 @@ impl Grammar {
     /// the EOS that ends a complete grammar).
     pub fn accept(&mut self, token: u32) -> Result<(), String> {
         self.num_consumed += 1;
+        self.first_mask = None;
         if self.matcher.is_stopped() {
             return Ok(());
         }
@@ -261,35 +358,29 @@ pub fn apply_mask(logits: &mut [f32], mask: &SimpleVob) {
     }
 }
 
-/// The engine's compiler, built on first use (building the token trie takes a
+/// What the compile threads share with [`SharedCompiler`]: the tokenizer, the
+/// limits and the compiler, built on first use (building the token trie takes a
 /// moment, which servers without structured requests should not pay at start).
-pub struct SharedCompiler {
+pub(crate) struct SharedCore {
     tokenizer: Arc<tokenizers::Tokenizer>,
     eos_ids: Vec<u32>,
     vocab_size: usize,
+    limits: CompileLimits,
     compiler: OnceLock<Result<GrammarCompiler, EngineError>>,
+    counters: compile::Counters,
 }
 
-impl SharedCompiler {
-    pub fn new(
-        tokenizer: Arc<tokenizers::Tokenizer>,
-        eos_ids: Vec<u32>,
-        vocab_size: usize,
-    ) -> Self {
-        SharedCompiler {
-            tokenizer,
-            eos_ids,
-            vocab_size,
-            compiler: OnceLock::new(),
-        }
-    }
-
-    /// The compiler, built now if this is the first use.
-    pub fn get(&self) -> Result<&GrammarCompiler, EngineError> {
+impl SharedCore {
+    fn compiler(&self) -> Result<&GrammarCompiler, EngineError> {
         self.compiler
             .get_or_init(|| {
                 let t0 = Instant::now();
-                let c = GrammarCompiler::new(&self.tokenizer, &self.eos_ids, self.vocab_size);
+                let c = GrammarCompiler::new(
+                    &self.tokenizer,
+                    &self.eos_ids,
+                    self.vocab_size,
+                    self.limits.clone(),
+                );
                 tracing::info!(
                     "structured outputs: token trie built in {:.0} ms",
                     t0.elapsed().as_secs_f64() * 1e3
@@ -299,10 +390,64 @@ impl SharedCompiler {
             .as_ref()
             .map_err(Clone::clone)
     }
+}
 
-    /// Compiles `spec` (see [`GrammarCompiler::compile`]).
+/// The engine's compiler and its compile pool (started on first use).
+pub struct SharedCompiler {
+    core: Arc<SharedCore>,
+    pool: Mutex<Option<compile::CompilePool>>,
+}
+
+impl SharedCompiler {
+    pub fn new(
+        tokenizer: Arc<tokenizers::Tokenizer>,
+        eos_ids: Vec<u32>,
+        vocab_size: usize,
+        limits: CompileLimits,
+    ) -> Self {
+        SharedCompiler {
+            core: Arc::new(SharedCore {
+                tokenizer,
+                eos_ids,
+                vocab_size,
+                limits,
+                compiler: OnceLock::new(),
+                counters: Default::default(),
+            }),
+            pool: Mutex::new(None),
+        }
+    }
+
+    /// What the compile pool has done so far.
+    pub fn stats(&self) -> compile::CompileStats {
+        self.core.counters.snapshot()
+    }
+
+    /// The limits compiles run under.
+    pub fn limits(&self) -> &CompileLimits {
+        &self.core.limits
+    }
+
+    /// The compiler, built now if this is the first use (on the calling thread:
+    /// compiling with it directly is for shallow constraints, see
+    /// [`GrammarCompiler::compile`]).
+    pub fn get(&self) -> Result<&GrammarCompiler, EngineError> {
+        self.core.compiler()
+    }
+
+    /// Queues `spec` on the compile pool; the ticket answers with the grammar.
+    pub fn submit(&self, spec: &StructuredOutputs) -> Result<CompileTicket, EngineError> {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.is_none() {
+            *pool = Some(compile::CompilePool::start(self.core.clone())?);
+        }
+        let pool = pool.as_ref().expect("started above");
+        Ok(pool.submit(spec.clone(), self.core.limits.timeout))
+    }
+
+    /// Compiles `spec` on the compile pool and waits for it on this thread.
     pub fn compile(&self, spec: &StructuredOutputs) -> Result<Grammar, EngineError> {
-        self.get()?.compile(spec)
+        self.submit(spec)?.wait_blocking()
     }
 }
 

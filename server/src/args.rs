@@ -143,6 +143,33 @@ pub struct EngineArgs {
     /// Force attention backends: `NAME` or `decode=NAME,prefill=NAME`.
     #[arg(long, env = "PAGODA_ATTENTION_BACKEND", help_heading = "Pagoda")]
     pub attention_backend: Option<String>,
+    /// Threads that compile structured-output constraints (JSON schemas,
+    /// regexes, grammars): dedicated, low-priority, with a 256 MiB stack each, so
+    /// no constraint holds a request-preparation slot or the engine's cores.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64), help_heading = "StructuredOutputsConfig")]
+    pub structured_outputs_compile_threads: u64,
+    /// Seconds a structured-output constraint may take to compile, queueing and its
+    /// first mask included; past it the request gets a 400 naming this flag.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_positive_secs, help_heading = "StructuredOutputsConfig")]
+    pub structured_outputs_compile_timeout: f64,
+    /// Longest `$ref`/nesting chain of a JSON schema and longest rule chain of a
+    /// Lark or GBNF grammar; deeper ones get a 400 (the compile threads' stack
+    /// holds this bound with a wide margin).
+    #[arg(long, default_value_t = pagoda_engine::structured::compile::DEFAULT_MAX_DEPTH, value_parser = parse_max_depth, help_heading = "StructuredOutputsConfig")]
+    pub structured_outputs_max_depth: usize,
+    /// Largest regex once its counted repetitions are expanded (`(a{1000}){1000}`
+    /// is 1,000,000), for `regex`, JSON `pattern`s and `whitespace_pattern`, and
+    /// the most bytes of all `choice` strings together.
+    #[arg(
+        long,
+        default_value_t = 100_000,
+        help_heading = "StructuredOutputsConfig"
+    )]
+    pub structured_outputs_max_regex_size: u64,
+    /// Memory one compile's lexer and grammar may hold, in MiB (sets llguidance's
+    /// lexer-state and grammar-size limits).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(16..=65536), help_heading = "StructuredOutputsConfig")]
+    pub structured_outputs_compile_memory_mib: u64,
     /// Test-only (debug builds): `sampler-error=TEXT` fails the sampling of requests
     /// whose prompt starts with TEXT; `panic=TEXT` panics the engine on them.
     #[cfg(debug_assertions)]
@@ -293,6 +320,13 @@ impl EngineArgs {
         c.device = self.device;
         c.enforce_eager = self.enforce_eager;
         c.kv_cache_dtype = self.kv_cache_dtype;
+        c.structured_limits = pagoda_engine::structured::CompileLimits {
+            threads: self.structured_outputs_compile_threads as usize,
+            timeout: std::time::Duration::from_secs_f64(self.structured_outputs_compile_timeout),
+            max_depth: self.structured_outputs_max_depth,
+            max_regex_size: self.structured_outputs_max_regex_size,
+            memory_mib: self.structured_outputs_compile_memory_mib as usize,
+        };
         c.scheduling_policy = match self.scheduling_policy {
             SchedulingPolicyArg::Fcfs => pagoda_engine::SchedulingPolicy::Fcfs,
             SchedulingPolicyArg::Priority => pagoda_engine::SchedulingPolicy::Priority,
@@ -452,5 +486,23 @@ mod tests {
                 .tracing_level(),
             "error"
         );
+    }
+}
+
+/// A positive, finite number of seconds (at most a day).
+fn parse_positive_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!("expected seconds in (0, 86400], got `{s}`")),
+    }
+}
+
+/// `--structured-outputs-max-depth`: at most what the compile threads' stack is
+/// tested to hold.
+fn parse_max_depth(s: &str) -> Result<usize, String> {
+    const MAX: usize = pagoda_engine::structured::compile::MAX_SAFE_DEPTH;
+    match s.parse::<usize>() {
+        Ok(v) if (1..=MAX).contains(&v) => Ok(v),
+        _ => Err(format!("expected a depth in [1, {MAX}], got `{s}`")),
     }
 }

@@ -31,6 +31,15 @@ pub struct ServeArgs {
     /// a 400.
     #[arg(long, default_value_t = 20, help_heading = "ModelConfig")]
     pub max_logprobs: usize,
+    /// Most entries of a request's `logprob_token_ids` (vLLM's cap); above it a 400.
+    #[arg(long, default_value_t = crate::serve::limits::DEFAULT_MAX_LOGPROB_TOKEN_IDS, help_heading = "ModelConfig")]
+    pub max_logprob_token_ids: usize,
+    /// Most entries of a request's `logit_bias`; above it a 400.
+    #[arg(long, default_value_t = crate::serve::limits::DEFAULT_MAX_LOGIT_BIAS, help_heading = "Frontend")]
+    pub max_logit_bias: usize,
+    /// Most entries of a request's `bad_words`; above it a 400.
+    #[arg(long, default_value_t = crate::serve::limits::DEFAULT_MAX_BAD_WORDS, help_heading = "Frontend")]
+    pub max_bad_words: usize,
     /// Address to bind (loopback by default).
     #[arg(long, default_value = "127.0.0.1", help_heading = "Frontend")]
     pub host: String,

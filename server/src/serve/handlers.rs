@@ -79,19 +79,26 @@ impl AppState {
         }
     }
 
-    /// `prompt_logprobs` under `--max-logprobs`, with vLLM's message (`-1`, every
-    /// token, is left to the engine).
+    /// `prompt_logprobs` under `--max-logprobs`, with vLLM's rule and message: `-1`
+    /// asks for the whole vocabulary and is checked as that many (so it passes
+    /// only when `--max-logprobs` covers the vocabulary).
     fn check_prompt_logprobs(&self, k: Option<usize>) -> Result<(), ApiError> {
-        match k {
-            Some(k) if k != pagoda_core::ALL_PROMPT_LOGPROBS && k > self.max_logprobs => {
-                Err(ApiError::bad(
-                    "prompt_logprobs",
-                    format!(
-                        "Requested prompt logprobs of {k}, which is greater than max allowed: {}",
-                        self.max_logprobs
-                    ),
-                ))
+        let vocab = self.engine.model_info().vocab_size;
+        let k = k.map(|k| {
+            if k == pagoda_core::ALL_PROMPT_LOGPROBS {
+                vocab
+            } else {
+                k
             }
+        });
+        match k {
+            Some(k) if k > self.max_logprobs => Err(ApiError::bad(
+                "prompt_logprobs",
+                format!(
+                    "Requested prompt logprobs of {k}, which is greater than max allowed: {}",
+                    self.max_logprobs
+                ),
+            )),
             _ => Ok(()),
         }
     }
@@ -235,6 +242,10 @@ impl AppState {
             grammar,
         } = prep;
         let c = &c;
+        let grammar = match grammar {
+            Some(g) => Some(g.wait().await?),
+            None => None,
+        };
         let max_len = self.engine.model_info().max_model_len;
         let mut prompts = prompts;
         if let Some((k, left)) = c.truncation(max_len)? {
@@ -296,7 +307,17 @@ impl AppState {
             Ok(sse_response(Arc::new(ctx), samples))
         } else {
             let states = collect(&ctx, samples).await?;
-            Ok(Json(ctx.response(&states)).into_response())
+            let body =
+                serde_json::to_vec(&ctx.response(&states)).map_err(|e| ApiError::Internal {
+                    message: format!("cannot serialize the response: {e}"),
+                })?;
+            if body.len() >= crate::serve::TRIM_AFTER_BODY_BYTES {
+                // A large answer (prompt logprobs, many samples) leaves freed heap
+                // pages behind: returned to the OS once the server is idle.
+                self.needs_trim
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+            Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
         }
     }
 
@@ -378,19 +399,22 @@ pub(super) struct Prepared {
     n: usize,
     common: CommonFields,
     priority: i32,
-    /// The compiled structured-output constraint (cloned for each sample).
-    grammar: Option<Grammar>,
+    /// The structured-output constraint, compiling (cloned for each sample once
+    /// compiled).
+    grammar: Option<PendingGrammar>,
 }
 
-/// Compiles the request's structured-output constraint, if any, here on the
-/// blocking pool (the first one also builds the token trie): never on an async
-/// worker. An invalid schema, regex or grammar is a 400 with llguidance's message.
-/// The error names `response_format` when that is where the constraint came from.
+/// Queues the request's structured-output constraint, if any, on the engine's
+/// compile pool (dedicated threads with a large stack, a deadline and
+/// cancellation: `pagoda_engine::structured::compile`), so that no compile holds
+/// this preparation slot; [`AppState::run`] waits for it. An invalid schema, regex
+/// or grammar is then a 400 with llguidance's message, naming `response_format`
+/// when that is where the constraint came from.
 fn compile_grammar(
     st: &AppState,
     params: &SamplingParams,
     common: &CommonFields,
-) -> Result<Option<Grammar>, ApiError> {
+) -> Result<Option<PendingGrammar>, ApiError> {
     let Some(spec) = &params.structured_outputs else {
         return Ok(None);
     };
@@ -399,12 +423,29 @@ fn compile_grammar(
         .as_ref()
         .and_then(|rf| rf.get("type"))
         .is_some_and(|t| t != "text");
-    match st.engine.structured_compiler().compile(spec) {
-        Ok(g) => Ok(Some(g)),
-        Err(EngineError::InvalidGrammar { message, .. }) if from_response_format => {
-            Err(ApiError::bad("response_format", message))
+    let ticket = st.engine.structured_compiler().submit(spec)?;
+    Ok(Some(PendingGrammar {
+        ticket,
+        from_response_format,
+    }))
+}
+
+/// A constraint being compiled (dropping it cancels the compile).
+pub(super) struct PendingGrammar {
+    ticket: pagoda_engine::structured::CompileTicket,
+    from_response_format: bool,
+}
+
+impl PendingGrammar {
+    /// The compiled grammar, or the 400 that explains why there is none.
+    async fn wait(self) -> Result<Grammar, ApiError> {
+        match self.ticket.wait().await {
+            Ok(g) => Ok(g),
+            Err(EngineError::InvalidGrammar { message, .. }) if self.from_response_format => {
+                Err(ApiError::bad("response_format", message))
+            }
+            Err(e) => Err(e.into()),
         }
-        Err(e) => Err(e.into()),
     }
 }
 
@@ -424,6 +465,8 @@ pub async fn completions(State(st): State<Arc<AppState>>, body: Body) -> Respons
 fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let mut req: CompletionRequest = parse_generation(body, false)?;
     st.check_model(req.common.model.as_deref())?;
+    st.request_limits
+        .check(&req.common, st.engine.model_info().vocab_size)?;
     let logprobs = st.check_logprobs("logprobs", req.logprobs()?)?;
     st.generation_defaults.apply(&mut req.common);
     // Completions default to 16 tokens (OpenAI's and vLLM's default); chat to the room left.
@@ -503,6 +546,8 @@ pub async fn chat_completions(State(st): State<Arc<AppState>>, body: Body) -> Re
 pub(super) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
     let mut req: ChatRequest = parse_generation(body, true)?;
     st.check_model(req.common.model.as_deref())?;
+    st.request_limits
+        .check(&req.common, st.engine.model_info().vocab_size)?;
     let logprobs = st.check_logprobs("top_logprobs", req.logprobs()?)?;
     st.generation_defaults.apply(&mut req.common);
     let mut params = sampling_params(
