@@ -89,6 +89,8 @@ pub struct AppState {
     pub generation_defaults: frontend::GenerationDefaults,
     /// `--max-logprobs`.
     pub max_logprobs: usize,
+    /// `--strict-request-fields`: unknown request fields are a 400, not ignored.
+    pub strict_request_fields: bool,
     /// `--max-logprob-token-ids`, `--max-logit-bias`, `--max-bad-words`.
     pub request_limits: limits::RequestLimits,
     /// `--return-tokens-as-token-ids`.
@@ -138,6 +140,7 @@ impl AppState {
             generation_defaults: Default::default(),
             max_logprobs: pagoda_core::request::DEFAULT_MAX_LOGPROBS,
             request_limits: Default::default(),
+            strict_request_fields: false,
             return_tokens_as_token_ids: false,
             force_include_usage: false,
             request_id_headers: false,
@@ -445,6 +448,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     }
     state.generation_defaults = generation_defaults;
     state.max_logprobs = args.max_logprobs;
+    state.strict_request_fields = args.strict_request_fields;
     state.request_limits = limits::RequestLimits {
         max_logprob_token_ids: args.max_logprob_token_ids,
         max_logit_bias: args.max_logit_bias,

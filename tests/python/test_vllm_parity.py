@@ -49,7 +49,6 @@ def test_stop_token_text_is_left_out_unless_asked(client, model, server):
     ("guided_regex", "a+"),
     ("prompt_embeds", "x"),
     ("best_of", 3),
-    ("frobnicate", True),
 ])
 def test_unimplemented_fields_are_400_naming_them(client, model, field, value):
     with pytest.raises(openai.BadRequestError) as e:
@@ -57,6 +56,16 @@ def test_unimplemented_fields_are_400_naming_them(client, model, field, value):
     assert field in str(e.value)
     # Harmless OpenAI fields are still accepted.
     assert client.completions.create(model=model, prompt="Hi", max_tokens=1, user="u").choices
+
+
+def test_unknown_fields_are_ignored_as_vllm_does(client, model):
+    # What vllm-router and llm-d add to the requests they forward.
+    r = client.completions.create(
+        model=model, prompt="Hi", max_tokens=2, temperature=0,
+        extra_body={"no_stop_trim": True, "frobnicate": {"x": 1}, "separate_reasoning": False},
+    )
+    plain = client.completions.create(model=model, prompt="Hi", max_tokens=2, temperature=0)
+    assert r.choices[0].text == plain.choices[0].text
 
 
 def test_stream_options_need_stream(client, model):

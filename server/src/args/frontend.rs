@@ -34,6 +34,11 @@ pub struct ServeArgs {
     /// Most entries of a request's `logprob_token_ids` (vLLM's cap); above it a 400.
     #[arg(long, default_value_t = crate::serve::limits::DEFAULT_MAX_LOGPROB_TOKEN_IDS, help_heading = "ModelConfig")]
     pub max_logprob_token_ids: usize,
+    /// Refuse request fields nobody defines with a 400 (by default they are
+    /// ignored and logged once per name, as vLLM does, so routers' extra fields
+    /// pass).
+    #[arg(long, help_heading = "Frontend")]
+    pub strict_request_fields: bool,
     /// Most entries of a request's `logit_bias`; above it a 400.
     #[arg(long, default_value_t = crate::serve::limits::DEFAULT_MAX_LOGIT_BIAS, help_heading = "Frontend")]
     pub max_logit_bias: usize,

@@ -463,7 +463,7 @@ pub async fn completions(State(st): State<Arc<AppState>>, body: Body) -> Respons
 
 /// Parses, tokenizes and checks a completions body (on the blocking pool).
 fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let mut req: CompletionRequest = parse_generation(body, false)?;
+    let mut req: CompletionRequest = parse_generation(body, false, st.strict_request_fields)?;
     st.check_model(req.common.model.as_deref())?;
     st.request_limits
         .check(&req.common, st.engine.model_info().vocab_size)?;
@@ -544,7 +544,7 @@ pub async fn chat_completions(State(st): State<Arc<AppState>>, body: Body) -> Re
 
 /// Parses, renders, tokenizes and checks a chat body (on the blocking pool).
 pub(super) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> {
-    let mut req: ChatRequest = parse_generation(body, true)?;
+    let mut req: ChatRequest = parse_generation(body, true, st.strict_request_fields)?;
     st.check_model(req.common.model.as_deref())?;
     st.request_limits
         .check(&req.common, st.engine.model_info().vocab_size)?;

@@ -363,9 +363,10 @@ pub struct DetokenizeRequest {
 pub fn parse_generation<T: serde::de::DeserializeOwned>(
     body: &[u8],
     chat: bool,
+    strict_fields: bool,
 ) -> Result<T, ApiError> {
     let mut v: serde_json::Value = parse_body(body)?;
-    fields::check_fields(&v, chat)?;
+    fields::check_fields(&v, chat, strict_fields)?;
     if let Some(m) = v.get_mut("model") {
         if m.as_str() == Some("") {
             *m = serde_json::Value::Null;

@@ -1,7 +1,10 @@
 //! Which request fields Pagoda honours, which it accepts because they change
-//! nothing, and which it refuses: a vLLM or OpenAI field Pagoda does not implement
-//! is a 400 naming it, never a silent no-op (vLLM ignores unknown fields with a
-//! log line; a client relying on one would get different behaviour unnoticed).
+//! nothing, and which it refuses: a vLLM or OpenAI field Pagoda knows but does not
+//! implement is a 400 naming it at any value but its default, never a silent
+//! no-op. A field nobody defines is what vLLM does with it: accepted, ignored,
+//! and logged once per field name (routers such as vllm-router add fields of
+//! their own, e.g. `no_stop_trim`, to every request they forward);
+//! `--strict-request-fields` refuses those too.
 
 use super::super::error::ApiError;
 use serde_json::Value;
@@ -89,8 +92,27 @@ fn is_off(field: &str, v: &Value) -> Option<bool> {
     })
 }
 
-/// Checks a generation request's top-level fields (`chat` selects the endpoint).
-pub fn check_fields(body: &Value, chat: bool) -> Result<(), ApiError> {
+/// Field names already logged as ignored; bounded, so that a client sending
+/// random names cannot grow it.
+static LOGGED: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
+    std::sync::Mutex::new(None);
+const MAX_LOGGED: usize = 256;
+
+/// Logs, once per name, that an unknown field was ignored (vLLM's warning).
+fn note_ignored(field: &str) {
+    let mut g = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    let set = g.get_or_insert_with(Default::default);
+    if set.len() < MAX_LOGGED && set.insert(field.to_string()) {
+        tracing::warn!(
+            "The following fields were present in the request but ignored: {{{field:?}}} \
+             (logged once per field; --strict-request-fields refuses them)"
+        );
+    }
+}
+
+/// Checks a generation request's top-level fields (`chat` selects the endpoint;
+/// `strict`: unknown fields are a 400 instead of ignored).
+pub fn check_fields(body: &Value, chat: bool, strict: bool) -> Result<(), ApiError> {
     let Some(obj) = body.as_object() else {
         return Ok(()); // the typed parse reports a non-object body
     };
@@ -120,12 +142,13 @@ pub fn check_fields(body: &Value, chat: bool) -> Result<(), ApiError> {
                     ),
                 ))
             }
-            None => {
+            None if strict => {
                 return Err(ApiError::bad(
                     k,
                     format!("Unrecognized request argument supplied: {k}"),
                 ))
             }
+            None => note_ignored(k),
         }
     }
     if let Some(so) = obj.get("stream_options").filter(|v| !v.is_null()) {
@@ -140,6 +163,13 @@ pub fn check_fields(body: &Value, chat: bool) -> Result<(), ApiError> {
                 match k.as_str() {
                     "include_usage" | "continuous_usage_stats" if v.is_null() || v.is_boolean() => {
                     }
+                    "include_usage" | "continuous_usage_stats" => {
+                        return Err(ApiError::bad(
+                            "stream_options",
+                            format!("stream_options.{k} must be a boolean"),
+                        ))
+                    }
+                    other if !strict => note_ignored(&format!("stream_options.{other}")),
                     other => {
                         return Err(ApiError::bad(
                             "stream_options",
@@ -173,9 +203,9 @@ mod tests {
         let ok = json!({"prompt": "x", "max_tokens": 3, "user": "u", "best_of": 1,
                         "use_beam_search": false, "prompt_logprobs": null, "response_format": {"type": "json_object"},
                         "structured_outputs": {"regex": "a+"}, "guided_regex": null});
-        assert!(check_fields(&ok, false).is_ok());
+        assert!(check_fields(&ok, false, true).is_ok());
         let chat = json!({"messages": [], "top_logprobs": 2, "tools": [], "echo": false});
-        assert!(check_fields(&chat, true).is_ok());
+        assert!(check_fields(&chat, true, true).is_ok());
     }
 
     #[test]
@@ -198,20 +228,42 @@ mod tests {
             (json!({"cache_salt": ""}), "cache_salt"),
         ] {
             assert_eq!(
-                param(check_fields(&body, false)).as_deref(),
+                param(check_fields(&body, false, true)).as_deref(),
                 Some(field),
                 "{body}"
             );
         }
-        assert!(check_fields(&json!({"echo": true}), true).is_ok());
-        assert!(check_fields(&json!({"echo": true}), false).is_ok());
+        assert!(check_fields(&json!({"echo": true}), true, true).is_ok());
+        assert!(check_fields(&json!({"echo": true}), false, true).is_ok());
         assert_eq!(
             param(check_fields(
                 &json!({"continue_final_message": true}),
-                false
+                false,
+                true
             ))
             .as_deref(),
             Some("continue_final_message")
+        );
+    }
+
+    /// vLLM's treatment of unknown fields (what routers rely on): ignored unless
+    /// strict; known-but-unimplemented fields stay refused either way.
+    #[test]
+    fn unknown_fields_are_ignored_unless_strict() {
+        let routed = json!({"prompt": "x", "no_stop_trim": true, "separate_reasoning": false,
+                            "stream": true, "stream_options": {"include_usage": true, "x": 1}});
+        assert!(check_fields(&routed, false, false).is_ok());
+        assert_eq!(
+            param(check_fields(&routed, false, true)).as_deref(),
+            Some("no_stop_trim")
+        );
+        assert_eq!(
+            param(check_fields(&json!({"best_of": 3}), false, false)).as_deref(),
+            Some("best_of")
+        );
+        assert_eq!(
+            param(check_fields(&json!({"logits_processors": ["x"]}), true, false)).as_deref(),
+            Some("logits_processors")
         );
     }
 }
