@@ -82,8 +82,8 @@ def main():
          "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": ref_chain(700)}}})
     run("D1 Lark rule chain of 1000", comp,
         {"prompt": "X:", "max_tokens": 4, "structured_outputs": {"grammar": lark_chain(1000)}})
-    run("D1 `$ref` chain of 2100 (past the bound)", comp,
-        {"prompt": "X:", "max_tokens": 4, "structured_outputs": {"json": ref_chain(2100)}})
+    run("D1 `$ref` chain of 3000 via items (past the bound)", comp,
+        {"prompt": "X:", "max_tokens": 4, "structured_outputs": {"json": ref_chain(3000)}})
     run("D2 prompt_logprobs -1, 48-token prompt", comp,
         {"prompt": "word " * 47, "max_tokens": 1, "prompt_logprobs": -1})
     vocab = list(range(49152))

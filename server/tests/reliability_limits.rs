@@ -92,9 +92,10 @@ fn deep_constraints_are_answered_or_refused_never_abort() {
         assert_eq!(st, 200, "{path}: {text}\nlog:\n{}", s.log_text());
     }
     let deep = [
-        json!({"prompt": "List:", "max_tokens": 4, "structured_outputs": {"json": ref_chain(2100)}}),
+        // 3000 links of two levels each, and 5100 rules: past the default 5000.
+        json!({"prompt": "List:", "max_tokens": 4, "structured_outputs": {"json": ref_chain(3000)}}),
         json!({"prompt": "X:", "max_tokens": 4,
-               "structured_outputs": {"grammar": lark_chain(2100)}}),
+               "structured_outputs": {"grammar": lark_chain(5100)}}),
     ];
     for body in &deep {
         let (st, text) = post(&s, "/v1/completions", body);

@@ -33,13 +33,14 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Stack of each compile thread. A chain at [`DEFAULT_MAX_DEPTH`] needs a few MiB
-/// (measured in `tests/structured_bounds.rs`); this leaves a wide margin and costs
-/// address space only.
+/// Stack of each compile thread. A 2 MiB stack overflowed at a 700-link `$ref`
+/// chain (~2,000 levels); chains of [`MAX_SAFE_DEPTH`] levels of every kind
+/// compile on this one (`tests/tests/structured_bounds.rs`). It costs address
+/// space only: pages are committed as a compile touches them.
 pub const COMPILE_STACK_BYTES: usize = 256 << 20;
 /// Default of `--structured-outputs-max-depth`: far above real schemas (tens of
 /// levels), far below what [`COMPILE_STACK_BYTES`] holds.
-pub const DEFAULT_MAX_DEPTH: usize = 2000;
+pub const DEFAULT_MAX_DEPTH: usize = 5000;
 /// The deepest `--structured-outputs-max-depth` accepted: what the compile
 /// threads' stack is tested to hold (`tests/structured_bounds.rs` compiles chains of
 /// this depth of every kind).
@@ -86,6 +87,8 @@ impl CompileLimits {
         limits.max_lexer_states = (bytes / 2048).clamp(1024, limits.max_lexer_states.max(1024));
         // ~64 bytes a grammar symbol across llguidance's tables.
         limits.max_grammar_size = (bytes / 64).clamp(4096, limits.max_grammar_size.max(4096));
+        // Errors go back to clients: the parser's message, not its state dump.
+        limits.verbose_errors = false;
     }
 }
 

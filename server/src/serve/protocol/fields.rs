@@ -262,7 +262,12 @@ mod tests {
             Some("best_of")
         );
         assert_eq!(
-            param(check_fields(&json!({"logits_processors": ["x"]}), true, false)).as_deref(),
+            param(check_fields(
+                &json!({"logits_processors": ["x"]}),
+                true,
+                false
+            ))
+            .as_deref(),
             Some("logits_processors")
         );
     }
