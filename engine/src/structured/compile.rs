@@ -395,7 +395,10 @@ fn run_job(core: &SharedCore, spec: &StructuredOutputs, state: &JobState) -> (Ou
         Err(e) => stop(state).unwrap_or_else(|| {
             refused(EngineError::InvalidGrammar {
                 param: "structured_outputs".into(),
-                message: format!("the constraint cannot generate any output: {e}"),
+                message: format!(
+                    "the constraint cannot generate any output: {}",
+                    e.lines().next().unwrap_or_default()
+                ),
             })
         }),
     }

@@ -287,6 +287,7 @@ impl Metrics {
             "Prefix cache hits, in terms of number of cached tokens.",
             stats.prefix_cache_hits,
         );
+        legacy_names(&mut out, &labels, stats);
         counter(
             &mut out,
             "vllm:num_preemptions",
@@ -467,6 +468,49 @@ impl RequestTimer {
     }
 }
 
+/// The pre-V1 names that the production-stack router and older dashboards still
+/// scrape, beside the current ones (the same values).
+fn legacy_names(out: &mut String, labels: &str, stats: &EngineStats) {
+    let mut metric = |name: &str, kind: &str, help: &str, sample: &str, v: String| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        let _ = writeln!(out, "{sample}{{{labels}}} {v}");
+    };
+    let hit_rate = if stats.prefix_cache_queries == 0 {
+        0.0
+    } else {
+        stats.prefix_cache_hits as f64 / stats.prefix_cache_queries as f64
+    };
+    metric(
+        "vllm:gpu_cache_usage_perc",
+        "gauge",
+        "GPU KV-cache usage. 1 means 100 percent usage (legacy name of vllm:kv_cache_usage_perc).",
+        "vllm:gpu_cache_usage_perc",
+        fmt_f64(stats.kv_cache_usage),
+    );
+    metric(
+        "vllm:gpu_prefix_cache_hit_rate",
+        "gauge",
+        "GPU prefix cache hit rate (legacy: hits / queries, in tokens).",
+        "vllm:gpu_prefix_cache_hit_rate",
+        fmt_f64(hit_rate),
+    );
+    metric(
+        "vllm:gpu_prefix_cache_queries",
+        "counter",
+        "GPU prefix cache queries, in tokens (legacy name of vllm:prefix_cache_queries).",
+        "vllm:gpu_prefix_cache_queries_total",
+        stats.prefix_cache_queries.to_string(),
+    );
+    metric(
+        "vllm:gpu_prefix_cache_hits",
+        "counter",
+        "GPU prefix cache hits, in tokens (legacy name of vllm:prefix_cache_hits).",
+        "vllm:gpu_prefix_cache_hits_total",
+        stats.prefix_cache_hits.to_string(),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,6 +557,10 @@ mod tests {
             "vllm:prefix_cache_queries_total{model_name=\"smol\\\"lm\",engine=\"0\"} 10",
             "vllm:prefix_cache_hits_total{model_name=\"smol\\\"lm\",engine=\"0\"} 4",
             "vllm:num_preemptions_total{model_name=\"smol\\\"lm\",engine=\"0\"} 1",
+            "vllm:gpu_cache_usage_perc{model_name=\"smol\\\"lm\",engine=\"0\"} 0.25",
+            "vllm:gpu_prefix_cache_hit_rate{model_name=\"smol\\\"lm\",engine=\"0\"} 0.4",
+            "vllm:gpu_prefix_cache_hits_total{model_name=\"smol\\\"lm\",engine=\"0\"} 4",
+            "vllm:gpu_prefix_cache_queries_total{model_name=\"smol\\\"lm\",engine=\"0\"} 10",
             "vllm:prompt_tokens_total{model_name=\"smol\\\"lm\",engine=\"0\"} 100",
             "vllm:generation_tokens_total{model_name=\"smol\\\"lm\",engine=\"0\"} 50",
             "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",engine=\"0\",le=\"0.02\"} 0",
