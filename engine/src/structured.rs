@@ -84,7 +84,10 @@ impl GrammarCompiler {
     pub fn compile(&self, spec: &StructuredOutputs) -> Result<Grammar, EngineError> {
         let mut g = Grammar::new(self.build_matcher(spec)?);
         g.precompute_first_mask().map_err(|e| {
-            invalid_grammar(format!("the constraint cannot generate any output: {e}"))
+            invalid_grammar(format!(
+                "the constraint cannot generate any output: {}",
+                e.lines().next().unwrap_or_default()
+            ))
         })?;
         Ok(g)
     }
