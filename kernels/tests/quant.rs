@@ -325,7 +325,13 @@ fn rows_of_a_large_batch_equal_rows_alone_in_any_pool() {
         let x = acts_for(m, k, &mut rng);
         let mut alone = vec![0.0; m * n];
         for i in 0..m {
-            matmul_quant(&x[i * k..(i + 1) * k], &w, &mut alone[i * n..(i + 1) * n], 1).unwrap();
+            matmul_quant(
+                &x[i * k..(i + 1) * k],
+                &w,
+                &mut alone[i * n..(i + 1) * n],
+                1,
+            )
+            .unwrap();
         }
         for threads in [1, 3] {
             let pool = rayon::ThreadPoolBuilder::new()

@@ -170,8 +170,12 @@ impl Selection {
             "it declares no batch-invariant arithmetic".to_string()
         } else {
             let (d, p) = (
-                (self.decode.create)(cfg).ok().and_then(|b| b.batch_invariant()),
-                (self.prefill.create)(cfg).ok().and_then(|b| b.batch_invariant()),
+                (self.decode.create)(cfg)
+                    .ok()
+                    .and_then(|b| b.batch_invariant()),
+                (self.prefill.create)(cfg)
+                    .ok()
+                    .and_then(|b| b.batch_invariant()),
             );
             format!(
                 "decode rows run {} and prefill rows {}, so a row's bits would depend on which ran it",

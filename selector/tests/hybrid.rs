@@ -109,11 +109,27 @@ fn paged_flash_hybrid_is_batch_invariant() {
 #[test]
 fn a_mixed_arithmetic_composition_is_refused_when_invariance_is_required() {
     let cfg = AttentionConfig::cpu_f32(9, 3, 64, 16);
-    let sel = select(&cfg, &BackendOverride::parse("decode=naive,prefill=flash").unwrap()).unwrap();
-    let err = sel.build_batch_invariant(&cfg).err().expect("refused").to_string();
-    assert!(err.contains("not batch-invariant") && err.contains("cpu-split256"), "{err}");
+    let sel = select(
+        &cfg,
+        &BackendOverride::parse("decode=naive,prefill=flash").unwrap(),
+    )
+    .unwrap();
+    let err = sel
+        .build_batch_invariant(&cfg)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("not batch-invariant") && err.contains("cpu-split256"),
+        "{err}"
+    );
     assert!(sel.build(&cfg).is_ok(), "plain build still composes it");
     let auto = select(&cfg, &BackendOverride::default()).unwrap();
-    let be = auto.build_batch_invariant(&cfg).expect("paged + flash is invariant");
-    assert_eq!(be.batch_invariant(), Some(pagoda_core::CPU_SPLIT_ARITHMETIC));
+    let be = auto
+        .build_batch_invariant(&cfg)
+        .expect("paged + flash is invariant");
+    assert_eq!(
+        be.batch_invariant(),
+        Some(pagoda_core::CPU_SPLIT_ARITHMETIC)
+    );
 }

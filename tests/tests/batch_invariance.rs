@@ -87,8 +87,13 @@ fn run(
     reqs: &[(String, String, SamplingParams)],
 ) -> HashMap<String, (Trace, usize)> {
     for (id, p, params) in reqs {
-        e.add_request(id.clone(), PromptInput::Text(p.clone()), params.clone(), None)
-            .expect("add_request");
+        e.add_request(
+            id.clone(),
+            PromptInput::Text(p.clone()),
+            params.clone(),
+            None,
+        )
+        .expect("add_request");
     }
     let mut got: HashMap<String, (Vec<TokenLogprobs>, usize)> = HashMap::new();
     while e.has_unfinished_requests() {
@@ -113,7 +118,11 @@ fn batch(tag: &str) -> Vec<(String, String, SamplingParams)> {
         .into_iter()
         .enumerate()
         .map(|(i, p)| {
-            let params = if i % 2 == 0 { greedy() } else { sampled(i as u64) };
+            let params = if i % 2 == 0 {
+                greedy()
+            } else {
+                sampled(i as u64)
+            };
             (format!("{tag}-other-{i}"), p, params)
         })
         .collect();
@@ -159,7 +168,10 @@ fn check(weights: WeightDtype, kv: KvCacheDtype) {
         alone.extend(strip(&run(&mut e, &[r]), "alone"));
     }
     alone.sort();
-    assert_ne!(alone[0].1, alone[1].1, "[{label}] greedy and sampled differ");
+    assert_ne!(
+        alone[0].1, alone[1].1,
+        "[{label}] greedy and sampled differ"
+    );
 
     // In a batch of 33 (the targets among 31 others).
     let batched = run(&mut e, &batch("b"));
@@ -174,7 +186,10 @@ fn check(weights: WeightDtype, kv: KvCacheDtype) {
     c.enable_prefix_caching = false;
     c.max_num_batched_tokens = 8;
     let chunked = strip(&run(&mut engine(c), &targets("c")), "c");
-    assert_eq!(chunked, alone, "[{label}] max_num_batched_tokens=8 vs alone");
+    assert_eq!(
+        chunked, alone,
+        "[{label}] max_num_batched_tokens=8 vs alone"
+    );
 
     // A prefix-cache hit: the second run finds the prompt's blocks cached.
     let mut e = engine(base.clone());
@@ -186,7 +201,11 @@ fn check(weights: WeightDtype, kv: KvCacheDtype) {
         hit.values().map(|v| v.1).collect::<Vec<_>>()
     );
     assert_eq!(strip(&first, "p1"), alone, "[{label}] first cached run");
-    assert_eq!(strip(&hit, "p2"), alone, "[{label}] prefix-cache hit vs alone");
+    assert_eq!(
+        strip(&hit, "p2"),
+        alone,
+        "[{label}] prefix-cache hit vs alone"
+    );
 
     // Preemption: a cache too small for the batch, so requests are recomputed. Every
     // request's trace equals its trace in the big batch above.

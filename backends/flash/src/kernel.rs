@@ -102,12 +102,7 @@ pub struct TileIo<'a, E> {
 /// a multiple of `S::LANES` and `group <= MAX_GROUP`; `sc` was made for at least
 /// `(q1 - q0) * group` rows of `head_dim`.
 #[inline(always)]
-pub unsafe fn tile<S: Simd, E: KvElem>(
-    d: &Dims,
-    t: &Tile,
-    io: &TileIo<'_, E>,
-    sc: &mut Scratch,
-) {
+pub unsafe fn tile<S: Simd, E: KvElem>(d: &Dims, t: &Tile, io: &TileIo<'_, E>, sc: &mut Scratch) {
     let (g_n, hd, nh, nkv) = (d.group, d.head_dim, d.num_heads, d.num_kv_heads);
     debug_assert!(g_n <= MAX_GROUP);
     let tokens = t.q1 - t.q0;
@@ -128,10 +123,17 @@ pub unsafe fn tile<S: Simd, E: KvElem>(
     // Local row i (position context + q0 + i) sees keys lo(i)..hi(i).
     let hi = |i: usize| t.context + t.q0 + i + 1;
     let lo = |i: usize| d.sliding_window.map_or(0, |w| hi(i).saturating_sub(w));
-    let q_row = |i: usize| io.q.as_ptr().add(((t.token0 + t.q0 + i) * nh + t.kv_head * g_n) * hd);
+    let q_row = |i: usize| {
+        io.q.as_ptr()
+            .add(((t.token0 + t.q0 + i) * nh + t.kv_head * g_n) * hd)
+    };
     let rows = tokens * g_n;
     let (sm, sl, so) = (&mut sc.m[..rows], &mut sc.l[..rows], &mut sc.o[..rows * hd]);
-    let (mm, ml, mo) = (&mut sc.mm[..rows], &mut sc.ml[..rows], &mut sc.mo[..rows * hd]);
+    let (mm, ml, mo) = (
+        &mut sc.mm[..rows],
+        &mut sc.ml[..rows],
+        &mut sc.mo[..rows * hd],
+    );
     mm.fill(f32::NEG_INFINITY);
     ml.fill(0.0);
     mo.fill(0.0);

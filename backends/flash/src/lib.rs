@@ -315,13 +315,7 @@ impl Run<'_> {
 ///
 /// # Safety
 /// `isa` is available on this CPU, and `io` meets [`kernel::tile`]'s contract.
-unsafe fn run_tile<E: KvElem>(
-    isa: Isa,
-    d: &Dims,
-    t: &Tile,
-    io: &TileIo<'_, E>,
-    sc: &mut Scratch,
-) {
+unsafe fn run_tile<E: KvElem>(isa: Isa, d: &Dims, t: &Tile, io: &TileIo<'_, E>, sc: &mut Scratch) {
     #[cfg(target_arch = "x86_64")]
     {
         use pagoda_kernels::simd::{Avx2, Avx512};

@@ -39,7 +39,6 @@ fn check(c: &Case, threads: usize) {
     });
 }
 
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
     #[test]

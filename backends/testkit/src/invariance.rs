@@ -10,10 +10,10 @@
 //! must equal the reference's bit for bit.
 
 use crate::case::{run, Case};
+use crate::checks::Outcome;
 use crate::gen::{CaseSpec, Rng};
 use crate::place::HostKv;
 use crate::{KitError, Subject};
-use crate::checks::Outcome;
 
 /// Variants per case.
 const VARIANTS: usize = 3;

@@ -100,7 +100,10 @@ pub fn try_run_check(
             .map(|b| b.batch_invariant())
             .map_err(|e| e.to_string())?;
         if declared.is_none() {
-            eprintln!("{check:?}: skipped, `{}` declares no batch invariance", subject.name);
+            eprintln!(
+                "{check:?}: skipped, `{}` declares no batch invariance",
+                subject.name
+            );
             return Ok(());
         }
     }
