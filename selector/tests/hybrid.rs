@@ -7,12 +7,15 @@
 //! bit-exact batch invariance (the kit's check).
 
 use pagoda_backend_testkit::direct::{assert_close, reference, rows_case, run_twice, HEAD_SHAPES};
-use pagoda_backend_testkit::{run_check, Check, Subject, Tolerance};
-use pagoda_core::{AttentionBackend, AttentionConfig, Capabilities, CoreError, DType, Device};
+use pagoda_backend_testkit::{run_check, Check, Tolerance};
+use pagoda_core::{AttentionBackend, AttentionConfig, DType, Device};
 use pagoda_selector::{select, BackendOverride};
 use proptest::prelude::*;
 
 use pagoda_backends as _;
+
+mod invariant;
+use invariant::invariant_subject;
 
 fn auto(cfg: &AttentionConfig) -> Box<dyn AttentionBackend> {
     let sel = select(cfg, &BackendOverride::default()).unwrap();
@@ -66,28 +69,6 @@ fn long_mixed_batch_matches_reference() {
         11,
         2,
     );
-}
-
-/// The automatic composition as a conformance subject, built through the selector's
-/// `build_batch_invariant` (which refuses a composition that is not invariant).
-fn invariant_subject() -> Subject {
-    let paged = pagoda_core::registered_backends()
-        .into_iter()
-        .find(|r| r.name == "paged")
-        .expect("paged is linked");
-    // `flash` declares the same shapes for prefill rows.
-    let caps = Capabilities {
-        prefill: true,
-        ..(paged.capabilities)()
-    };
-    Subject::new("decode=paged,prefill=flash", caps, |cfg| {
-        select(cfg, &BackendOverride::default())
-            .and_then(|s| s.build_batch_invariant(cfg))
-            .map_err(|e| CoreError::BackendFailed {
-                backend: "hybrid".into(),
-                message: e.to_string(),
-            })
-    })
 }
 
 /// A row's bits are the same as a decode row on `paged` and as a row of a prefill
