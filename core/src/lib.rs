@@ -25,6 +25,7 @@ pub use attention::{
     merge_states, no_runtime_reasons, registered_backends, try_registered_backends,
     AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor, Capabilities, F32Io,
     GraphLimits, GraphSupport, HostKvIo, InvalidReason, KvPools, LayerIo, Role,
+    CPU_SPLIT_ARITHMETIC,
 };
 pub use device::{
     device_unavailable, open_device, DeviceRegistration, DeviceRuntime, HostRuntime, MemoryInfo,

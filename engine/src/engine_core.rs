@@ -167,6 +167,21 @@ impl EngineCore {
             .map_err(|e| EngineError::Selector {
                 message: e.to_string(),
             })?;
+        // docs/batch-invariance.md: with an invariant attention backend (the CPU
+        // default) a request's logits do not depend on the rest of the batch.
+        match attn
+            .iter()
+            .map(|b| b.batch_invariant())
+            .collect::<Option<Vec<_>>>()
+        {
+            Some(a) => tracing::info!(
+                "batch-invariant: yes (attention arithmetic {})",
+                a.first().copied().unwrap_or("none")
+            ),
+            None => {
+                tracing::info!("batch-invariant: no (the attention backend declares no invariance)")
+            }
+        }
         let (num_layers, num_kv_heads, head_dim, vocab_size) = (
             model_config.num_layers,
             model_config.num_kv_heads,

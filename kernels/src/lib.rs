@@ -7,13 +7,16 @@
 //! [`Isa`] (the only CPU-feature probe, honouring `PAGODA_DISABLE_AVX512=1`),
 //! [`exp_fast`] (the one vectorised exp), the [`simd`] vector types, the KV cache
 //! element types as the kernels read them ([`kv_elem`]: f32, bf16, f16 and FP8 E4M3
-//! ([`fp8`]), widened in registers), and the paged-cache walk of [`blocks`].
+//! ([`fp8`]), widened in registers), the paged-cache walk of [`blocks`], and the
+//! one per-row attention arithmetic both CPU backends run ([`attn`]: fixed-size
+//! splits, so a row's bits do not depend on the batch).
 //!
 //! Every fast kernel has a slow, obviously correct `*_ref` twin that the property
 //! tests in `tests/` compare against. Parallel kernels use rayon's global pool only,
 //! so callers size one pool for the whole process.
 
 pub mod act;
+pub mod attn;
 pub mod blocks;
 pub mod dispatch;
 pub mod error;

@@ -165,7 +165,15 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn reduce(v: Self::V) -> f32 {
-            _mm512_reduce_add_ps(v)
+            // An explicit tree, not `_mm512_reduce_add_ps` (an unordered reduction
+            // that the compiler may associate differently in different callers):
+            // both attention backends must add a score's lanes in one order.
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            let h = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+            let h = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            let h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+            _mm_cvtss_f32(h)
         }
         #[inline(always)]
         unsafe fn prefetch(p: *const f32) {

@@ -310,3 +310,38 @@ fn scales_are_held_as_f16_exactly_when_every_one_is_an_f16() {
         .unwrap()
         .f16_scales());
 }
+
+/// Batch invariance at serving sizes: each row of an m = 256 call (in parallel, in pools of 1 and 3 threads) has the bits of the same row
+/// alone (m = 1): activations are quantized per row and each output is one
+/// accumulator over the blocks in order, whatever the tiling and the thread split.
+#[test]
+fn rows_of_a_large_batch_equal_rows_alone_in_any_pool() {
+    // k a multiple of the K formats' 256-element blocks.
+    let (n, k, m) = (1000, 768, 256);
+    let mut rng = Rng(11);
+    for fmt in [QuantFormat::Q4_1, QuantFormat::Q6K] {
+        let data = blocks(fmt, n, k, &mut rng);
+        let w = QuantMatrix::from_gguf(fmt, &data, n, k).unwrap();
+        let x = acts_for(m, k, &mut rng);
+        let mut alone = vec![0.0; m * n];
+        for i in 0..m {
+            matmul_quant(
+                &x[i * k..(i + 1) * k],
+                &w,
+                &mut alone[i * n..(i + 1) * n],
+                1,
+            )
+            .unwrap();
+        }
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut all = vec![0.0; m * n];
+            pool.install(|| matmul_quant(&x, &w, &mut all, m).unwrap());
+            let bad = (0..m * n).find(|&e| all[e].to_bits() != alone[e].to_bits());
+            assert_eq!(bad, None, "{} with {threads} threads", fmt.name());
+        }
+    }
+}

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A/B of `pagoda serve` configurations on one machine, in turn (A B A B ...): each
-# configuration is a line "label|ENV=V ...|serve flags" read from stdin; every round
+# configuration is a line "label|ENV=V ...|serve flags[|binary]" read from stdin (the
+# optional binary serves that configuration instead of $PAGODA: an A/B of two
+# builds; the load generator is always $PAGODA); every round
 # restarts the server for each, warms it up, and runs `pagoda bench serve` at each
 # concurrency. Prints one line per (round, configuration, concurrency).
 #
@@ -26,9 +28,9 @@ trap '[ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null || true' 
 printf '%-6s %-20s %5s %10s %9s %9s %9s\n' round config conc "out tok/s" "TTFT p99" "ITL p50" "ITL p99"
 for round in $(seq 1 "$ROUNDS"); do
     for line in "${CONFIGS[@]}"; do
-        IFS='|' read -r label envs flags <<<"$line"
+        IFS='|' read -r label envs flags bin <<<"$line"
         # shellcheck disable=SC2086
-        env $envs "$PAGODA" serve --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
+        env $envs "${bin:-$PAGODA}" serve --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
             --served-model-name m $flags >"/tmp/serve-ab-$PORT.log" 2>&1 &
         SERVER=$!
         for _ in $(seq 1 300); do

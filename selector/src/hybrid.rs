@@ -100,6 +100,13 @@ impl AttentionBackend for HybridBackend {
         Ok(())
     }
 
+    /// Invariant when both parts run the same named arithmetic: a row then gets
+    /// the same bits as a decode row and as a prefill row.
+    fn batch_invariant(&self) -> Option<&'static str> {
+        let d = self.decode.batch_invariant()?;
+        (self.prefill.batch_invariant() == Some(d)).then_some(d)
+    }
+
     /// A graph step is decode-only: the decode backend's support.
     fn graph_support(&self) -> GraphSupport {
         self.decode.graph_support()

@@ -48,6 +48,8 @@ pub enum SelectorError {
     BadOverride { value: String, message: String },
     #[error("creating attention backend `{name}`: {message}")]
     Create { name: String, message: String },
+    #[error("attention backend `{name}` is not batch-invariant: {why}")]
+    NotBatchInvariant { name: String, why: String },
     #[error("{0}")]
     Registry(pagoda_core::CoreError),
 }
@@ -151,6 +153,40 @@ impl Selection {
                 create(self.prefill)?,
             )))
         }
+    }
+
+    /// [`Selection::build`], refusing a backend that does not declare
+    /// [`AttentionBackend::batch_invariant`] (for a hybrid: both parts the same
+    /// arithmetic), with the reason.
+    pub fn build_batch_invariant(
+        &self,
+        cfg: &AttentionConfig,
+    ) -> Result<Box<dyn AttentionBackend>, SelectorError> {
+        let b = self.build(cfg)?;
+        if b.batch_invariant().is_some() {
+            return Ok(b);
+        }
+        let why = if self.decode.name == self.prefill.name {
+            "it declares no batch-invariant arithmetic".to_string()
+        } else {
+            let (d, p) = (
+                (self.decode.create)(cfg)
+                    .ok()
+                    .and_then(|b| b.batch_invariant()),
+                (self.prefill.create)(cfg)
+                    .ok()
+                    .and_then(|b| b.batch_invariant()),
+            );
+            format!(
+                "decode rows run {} and prefill rows {}, so a row's bits would depend on which ran it",
+                d.unwrap_or("a non-invariant arithmetic"),
+                p.unwrap_or("a non-invariant arithmetic")
+            )
+        };
+        Err(SelectorError::NotBatchInvariant {
+            name: self.name(),
+            why,
+        })
     }
 }
 

@@ -3,15 +3,19 @@
 //! `HybridBackend`, against the naive f64 reference: what the engine runs on
 //! every step, and how a mixed batch is served now that `flash` is prefill-only;
 //! over f32, bf16 and f16 KV caches (`Tolerance::F32` for all: the reference reads
-//! the same rounded K/V, which both backends widen exactly).
+//! the same rounded K/V, which both backends widen exactly); and the composition's
+//! bit-exact batch invariance (the kit's check).
 
 use pagoda_backend_testkit::direct::{assert_close, reference, rows_case, run_twice, HEAD_SHAPES};
-use pagoda_backend_testkit::Tolerance;
-use pagoda_core::{AttentionBackend, AttentionConfig, DType};
+use pagoda_backend_testkit::{run_check, Check, Tolerance};
+use pagoda_core::{AttentionBackend, AttentionConfig, DType, Device};
 use pagoda_selector::{select, BackendOverride};
 use proptest::prelude::*;
 
 use pagoda_backends as _;
+
+mod invariant;
+use invariant::invariant_subject;
 
 fn auto(cfg: &AttentionConfig) -> Box<dyn AttentionBackend> {
     let sel = select(cfg, &BackendOverride::default()).unwrap();
@@ -64,5 +68,49 @@ fn long_mixed_batch_matches_reference() {
         &[(1, 70), (1, 1), (300, 700), (129, 129)],
         11,
         2,
+    );
+}
+
+/// A row's bits are the same as a decode row on `paged` and as a row of a prefill
+/// chunk of any length on `flash`, in any batch, over any block layout and thread
+/// count: the kit's invariance check on the composition, per KV dtype.
+#[test]
+fn paged_flash_hybrid_is_batch_invariant() {
+    for kv in [DType::F32, DType::BF16, DType::F16, DType::F8E4M3] {
+        run_check(
+            Check::BatchInvariance,
+            invariant_subject().on(Device::Cpu, DType::F32, kv),
+            Tolerance::F32,
+            Some(file!()),
+        );
+    }
+}
+
+/// `build_batch_invariant` refuses a composition of two arithmetics, naming both.
+#[test]
+fn a_mixed_arithmetic_composition_is_refused_when_invariance_is_required() {
+    let cfg = AttentionConfig::cpu_f32(9, 3, 64, 16);
+    let sel = select(
+        &cfg,
+        &BackendOverride::parse("decode=naive,prefill=flash").unwrap(),
+    )
+    .unwrap();
+    let err = sel
+        .build_batch_invariant(&cfg)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("not batch-invariant") && err.contains("cpu-split256"),
+        "{err}"
+    );
+    assert!(sel.build(&cfg).is_ok(), "plain build still composes it");
+    let auto = select(&cfg, &BackendOverride::default()).unwrap();
+    let be = auto
+        .build_batch_invariant(&cfg)
+        .expect("paged + flash is invariant");
+    assert_eq!(
+        be.batch_invariant(),
+        Some(pagoda_core::CPU_SPLIT_ARITHMETIC)
     );
 }

@@ -13,20 +13,25 @@
 //! * [`AttentionBackend::plan`] cuts every request into tiles of
 //!   `(kv head, query tokens)` with about [`kernel::TILE_ROWS`] rows, and sizes one
 //!   [`kernel::Scratch`] per rayon thread.
-//! * [`AttentionBackend::run`] checks the buffers ([`LayerIo::validate`]), copies each (request, KV head)'s
-//!   K/V rows into contiguous runs ([`kernel::pack`], one pass over the context),
-//!   then runs the tiles in parallel
-//!   ([`kernel::tile`]: GEMM tiles with the `gemm` crate, online softmax). Each tile
-//!   writes a disjoint set of output rows.
+//! * [`AttentionBackend::run`] checks the buffers ([`LayerIo::validate`]), then runs
+//!   the tiles in parallel ([`kernel::tile`]), reading K/V in place from the cache.
+//!   Each tile writes a disjoint set of output rows.
+//!
+//! Each row's arithmetic is `pagoda_kernels::attn`'s, the one `paged` runs for a
+//! decode row (fixed-size splits cut at positions, one merge order): a prompt
+//! token's output does not depend on the batch, the chunking of its prompt, the
+//! prefix cache or the thread count, and equals its decode-row output bit for bit
+//! (the `batch_invariant` capability).
 
 pub mod kernel;
 
 use kernel::{Dims, Scratch, Tile, TileIo};
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
-    Capabilities, CoreError, DType, InvalidReason, KvPools, LayerIo, Role, F8E4M3,
+    Capabilities, CoreError, DType, InvalidReason, KvPools, LayerIo, Role, CPU_SPLIT_ARITHMETIC,
+    F8E4M3,
 };
-use pagoda_kernels::{Isa, KvElem, StepBlocks, E4M3};
+use pagoda_kernels::{attn, Isa, KvElem, StepBlocks, E4M3};
 use rayon::prelude::*;
 use std::sync::Mutex;
 use thiserror::Error;
@@ -60,13 +65,19 @@ impl From<FlashError> for CoreError {
     }
 }
 
+/// Head dims 16, 32, .., 256: `paged`'s, since a row runs the same arithmetic (the
+/// kernels step through a head in 16-lane chunks).
+pub fn supported_head_dims() -> Vec<usize> {
+    (1..=MAX_HEAD_DIM / 16).map(|i| i * 16).collect()
+}
+
 /// What `flash` serves: CPU, f32 queries, an f32, bf16, f16 or fp8 KV cache, prefill rows
-/// only, head dims 1..=256, any block size, LSE output.
+/// only, head dims 16, 32, .., 256, GQA groups up to 64, any block size, LSE output.
 pub fn capabilities() -> Capabilities {
     Capabilities {
         kv_dtypes: vec![DType::F32, DType::BF16, DType::F16, DType::F8E4M3],
-        head_dims: Some((1..=MAX_HEAD_DIM).collect()),
-        max_gqa_ratio: Some(kernel::TILE_ROWS),
+        head_dims: Some(supported_head_dims()),
+        max_gqa_ratio: Some(attn::MAX_GROUP),
         decode: false,
         sliding_window: true,
         logits_soft_cap: true,
@@ -95,12 +106,13 @@ struct Item {
     tile: Tile,
 }
 
-/// A raw output pointer shared by the tile tasks, which write disjoint rows.
+/// Raw output pointers (attention output, LSE) shared by the tile tasks, which
+/// write disjoint rows.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32, *mut f32);
 // SAFETY: an `OutPtr` points into buffers that `run_layer` borrows mutably for the
-// whole parallel loop, and its users write disjoint parts: each (request, KV head)
-// its own packed run, each tile its own (token, head) rows (see `kernel::tile`).
+// whole parallel loop, and its users write disjoint parts: each tile its own
+// (token, head) rows (see `kernel::tile`).
 unsafe impl Send for OutPtr {}
 // SAFETY: as for `Send`: concurrent users write disjoint elements only.
 unsafe impl Sync for OutPtr {}
@@ -116,11 +128,6 @@ pub struct FlashBackend {
     /// Which `#[target_feature]` instantiation of the tile kernel to call
     /// ([`Isa::detect`], so `PAGODA_DISABLE_AVX512=1` reaches it).
     isa: Isa,
-    /// Per request: first packed token (requests are packed back to back).
-    pack_off: Vec<usize>,
-    /// Packed K and V, `[request][kv head][position][head_dim]`.
-    packed_k: Vec<f32>,
-    packed_v: Vec<f32>,
 }
 
 impl FlashBackend {
@@ -137,9 +144,6 @@ impl FlashBackend {
             blocks: StepBlocks::default(),
             items: Vec::new(),
             scratch: Vec::new(),
-            pack_off: Vec::new(),
-            packed_k: Vec::new(),
-            packed_v: Vec::new(),
             isa: Isa::detect(),
         })
     }
@@ -192,14 +196,6 @@ impl FlashBackend {
         }
         self.items
             .sort_by_key(|it| std::cmp::Reverse(it.tile.context + it.tile.q1));
-        self.pack_off.clear();
-        let mut total = 0;
-        for &s in b.seq_lens() {
-            self.pack_off.push(total);
-            total += s as usize;
-        }
-        self.packed_k.resize(total * nkv * hd, 0.0);
-        self.packed_v.resize(total * nkv * hd, 0.0);
         let threads = rayon::current_num_threads().max(1);
         let rows = tile_tokens * g;
         while self.scratch.len() < threads {
@@ -247,153 +243,89 @@ impl FlashBackend {
             sliding_window: cfg.sliding_window,
             soft_cap: cfg.logits_soft_cap,
         };
-        let q = io.q;
-        let (blocks, pack_off) = (&self.blocks, &self.pack_off);
-        let seq_lens = &blocks.seq_lens;
-        // Where request r's KV head h starts in the packed buffers.
-        let base = |r: usize, h: usize| (pack_off[r] * nkv + h * seq_lens[r] as usize) * hd;
-        let packed = OutPtr(self.packed_k.as_mut_ptr(), self.packed_v.as_mut_ptr());
-        let isa = self.isa;
+        let run = Run {
+            dims: &dims,
+            items: &self.items,
+            blocks: &self.blocks,
+            scratch: &self.scratch,
+            isa: self.isa,
+            q: io.q,
+            ptrs,
+        };
         // SAFETY: every block id in use is below `num_blocks` (`out_of_range` above),
-        // the pools' size checked by `io.validate`; `plan` sized the packed buffers
-        // to sum(seq_lens) * nkv * hd; `isa` is `Isa::detect()`.
+        // the pools' size checked by `io.validate`, as are `q`, `out` and `lse` for
+        // `num_tokens` tokens; `isa` is `Isa::detect()`; the capabilities (checked by
+        // `new`) bound the head dim to multiples of 16 and the group to MAX_GROUP;
+        // the scratch was sized by `plan` for its tiles.
         unsafe {
             match io.kv {
-                KvPools::F32(k, v) => pack_all(isa, k, v, blocks, &dims, base, packed),
-                KvPools::BF16(k, v) => pack_all(isa, k, v, blocks, &dims, base, packed),
-                KvPools::F16(k, v) => pack_all(isa, k, v, blocks, &dims, base, packed),
-                KvPools::F8E4M3(k, v) => {
-                    let (k, v) = (fp8_bits(k), fp8_bits(v));
-                    pack_all(isa, k, v, blocks, &dims, base, packed)
-                }
+                KvPools::F32(k, v) => run.all(k, v),
+                KvPools::BF16(k, v) => run.all(k, v),
+                KvPools::F16(k, v) => run.all(k, v),
+                KvPools::F8E4M3(k, v) => run.all(fp8_bits(k), fp8_bits(v)),
             }
         }
-        let (pk, pv) = (
-            self.packed_k.as_ptr() as usize,
-            self.packed_v.as_ptr() as usize,
-        );
-        let scratch = &self.scratch;
-        self.items.par_iter().with_max_len(1).for_each(|it| {
-            // Capture the whole Send wrapper, not its raw-pointer fields (edition 2021).
-            #[allow(clippy::redundant_locals)]
-            let ptrs = ptrs;
-            let off = base(it.req, it.tile.kv_head);
-            let (k, v) = (
-                (pk as *const f32).wrapping_add(off),
-                (pv as *const f32).wrapping_add(off),
-            );
-            // One scratch per pool thread; a tile never yields inside, so the lock is free.
-            let idx = rayon::current_thread_index().unwrap_or(0) % scratch.len();
-            let mut sc = scratch[idx].lock().unwrap_or_else(|e| e.into_inner());
-            let io = TileIo {
-                q,
-                k,
-                v,
-                out: ptrs.0,
-                lse: ptrs.1,
-            };
-            // SAFETY: `io.validate` checked `q`, `out` and `lse` for `num_tokens`
-            // tokens; `k`/`v` point at this (request, KV head)'s packed run of
-            // seq_len >= context + q1 rows; tiles write disjoint (token, head) rows;
-            // `isa` is `Isa::detect()`, so available on this CPU.
-            unsafe { run_tile(isa, &dims, &it.tile, &io, &mut sc) };
-        });
         Ok(())
     }
 }
 
-/// Repacks every (request, KV head)'s rows `0..seq_len` into its f32 run at
-/// `base(r, h)` of `packed` (K, V), in parallel, widening with `isa`'s vectors.
-///
-/// # Safety
-/// `isa` is available on this CPU; every block id of `blocks` in use is inside the
-/// pools `kc`/`vc`; the packed buffers hold every run (`sum(seq_lens) * nkv * hd`
-/// elements, run (r, h) of `seq_len[r] * hd` at `base(r, h)`, the runs disjoint).
-unsafe fn pack_all<E: KvElem>(
+/// One layer's tiles and what they share.
+struct Run<'a> {
+    dims: &'a Dims,
+    items: &'a [Item],
+    blocks: &'a StepBlocks,
+    scratch: &'a [Mutex<Scratch>],
     isa: Isa,
-    kc: &[E],
-    vc: &[E],
-    blocks: &StepBlocks,
-    d: &Dims,
-    base: impl Fn(usize, usize) -> usize + Sync,
-    packed: OutPtr,
-) {
-    let (nkv, bs) = (d.num_kv_heads, d.block_size);
-    let seq_lens = &blocks.seq_lens;
-    (0..seq_lens.len() * nkv).into_par_iter().for_each(|i| {
-        // Capture the whole Send wrapper, not its raw-pointer fields (edition 2021).
-        #[allow(clippy::redundant_locals)]
-        let packed = packed;
-        let (r, h) = (i / nkv, i % nkv);
-        let seq = seq_lens[r] as usize;
-        let blocks = blocks.blocks(r, bs);
-        // SAFETY: (r, h)'s run of seq * hd floats at base(r, h) is in bounds and no
-        // other task's; the rest is this function's contract.
-        unsafe {
-            let (dk, dv) = (packed.0.add(base(r, h)), packed.1.add(base(r, h)));
-            pack_isa(isa, (kc, vc), blocks, d, h, seq, (dk, dv));
-        }
-    });
+    q: &'a [f32],
+    ptrs: OutPtr,
 }
 
-/// [`kernel::pack`] compiled for `isa`.
-///
-/// # Safety
-/// `isa` is available on this CPU, and the arguments meet [`kernel::pack`]'s contract.
-unsafe fn pack_isa<E: KvElem>(
-    isa: Isa,
-    (kc, vc): (&[E], &[E]),
-    blocks: &[u32],
-    d: &Dims,
-    h: usize,
-    seq: usize,
-    (dk, dv): (*mut f32, *mut f32),
-) {
-    let (nkv, hd, bs) = (d.num_kv_heads, d.head_dim, d.block_size);
-    #[cfg(target_arch = "x86_64")]
-    {
-        use pagoda_kernels::simd::{Avx2, Avx512};
-        type Args<'a, E> = (
-            (&'a [E], &'a [E]),
-            &'a [u32],
-            [usize; 5],
-            (*mut f32, *mut f32),
-        );
-        #[target_feature(enable = "avx512f")]
-        unsafe fn avx512<E: KvElem>(a: Args<'_, E>) {
-            let ((kc, vc), b, [bs, nkv, h, hd, seq], (dk, dv)) = a;
-            kernel::pack::<Avx512, E>(kc, vc, b, bs, nkv, h, hd, seq, dk, dv)
-        }
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn avx2<E: KvElem>(a: Args<'_, E>) {
-            let ((kc, vc), b, [bs, nkv, h, hd, seq], (dk, dv)) = a;
-            kernel::pack::<Avx2, E>(kc, vc, b, bs, nkv, h, hd, seq, dk, dv)
-        }
-        let a = ((kc, vc), blocks, [bs, nkv, h, hd, seq], (dk, dv));
-        match isa {
-            Isa::Avx512 | Isa::Avx512Bf16 => return avx512(a),
-            Isa::Avx2 => return avx2(a),
-            Isa::Portable => {}
-        }
+impl Run<'_> {
+    /// Every tile, in parallel, over pools of `E`.
+    ///
+    /// # Safety
+    /// As in `run_layer`: the batch's blocks are inside the pools, the buffers
+    /// sized for the batch, `isa` available, the shapes within the capabilities.
+    unsafe fn all<E: KvElem>(&self, kc: &[E], vc: &[E]) {
+        let bs = self.dims.block_size;
+        self.items.par_iter().with_max_len(1).for_each(|it| {
+            // Capture the whole Send wrapper, not its raw-pointer fields (edition 2021).
+            #[allow(clippy::redundant_locals)]
+            let ptrs = self.ptrs;
+            // One scratch per pool thread; a tile never yields inside, so the lock is free.
+            let idx = rayon::current_thread_index().unwrap_or(0) % self.scratch.len();
+            let mut sc = self.scratch[idx].lock().unwrap_or_else(|e| e.into_inner());
+            let io = TileIo {
+                q: self.q,
+                k_cache: kc,
+                v_cache: vc,
+                blocks: self.blocks.blocks(it.req, bs),
+                out: ptrs.0,
+                lse: ptrs.1,
+            };
+            // SAFETY: this function's contract; `blocks(req)` covers the request's
+            // seq_len = context + query_len positions; tiles write disjoint rows.
+            unsafe { run_tile(self.isa, self.dims, &it.tile, &io, &mut sc) };
+        });
     }
-    let _ = isa;
-    kernel::pack::<pagoda_kernels::simd::Portable, E>(kc, vc, blocks, bs, nkv, h, hd, seq, dk, dv)
 }
 
-/// Calls the tile kernel compiled for the detected ISA, so its softmax loops vectorise wide.
+/// Calls the tile kernel compiled for `isa`, so that it runs `isa`'s vectors (the
+/// ones `paged` uses for the same rows).
 ///
 /// # Safety
 /// `isa` is available on this CPU, and `io` meets [`kernel::tile`]'s contract.
-unsafe fn run_tile(isa: Isa, d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
+unsafe fn run_tile<E: KvElem>(isa: Isa, d: &Dims, t: &Tile, io: &TileIo<'_, E>, sc: &mut Scratch) {
     #[cfg(target_arch = "x86_64")]
     {
+        use pagoda_kernels::simd::{Avx2, Avx512};
         #[target_feature(enable = "avx512f")]
-        unsafe fn avx512(d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
-            kernel::tile(d, t, io, sc)
+        unsafe fn avx512<E: KvElem>(d: &Dims, t: &Tile, io: &TileIo<'_, E>, sc: &mut Scratch) {
+            kernel::tile::<Avx512, E>(d, t, io, sc)
         }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scratch) {
-            kernel::tile(d, t, io, sc)
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn avx2<E: KvElem>(d: &Dims, t: &Tile, io: &TileIo<'_, E>, sc: &mut Scratch) {
+            kernel::tile::<Avx2, E>(d, t, io, sc)
         }
         match isa {
             Isa::Avx512 | Isa::Avx512Bf16 => return avx512(d, t, io, sc),
@@ -402,7 +334,7 @@ unsafe fn run_tile(isa: Isa, d: &Dims, t: &Tile, io: &TileIo<'_>, sc: &mut Scrat
         }
     }
     let _ = isa;
-    kernel::tile(d, t, io, sc)
+    kernel::tile::<pagoda_kernels::simd::Portable, E>(d, t, io, sc)
 }
 
 impl AttentionBackend for FlashBackend {
@@ -416,6 +348,11 @@ impl AttentionBackend for FlashBackend {
 
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
         self.run_layer(io)
+    }
+
+    /// `pagoda_kernels::attn`'s arithmetic, which `paged` and `flash` share.
+    fn batch_invariant(&self) -> Option<&'static str> {
+        Some(CPU_SPLIT_ARITHMETIC)
     }
 }
 

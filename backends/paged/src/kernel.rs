@@ -4,24 +4,22 @@
 //! than gathered in per-head pieces. Within a chunk, each KV head serves its whole
 //! GQA group: K and V rows are loaded once per group, the scores of up to four
 //! heads share each K load and the V accumulation keeps four heads' outputs in
-//! registers across the chunk. The softmax is online (running max and sum per head);
-//! soft-capped scores are capped before it. (A sliding window only narrows the key
-//! range of the items, in `plan`.)
+//! registers across the chunk. The arithmetic is [`pagoda_kernels::attn`]'s (one
+//! online softmax per split, chunks cut at fixed positions), the same the `flash`
+//! backend runs for a prefill row, so a row's bits do not depend on which kernel ran
+//! it. (A sliding window only narrows the key range of the items, in `plan`.)
 //!
 //! The cache is read at its own width ([`KvElem`]: f32, bf16, f16 or fp8 E4M3):
 //! each K/V vector is widened to f32 in registers as it is loaded, so a 16-bit
 //! cache streams half the bytes (fp8 a quarter) and the arithmetic is the f32
 //! kernel's.
 
-use pagoda_kernels::blocks::slot;
-use pagoda_kernels::exp_fast;
+use pagoda_kernels::attn::{self, CHUNK};
 use pagoda_kernels::simd::{Portable, Simd};
 use pagoda_kernels::{Isa, KvElem};
 
-/// Keys per online-softmax step; the scores live on the stack as `[group, CHUNK]`.
-const CHUNK: usize = 16;
 /// Largest GQA group the stack scratch holds (also the declared `max_gqa_ratio`).
-pub const MAX_GROUP: usize = 64;
+pub use pagoda_kernels::attn::MAX_GROUP;
 
 /// Read-only inputs of one work item, over a cache of elements `E`.
 pub struct ItemArgs<'a, E> {
@@ -98,83 +96,6 @@ unsafe fn attend_avx2<E: KvElem>(
     attend_generic::<pagoda_kernels::simd::Avx2, E>(a, o, lse, l)
 }
 
-/// Elements of `E` per 64-byte cache line: the prefetch stride.
-const fn per_line<E>() -> usize {
-    64 / std::mem::size_of::<E>()
-}
-
-/// `s[gi * CHUNK + j] = scale * q[gi] · k[j]` for `NG` heads, sharing each K load.
-/// Prefetches the rows `pf` (the next chunk) one row per key, spread out so that the
-/// prefetches never crowd the miss buffers that the demand loads need.
-#[inline(always)]
-unsafe fn scores<S: Simd, E: KvElem, const NG: usize>(
-    q: *const f32,
-    kp: *const E,
-    off: &[usize],
-    pf: &[usize],
-    hd: usize,
-    scale: f32,
-    s: *mut f32,
-) {
-    for (j, &o) in off.iter().enumerate() {
-        if let Some(&pj) = pf.get(j) {
-            let mut d = 0;
-            while d < hd {
-                S::prefetch(kp.add(pj + d) as *const f32);
-                d += per_line::<E>();
-            }
-        }
-        let k = kp.add(o);
-        let mut acc = [S::zero(); NG];
-        let mut d = 0;
-        while d < hd {
-            let kv = E::load::<S>(k.add(d));
-            for (gi, a) in acc.iter_mut().enumerate() {
-                *a = S::fma(S::load(q.add(gi * hd + d)), kv, *a);
-            }
-            d += S::LANES;
-        }
-        for (gi, a) in acc.iter().enumerate() {
-            *s.add(gi * CHUNK + j) = S::reduce(*a) * scale;
-        }
-    }
-}
-
-/// `o[gi] += sum_j p[gi * CHUNK + j] * v[j]` for `NG` heads, accumulating in
-/// registers; prefetches one cache line of each row `pf` per line of columns.
-#[inline(always)]
-unsafe fn accumulate<S: Simd, E: KvElem, const NG: usize>(
-    o: *mut f32,
-    vp: *const E,
-    off: &[usize],
-    pf: &[usize],
-    hd: usize,
-    p: *const f32,
-) {
-    let mut d = 0;
-    while d < hd {
-        if d.is_multiple_of(per_line::<E>()) {
-            for &pj in pf {
-                S::prefetch(vp.add(pj + d) as *const f32);
-            }
-        }
-        let mut acc = [S::zero(); NG];
-        for (gi, a) in acc.iter_mut().enumerate() {
-            *a = S::load(o.add(gi * hd + d));
-        }
-        for (j, &oj) in off.iter().enumerate() {
-            let vv = E::load::<S>(vp.add(oj + d));
-            for (gi, a) in acc.iter_mut().enumerate() {
-                *a = S::fma(S::splat(*p.add(gi * CHUNK + j)), vv, *a);
-            }
-        }
-        for (gi, a) in acc.iter().enumerate() {
-            S::store(o.add(gi * hd + d), *a);
-        }
-        d += S::LANES;
-    }
-}
-
 #[inline(always)]
 unsafe fn attend_generic<S: Simd, E: KvElem>(
     a: &ItemArgs<'_, E>,
@@ -182,34 +103,36 @@ unsafe fn attend_generic<S: Simd, E: KvElem>(
     m: &mut [f32],
     l: &mut [f32],
 ) {
-    let (g_n, hd, bs, nkv) = (a.group, a.head_dim, a.block_size, a.num_kv_heads);
+    let (g_n, hd, nkv) = (a.group, a.head_dim, a.num_kv_heads);
     let row_stride = nkv * hd;
-    // Keys per step. When token rows are a multiple of 4 KiB apart, one head's
-    // pieces of consecutive rows all land in the same L1 sets; 16 of them exceed
-    // the associativity and evict the queries and accumulators (measured: Llama-8B
-    // shape ran ~30% slower), so take 8 keys per step there.
-    let chunk = if (row_stride * std::mem::size_of::<E>()).is_multiple_of(4096) {
-        CHUNK / 2
-    } else {
-        CHUNK
+    // Chunks cut at multiples of `chunk` positions (`attn`'s scheme), so that a
+    // prefill row of `flash` over the same keys takes the same steps.
+    let chunk = attn::chunk_keys::<E>(row_stride);
+    let params = attn::RowParams {
+        head_dim: hd,
+        scale: a.scale,
+        soft_cap: a.soft_cap,
     };
     let mut s = [0f32; MAX_GROUP * CHUNK];
     let mut off = [0usize; CHUNK];
-    o.fill(0.0);
-    m.fill(f32::NEG_INFINITY);
-    l.fill(0.0);
+    let mut next = [0usize; CHUNK];
     let (kp, vp) = (a.k_cache.as_ptr(), a.v_cache.as_ptr());
+    let kv = attn::HeadKv {
+        k: kp,
+        v: vp,
+        blocks: a.blocks,
+        block_size: a.block_size,
+        row_stride,
+    };
+    let mut st = attn::SplitState { m, l, o };
+    st.reset();
 
     // Offsets of the next chunk's rows, whose K/V pieces are prefetched one KV head
     // ahead of use: random block order defeats the hardware prefetchers at every
     // block boundary, and one core alone cannot keep enough misses in flight.
-    let mut next = [0usize; CHUNK];
     let row_offsets = |pos: usize, out: &mut [usize; CHUNK]| {
-        let n = chunk.min(a.end.saturating_sub(pos));
-        for (j, x) in out.iter_mut().enumerate().take(n) {
-            let p = pos + j;
-            *x = slot(a.blocks, bs, p) * row_stride;
-        }
+        let n = attn::chunk_end(pos, chunk, a.end).saturating_sub(pos);
+        kv.offsets(pos, &mut out[..n]);
         n
     };
     let mut pos = a.start;
@@ -218,78 +141,25 @@ unsafe fn attend_generic<S: Simd, E: KvElem>(
         let n_next = row_offsets(pos + n, &mut next);
         for h in 0..nkv {
             let head0 = h * g_n;
-            let q = a.q.as_ptr().add(head0 * hd);
-            let oh = o.as_mut_ptr().add(head0 * hd);
-            let (kh, vh) = (kp.add(h * hd), vp.add(h * hd));
-            let offs = &off[..n];
-            let mut g = 0;
-            while g < g_n {
-                let (qg, sg) = (q.add(g * hd), s.as_mut_ptr().add(g * CHUNK));
-                let pf: &[usize] = if g == 0 { &next[..n_next] } else { &[] };
-                match g_n - g {
-                    1 => scores::<S, E, 1>(qg, kh, offs, pf, hd, a.scale, sg),
-                    2 => scores::<S, E, 2>(qg, kh, offs, pf, hd, a.scale, sg),
-                    3 => scores::<S, E, 3>(qg, kh, offs, pf, hd, a.scale, sg),
-                    _ => scores::<S, E, 4>(qg, kh, offs, pf, hd, a.scale, sg),
-                }
-                g += 4;
-            }
-            // Online softmax: rescale each head's running output to its new maximum.
-            for gi in 0..g_n {
-                let head = head0 + gi;
-                let row = &mut s[gi * CHUNK..(gi + 1) * CHUNK];
-                if let Some(c) = a.soft_cap {
-                    for x in row[..n].iter_mut() {
-                        *x = c * (*x / c).tanh();
-                    }
-                }
-                let cm = row[..n].iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
-                let m_new = m[head].max(cm);
-                if m_new > m[head] {
-                    let corr = exp_fast(m[head] - m_new);
-                    l[head] *= corr;
-                    let oo = oh.add(gi * hd);
-                    let cv = S::splat(corr);
-                    let mut d = 0;
-                    while d < hd {
-                        S::store(oo.add(d), S::mul(S::load(oo.add(d)), cv));
-                        d += S::LANES;
-                    }
-                    m[head] = m_new;
-                }
-                // Whole-chunk loop so that it vectorises; lanes past n are zeroed after.
-                for x in row.iter_mut() {
-                    *x = exp_fast(*x - m_new);
-                }
-                row[n..].fill(0.0);
-                l[head] += row.iter().sum::<f32>();
-            }
-            let mut g = 0;
-            while g < g_n {
-                let (og, pg) = (oh.add(g * hd), s.as_ptr().add(g * CHUNK));
-                let pf: &[usize] = if g == 0 { &next[..n_next] } else { &[] };
-                match g_n - g {
-                    1 => accumulate::<S, E, 1>(og, vh, offs, pf, hd, pg),
-                    2 => accumulate::<S, E, 2>(og, vh, offs, pf, hd, pg),
-                    3 => accumulate::<S, E, 3>(og, vh, offs, pf, hd, pg),
-                    _ => accumulate::<S, E, 4>(og, vh, offs, pf, hd, pg),
-                }
-                g += 4;
-            }
+            let mut hs = attn::SplitState {
+                m: &mut st.m[head0..head0 + g_n],
+                l: &mut st.l[head0..head0 + g_n],
+                o: &mut st.o[head0 * hd..(head0 + g_n) * hd],
+            };
+            attn::chunk_step::<S, E>(
+                &params,
+                a.q.as_ptr().add(head0 * hd),
+                kp.add(h * hd),
+                vp.add(h * hd),
+                &off[..n],
+                &next[..n_next],
+                &mut hs,
+                &mut s,
+            );
         }
         pos += n;
         n = n_next;
         off = next;
     }
-    for head in 0..nkv * g_n {
-        if l[head] > 0.0 {
-            let inv = 1.0 / l[head];
-            o[head * hd..(head + 1) * hd]
-                .iter_mut()
-                .for_each(|x| *x *= inv);
-            m[head] += l[head].ln();
-        } else {
-            m[head] = f32::NEG_INFINITY;
-        }
-    }
+    attn::finish_split(&mut st, hd);
 }

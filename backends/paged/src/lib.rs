@@ -6,34 +6,36 @@
 //! to f32.
 //!
 //! * [`AttentionBackend::plan`] copies the batch's block table and cuts the work
-//!   into items `(request, key range)`. Long contexts are split into block-aligned
-//!   ranges so that there are about [`ITEMS_PER_THREAD`] items per rayon thread;
-//!   it also preallocates every item's partial output and LSE.
+//!   into items `(request, key range)`: a request's keys cut at the multiples of
+//!   [`SPLIT_TOKENS`] positions (fixed, not sized to the batch or the thread count,
+//!   so that a row's bits never depend on them); it also preallocates every item's
+//!   partial output and LSE.
 //! * An item covers every KV head rather than one: a token's K (or V) row for all
 //!   heads is contiguous, so whole blocks stream from memory. Per-head items read
 //!   `head_dim`-sized pieces 4 KiB apart (Llama-8B shape), one page per key, which
 //!   defeats the hardware prefetchers; measured, that ran at a fifth of bandwidth.
 //! * [`AttentionBackend::run`] checks buffer sizes ([`LayerIo::validate`]), runs the items in parallel (each
 //!   KV head serves its whole GQA group, see [`kernel`]), then merges
-//!   the partial results of each head with a log-sum-exp merge (the math of
-//!   [`pagoda_core::merge_states`], generalised to n parts). No allocation, no planning.
+//!   the partial results of each head in position order (`pagoda_kernels::attn::Merge`,
+//!   the log-sum-exp merge of [`pagoda_core::merge_states`] folded over n parts).
+//!   No allocation, no planning.
 
 pub mod kernel;
 
 use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, BatchDescriptor,
-    Capabilities, CoreError, DType, InvalidReason, KvPools, LayerIo, Role, F8E4M3,
+    Capabilities, CoreError, DType, InvalidReason, KvPools, LayerIo, Role, CPU_SPLIT_ARITHMETIC,
+    F8E4M3,
 };
-use pagoda_kernels::{Isa, KvElem, StepBlocks, E4M3};
+use pagoda_kernels::{attn, Isa, KvElem, StepBlocks, E4M3};
 use rayon::prelude::*;
 use thiserror::Error;
 
 /// The registered name.
 pub const NAME: &str = "paged";
-/// Target number of work items per rayon thread (balances uneven contexts).
-pub const ITEMS_PER_THREAD: usize = 4;
-/// Splits never get shorter than this many keys (a split's merge costs ~one key).
-pub const MIN_SPLIT_TOKENS: usize = 256;
+/// Keys per split: a request's keys are cut at the multiples of this many
+/// positions, one work item each (fixed, so that results are batch-invariant).
+pub const SPLIT_TOKENS: usize = attn::SPLIT_KEYS;
 
 /// Errors of the paged backend's own API (the protocol's errors are [`CoreError`]s).
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -59,9 +61,12 @@ impl From<PagedError> for CoreError {
     }
 }
 
+/// Largest supported head dim.
+pub const MAX_HEAD_DIM: usize = 256;
+
 /// Head dims 16, 32, .., 256 (the kernels step through a head in 16-lane chunks).
 pub fn supported_head_dims() -> Vec<usize> {
-    (1..=16).map(|i| i * 16).collect()
+    (1..=MAX_HEAD_DIM / 16).map(|i| i * 16).collect()
 }
 
 /// What `paged` serves: CPU, f32 queries, an f32, bf16, f16 or fp8 KV cache, decode
@@ -167,35 +172,27 @@ impl PagedBackend {
         p.blocks
             .copy_from(bs, b.block_table(), b.block_table_stride(), b.seq_lens());
 
-        // Split size in blocks: total key-work spread over ~ITEMS_PER_THREAD items
-        // per thread, never below MIN_SPLIT_TOKENS, always whole blocks.
-        let target = ITEMS_PER_THREAD * rayon::current_num_threads().max(1);
-        // A sliding window leaves only a request's last `w` keys to attend to.
+        // Splits of `attn::SPLIT_KEYS` positions, cut at its multiples: their
+        // boundaries depend on positions only, never on the batch or the thread
+        // count, so a row's bits do not either (and `flash` cuts a prefill row's
+        // keys at the same places).
         let window = self.cfg.sliding_window;
         let keys = |s: usize| window.map_or(s, |w| s.min(w));
-        let total_tokens: usize = b.seq_lens().iter().map(|&s| keys(s as usize)).sum();
-        let split_tokens = total_tokens.div_ceil(target).max(MIN_SPLIT_TOKENS);
-        let split_blocks = split_tokens.div_ceil(bs).max(1);
-        let split_len = split_blocks * bs;
-
         p.items.clear();
         p.first_item.clear();
         p.splits.clear();
         for r in 0..n {
             let s = b.seq_len(r);
             let lo = s - keys(s);
-            let splits = (s - lo).div_ceil(split_len).max(1);
             p.first_item.push(p.items.len());
-            p.splits.push(splits);
-            for k in 0..splits {
-                let start = (lo + k * split_len).min(s);
-                let end = (lo + (k + 1) * split_len).min(s);
-                p.items.push(WorkItem {
+            let before = p.items.len();
+            p.items
+                .extend(attn::splits(lo, s).map(|(start, end)| WorkItem {
                     req: r as u32,
                     start: start as u32,
                     end: end as u32,
-                });
-            }
+                }));
+            p.splits.push(p.items.len() - before);
         }
         p.partial_o.resize(p.items.len() * nh * hd, 0.0);
         p.partial_lse.resize(p.items.len() * nh, 0.0);
@@ -305,7 +302,9 @@ unsafe fn attend_items<E: KvElem>(
         });
 }
 
-/// Log-sum-exp merge of request `r`'s splits into its output row `[nh, hd]`.
+/// Merge of request `r`'s splits into its output row `[nh, hd]`, folded in
+/// position order (`attn::Merge`, which `flash` runs too). `acc` is `hd` floats of
+/// scratch.
 fn merge_request(
     p: &Plan,
     r: usize,
@@ -315,36 +314,22 @@ fn merge_request(
     mut lse: Option<&mut [f32]>,
 ) {
     let (splits, base) = (p.splits[r], p.first_item[r]);
+    let mut acc = [0f32; MAX_HEAD_DIM];
     for head in 0..nh {
-        let o = &mut out[head * hd..(head + 1) * hd];
-        let part_lse = |k: usize| p.partial_lse[(base + k) * nh + head];
-        let part_o = |k: usize| {
-            &p.partial_o[((base + k) * nh + head) * hd..((base + k) * nh + head + 1) * hd]
+        let (mut m, mut l) = (0.0, 0.0);
+        let mut g = attn::Merge {
+            m: &mut m,
+            l: &mut l,
+            o: &mut acc[..hd],
         };
-        let m = (0..splits).map(part_lse).fold(f32::NEG_INFINITY, f32::max);
-        if m == f32::NEG_INFINITY {
-            o.fill(0.0);
-            if let Some(l) = lse.as_deref_mut() {
-                l[head] = f32::NEG_INFINITY;
-            }
-            continue;
-        }
-        o.fill(0.0);
-        let mut total = 0.0f32;
+        g.reset();
         for k in 0..splits {
-            let w = (part_lse(k) - m).exp();
-            if w == 0.0 {
-                continue;
-            }
-            total += w;
-            for (x, y) in o.iter_mut().zip(part_o(k)) {
-                *x += w * y;
-            }
+            let i = (base + k) * nh + head;
+            g.add(p.partial_lse[i], &p.partial_o[i * hd..(i + 1) * hd]);
         }
-        let inv = 1.0 / total;
-        o.iter_mut().for_each(|x| *x *= inv);
+        let x = g.finish(&mut out[head * hd..(head + 1) * hd]);
         if let Some(l) = lse.as_deref_mut() {
-            l[head] = m + total.ln();
+            l[head] = x;
         }
     }
 }
@@ -360,6 +345,11 @@ impl AttentionBackend for PagedBackend {
 
     fn run(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
         self.run_layer(io)
+    }
+
+    /// `pagoda_kernels::attn`'s arithmetic, which `paged` and `flash` share.
+    fn batch_invariant(&self) -> Option<&'static str> {
+        Some(CPU_SPLIT_ARITHMETIC)
     }
 }
 

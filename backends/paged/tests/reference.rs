@@ -28,7 +28,8 @@ fn run(c: &Case, with_lse: bool, isa: Isa) -> Result<(Vec<f32>, Vec<f32>), CoreE
     run_twice(&mut be, c, with_lse)
 }
 
-/// Plans and runs inside a pool of `threads` threads: more threads means more splits.
+/// Plans and runs inside a pool of `threads` threads (the splits are fixed; the
+/// threads only change who runs them).
 fn check(c: &Case, threads: usize) {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)

@@ -39,10 +39,15 @@ pub enum Check {
     LseMergeContextAndChunk,
     /// Wrong buffer lengths, out-of-range blocks and a foreign block size are errors, not panics.
     BadBuffers,
+    /// For a backend that declares `batch_invariant`: the same query rows re-cut into
+    /// chunks, shuffled, dealt into other batches, over renumbered blocks and in pools
+    /// of other thread counts give the same bits ([`crate::invariance`]). Skipped for
+    /// a backend that declares nothing.
+    BatchInvariance,
 }
 
 impl Check {
-    pub const ALL: [Check; 8] = [
+    pub const ALL: [Check; 9] = [
         Check::RandomBatches,
         Check::BlockPermutation,
         Check::AloneEqualsInBatch,
@@ -51,6 +56,7 @@ impl Check {
         Check::LseMergeKvHalves,
         Check::LseMergeContextAndChunk,
         Check::BadBuffers,
+        Check::BatchInvariance,
     ];
 
     /// Why the check does not apply to a backend with these capabilities at all
@@ -71,6 +77,7 @@ impl Check {
         match self {
             Check::RandomBatches => 128,
             Check::BadBuffers => 1,
+            Check::BatchInvariance => 24,
             _ => 40,
         }
     }
@@ -100,6 +107,7 @@ impl Check {
             Check::LseMergeKvHalves => lse_merge_kv_halves(subject, spec, tol),
             Check::LseMergeContextAndChunk => lse_merge_context_and_chunk(subject, spec, tol),
             Check::BadBuffers => bad_buffers(subject, spec),
+            Check::BatchInvariance => crate::invariance::batch_invariance(subject, spec),
         }
     }
 }

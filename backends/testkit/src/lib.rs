@@ -10,7 +10,9 @@
 //!
 //! That expands to one `#[test]` per [`Check`]: random batches compared with
 //! `naive` (proptest), plus metamorphic checks (block permutation, batch
-//! composition, decode vs prefill, GQA vs MHA, LSE merging) and a bad-buffer check.
+//! composition, decode vs prefill, GQA vs MHA, LSE merging), a bad-buffer check,
+//! and, for a backend that declares `batch_invariant`, bit-exact invariance under
+//! re-batching, re-chunking, block renumbering and thread counts.
 //! The kit reads the backend's [`Capabilities`] to restrict shapes and row kinds:
 //! decode-only backends get only query length 1, prefill-only backends only
 //! query length >= 2. Unused cache slots are NaN, so any stray read fails.
@@ -27,6 +29,7 @@ pub mod checks;
 pub mod direct;
 pub mod fp8;
 pub mod gen;
+mod invariance;
 pub mod place;
 pub mod suite;
 
@@ -385,6 +388,7 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@one conformance_lse_merge_of_kv_halves_equals_whole, LseMergeKvHalves, $subject, $tol);
         $crate::conformance_suite!(@one conformance_lse_merge_of_context_and_chunk_equals_whole, LseMergeContextAndChunk, $subject, $tol);
         $crate::conformance_suite!(@one conformance_bad_buffers_are_errors, BadBuffers, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_batch_invariant_bits, BatchInvariance, $subject, $tol);
     };
     (@one $name:ident, $check:ident, $subject:expr, $tol:expr) => {
         #[test]

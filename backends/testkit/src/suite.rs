@@ -6,6 +6,7 @@ use crate::checks::Outcome;
 use crate::gen::{case_spec, Shapes};
 use crate::{IntoSubject, Subject, Tolerance};
 use pagoda_core::DeviceKind;
+use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestError, TestRunner};
 
 /// Set (to anything) where the subjects' devices must exist: a check whose device is
@@ -88,6 +89,24 @@ pub fn try_run_check(
     };
     let mut runner = TestRunner::new(config);
     let strategy = case_spec(&shapes, check.min_group());
+    if check == Check::BatchInvariance {
+        // Only a backend that declares it is checked: ask one instance.
+        let spec = strategy
+            .new_tree(&mut TestRunner::deterministic())
+            .map_err(|e| e.to_string())?
+            .current();
+        let declared = subject
+            .create(&spec.config(subject))
+            .map(|b| b.batch_invariant())
+            .map_err(|e| e.to_string())?;
+        if declared.is_none() {
+            eprintln!(
+                "{check:?}: skipped, `{}` declares no batch invariance",
+                subject.name
+            );
+            return Ok(());
+        }
+    }
     let result = runner.run(&strategy, |spec| match check.run(subject, &spec, tol) {
         Ok(Outcome::Passed) => Ok(()),
         Ok(Outcome::NotApplicable) => Err(TestCaseError::reject("not applicable to this case")),

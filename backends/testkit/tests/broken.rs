@@ -28,6 +28,10 @@ enum Bug {
     NoValidation,
     /// Keeps the first batch it planned.
     StalePlan,
+    /// Adds up the keys in reverse order when the batch has an odd number of
+    /// tokens: accurate, but a row's bits depend on the batch (it still declares
+    /// `batch_invariant`, as every mutant does).
+    OrderDependsOnBatch,
 }
 
 struct Mutant {
@@ -137,8 +141,13 @@ impl AttentionBackend for Mutant {
                     let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let mut sum = 0.0f32;
                     let mut acc = vec![0.0f32; d];
-                    for (p, s) in scores.iter().enumerate() {
-                        let w = (s - m).exp();
+                    let reversed = self.bug == Bug::OrderDependsOnBatch && t % 2 == 1;
+                    let order: Vec<usize> = match reversed {
+                        true => (0..=last).rev().collect(),
+                        false => (0..=last).collect(),
+                    };
+                    for p in order {
+                        let w = (scores[p] - m).exp();
                         sum += w;
                         for (a, v) in acc.iter_mut().zip(&io.v_cache[off(p)..][..d]) {
                             *a += w * v;
@@ -158,6 +167,12 @@ impl AttentionBackend for Mutant {
             }
         }
         Ok(())
+    }
+
+    /// One f32 loop per row: invariant by construction (unless `OrderDependsOnBatch`),
+    /// so `Check::BatchInvariance` runs on every mutant.
+    fn batch_invariant(&self) -> Option<&'static str> {
+        Some("mutant-f32-loop")
     }
 }
 
@@ -246,6 +261,20 @@ fn a_wrong_lse_base_fails() {
 #[test]
 fn an_unwritten_head_fails() {
     fails(Bug::SkipsLastHead, Check::RandomBatches);
+}
+
+#[test]
+fn a_batch_dependent_summation_order_fails_the_invariance_check() {
+    let report = fails(Bug::OrderDependsOnBatch, Check::BatchInvariance);
+    assert!(report.contains("bits must be equal"), "{report}");
+    // Accurate all the same: the tolerance checks cannot see it.
+    try_run_check(
+        Check::RandomBatches,
+        &mutant(Bug::OrderDependsOnBatch),
+        Tolerance::F32,
+        None,
+    )
+    .unwrap();
 }
 
 #[test]

@@ -41,6 +41,20 @@ pub trait AttentionBackend: Send {
         crate::write_kv(k_pool, v_pool, k, v, slot_mapping, slot_elems)
     }
 
+    /// The backend's batch-invariance declaration: `Some(arithmetic)` when a query
+    /// row's output (and LSE) bits depend only on that row's query, the K/V at its
+    /// key positions and the configuration, never on the other rows of the batch,
+    /// their order, the block layout, the thread count, nor on whether the row is
+    /// a decode row or part of a prefill chunk of any length with any cached
+    /// context. `arithmetic` names the per-row computation: two backends that name
+    /// the same one give the same bits for the same row, so a hybrid of them is
+    /// invariant too (`paged` and `flash` both run `pagoda_kernels::attn`'s, named
+    /// [`CPU_SPLIT_ARITHMETIC`]). The conformance kit checks the claim; the
+    /// default, `None`, claims nothing.
+    fn batch_invariant(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Which steps this backend's `run` can be captured for in a CUDA graph
     /// (vLLM's `AttentionCGSupport`). The default: none.
     fn graph_support(&self) -> GraphSupport {
@@ -68,6 +82,13 @@ pub trait AttentionBackend: Send {
         })
     }
 }
+
+/// The [`AttentionBackend::batch_invariant`] arithmetic of the CPU backends: keys in
+/// splits of 256 positions cut at its multiples, each an online softmax over
+/// chunks cut at fixed positions, merged in position order (the arithmetic depends
+/// on the instruction set, so the guarantee holds per CPU and
+/// `PAGODA_DISABLE_AVX512` setting).
+pub const CPU_SPLIT_ARITHMETIC: &str = "cpu-split256";
 
 /// Which steps a backend can run inside a captured CUDA graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,7 +24,10 @@ pub mod config;
 pub mod merge;
 pub mod registry;
 
-pub use backend::{AttentionBackend, F32Io, GraphLimits, GraphSupport, HostKvIo, KvPools, LayerIo};
+pub use backend::{
+    AttentionBackend, F32Io, GraphLimits, GraphSupport, HostKvIo, KvPools, LayerIo,
+    CPU_SPLIT_ARITHMETIC,
+};
 pub use batch::BatchDescriptor;
 pub use config::{AttentionConfig, Capabilities, InvalidReason, Role};
 pub use merge::merge_states;
