@@ -129,6 +129,10 @@ pub struct EmuOps {
     ids_out: Vec<i32>,
     /// Captured graphs, by [`GraphId`].
     graphs: Vec<EmuGraph>,
+    /// GEMM shapes `(m, n, k)` run eagerly: as cuBLAS, which picks an algorithm (and
+    /// may allocate) for each new problem size, a shape first met inside a capture is
+    /// refused (so every graph size needs its eager warm-up step).
+    gemm_shapes: std::collections::HashSet<(usize, usize, usize)>,
 }
 
 impl EmuOps {
@@ -145,6 +149,7 @@ impl EmuOps {
             values: Vec::new(),
             ids_out: Vec::new(),
             graphs: Vec::new(),
+            gemm_shapes: Default::default(),
         })
     }
 
@@ -296,6 +301,17 @@ impl ModelOps for EmuOps {
         if kw != k || mo != m || no != n {
             return Err(CoreError::InvalidShape {
                 message: format!("linear: x [{m}, {k}] · w [{n}, {kw}]ᵀ into out [{mo}, {no}]"),
+            });
+        }
+        if !graph::is_capturing() {
+            self.gemm_shapes.insert((m, n, k));
+        } else if !self.gemm_shapes.contains(&(m, n, k)) {
+            return Err(CoreError::Graph {
+                message: format!(
+                    "linear: a GEMM of [{m}, {k}] x [{n}, {k}]ᵀ first met inside a capture \
+                     (cuBLAS would initialise that shape there): run an eager step of this \
+                     size first"
+                ),
             });
         }
         let xs = host_ref("linear input", &x)?;
