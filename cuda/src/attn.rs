@@ -164,9 +164,10 @@ struct Planned {
 /// The device code path (`device.rs`) with its driver.
 #[derive(Debug)]
 enum Dev {
-    Emu(DeviceAttn<EmuDriver>),
+    // Both boxed: the states are large and of different sizes.
+    Emu(Box<DeviceAttn<EmuDriver>>),
     #[cfg(feature = "cuda")]
-    Cuda(crate::gpu::Gpu),
+    Cuda(Box<crate::gpu::Gpu>),
 }
 
 /// `$d` is the backend's [`DeviceAttn`], whichever its driver.
@@ -221,14 +222,16 @@ impl CudaAttention {
             });
         }
         let dev = match cfg.device {
-            Device::Emu => Dev::Emu(DeviceAttn::new(EmuDriver::new(EMU_SMS))),
+            Device::Emu => Dev::Emu(Box::new(DeviceAttn::new(EmuDriver::new(EMU_SMS)))),
             #[cfg(feature = "cuda")]
-            Device::Cuda(ordinal) => Dev::Cuda(crate::gpu::gpu(ordinal).map_err(|message| {
-                CoreError::BackendInvalid {
-                    backend: name.into(),
-                    reasons: vec![InvalidReason::Other { message }],
-                }
-            })?),
+            Device::Cuda(ordinal) => {
+                Dev::Cuda(Box::new(crate::gpu::gpu(ordinal).map_err(|message| {
+                    CoreError::BackendInvalid {
+                        backend: name.into(),
+                        reasons: vec![InvalidReason::Other { message }],
+                    }
+                })?))
+            }
             d => {
                 return Err(CoreError::BackendInvalid {
                     backend: name.into(),

@@ -612,3 +612,47 @@ register_model_ops!(ModelOpsRegistration {
     provider: "pagoda-cuda",
     open: open_cuda,
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagoda_core::{open_device, DType, Shape};
+
+    /// As cuBLAS, which initialises each new problem size on first use: a GEMM shape
+    /// first met inside a capture is refused, one run eagerly before is recorded.
+    #[test]
+    fn a_gemm_shape_first_met_in_a_capture_is_refused() {
+        let rt = open_device(Device::Emu).unwrap();
+        let mut ops = EmuOps::new(rt.clone()).unwrap();
+        ops.reserve_step(4, 4).unwrap();
+        let w = rt
+            .alloc_zeroed(DType::F32, Shape::new(&[3, 8]).unwrap())
+            .unwrap();
+        let x2 = rt
+            .alloc_zeroed(DType::F32, Shape::new(&[2, 8]).unwrap())
+            .unwrap();
+        let x4 = rt
+            .alloc_zeroed(DType::F32, Shape::new(&[4, 8]).unwrap())
+            .unwrap();
+        let mut o2 = rt
+            .alloc_zeroed(DType::F32, Shape::new(&[2, 3]).unwrap())
+            .unwrap();
+        let mut o4 = rt
+            .alloc_zeroed(DType::F32, Shape::new(&[4, 3]).unwrap())
+            .unwrap();
+        ops.linear(x2.view(), w.view(), o2.view_mut()).unwrap();
+        ops.begin_capture().unwrap();
+        let seen = ops.linear(x2.view(), w.view(), o2.view_mut());
+        let new = ops.linear(x4.view(), w.view(), o4.view_mut());
+        ops.abort_capture();
+        seen.unwrap();
+        let e = new.unwrap_err().to_string();
+        assert!(e.contains("first met inside a capture"), "{e}");
+        // Warmed up eagerly, the same shape captures.
+        ops.linear(x4.view(), w.view(), o4.view_mut()).unwrap();
+        ops.begin_capture().unwrap();
+        let warmed = ops.linear(x4.view(), w.view(), o4.view_mut());
+        ops.abort_capture();
+        warmed.unwrap();
+    }
+}
