@@ -36,7 +36,7 @@ fn main() {
 #[cfg(feature = "cuda")]
 mod gpu {
     use criterion::{BenchmarkId, Criterion, Throughput};
-    use cudarc::driver::{CudaContext, CudaStream};
+    use cudarc::driver::CudaStream;
     use pagoda_benches::attn::{self, Case, ModelShape, LLAMA8B, SMOLLM2};
     use pagoda_benches::cuda_ceilings::ceilings;
     use pagoda_core::{
@@ -173,9 +173,10 @@ mod gpu {
     }
 
     pub fn main() {
-        let ctx = CudaContext::new(0).expect("cuda:0");
-        let stream = ctx.default_stream();
         let rt = open_device(Device::Cuda(0)).expect("the cuda:0 runtime");
+        // The backends launch on the engine's stream (non-blocking, not the legacy
+        // default stream): synchronising any other one would time the launches only.
+        let stream = pagoda_cuda::engine_stream(0).expect("the engine stream of cuda:0");
         let ceil = ceilings(&stream);
         let (copy_bw, gemm_rate) = (ceil.copy_bytes_per_s, ceil.gemm_flops);
         println!(
@@ -197,8 +198,8 @@ mod gpu {
                     let Some(mut dc) = device_case(&*rt, shape, &rows, "cuda-paged") else {
                         continue;
                     };
-                    // bf16: half the f32 bytes the CPU case counts.
-                    let bytes = dc.case.decode_bytes() as f64 / 2.0;
+                    // At the case's element sizes (bf16 q, o and KV).
+                    let bytes = dc.case.decode_bytes() as f64;
                     let group = format!("cuda-decode/{}", shape.name);
                     bench(
                         &mut c,

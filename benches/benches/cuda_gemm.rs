@@ -50,28 +50,8 @@ mod gpu {
         std::env::var("PAGODA_BENCH_QUICK").is_ok_and(|v| v != "0")
     }
 
-    /// A device buffer of `len` bf16 values in [-1, 1) (a repeated pseudo-random block:
-    /// zeros would understate the tensor cores' power draw).
     fn filled(stream: &Arc<CudaStream>, len: usize) -> CudaSlice<bf16> {
-        const BLOCK: usize = 1 << 20;
-        let mut s = 0x2545_f491_4f6c_dd1du64;
-        let pattern: Vec<bf16> = (0..BLOCK.min(len))
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                bf16::from_f32((s >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
-            })
-            .collect();
-        let mut buf = stream.alloc_zeros::<bf16>(len).expect("device memory");
-        let mut at = 0;
-        while at < len {
-            let n = pattern.len().min(len - at);
-            let mut dst = buf.slice_mut(at..at + n);
-            stream.memcpy_htod(&pattern[..n], &mut dst).expect("upload");
-            at += n;
-        }
-        buf
+        pagoda_benches::cuda_ceilings::filled_bf16(stream, len).expect("device memory")
     }
 
     /// Per case: (seconds per call, FLOPs, weight bytes, m).

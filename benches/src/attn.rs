@@ -186,11 +186,11 @@ pub fn prefill_rows(tokens: usize, prefix: usize) -> Vec<(usize, usize)> {
 }
 
 impl Case {
-    /// Bytes a decode step must move: Q and O once, every request's K and V rows
-    /// (at the cache's element size).
+    /// Bytes a decode step must move: Q and O once (at q's element size), every
+    /// request's K and V rows (at the cache's).
     pub fn decode_bytes(&self) -> u64 {
         let c = &self.cfg;
-        let qo = 2 * self.batch.num_tokens() * c.num_heads * c.head_dim * 4;
+        let qo = 2 * self.batch.num_tokens() * c.num_heads * c.head_dim * c.q_dtype.size();
         let e = c.kv_dtype.size();
         let kv: usize = self
             .batch

@@ -5,10 +5,11 @@
 //!   metadata (offsets, lengths, block table) and picks `paged`'s split plan: once
 //!   per step, shared by every layer's `run`.
 //! * [`AttentionBackend::run`] validates the layer's buffers
-//!   ([`LayerIo::validate_batch`]) and launches. On the `emu` device the buffers are
-//!   host slices and the kernels run through the SIMT emulator of `pagoda-cuda-kernels`;
-//!   on `cuda:N` (feature `cuda`) `plan` uploads the metadata once and `run` only
-//!   launches (`gpu.rs`: no allocation, no host synchronization).
+//!   ([`LayerIo::validate_batch`]) and launches. One device code path for both devices
+//!   (`device.rs`): `plan` converts and uploads the metadata once, `run` packs the
+//!   parameter struct and launches (no allocation, no host synchronization); only the
+//!   driver differs: on `emu` host memory and the SIMT emulator of
+//!   `pagoda-cuda-kernels`, on `cuda:N` (feature `cuda`) cudarc (`gpu.rs`).
 //! * [`AttentionBackend::write_kv`] runs the `write_kv` kernel (any source dtype into
 //!   the pools' dtype).
 //!
@@ -18,14 +19,13 @@
 //! `pos + 1 - w..=pos` under a window `w`, and a scaled score `s` becomes
 //! `cap * tanh(s / cap)` before the softmax.
 
+use crate::device::{DeviceAttn, EmuDriver};
 use crate::runtime::{cuda_unavailable, COMPILED};
-use half::{bf16, f16};
 use pagoda_core::{
     AttentionBackend, AttentionConfig, BatchDescriptor, Capabilities, CoreError, DType, Device,
-    DeviceKind, GraphLimits, GraphSupport, HostElem, InvalidReason, LayerIo, TensorMut, TensorRef,
+    DeviceKind, GraphLimits, GraphSupport, InvalidReason, LayerIo, TensorMut, TensorRef,
 };
-use pagoda_cuda_kernels::emu::{self, Batch, Io, Shape};
-use pagoda_cuda_kernels::{flash_head_dims, paged_head_dims, Dtype, Element, SplitPlan};
+use pagoda_cuda_kernels::{flash_head_dims, paged_head_dims, Dtype, SplitPlan};
 
 /// Which kernel a backend launches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,86 +159,26 @@ pub fn runtime_reasons(kernel: Kernel, cfg: &AttentionConfig) -> Vec<InvalidReas
 #[derive(Debug)]
 struct Planned {
     batch: BatchDescriptor,
-    split: SplitPlan,
 }
 
-/// A host buffer that a captured launch reads at its address: refilled in place, grown
-/// only before [`EmuStep::lock`]; after it, a step that would need more is refused
-/// rather than moving the buffer.
-#[derive(Debug, Default)]
-struct Fixed<T> {
-    buf: Vec<T>,
-    locked: bool,
+/// The device code path (`device.rs`) with its driver.
+#[derive(Debug)]
+enum Dev {
+    // Both boxed: the states are large and of different sizes.
+    Emu(Box<DeviceAttn<EmuDriver>>),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<crate::gpu::Gpu>),
 }
 
-impl<T: Copy + Default> Fixed<T> {
-    fn reserve(&mut self, len: usize) {
-        if !self.locked && self.buf.len() < len {
-            self.buf.resize(len, T::default());
+/// `$d` is the backend's [`DeviceAttn`], whichever its driver.
+macro_rules! on_dev {
+    ($dev:expr, $d:ident => $e:expr) => {
+        match $dev {
+            Dev::Emu($d) => $e,
+            #[cfg(feature = "cuda")]
+            Dev::Cuda($d) => $e,
         }
-    }
-
-    /// `data` at the start of the buffer; the filled part.
-    fn fill(&mut self, what: &str, data: &[T]) -> Result<&[T], String> {
-        let head = self.head_mut(what, data.len())?;
-        head.copy_from_slice(data);
-        Ok(head)
-    }
-
-    fn head_mut(&mut self, what: &str, len: usize) -> Result<&mut [T], String> {
-        self.reserve(len);
-        let have = self.buf.len();
-        self.buf.get_mut(..len).ok_or_else(|| {
-            format!("{what}: {len} entries exceed the {have} reserved for CUDA graphs")
-        })
-    }
-}
-
-/// The planned step's metadata on `emu`, in buffers the backend owns (as `gpu.rs` does
-/// in device memory): what a captured launch reads.
-#[derive(Debug, Default)]
-struct EmuStep {
-    query_start_loc: Fixed<u32>,
-    seq_lens: Fixed<u32>,
-    block_table: Fixed<u32>,
-    split_out: Fixed<f32>,
-    split_lse: Fixed<f32>,
-    /// Entries of each in use this step.
-    lens: [usize; 3],
-}
-
-impl EmuStep {
-    fn fill(&mut self, batch: &BatchDescriptor) -> Result<(), String> {
-        self.lens = [
-            self.query_start_loc
-                .fill("query_start_loc", batch.query_start_loc())?
-                .len(),
-            self.seq_lens.fill("seq_lens", batch.seq_lens())?.len(),
-            self.block_table
-                .fill("block_table", batch.block_table())?
-                .len(),
-        ];
-        Ok(())
-    }
-
-    /// Sizes every buffer for `limits` and freezes them.
-    fn lock(&mut self, limits: &GraphLimits, split_len: (usize, usize)) {
-        self.query_start_loc.reserve(limits.max_num_reqs + 1);
-        self.seq_lens.reserve(limits.max_num_reqs);
-        self.block_table
-            .reserve(limits.max_num_reqs * limits.max_blocks_per_seq);
-        self.split_out.reserve(split_len.0);
-        self.split_lse.reserve(split_len.1);
-        for locked in [
-            &mut self.query_start_loc.locked,
-            &mut self.seq_lens.locked,
-            &mut self.block_table.locked,
-            &mut self.split_out.locked,
-            &mut self.split_lse.locked,
-        ] {
-            *locked = true;
-        }
-    }
+    };
 }
 
 /// A CUDA attention backend (see the module docs).
@@ -248,13 +188,10 @@ pub struct CudaAttention {
     kernel: Kernel,
     cfg: AttentionConfig,
     plan: Option<Planned>,
-    /// The planned metadata on `emu`.
-    emu: EmuStep,
     /// The limits the buffers were sized and locked for by the first `plan_graph`.
     graph_limits: Option<GraphLimits>,
-    /// The device state on `cuda:N` (`None` on `emu`).
-    #[cfg(feature = "cuda")]
-    gpu: Option<crate::gpu::Gpu>,
+    /// The device state: the step's buffers and the driver that launches.
+    dev: Dev,
 }
 
 fn failed(backend: &str, e: impl std::fmt::Display) -> CoreError {
@@ -284,90 +221,51 @@ impl CudaAttention {
                 reasons,
             });
         }
-        #[cfg(feature = "cuda")]
-        let gpu = match cfg.device {
-            Device::Cuda(ordinal) => Some(crate::gpu::Gpu::new(ordinal).map_err(|message| {
-                CoreError::BackendInvalid {
+        let dev = match cfg.device {
+            Device::Emu => Dev::Emu(Box::new(DeviceAttn::new(EmuDriver::new(EMU_SMS)))),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(ordinal) => {
+                Dev::Cuda(Box::new(crate::gpu::gpu(ordinal).map_err(|message| {
+                    CoreError::BackendInvalid {
+                        backend: name.into(),
+                        reasons: vec![InvalidReason::Other { message }],
+                    }
+                })?))
+            }
+            d => {
+                return Err(CoreError::BackendInvalid {
                     backend: name.into(),
-                    reasons: vec![InvalidReason::Other { message }],
-                }
-            })?),
-            _ => None,
+                    reasons: vec![InvalidReason::Other {
+                        message: format!("no CUDA kernel launcher for device {d}"),
+                    }],
+                })
+            }
         };
         Ok(CudaAttention {
             name,
             kernel,
             cfg: cfg.clone(),
             plan: None,
-            emu: EmuStep::default(),
             graph_limits: None,
-            #[cfg(feature = "cuda")]
-            gpu,
+            dev,
         })
     }
 
     /// The SMs `paged`'s split plan spreads over: the device's, or [`EMU_SMS`].
     fn num_sms(&self) -> usize {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            return g.num_sms();
-        }
-        EMU_SMS
+        on_dev!(&self.dev, d => d.num_sms())
     }
 
-    fn shape(&self) -> Shape {
-        Shape {
-            num_heads: self.cfg.num_heads,
-            num_kv_heads: self.cfg.num_kv_heads,
-            head_dim: self.cfg.head_dim,
-            block_size: self.cfg.block_size,
-            scale: self.cfg.scale,
-            sliding_window: self.cfg.sliding_window,
-            soft_cap: self.cfg.logits_soft_cap,
-        }
+    /// The split plan of the planned step (`None` before a plan): what a graph bucket
+    /// was planned with, for tests.
+    pub fn planned_split(&self) -> Option<SplitPlan> {
+        on_dev!(&self.dev, d => d.planned_split())
     }
 
-    fn run_emu<T: Element + HostElem>(&mut self, io: LayerIo<'_>) -> Result<(), CoreError> {
-        let p = self.plan.as_ref().ok_or_else(|| CoreError::NotPlanned {
-            backend: self.name.into(),
-        })?;
-        let shape = self.shape();
-        let e = &mut self.emu;
-        let [nq, ns, nt] = e.lens;
-        let batch = Batch {
-            query_start_loc: &e.query_start_loc.buf[..nq],
-            seq_lens: &e.seq_lens.buf[..ns],
-            block_table: &e.block_table.buf[..nt],
-            max_blocks_per_seq: p.batch.block_table_stride(),
-            seqs: 0..p.batch.num_reqs(),
-        };
-        let io = Io {
-            q: io.q.as_host::<T>("q")?,
-            key_cache: io.k_cache.as_host::<T>("k_cache")?,
-            value_cache: io.v_cache.as_host::<T>("v_cache")?,
-            out: io.out.into_host::<T>("out")?,
-            lse: io.lse.map(|l| l.into_host::<f32>("lse")).transpose()?,
-        };
-        let r = match self.kernel {
-            Kernel::Naive => emu::naive(io, &batch, &shape),
-            Kernel::Paged => {
-                let (o, l) =
-                    p.split
-                        .workspace_len(p.batch.num_reqs(), shape.num_heads, shape.head_dim);
-                let o = e.split_out.head_mut("split_out", o);
-                let l = e.split_lse.head_mut("split_lse", l);
-                match (o, l) {
-                    (Ok(o), Ok(l)) => emu::paged_in(io, &batch, &shape, p.split, o, l),
-                    (Err(m), _) | (_, Err(m)) => return Err(failed(self.name, m)),
-                }
-            }
-            Kernel::Flash => emu::flash(io, &batch, &shape),
-        };
-        r.map_err(|e| failed(self.name, e))
-    }
-
-    /// The split plan of a decode batch of `num_reqs` requests over `max_seq_len` keys.
-    fn split_plan(&self, max_seq_len: usize, num_reqs: usize) -> SplitPlan {
+    /// The split plan of a decode batch of `num_reqs` requests over `max_seq_len` keys:
+    /// for this step's longest sequence (eager), or for a graph bucket covering the
+    /// limit ([`SplitPlan::for_graph`]: fine enough for short contexts).
+    fn split_plan(&self, max_seq_len: usize, num_reqs: usize, graph: bool) -> SplitPlan {
         // Under a window a decode row attends to its last `w` keys only: the plan
         // covers those (the kernel starts the partitions at the window).
         let keys = SplitPlan::keys(max_seq_len, self.cfg.sliding_window);
@@ -378,7 +276,12 @@ impl CudaAttention {
                         .cfg
                         .gqa_ratio()
                         .div_ceil(pagoda_cuda_kernels::PAGED_MAX_GROUP);
-                SplitPlan::choose(keys, self.cfg.block_size, num_reqs * groups, self.num_sms())
+                let (bs, ctas, sms) = (self.cfg.block_size, num_reqs * groups, self.num_sms());
+                if graph {
+                    SplitPlan::for_graph(keys, bs, ctas, sms)
+                } else {
+                    SplitPlan::choose(keys, bs, ctas, sms)
+                }
             }
             _ => SplitPlan::single(keys, self.cfg.block_size),
         }
@@ -386,38 +289,13 @@ impl CudaAttention {
 
     /// The plan of `batch` with `split`: metadata into the backend's buffers.
     fn plan_with(&mut self, batch: &BatchDescriptor, split: SplitPlan) -> Result<(), CoreError> {
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &mut self.gpu {
-            g.plan(&self.cfg, batch, split)
-                .map_err(|e| failed(self.name, e))?;
-        }
-        if self.cfg.device == Device::Emu {
-            self.emu.fill(batch).map_err(|e| failed(self.name, e))?;
-        }
+        let cfg = &self.cfg;
+        on_dev!(&mut self.dev, d => d.plan(cfg, batch, split)).map_err(|e| failed(self.name, e))?;
         self.plan = Some(Planned {
             batch: batch.clone(),
-            split,
         });
         Ok(())
     }
-}
-
-fn write_kv_emu<S: Element + HostElem, T: Element + HostElem>(
-    k_pool: TensorMut<'_>,
-    v_pool: TensorMut<'_>,
-    k: TensorRef<'_>,
-    v: TensorRef<'_>,
-    slot_mapping: &[i64],
-    shape: &Shape,
-) -> Result<Result<(), pagoda_cuda_kernels::Error>, CoreError> {
-    Ok(emu::write_kv(
-        k.as_host::<S>("k")?,
-        v.as_host::<S>("v")?,
-        k_pool.into_host::<T>("k_pool")?,
-        v_pool.into_host::<T>("v_pool")?,
-        slot_mapping,
-        shape,
-    ))
 }
 
 impl AttentionBackend for CudaAttention {
@@ -430,7 +308,7 @@ impl AttentionBackend for CudaAttention {
         self.kernel
             .capabilities()
             .check_batch(self.name, &self.cfg, batch)?;
-        let split = self.split_plan(batch.max_seq_len(), batch.num_reqs());
+        let split = self.split_plan(batch.max_seq_len(), batch.num_reqs(), false);
         self.plan_with(batch, split)
     }
 
@@ -467,24 +345,18 @@ impl AttentionBackend for CudaAttention {
             .check_batch(self.name, &self.cfg, batch)?;
         // The split depends on the bucket and the limit only, never on this step's
         // lengths: partitions past a sequence's end are empty (lse -inf, weight 0).
-        let split = self.split_plan(limits.max_seq_len, batch.num_reqs());
+        let split = self.split_plan(limits.max_seq_len, batch.num_reqs(), true);
         if self.graph_limits.is_none() {
             // Size the workspace for the largest any bucket needs, then freeze the
             // buffers (eager steps stay within the same limits).
             let (heads, hd) = (self.cfg.num_heads, self.cfg.head_dim);
             let need = (1..=limits.max_num_reqs)
                 .map(|r| {
-                    self.split_plan(limits.max_seq_len, r)
+                    self.split_plan(limits.max_seq_len, r, true)
                         .workspace_len(r, heads, hd)
                 })
                 .fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)));
-            #[cfg(feature = "cuda")]
-            if let Some(g) = &mut self.gpu {
-                g.lock(limits, need).map_err(|e| failed(self.name, e))?;
-            }
-            if self.cfg.device == Device::Emu {
-                self.emu.lock(limits, need);
-            }
+            on_dev!(&mut self.dev, d => d.lock(limits, need)).map_err(|e| failed(self.name, e))?;
             self.graph_limits = Some(*limits);
         } else if self.graph_limits != Some(*limits) {
             return Err(CoreError::Graph {
@@ -502,22 +374,10 @@ impl AttentionBackend for CudaAttention {
             backend: self.name.into(),
         })?;
         io.validate_batch(&p.batch, &self.cfg)?;
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &self.gpu {
-            let dtype = kernel_dtype(self.cfg.q_dtype)?;
-            return g
-                .run(self.kernel, &self.cfg, &p.batch, dtype, io)
-                .map_err(|e| failed(self.name, e));
-        }
-        if self.cfg.device != Device::Emu {
-            return Err(failed(self.name, "no launcher for this device"));
-        }
-        match self.cfg.q_dtype {
-            DType::F32 => self.run_emu::<f32>(io),
-            DType::BF16 => self.run_emu::<bf16>(io),
-            DType::F16 => self.run_emu::<f16>(io),
-            DType::F8E4M3 => Err(no_fp8()),
-        }
+        let dtype = kernel_dtype(self.cfg.q_dtype)?;
+        let (kernel, cfg) = (self.kernel, &self.cfg);
+        on_dev!(&self.dev, d => d.run(kernel, cfg, &p.batch, dtype, io))
+            .map_err(|e| failed(self.name, e))
     }
 
     fn write_kv(
@@ -552,31 +412,9 @@ impl AttentionBackend for CudaAttention {
                 });
             }
         }
-        #[cfg(feature = "cuda")]
-        if let Some(g) = &mut self.gpu {
-            let dtypes = (kernel_dtype(k.dtype())?, kernel_dtype(k_pool.dtype())?);
-            return g
-                .write_kv(&self.cfg, k_pool, v_pool, k, v, slot_mapping, dtypes)
-                .map_err(|e| failed(self.name, e));
-        }
-        let shape = self.shape();
-        let sm = slot_mapping;
-        macro_rules! by_pool {
-            ($s:ty) => {
-                match k_pool.dtype() {
-                    DType::F32 => write_kv_emu::<$s, f32>(k_pool, v_pool, k, v, sm, &shape),
-                    DType::BF16 => write_kv_emu::<$s, bf16>(k_pool, v_pool, k, v, sm, &shape),
-                    DType::F16 => write_kv_emu::<$s, f16>(k_pool, v_pool, k, v, sm, &shape),
-                    DType::F8E4M3 => Err(no_fp8()),
-                }
-            };
-        }
-        let r = match k.dtype() {
-            DType::F32 => by_pool!(f32),
-            DType::BF16 => by_pool!(bf16),
-            DType::F16 => by_pool!(f16),
-            DType::F8E4M3 => Err(no_fp8()),
-        }?;
-        r.map_err(|e| failed(self.name, e))
+        let dtypes = (kernel_dtype(k.dtype())?, kernel_dtype(k_pool.dtype())?);
+        let cfg = &self.cfg;
+        on_dev!(&mut self.dev, d => d.write_kv(cfg, k_pool, v_pool, k, v, slot_mapping, dtypes))
+            .map_err(|e| failed(self.name, e))
     }
 }

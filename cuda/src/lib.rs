@@ -6,8 +6,10 @@
 //!   opens `cuda:N` through cudarc (device memory as [`pagoda_core::DeviceMemory`]).
 //! * [`attn`]: one [`attn::CudaAttention`] type behind `cuda-naive`, `cuda-paged` and
 //!   `cuda-flash` (crates `backends/cuda-*`): planning, validation, and launches of the
-//!   kernels of `pagoda-cuda-kernels`, on the `emu` device through the SIMT emulator
-//!   and (feature `cuda`) on `cuda:N` devices through `gpu.rs`.
+//!   kernels of `pagoda-cuda-kernels`.
+//! * [`device`]: the backends' one device code path (conversions, buffers, parameter
+//!   packing, the graph lock) over a small driver: the SIMT emulator on `emu`, cudarc
+//!   on `cuda:N` (`gpu.rs`, feature `cuda`).
 //! * [`ops`]: core's `ModelOps` (the device forward's non-attention kernels) on `emu`
 //!   (`model.cu` emulated, GEMMs on the CPU) and, feature `cuda`, on `cuda:N`
 //!   (`ops_cuda.rs`: the same kernels on the GPU, the step's inputs in one copy).
@@ -15,6 +17,7 @@
 //!   `cuda`) on `cuda:N` through cuBLAS or CUTLASS (`DeviceGemm`, [`GemmImpl`]).
 
 pub mod attn;
+pub mod device;
 pub mod gemm;
 #[cfg(feature = "cuda")]
 mod gpu;
@@ -26,4 +29,6 @@ pub mod runtime;
 #[cfg(feature = "cuda")]
 pub use gemm::DeviceGemm;
 pub use gemm::{gemm_host, GemmError, GemmImpl};
+#[cfg(feature = "cuda")]
+pub use gpu::engine_stream;
 pub use runtime::{cuda_unavailable, COMPILED, NOT_COMPILED, NO_DEVICE, NO_DRIVER};

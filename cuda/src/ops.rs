@@ -129,6 +129,10 @@ pub struct EmuOps {
     ids_out: Vec<i32>,
     /// Captured graphs, by [`GraphId`].
     graphs: Vec<EmuGraph>,
+    /// GEMM shapes `(m, n, k)` run eagerly: as cuBLAS, which picks an algorithm (and
+    /// may allocate) for each new problem size, a shape first met inside a capture is
+    /// refused (so every graph size needs its eager warm-up step).
+    gemm_shapes: std::collections::HashSet<(usize, usize, usize)>,
 }
 
 impl EmuOps {
@@ -145,6 +149,7 @@ impl EmuOps {
             values: Vec::new(),
             ids_out: Vec::new(),
             graphs: Vec::new(),
+            gemm_shapes: Default::default(),
         })
     }
 
@@ -296,6 +301,17 @@ impl ModelOps for EmuOps {
         if kw != k || mo != m || no != n {
             return Err(CoreError::InvalidShape {
                 message: format!("linear: x [{m}, {k}] · w [{n}, {kw}]ᵀ into out [{mo}, {no}]"),
+            });
+        }
+        if !graph::is_capturing() {
+            self.gemm_shapes.insert((m, n, k));
+        } else if !self.gemm_shapes.contains(&(m, n, k)) {
+            return Err(CoreError::Graph {
+                message: format!(
+                    "linear: a GEMM of [{m}, {k}] x [{n}, {k}]ᵀ first met inside a capture \
+                     (cuBLAS would initialise that shape there): run an eager step of this \
+                     size first"
+                ),
             });
         }
         let xs = host_ref("linear input", &x)?;
@@ -596,3 +612,47 @@ register_model_ops!(ModelOpsRegistration {
     provider: "pagoda-cuda",
     open: open_cuda,
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagoda_core::{open_device, DType, Shape};
+
+    /// As cuBLAS, which initialises each new problem size on first use: a GEMM shape
+    /// first met inside a capture is refused, one run eagerly before is recorded.
+    #[test]
+    fn a_gemm_shape_first_met_in_a_capture_is_refused() {
+        let rt = open_device(Device::Emu).unwrap();
+        let mut ops = EmuOps::new(rt.clone()).unwrap();
+        ops.reserve_step(4, 4).unwrap();
+        let w = rt
+            .alloc_zeroed(DType::F32, Shape::new(&[3, 8]).unwrap())
+            .unwrap();
+        let x2 = rt
+            .alloc_zeroed(DType::F32, Shape::new(&[2, 8]).unwrap())
+            .unwrap();
+        let x4 = rt
+            .alloc_zeroed(DType::F32, Shape::new(&[4, 8]).unwrap())
+            .unwrap();
+        let mut o2 = rt
+            .alloc_zeroed(DType::F32, Shape::new(&[2, 3]).unwrap())
+            .unwrap();
+        let mut o4 = rt
+            .alloc_zeroed(DType::F32, Shape::new(&[4, 3]).unwrap())
+            .unwrap();
+        ops.linear(x2.view(), w.view(), o2.view_mut()).unwrap();
+        ops.begin_capture().unwrap();
+        let seen = ops.linear(x2.view(), w.view(), o2.view_mut());
+        let new = ops.linear(x4.view(), w.view(), o4.view_mut());
+        ops.abort_capture();
+        seen.unwrap();
+        let e = new.unwrap_err().to_string();
+        assert!(e.contains("first met inside a capture"), "{e}");
+        // Warmed up eagerly, the same shape captures.
+        ops.linear(x4.view(), w.view(), o4.view_mut()).unwrap();
+        ops.begin_capture().unwrap();
+        let warmed = ops.linear(x4.view(), w.view(), o4.view_mut());
+        ops.abort_capture();
+        warmed.unwrap();
+    }
+}

@@ -50,6 +50,11 @@ fn invalid(message: String) -> CoreError {
 }
 
 impl BatchDescriptor {
+    /// The block table entry of a column past a request's last block (short rows,
+    /// graph padding): no block. Device backends map it to their kernels' own "no
+    /// block" value (`pagoda-cuda`: `-1`); nothing reads it, as no sequence reaches it.
+    pub const PAD_BLOCK: u32 = u32::MAX;
+
     /// Builds a descriptor from per-request query lengths, sequence lengths and block
     /// rows (decode rows must come first). Derives everything else, the slot
     /// mapping included.
@@ -154,7 +159,7 @@ impl BatchDescriptor {
             let row = block_rows[r];
             self.block_table.extend_from_slice(row);
             self.block_table
-                .resize((r + 1) * self.block_table_stride, u32::MAX);
+                .resize((r + 1) * self.block_table_stride, Self::PAD_BLOCK);
             self.slot_mapping
                 .extend((s - q..s).map(|pos| slot(row, block_size, pos)));
         }
@@ -183,11 +188,11 @@ impl BatchDescriptor {
             let mut table = Vec::with_capacity(num_reqs * stride);
             for row in self.block_table.chunks(old.max(1)).take(n) {
                 table.extend_from_slice(row);
-                table.resize(table.len() + stride - row.len(), u32::MAX);
+                table.resize(table.len() + stride - row.len(), Self::PAD_BLOCK);
             }
             for r in n..num_reqs {
                 table.push(0);
-                table.resize((r + 1) * stride, u32::MAX);
+                table.resize((r + 1) * stride, Self::PAD_BLOCK);
                 let end = *self.query_start_loc.last().expect("starts with 0") + 1;
                 self.query_start_loc.push(end);
                 self.seq_lens.push(1);

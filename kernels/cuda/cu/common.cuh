@@ -62,7 +62,8 @@ __device__ __forceinline__ void load16(const T* __restrict__ p, float* out) {
 #ifdef __CUDACC__
   *reinterpret_cast<uint4*>(elems) = *reinterpret_cast<const uint4*>(p);
 #else
-  std::memcpy(elems, p, 16);  // host buffers (Rust slices) are only element-aligned
+  pagoda_emu::check_aligned16(p);  // the GPU's uint4 load faults when misaligned
+  std::memcpy(elems, p, 16);
 #endif
 #pragma unroll
   for (int i = 0; i < Vec<T>::N; ++i) out[i] = Dt<T>::to(elems[i]);
@@ -72,6 +73,8 @@ __device__ __forceinline__ void copy16(void* dst, const void* src) {
 #ifdef __CUDACC__
   *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
 #else
+  pagoda_emu::check_aligned16(dst);
+  pagoda_emu::check_aligned16(src);
   std::memcpy(dst, src, 16);
 #endif
 }
@@ -161,6 +164,8 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
 #endif
 #else
+  pagoda_emu::check_aligned16(dst);
+  if (valid) pagoda_emu::check_aligned16(src);
   if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16);
 #endif
 }

@@ -40,3 +40,11 @@ extern "C" uint16_t pg_emu_f32_to_bf16(float x) { return __float2bfloat16(x).x; 
 extern "C" uint16_t pg_emu_f32_to_f16(float x) { return __float2half(x).x; }
 extern "C" float pg_emu_bf16_to_f32(uint16_t x) { return __bfloat162float({x}); }
 extern "C" float pg_emu_f16_to_f32(uint16_t x) { return __half2float({x}); }
+
+// The fault noted by the emulated kernels since the last call (0 = none), cleared
+// (`graph::launch` calls it after every emulated launch).
+extern "C" int pg_emu_take_fault() {
+  const int f = pagoda_emu::tl_fault;
+  pagoda_emu::tl_fault = 0;
+  return f;
+}

@@ -95,6 +95,25 @@ namespace pagoda_emu {
   std::abort();
 }
 
+// What a GPU refuses that the host would let pass: a 16-byte vector access (`uint4`
+// load/store, `cp.async` of 16 bytes) at an address that is not a multiple of 16 is a
+// "misaligned address" fault on the device. The emulated kernels note it here (the
+// access itself still runs, on bytes) and the launcher reports it after the launch
+// (`pg_emu_take_fault`: Rust's `graph::launch` turns it into an error).
+// The flag is global (the emulated threads may be OS threads) and set only under the
+// launch mutex; `launch` moves it to the launching thread's `tl_fault` before unlocking.
+inline constexpr int kFaultMisaligned = 1;
+inline std::atomic<int>& fault_flag() {
+  static std::atomic<int> f{0};
+  return f;
+}
+inline thread_local int tl_fault = 0;
+inline void check_aligned16(const void* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) fault_flag().store(kFaultMisaligned);
+}
+// An sm_90 block may opt into at most 227 KiB of dynamic shared memory.
+inline constexpr size_t kMaxDynSharedBytes = 227 * 1024;
+
 // Two ways to run a block's threads:
 //   * fibers (the default): every emulated thread is a ucontext fiber on the launching
 //     OS thread, a barrier yields to the next fiber until the last one arrives. A barrier
@@ -247,9 +266,15 @@ template <class K, class... A>
 void launch(dim3 grid, dim3 block, size_t dyn_bytes, K kernel, A... args) {
   const unsigned n = block.x * block.y * block.z;
   if (n == 0 || n > 1024) fail("block size must be 1..=1024 threads");
+  if (dyn_bytes > kMaxDynSharedBytes) fail("more than 227 KiB of dynamic shared memory");
   const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
   if (blocks == 0) return;
   std::lock_guard<std::mutex> guard(launch_mutex());
+  fault_flag().store(0);
+  // Runs last (after the threads), still under the mutex: this launch's fault.
+  struct TakeFault {
+    ~TakeFault() { tl_fault |= fault_flag().exchange(0); }
+  } take_fault;
   Block state(n, dyn_bytes);
   // The body of emulated thread `t`: every block of the grid, in order.
   auto body = [&](unsigned t) {

@@ -281,9 +281,16 @@ fn check_attn<T: Element>(
     })
 }
 
-fn status(kernel: &'static str, rc: i32, dtype: Dtype, head_dim: usize) -> Result<(), Error> {
+pub(crate) fn status(
+    kernel: &'static str,
+    rc: i32,
+    dtype: Dtype,
+    head_dim: usize,
+) -> Result<(), Error> {
     if rc == 0 {
         Ok(())
+    } else if rc == graph::FAULT_MISALIGNED {
+        Err(crate::misaligned(kernel))
     } else {
         Err(Error::Unsupported {
             kernel,

@@ -24,6 +24,8 @@ use std::ptr;
 fn status(kernel: &'static str, rc: i32, dtype: Dtype) -> Result<(), Error> {
     if rc == 0 {
         Ok(())
+    } else if rc == graph::FAULT_MISALIGNED {
+        Err(crate::misaligned(kernel))
     } else {
         Err(Error::Unsupported {
             kernel,

@@ -20,6 +20,8 @@ extern "C" {
     pub fn pg_emu_flash_planted(p: *const AttnParams, dtype: i32) -> i32;
     pub fn pg_emu_mma_probe(p: *const MmaProbeParams, dtype: i32) -> i32;
     pub fn pg_params_sizes(out: *mut u64);
+    /// The emulator's fault since the last call (1: a misaligned 16-byte access), cleared.
+    pub fn pg_emu_take_fault() -> i32;
 
     // model.cu
     pub fn pg_embed_launch(p: *const EmbedParams) -> Launch;

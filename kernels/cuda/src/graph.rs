@@ -126,20 +126,40 @@ pub fn abort_capture() {
     RECORDING.with(|r| r.borrow_mut().take());
 }
 
-/// Runs `f` now, or records it when this thread is capturing (then returns 0).
+/// The status of a launch that made a 16-byte vector access at an address that is not
+/// a multiple of 16 (a "misaligned address" fault on the GPU).
+pub const FAULT_MISALIGNED: i32 = 0x100;
+
+/// Runs `f` now, or records it when this thread is capturing (then returns 0); a
+/// replay runs it through the same check.
 ///
 /// `f` must capture only `Copy` data (parameter structs of raw pointers, scalars):
 /// what it points at is read when it runs, at capture-free time now or at replay.
+/// A launch during which an emulated kernel noted a fault (a misaligned vector access)
+/// returns [`FAULT_MISALIGNED`] even if the kernel's own status was 0.
 pub fn launch(name: &'static str, f: impl Fn() -> i32 + 'static) -> i32 {
+    let checked = move || {
+        // SAFETY: reads and clears the emulator's fault flag of this thread (one left by
+        // a launch made outside this function, such as the self-test's, is not ours).
+        unsafe { crate::ffi::pg_emu_take_fault() };
+        let rc = f();
+        // SAFETY: as above.
+        let fault = unsafe { crate::ffi::pg_emu_take_fault() };
+        if fault != 0 && rc == 0 {
+            FAULT_MISALIGNED
+        } else {
+            rc
+        }
+    };
     RECORDING.with(|r| match r.borrow_mut().as_mut() {
         Some(rec) => {
             rec.push(Launch {
                 name,
-                run: Box::new(f),
+                run: Box::new(checked),
             });
             0
         }
-        None => f(),
+        None => checked(),
     })
 }
 

@@ -21,6 +21,7 @@
 //! docs/gpu.md has the build, the emulator's limits and the device check.
 
 pub mod emu;
+pub mod emu_launch;
 pub mod emu_model;
 mod ffi;
 pub mod graph;
@@ -133,6 +134,14 @@ pub enum Error {
     /// Any other driver error.
     #[error("CUDA driver: {0}")]
     Driver(String),
+}
+
+/// The error of a launch that made a misaligned 16-byte access (a GPU would fault).
+pub(crate) fn misaligned(kernel: &'static str) -> Error {
+    invalid(
+        "alignment",
+        format!("{kernel} made a 16-byte vector access at an address not a multiple of 16 (a GPU faults: misaligned address)"),
+    )
 }
 
 pub(crate) fn invalid(what: &'static str, detail: impl Into<String>) -> Error {

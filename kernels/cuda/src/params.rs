@@ -230,6 +230,45 @@ impl SplitPlan {
         }
     }
 
+    /// CTAs per SM a captured plan's grid may hold ([`SplitPlan::for_graph`]): most of
+    /// them meet an empty partition and exit after a few instructions.
+    pub const GRAPH_CTAS_PER_SM: usize = 32;
+
+    /// The plan a CUDA graph of a decode bucket is captured with: it must cover the
+    /// longest context allowed (`limit_keys`), since a replay cannot change it, yet
+    /// keep a short context about as busy as [`SplitPlan::choose`] would. So it takes as many
+    /// partitions (of at least [`Self::MIN_PARTITION`] keys) as a grid of
+    /// [`Self::GRAPH_CTAS_PER_SM`] CTAs per SM holds for this bucket's `ctas_per_split`
+    /// (never fewer than `choose` at the limit): partitions past a sequence's end are
+    /// empty (lse -inf, weight 0 in the merge). `choose` at the limit instead gives a
+    /// bucket of one Llama-3-8B decode at 131072 keys 33 partitions of ~4k keys: a
+    /// 4k-token context then runs on 16 CTAs of 132 SMs.
+    pub fn for_graph(
+        limit_keys: usize,
+        block_size: usize,
+        ctas_per_split: usize,
+        num_sms: usize,
+    ) -> Self {
+        let bs = block_size.max(1);
+        let limit = limit_keys.max(1);
+        let at_limit = Self::choose(limit, bs, ctas_per_split, num_sms);
+        let budget = (Self::GRAPH_CTAS_PER_SM * num_sms.max(1) / ctas_per_split.max(1)).max(1);
+        let cap = limit.div_ceil(Self::MIN_PARTITION).max(1);
+        let splits = budget.min(cap).max(at_limit.num_splits);
+        let partition = limit.div_ceil(splits).div_ceil(bs) * bs;
+        SplitPlan {
+            num_splits: limit.div_ceil(partition),
+            partition_size: partition,
+        }
+    }
+
+    /// Partitions that hold keys for a sequence of `keys` keys (the busy CTAs of one
+    /// KV-head group).
+    pub fn busy_splits(&self, keys: usize) -> usize {
+        keys.div_ceil(self.partition_size.max(1))
+            .min(self.num_splits)
+    }
+
     /// The keys a decode row of a `seq_len`-token sequence attends to: all of them, or the
     /// last `window` (what a plan must cover, and what [`SplitPlan::choose`] should be
     /// given as `max_seq_len` under a window).
@@ -415,3 +454,54 @@ model_launch!(
 model_launch!(GatherParams, pg_gather_launch, "Grid of `gather_rows`.");
 model_launch!(ArgmaxParams, pg_argmax_launch, "Grid of `argmax`.");
 model_launch!(CastParams, pg_cast_launch, "Grid of `cast`.");
+
+#[cfg(test)]
+mod tests {
+    use super::SplitPlan;
+
+    /// Llama-3-8B (8 KV heads, one group each) on an H100/H200 (132 SMs), 131072-token
+    /// limit, blocks of 16: every capture bucket keeps a short decode about as busy as
+    /// the eager plan of that length, covers the limit, and stays within its CTA
+    /// budget; the plan chosen for the limit (the old graph plan) runs a 4k-token
+    /// decode on 16 CTAs.
+    #[test]
+    fn a_graph_plan_keeps_short_contexts_busy() {
+        let (limit, bs, sms, groups) = (131_072, 16, 132, 8);
+        for bucket in [1usize, 2, 4, 8, 16, 32, 64, 128, 256] {
+            let ctas = bucket * groups;
+            let g = SplitPlan::for_graph(limit, bs, ctas, sms);
+            assert!(g.num_splits * g.partition_size >= limit, "{bucket}: {g:?}");
+            assert_eq!(g.partition_size % bs, 0);
+            assert!(g.partition_size >= SplitPlan::MIN_PARTITION);
+            let grid = g.num_splits * ctas;
+            assert!(
+                grid <= (SplitPlan::GRAPH_CTAS_PER_SM * sms).max(ctas),
+                "{bucket}: {grid} CTAs"
+            );
+            for keys in [1, 300, 4096, 32_768, limit] {
+                // At least half the CTAs the eager plan of this length keeps busy (up
+                // to its two per SM): the partitions cannot match every length exactly.
+                let eager = SplitPlan::choose(keys, bs, ctas, sms);
+                let want = (eager.busy_splits(keys) * ctas).min(2 * sms).div_ceil(2);
+                assert!(
+                    g.busy_splits(keys) * ctas >= want,
+                    "bucket {bucket}, {keys} keys: graph {g:?} vs eager {eager:?}"
+                );
+            }
+        }
+        let old = SplitPlan::choose(limit, bs, groups, sms);
+        assert_eq!(old.busy_splits(4096) * groups, 16, "{old:?}");
+        let new = SplitPlan::for_graph(limit, bs, groups, sms);
+        assert_eq!(new.busy_splits(4096) * groups, 128, "{new:?}");
+    }
+
+    #[test]
+    fn a_graph_plan_of_a_short_limit_is_the_eager_plan_or_finer() {
+        for (limit, ctas, sms) in [(256, 1, 2), (2048, 2, 2), (100, 3, 132), (1, 1, 1)] {
+            let g = SplitPlan::for_graph(limit, 16, ctas, sms);
+            let e = SplitPlan::choose(limit, 16, ctas, sms);
+            assert!(g.num_splits >= e.num_splits, "{limit}: {g:?} vs {e:?}");
+            assert!(g.num_splits * g.partition_size >= limit);
+        }
+    }
+}

@@ -19,8 +19,8 @@
 use super::{DeviceLlama, DeviceOutput, DeviceScratch};
 use crate::error::ModelError;
 use pagoda_core::{
-    AttentionBackend, BatchDescriptor, CoreError, DeviceKind, GraphId, GraphLimits, GraphSupport,
-    KvCache, ModelOps,
+    AttentionBackend, BatchDescriptor, CoreError, GraphId, GraphLimits, GraphSupport, KvCache,
+    ModelOps,
 };
 use std::ops::DerefMut;
 
@@ -179,11 +179,11 @@ impl DeviceLlama {
             g.pad(&[], &[], &empty, bucket).map_err(graph_err)?;
             self.check_step(&g.ids, &g.positions, &g.batch, attn.len(), kv, &g.rows)?;
             self.hand_over_padded(ops, &g, attn, s)?;
-            if done == 0 && ops.device().kind() == DeviceKind::Cuda {
-                // One eager step first: lazy initialisation (module loading, the GEMM
-                // library's handles and heuristics) must not happen inside a capture.
-                self.launch(ops, bucket, bucket, attn, kv, s)?;
-            }
+            // One eager step of this very size first, on every device: lazy
+            // initialisation (module loading, the GEMM library's handles, and its
+            // heuristics and workspace for each new problem size) must not happen
+            // inside a capture. The emu device refuses a GEMM shape first met there.
+            self.launch(ops, bucket, bucket, attn, kv, s)?;
             ops.begin_capture().map_err(graph_err)?;
             let captured = self.launch(ops, bucket, bucket, attn, kv, s);
             if let Err(e) = captured {

@@ -1,0 +1,239 @@
+//! Launches on the `emu` device from packed parameter structs, as a GPU takes them.
+//!
+//! [`crate::emu`] takes host slices and checks every length and index first (the
+//! kernels' own tests use it). This module is the other entry: the parameter struct
+//! the device code path of `pagoda-cuda` packed (the same bytes it hands to
+//! `cuda::CudaKernels` on a GPU), launched by kernel family. So a value that a
+//! GPU would get wrong (a block table entry, a stride, an address) reaches the
+//! emulated kernel exactly as it would reach the GPU's. On top of the emulator's own
+//! checks it refuses what a GPU's launch refuses: a block of more than
+//! [`MAX_THREADS_PER_BLOCK`] threads, more dynamic shared memory than an sm_90 block
+//! may opt into ([`MAX_DYN_SHARED_BYTES`]), a grid's y or z past [`MAX_GRID_YZ`]; and
+//! a misaligned 16-byte access inside the kernel is an error after it
+//! ([`crate::graph::FAULT_MISALIGNED`]).
+
+use crate::params::{AttnParams, Launch, WriteKvParams};
+use crate::{ffi, flash_head_dims, graph, invalid, paged_head_dims, Dtype, Error};
+
+/// Threads per block a GPU launches at most.
+pub const MAX_THREADS_PER_BLOCK: u64 = 1024;
+/// Dynamic shared memory an sm_90 block may opt into (227 KiB).
+pub const MAX_DYN_SHARED_BYTES: u32 = 227 * 1024;
+/// Largest grid dimension y and z.
+pub const MAX_GRID_YZ: u32 = 65_535;
+
+/// An attention kernel family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnKernel {
+    /// `naive.cu`.
+    Naive,
+    /// `paged.cu` (plus its merge kernel when `num_splits > 1`).
+    Paged,
+    /// `flash.cu`.
+    Flash,
+}
+
+impl AttnKernel {
+    /// The family's name (kernel names start `pg_<name>_`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnKernel::Naive => "naive",
+            AttnKernel::Paged => "paged",
+            AttnKernel::Flash => "flash",
+        }
+    }
+}
+
+/// What a GPU's launch of `l` would refuse, as an error naming `kernel`.
+pub fn check_launch(kernel: &'static str, l: &Launch) -> Result<(), Error> {
+    let threads: u64 = l.block.iter().map(|&b| u64::from(b)).product();
+    if threads > MAX_THREADS_PER_BLOCK {
+        return Err(invalid(
+            "launch",
+            format!("{kernel}: {threads} threads per block (a GPU launches at most 1024)"),
+        ));
+    }
+    if l.shared_bytes > MAX_DYN_SHARED_BYTES {
+        return Err(invalid(
+            "launch",
+            format!(
+                "{kernel}: {} bytes of dynamic shared memory (an sm_90 block may opt into {MAX_DYN_SHARED_BYTES})",
+                l.shared_bytes
+            ),
+        ));
+    }
+    if l.grid[1] > MAX_GRID_YZ || l.grid[2] > MAX_GRID_YZ {
+        return Err(invalid(
+            "launch",
+            format!("{kernel}: grid {:?} (y and z are at most 65535)", l.grid),
+        ));
+    }
+    Ok(())
+}
+
+/// Launches the attention kernel `kernel` in `dtype` with the packed `p` (recorded when
+/// this thread is capturing, [`crate::graph`]).
+///
+/// # Safety
+/// As `cuda::CudaKernels::naive`, `paged` and `flash` (feature `cuda`), with host addresses: every
+/// pointer in `p` names host memory of the sizes its fields imply (metadata as the
+/// kernels' `i32`/`i64`, block ids inside the pools for the blocks the sequences use,
+/// the split workspace for `num_splits`), alive and unaliased until the launch ran
+/// (captured: until the last replay).
+pub unsafe fn attn(kernel: AttnKernel, p: &AttnParams, dtype: Dtype) -> Result<(), Error> {
+    let d = usize::try_from(p.head_dim).unwrap_or(0);
+    let supported = match kernel {
+        AttnKernel::Naive => true,
+        AttnKernel::Paged => paged_head_dims(dtype).contains(&d),
+        AttnKernel::Flash => flash_head_dims(dtype).contains(&d),
+    };
+    let name = kernel.name();
+    if !supported {
+        return Err(Error::Unsupported {
+            kernel: name,
+            dtype,
+            head_dim: d,
+        });
+    }
+    let (l, run): (Launch, unsafe extern "C" fn(*const AttnParams, i32) -> i32) = match kernel {
+        AttnKernel::Naive => (p.naive_launch(), ffi::pg_emu_naive),
+        AttnKernel::Paged => (p.paged_launch(), ffi::pg_emu_paged),
+        AttnKernel::Flash => (p.flash_launch(), ffi::pg_emu_flash),
+    };
+    check_launch(name, &l)?;
+    if kernel == AttnKernel::Paged && p.num_splits > 1 {
+        check_launch("paged merge", &p.paged_merge_launch())?;
+    }
+    if l.is_empty() {
+        return Ok(());
+    }
+    let (params, t) = (*p, dtype as i32);
+    // SAFETY: the caller's contract above; the launch copies the struct.
+    let rc = graph::launch(name, move || unsafe { run(&params, t) });
+    crate::emu::status(name, rc, dtype, d)
+}
+
+/// Launches `write_kv` into pools of `dtype` with the packed `p`.
+///
+/// # Safety
+/// As `cuda::CudaKernels::write_kv`, with host addresses.
+pub unsafe fn write_kv(p: &WriteKvParams, dtype: Dtype) -> Result<(), Error> {
+    let l = p.launch();
+    check_launch("write_kv", &l)?;
+    if l.is_empty() {
+        return Ok(());
+    }
+    let (params, t) = (*p, dtype as i32);
+    // SAFETY: the caller's contract above.
+    let rc = graph::launch("write_kv", move || unsafe {
+        ffi::pg_emu_write_kv(&params, t)
+    });
+    crate::emu::status("write_kv", rc, dtype, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One paged decode (1 head of dim 64, one block of 16, f32) with its pools at
+    /// `offset` floats into their buffers: `Ok` when aligned, the emulator's fault
+    /// otherwise (`paged` loads K/V rows as 16-byte vectors).
+    fn paged_with_pools_at(offset: usize) -> Result<Vec<f32>, Error> {
+        let (d, bs) = (64usize, 16usize);
+        let q = vec![0.5f32; d];
+        // The same pool contents whatever the offset.
+        let pool = |m: usize| -> Vec<f32> {
+            let vals = (0..bs * d).map(|i| (i % m) as f32 * 0.1);
+            std::iter::repeat_n(0.0, offset).chain(vals).collect()
+        };
+        let (kbuf, vbuf) = (pool(7), pool(5));
+        for b in [&kbuf, &vbuf] {
+            // The system allocator (malloc) aligns to 16 bytes on the targets we build.
+            assert_eq!(
+                b.as_ptr() as usize % 16,
+                0,
+                "the test assumes 16-byte aligned Vecs"
+            );
+        }
+        let mut out = vec![0.0f32; d];
+        let (qsl, lens, table) = ([0i32, 1], [5i32], [0i32]);
+        let p = AttnParams {
+            q: q.as_ptr().cast(),
+            key_cache: kbuf[offset..].as_ptr().cast(),
+            value_cache: vbuf[offset..].as_ptr().cast(),
+            out: out.as_mut_ptr().cast(),
+            query_start_loc: qsl.as_ptr(),
+            seq_lens: lens.as_ptr(),
+            block_table: table.as_ptr(),
+            seq_begin: 0,
+            seq_end: 1,
+            num_heads: 1,
+            num_kv_heads: 1,
+            head_dim: d as i32,
+            block_size: bs as i32,
+            max_blocks_per_seq: 1,
+            max_q_len: 1,
+            num_splits: 1,
+            partition_size: bs as i32,
+            scale: 0.125,
+            num_rows: 1,
+            ..AttnParams::default()
+        };
+        // SAFETY: every pointer names a live buffer of the sizes the fields imply (one
+        // sequence of 5 keys in block 0 of a one-block pool, one row of q and out).
+        unsafe { attn(AttnKernel::Paged, &p, Dtype::F32) }?;
+        Ok(out)
+    }
+
+    #[test]
+    fn a_misaligned_vector_load_fails_as_on_a_gpu() {
+        // Vec<f32> from the system allocator is 16-byte aligned: offset 0 and 4 floats
+        // keep the rows aligned, 1 float (4 bytes) does not.
+        let aligned = paged_with_pools_at(0).unwrap();
+        assert!(aligned.iter().all(|x| x.is_finite() && *x != 0.0));
+        assert_eq!(paged_with_pools_at(4).unwrap(), aligned);
+        let e = paged_with_pools_at(1).unwrap_err().to_string();
+        assert!(e.contains("16-byte"), "{e}");
+        // The fault was taken by that launch: the next aligned one is clean.
+        assert_eq!(paged_with_pools_at(0).unwrap(), aligned);
+    }
+
+    #[test]
+    fn launches_a_gpu_refuses_are_errors() {
+        let ok = Launch {
+            grid: [4, 2, 1],
+            block: [128, 1, 1],
+            shared_bytes: 48 << 10,
+        };
+        check_launch("k", &ok).unwrap();
+        for bad in [
+            Launch {
+                block: [1025, 1, 1],
+                ..ok
+            },
+            Launch {
+                block: [32, 32, 2],
+                ..ok
+            },
+            Launch {
+                shared_bytes: MAX_DYN_SHARED_BYTES + 1,
+                ..ok
+            },
+            Launch {
+                grid: [1, 65_536, 1],
+                ..ok
+            },
+        ] {
+            assert!(check_launch("k", &bad).is_err(), "{bad:?}");
+        }
+        check_launch(
+            "k",
+            &Launch {
+                shared_bytes: MAX_DYN_SHARED_BYTES,
+                block: [1024, 1, 1],
+                ..ok
+            },
+        )
+        .unwrap();
+    }
+}
