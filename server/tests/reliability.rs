@@ -153,7 +153,7 @@ fn one_failing_request_leaves_31_streams_untouched() {
     assert_healthy(&s);
 }
 
-/// A real engine fault (a panic inside a step) is fatal: `/health` turns 500,
+/// A real engine fault (a panic inside a step) is fatal: `/health` turns 503,
 /// requests in flight get an error and new ones fail at once, naming the fault.
 #[test]
 fn engine_panic_turns_health_red_and_fails_requests_fast() {
@@ -166,7 +166,8 @@ fn engine_panic_turns_health_red_and_fails_requests_fast() {
     );
     assert_error(st, &body, 500, "panicking request");
     let (st, body) = s.get("/health");
-    assert_error(st, &body, 500, "/health after a fault");
+    // vLLM's status for a dead engine, which routers and probes act on.
+    assert_error(st, &body, 503, "/health after a fault");
     assert!(body.contains("panic"), "{body}");
     assert!(!body.contains("engine fault: engine fault"), "{body}");
     let (st, body) = s.post_raw(

@@ -616,12 +616,13 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Response {
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
-/// `GET /health`: 200 with an empty body, or 500 naming the engine fault.
+/// `GET /health`: 200 with an empty body, or 503 (vLLM's answer once its engine is
+/// dead, which routers and probes act on) with an error object naming the fault.
 pub async fn health(State(st): State<Arc<AppState>>) -> Response {
     match st.engine.health() {
         Ok(()) => StatusCode::OK.into_response(),
-        // A stopped engine is as unhealthy as a faulted one: probes must see 500.
-        Err(e) => ApiError::Internal {
+        // A stopped engine is as unhealthy as a faulted one: probes must see 503.
+        Err(e) => ApiError::Unavailable {
             message: e.to_string(),
         }
         .into_response(),
