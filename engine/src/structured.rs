@@ -146,6 +146,12 @@ fn check_bounds(spec: &StructuredOutputs, limits: &CompileLimits) -> Result<(), 
             };
             bounds::lark_depth(&lark, limits.max_depth)
                 .map_err(|_| too_deep("grammar's rule chain"))?;
+            regexes.extend(bounds::lark_regexes(&lark));
+            for schema in bounds::lark_json_schemas(&lark) {
+                bounds::schema_depth(&schema, limits.max_depth)
+                    .map_err(|_| too_deep("grammar's embedded JSON schema"))?;
+                bounds::schema_patterns(&schema, &mut regexes);
+            }
         }
     }
     for rx in &regexes {

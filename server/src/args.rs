@@ -344,6 +344,24 @@ impl EngineArgs {
     }
 }
 
+/// A positive, finite number of seconds (at most a day).
+fn parse_positive_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!("expected seconds in (0, 86400], got `{s}`")),
+    }
+}
+
+/// `--structured-outputs-max-depth`: at most what the compile threads' stack is
+/// tested to hold.
+fn parse_max_depth(s: &str) -> Result<usize, String> {
+    const MAX: usize = pagoda_engine::structured::compile::MAX_SAFE_DEPTH;
+    match s.parse::<usize>() {
+        Ok(v) if (1..=MAX).contains(&v) => Ok(v),
+        _ => Err(format!("expected a depth in [1, {MAX}], got `{s}`")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,23 +504,5 @@ mod tests {
                 .tracing_level(),
             "error"
         );
-    }
-}
-
-/// A positive, finite number of seconds (at most a day).
-fn parse_positive_secs(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
-        _ => Err(format!("expected seconds in (0, 86400], got `{s}`")),
-    }
-}
-
-/// `--structured-outputs-max-depth`: at most what the compile threads' stack is
-/// tested to hold.
-fn parse_max_depth(s: &str) -> Result<usize, String> {
-    const MAX: usize = pagoda_engine::structured::compile::MAX_SAFE_DEPTH;
-    match s.parse::<usize>() {
-        Ok(v) if (1..=MAX).contains(&v) => Ok(v),
-        _ => Err(format!("expected a depth in [1, {MAX}], got `{s}`")),
     }
 }

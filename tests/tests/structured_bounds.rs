@@ -179,6 +179,15 @@ fn constraints_that_cannot_start_are_refused_before_queueing() {
         c.compile(&spec(Constraint::Choice(choices))),
         "--structured-outputs-max-regex-size",
     );
+    assert_refused(
+        c.compile(&spec(Constraint::Grammar(
+            "start: A\nA: /(a{1000}){1000}/".into(),
+        ))),
+        "--structured-outputs-max-regex-size",
+    );
+    // A schema embedded in a Lark grammar is measured like any other.
+    let embedded = format!("start: %json {}", ref_chain(6000, "ref"));
+    assert_depth_refused(c.compile(&spec(Constraint::Grammar(embedded))));
     // Ordinary constraints still compile, first mask included.
     assert!(c
         .compile(&spec(Constraint::Regex(

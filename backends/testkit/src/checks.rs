@@ -41,7 +41,7 @@ pub enum Check {
     BadBuffers,
     /// For a backend that declares `batch_invariant`: the same query rows re-cut into
     /// chunks, shuffled, dealt into other batches, over renumbered blocks and in pools
-    /// of other thread counts give the same bits ([`crate::invariance`]). Skipped for
+    /// of other thread counts give the same bits (the `invariance` module). Skipped for
     /// a backend that declares nothing.
     BatchInvariance,
 }

@@ -242,7 +242,7 @@ fn lark_rules(text: &str) -> Vec<(String, Vec<String>)> {
         if let Some((_, refs)) = rules.last_mut() {
             refs.extend(it.filter_map(|t| match t {
                 LTok::Ident(s) => Some(s),
-                LTok::Define => None,
+                LTok::Define | LTok::Regex(_) => None,
             }));
         }
     }
@@ -252,6 +252,8 @@ fn lark_rules(text: &str) -> Vec<(String, Vec<String>)> {
 enum LTok {
     Ident(String),
     Define,
+    /// The inside of a `/regex/` literal.
+    Regex(String),
 }
 
 /// Identifiers and `:`/`::=` of one line, outside literals and comments.
@@ -265,7 +267,12 @@ fn lark_line_tokens(line: &str) -> Vec<LTok> {
             '"' | '\'' => i = skip_quoted(&chars, i, c),
             '/' if chars.get(i + 1) == Some(&'/') => break,
             '#' => break,
-            '/' => i = skip_quoted(&chars, i, '/'),
+            '/' => {
+                let end = skip_quoted(&chars, i, '/');
+                let body = &chars[i + 1..end.saturating_sub(1).max(i + 1)];
+                out.push(LTok::Regex(body.iter().collect()));
+                i = end;
+            }
             ':' => {
                 // `::=` (GBNF) or `:` (Lark); `::` alone is not a definition.
                 if chars.get(i + 1) == Some(&':') && chars.get(i + 2) == Some(&'=') {
@@ -284,6 +291,33 @@ fn lark_line_tokens(line: &str) -> Vec<LTok> {
                 out.push(LTok::Ident(chars[start..i].iter().collect()));
             }
             _ => i += 1,
+        }
+    }
+    out
+}
+
+/// The `/regex/` literals of a Lark grammar (for [`regex_size`]).
+pub fn lark_regexes(grammar: &str) -> Vec<String> {
+    grammar
+        .lines()
+        .flat_map(lark_line_tokens)
+        .filter_map(|t| match t {
+            LTok::Regex(r) => Some(r),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The JSON schemas a Lark grammar embeds (`%json { ... }`), for [`schema_depth`]
+/// and [`schema_patterns`]; ones that do not parse are llguidance's to report.
+pub fn lark_json_schemas(grammar: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut rest = grammar;
+    while let Some(at) = rest.find("%json") {
+        rest = &rest[at + "%json".len()..];
+        let mut it = serde_json::Deserializer::from_str(rest.trim_start()).into_iter::<Value>();
+        if let Some(Ok(v)) = it.next() {
+            out.push(v);
         }
     }
     out
@@ -387,6 +421,13 @@ mod tests {
         assert_eq!(lark_depth(gbnf, 10), Ok(3));
         let rec = "start: e\ne: e \"+\" e | NUM\nNUM: /[0-9]+/";
         assert_eq!(lark_depth(rec, 10), Ok(3));
+    }
+
+    #[test]
+    fn lark_literals_and_embedded_schemas_are_found() {
+        let g = "start: A b\nA: /(x{100}){100}/ \"q/w\"\nb: %json {\"$ref\": \"#\"}";
+        assert_eq!(lark_regexes(g), vec!["(x{100}){100}".to_string()]);
+        assert_eq!(lark_json_schemas(g), vec![json!({"$ref": "#"})]);
     }
 
     #[test]
