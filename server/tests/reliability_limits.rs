@@ -263,3 +263,25 @@ fn compiles_do_not_hold_request_preparation() {
         "plain request beside 6 compiles: {plain:?} ({pending} still pending); outcomes {outcomes:?}"
     );
 }
+
+/// Issue 26: the fields a router adds (vllm-router's `no_stop_trim`, ...) pass and
+/// are ignored, as vLLM ignores unknown fields; `--strict-request-fields` keeps
+/// the 400 naming the field. Known fields Pagoda does not implement stay refused.
+#[test]
+fn unknown_fields_pass_unless_strict() {
+    let body = json!({"prompt": "Hi", "max_tokens": 2, "temperature": 0, "no_stop_trim": true});
+    let lenient = Server::start(SMALL);
+    let (st, text) = post(&lenient, "/v1/completions", &body);
+    assert_eq!(st, 200, "{text}");
+    let (st, text) = post(
+        &lenient,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 2, "best_of": 3}),
+    );
+    assert_error(st, &text, 400, "best_of");
+    drop(lenient);
+    let strict = Server::start(&["--kv-cache-memory-mib", "64", "--strict-request-fields"]);
+    let (st, text) = post(&strict, "/v1/completions", &body);
+    assert_error(st, &text, 400, "strict");
+    assert!(text.contains("no_stop_trim"), "{text}");
+}

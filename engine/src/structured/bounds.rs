@@ -393,9 +393,10 @@ mod tests {
         assert_eq!(schema_depth(&json!({"type": "integer"}), 10), Ok(1));
         let chain = json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"type": "string"}},
                            "$ref": "#/$defs/a"});
-        // root -> ref a (1) -> ref b (1) = 3 levels.
-        assert_eq!(schema_depth(&chain, 10), Ok(3));
-        assert_eq!(schema_depth(&chain, 2), Err(TooDeep));
+        // root -> `$defs` -> a -> (ref) b = 4 levels.
+        assert_eq!(schema_depth(&chain, 10), Ok(4));
+        assert_eq!(schema_depth(&chain, 4), Ok(4));
+        assert_eq!(schema_depth(&chain, 3), Err(TooDeep));
         let cycle = json!({"$defs": {"n": {"type": "object",
             "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"});
         assert!(schema_depth(&cycle, 10).is_ok());
