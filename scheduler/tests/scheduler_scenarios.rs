@@ -60,6 +60,7 @@ fn one_token(s: &Scheduler, id: &str, tok: u32) -> ModelRunnerOutput {
         logprobs: vec![None],
         failed: Vec::new(),
         prompt_logprobs: Vec::new(),
+        deferred: Vec::new(),
     }
 }
 
@@ -357,6 +358,7 @@ fn growing_request_preempts_the_latest() {
         logprobs: vec![None, None],
         failed: Vec::new(),
         prompt_logprobs: Vec::new(),
+        deferred: Vec::new(),
     };
     let res = s.update_from_output(&out, &stale);
     assert_eq!(res.len(), 1);

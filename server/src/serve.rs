@@ -20,6 +20,7 @@ pub mod error;
 pub mod format;
 pub mod frontend;
 pub mod handlers;
+pub mod limits;
 pub mod metrics;
 pub mod protocol;
 pub mod stream;
@@ -88,6 +89,8 @@ pub struct AppState {
     pub generation_defaults: frontend::GenerationDefaults,
     /// `--max-logprobs`.
     pub max_logprobs: usize,
+    /// `--max-stop-strings`, `--max-stop-string-len`.
+    pub stop_limits: limits::StopLimits,
     /// `--return-tokens-as-token-ids`.
     pub return_tokens_as_token_ids: bool,
     /// `--enable-force-include-usage`.
@@ -134,6 +137,7 @@ impl AppState {
             chat_template_override: None,
             generation_defaults: Default::default(),
             max_logprobs: pagoda_core::request::DEFAULT_MAX_LOGPROBS,
+            stop_limits: limits::StopLimits::default(),
             return_tokens_as_token_ids: false,
             force_include_usage: false,
             request_id_headers: false,
@@ -441,6 +445,10 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     }
     state.generation_defaults = generation_defaults;
     state.max_logprobs = args.max_logprobs;
+    state.stop_limits = limits::StopLimits {
+        max_count: args.max_stop_strings,
+        max_len: args.max_stop_string_len,
+    };
     state.return_tokens_as_token_ids = args.return_tokens_as_token_ids;
     state.force_include_usage = args.enable_force_include_usage;
     state.request_id_headers = args.enable_request_id_headers;
