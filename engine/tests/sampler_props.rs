@@ -44,7 +44,7 @@ struct RefResult {
 /// vLLM's bad-words rule, spelt out: the output's last `len - 1` tokens equal the
 /// word's first `len - 1`.
 fn ban_bad_words(l: &mut [f32], case: &Case) {
-    for w in &case.params.bad_words_token_ids {
+    for w in case.params.bad_words_token_ids.iter() {
         let k = w.len() - 1;
         let out = &case.output;
         if out.len() >= k && out[out.len() - k..] == w[..k] {
@@ -271,7 +271,7 @@ fn row_and_case(vocab: std::ops::Range<usize>) -> impl Strategy<Value = (Vec<f32
 fn all_masked_after_processing(logits: &[f32], case: &Case) -> bool {
     let mut l = logits.to_vec();
     ban_bad_words(&mut l, case);
-    for &(t, b) in &case.params.logit_bias {
+    for &(t, b) in case.params.logit_bias.iter() {
         l[t as usize] += b;
     }
     if case.output.len() < case.params.min_tokens {

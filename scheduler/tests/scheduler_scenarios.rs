@@ -210,7 +210,7 @@ fn stop_reasons_from_update() {
 
     // Stop token 42 among [10, 42, 12]: stops at 42 with outputs [10, 42].
     let p = SamplingParams {
-        stop_token_ids: vec![42],
+        stop_token_ids: vec![42].into(),
         ..SamplingParams::greedy(8)
     };
     s.add_request(Request::new(
@@ -280,7 +280,7 @@ fn min_tokens_delays_eos_and_stop_ids() {
     let mut s = Scheduler::new(config()).unwrap();
     let p = SamplingParams {
         min_tokens: 5,
-        stop_token_ids: vec![42],
+        stop_token_ids: vec![42].into(),
         ..SamplingParams::greedy(10)
     };
     s.add_request(Request::new(

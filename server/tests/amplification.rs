@@ -89,10 +89,10 @@ fn n_samples_share_the_request_lists() {
         assert_eq!(v["choices"].as_array().map(Vec::len), Some(64));
     }
     let mut big = base.clone();
-    // Distinct stop strings that cannot occur in the text (a byte the model's
-    // tokens never decode to); 256 x 1000 bytes.
+    // 256 distinct stop strings of 1000 bytes: longer than 4 tokens of text, so
+    // none can match.
     let stop: Vec<String> = (0..256)
-        .map(|i| format!("\u{1}{i:04}{}", "\u{2}".repeat(995)))
+        .map(|i| format!("{i:04}{}", "x".repeat(996)))
         .collect();
     big["stop"] = json!(stop);
     big["stop_token_ids"] = json!((0..half).collect::<Vec<u32>>());

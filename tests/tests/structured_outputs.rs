@@ -375,7 +375,7 @@ fn mask_composes_with_sampler_controls() {
         assert_eq!(o[0].text, favoured);
     }
     let starved = SamplingParams {
-        allowed_token_ids: Some(vec![first("Paris")]),
+        allowed_token_ids: Some(vec![first("Paris")].into()),
         ..constrained(choice(), 4)
     };
     e.add_request(
