@@ -106,49 +106,50 @@ pub struct StopAutomaton {
 impl StopAutomaton {
     /// Builds the automaton of `patterns`; empty ones are ignored (they would
     /// match everywhere). A duplicate reports its first index.
+    ///
+    /// The trie is built breadth first from the sorted patterns: a node is a range
+    /// of them sharing its prefix, its children the sub-ranges by the next byte,
+    /// numbered as they are queued, so each node's edges are contiguous and nothing
+    /// but the final arrays (about 21 bytes a node) is allocated per node.
     pub fn new(patterns: &[String]) -> Self {
-        // The trie, with per-node edge lists while it is built.
-        let mut children: Vec<Vec<(u8, u32)>> = vec![Vec::new()];
-        let mut terminal: Vec<u32> = vec![NONE];
+        let bytes = |i: u32| patterns[i as usize].as_bytes();
+        let mut order: Vec<u32> = (0..patterns.len() as u32)
+            .filter(|&i| !bytes(i).is_empty())
+            .collect();
+        order.sort_unstable_by(|&a, &b| bytes(a).cmp(bytes(b)).then(a.cmp(&b)));
+        let mut edge_start = Vec::new();
+        let mut edge_byte = Vec::new();
+        let mut edge_to = Vec::new();
         let mut depth: Vec<u32> = vec![0];
-        for (idx, p) in patterns.iter().enumerate() {
-            if p.is_empty() {
-                continue;
-            }
-            let mut node = ROOT;
-            for &b in p.as_bytes() {
-                let found = children[node as usize]
-                    .iter()
-                    .find(|&&(c, _)| c == b)
-                    .map(|&(_, t)| t);
-                node = match found {
-                    Some(t) => t,
-                    None => {
-                        let t = children.len() as u32;
-                        children.push(Vec::new());
-                        terminal.push(NONE);
-                        depth.push(depth[node as usize] + 1);
-                        children[node as usize].push((b, t));
-                        t
-                    }
-                };
-            }
-            if terminal[node as usize] == NONE {
-                terminal[node as usize] = idx as u32;
-            }
-        }
-        let n = children.len();
-        let mut edge_start = Vec::with_capacity(n + 1);
-        let mut edge_byte = Vec::with_capacity(n.saturating_sub(1));
-        let mut edge_to = Vec::with_capacity(n.saturating_sub(1));
-        for c in &mut children {
-            c.sort_unstable_by_key(|&(b, _)| b);
+        // Before the failure links: the pattern ending exactly at the node.
+        let mut out: Vec<u32> = vec![NONE];
+        // Nodes leave the queue in id order (ids are given as they are queued).
+        let mut queue = std::collections::VecDeque::from([(0usize, order.len())]);
+        while let Some((lo, hi)) = queue.pop_front() {
+            let node = edge_start.len();
+            let d = depth[node] as usize;
             edge_start.push(edge_byte.len() as u32);
-            edge_byte.extend(c.iter().map(|&(b, _)| b));
-            edge_to.extend(c.iter().map(|&(_, t)| t));
+            let mut i = lo;
+            // Sorted, the patterns that end here come first (the lowest index first).
+            while i < hi && bytes(order[i]).len() == d {
+                if out[node] == NONE {
+                    out[node] = order[i];
+                }
+                i += 1;
+            }
+            while i < hi {
+                let b = bytes(order[i])[d];
+                let j = i + order[i..hi].partition_point(|&p| bytes(p)[d] == b);
+                edge_byte.push(b);
+                edge_to.push(depth.len() as u32);
+                depth.push(d as u32 + 1);
+                out.push(NONE);
+                queue.push_back((i, j));
+                i = j;
+            }
         }
         edge_start.push(edge_byte.len() as u32);
-        drop(children);
+        let n = depth.len();
         let mut a = StopAutomaton {
             edge_start,
             edge_byte,
@@ -156,20 +157,16 @@ impl StopAutomaton {
             root_next: [ROOT; 256],
             fail: vec![ROOT; n],
             depth,
-            out: terminal.clone(),
+            out,
         };
         for e in a.edges(ROOT) {
             a.root_next[a.edge_byte[e] as usize] = a.edge_to[e];
         }
-        // Breadth first, so a node's failure target is final before its children's.
-        let mut queue = std::collections::VecDeque::from([ROOT]);
-        while let Some(u) = queue.pop_front() {
+        // In id (breadth-first) order, a node's failure target and its `out` are
+        // final before its children need them (both are shallower).
+        for u in 1..n as u32 {
             for e in a.edges(u) {
                 let (b, v) = (a.edge_byte[e], a.edge_to[e]);
-                queue.push_back(v);
-                if u == ROOT {
-                    continue; // depth-1 nodes fail to the root
-                }
                 let mut f = a.fail[u as usize];
                 let target = loop {
                     if let Some(t) = a.edge(f, b) {
@@ -181,7 +178,7 @@ impl StopAutomaton {
                     f = a.fail[f as usize];
                 };
                 a.fail[v as usize] = target;
-                if terminal[v as usize] == NONE {
+                if a.out[v as usize] == NONE {
                     a.out[v as usize] = a.out[target as usize];
                 }
             }
