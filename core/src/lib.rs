@@ -51,9 +51,9 @@ pub use request::{
     BlockHash, CheckedParams, FinishReason, Request, RequestId, RequestStatus, SamplingParams,
     StopReason, ALL_PROMPT_LOGPROBS,
 };
-pub use stop::{StopAutomaton, StopStrings};
 pub use sched::{
     CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, PromptLogprob,
     PromptLogprobsChunk, ReqHandle, SchedulerOutput, TokenLogprobs,
 };
+pub use stop::{StopAutomaton, StopStrings};
 pub use structured::{Constraint, StructuredOutputs};

@@ -659,7 +659,10 @@ mod tests {
     #[test]
     fn clones_share_the_lists() {
         let p = SamplingParams {
-            stop: (0..1000).map(|i| format!("s{i}")).collect::<Vec<_>>().into(),
+            stop: (0..1000)
+                .map(|i| format!("s{i}"))
+                .collect::<Vec<_>>()
+                .into(),
             stop_token_ids: (0..1000).collect::<Vec<u32>>().into(),
             bad_words_token_ids: vec![vec![1, 2]; 1000].into(),
             logit_bias: (0..1000).map(|t| (t, 1.0)).collect::<Vec<_>>().into(),

@@ -301,7 +301,9 @@ mod tests {
     #[test]
     fn steps_stay_within_two_per_byte() {
         // Many patterns sharing prefixes and a text that keeps failing back.
-        let p: Vec<String> = (0..200).map(|i| format!("a{}b{i}", "a".repeat(i % 17))).collect();
+        let p: Vec<String> = (0..200)
+            .map(|i| format!("a{}b{i}", "a".repeat(i % 17)))
+            .collect();
         let a = StopAutomaton::new(&p);
         let text = "a".repeat(5000) + &"ab".repeat(2000);
         let mut s = a.start();

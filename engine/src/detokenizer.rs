@@ -220,9 +220,9 @@ impl IncrementalDetokenizer {
             return false;
         };
         // Only the new bytes are fed: the state carries what came before.
-        let hit = stop
-            .automaton()
-            .feed(&mut self.stop_state, chunk.as_bytes(), &mut self.stop_steps);
+        let hit =
+            stop.automaton()
+                .feed(&mut self.stop_state, chunk.as_bytes(), &mut self.stop_steps);
         let Some((end, idx)) = hit else { return false };
         // A stop string is whole characters, so both ends are char boundaries.
         let end = old_len + end;
@@ -322,11 +322,13 @@ mod tests {
         if max_len == 0 {
             return text.len();
         }
-        let lowest =
-            floor_char_boundary(text, text.len().saturating_sub(max_len - 1)).max(emitted);
+        let lowest = floor_char_boundary(text, text.len().saturating_sub(max_len - 1)).max(emitted);
         for (i, _) in text[lowest..].char_indices() {
             let tail = &text[lowest + i..];
-            if stop.iter().any(|s| s.len() > tail.len() && s.starts_with(tail)) {
+            if stop
+                .iter()
+                .any(|s| s.len() > tail.len() && s.starts_with(tail))
+            {
                 return lowest + i;
             }
         }
@@ -335,13 +337,7 @@ mod tests {
 
     fn detok(stop: &[String], include: bool) -> IncrementalDetokenizer {
         let tok = Tokenizer::new(tokenizers::models::bpe::BPE::default());
-        IncrementalDetokenizer::new(
-            Arc::new(tok),
-            &[],
-            true,
-            stop.to_vec().into(),
-            include,
-        )
+        IncrementalDetokenizer::new(Arc::new(tok), &[], true, stop.to_vec().into(), include)
     }
 
     /// Feeds text chunks to the real detokenizer's stop logic and to the
@@ -407,7 +403,11 @@ mod tests {
             d.take(end);
         }
         // The old scan looked at every string for each chunk: ~2000 x 500 searches.
-        assert!(d.stop_steps() <= 2 * total as u64, "{} steps", d.stop_steps());
+        assert!(
+            d.stop_steps() <= 2 * total as u64,
+            "{} steps",
+            d.stop_steps()
+        );
         assert!(d.append("xy0003z"));
         assert_eq!(d.stop_matched(), Some("xy0003z"));
     }

@@ -43,7 +43,11 @@ fn run(
     stop: &[&str],
     include: bool,
 ) -> (String, Option<String>) {
-    let stop = stop.iter().map(|s| s.to_string()).collect::<Vec<_>>().into();
+    let stop = stop
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .into();
     let mut d = IncrementalDetokenizer::new(tokenizer(), prompt, skip, stop, include);
     let mut text = String::new();
     for &t in ids {

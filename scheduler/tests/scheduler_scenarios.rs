@@ -731,7 +731,8 @@ fn prefix_hits_are_reported_in_outputs_and_stats() {
 #[test]
 fn deferred_rows_run_their_last_token_again() {
     let mut s = Scheduler::new(config()).unwrap();
-    s.add_request(greedy_req("a", (1..=16).collect(), 8)).unwrap();
+    s.add_request(greedy_req("a", (1..=16).collect(), 8))
+        .unwrap();
     // Prefill (16 tokens: exactly one block), deferred.
     let out = s.schedule();
     assert_eq!(ids(&s, &out), vec![("a", 16)]);

@@ -107,10 +107,16 @@ fn n_samples_share_the_request_lists() {
     let v: Value = serde_json::from_str(&text).unwrap();
     let choices = v["choices"].as_array().expect("choices");
     assert_eq!(choices.len(), 64);
-    assert!(choices.iter().all(|c| c["finish_reason"] == "length"), "{v}");
+    assert!(
+        choices.iter().all(|c| c["finish_reason"] == "length"),
+        "{v}"
+    );
     let peak = status_kb(pid, "VmHWM:");
     let grew_mb = peak.saturating_sub(before) as f64 / 1024.0;
-    eprintln!("peak RSS grew by {grew_mb:.1} MB for n=64 with {} bytes of lists", body.len());
+    eprintln!(
+        "peak RSS grew by {grew_mb:.1} MB for n=64 with {} bytes of lists",
+        body.len()
+    );
     assert!(
         grew_mb < 40.0,
         "peak RSS grew by {grew_mb:.1} MB (bound 40 MB): the lists are copied per sample"

@@ -51,7 +51,8 @@ fn run(
         )
         .expect("add_request");
     }
-    let mut out: HashMap<String, Vec<u32>> = reqs.iter().map(|r| (r.0.to_string(), vec![])).collect();
+    let mut out: HashMap<String, Vec<u32>> =
+        reqs.iter().map(|r| (r.0.to_string(), vec![])).collect();
     let mut timeline = Vec::new();
     while e.has_unfinished_requests() {
         for o in e.step().expect("step") {

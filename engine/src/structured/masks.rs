@@ -132,8 +132,9 @@ fn mask_thread(tasks: &Mutex<mpsc::Receiver<Task>>, done: &mpsc::Sender<Done>) {
             std::thread::sleep(delay);
         }
         // A panic inside the grammar engine fails this row, not the thread.
-        let mask = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| grammar.compute_mask()))
-            .unwrap_or_else(|_| Err("structured outputs: the grammar engine panicked".into()));
+        let mask =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| grammar.compute_mask()))
+                .unwrap_or_else(|_| Err("structured outputs: the grammar engine panicked".into()));
         let d = Done {
             handle,
             grammar,

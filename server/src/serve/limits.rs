@@ -49,7 +49,11 @@ impl StopLimits {
                 ),
             ));
         }
-        if let Some((i, s)) = stop.iter().enumerate().find(|(_, s)| s.len() > self.max_len) {
+        if let Some((i, s)) = stop
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.len() > self.max_len)
+        {
             return Err(ApiError::bad(
                 "stop",
                 format!(
