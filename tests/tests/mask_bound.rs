@@ -1,5 +1,5 @@
 //! Issue 29 D7: one request's expensive grammar masks must not stall the other
-//! rows of the batch. A step waits for masks only within a bound after its forward
+//! rows of the batch, plain or constrained. A step waits for masks only within a bound after its forward
 //! pass; a constrained row whose mask is late is deferred to a later step, and
 //! deferring never changes any row's tokens.
 //!
@@ -36,12 +36,13 @@ fn plain(max_tokens: usize) -> SamplingParams {
     }
 }
 
-/// Runs requests to the end; returns each one's tokens and, for each output
-/// event, how many tokens every request had then.
-fn run(
-    e: &mut LLMEngine,
-    reqs: &[(&str, Vec<u32>, SamplingParams)],
-) -> (HashMap<String, Vec<u32>>, Vec<HashMap<String, usize>>) {
+/// Each request's tokens, by id.
+type Outputs = HashMap<String, Vec<u32>>;
+/// After each step, how many tokens every request had.
+type Timeline = Vec<HashMap<String, usize>>;
+
+/// Runs requests to the end.
+fn run(e: &mut LLMEngine, reqs: &[(&str, Vec<u32>, SamplingParams)]) -> (Outputs, Timeline) {
     for (id, prompt, params) in reqs {
         e.add_request(
             id.to_string(),
@@ -71,10 +72,12 @@ fn a_slow_grammar_delays_only_its_own_rows() {
     let rest = tokens(&e, " the list of fruits is");
     let slow_prompt: Vec<u32> = marker.iter().chain(&rest).copied().collect();
     let other_prompt = tokens(&e, "Once upon a time there was");
+    let fast_prompt = tokens(&e, "My favourite animals are");
 
     // Reference: each request alone, no fault.
     let (alone_slow, _) = run(&mut e, &[("ref-a", slow_prompt.clone(), constrained(3))]);
     let (alone_other, _) = run(&mut e, &[("ref-b", other_prompt.clone(), plain(12))]);
+    let (alone_fast, _) = run(&mut e, &[("ref-c", fast_prompt.clone(), constrained(8))]);
 
     e.core_mut().set_fault_injection(Some(FaultInjection {
         slow_mask: Some((marker, SLOW)),
@@ -86,11 +89,13 @@ fn a_slow_grammar_delays_only_its_own_rows() {
         &[
             ("a", slow_prompt, constrained(3)),
             ("b", other_prompt, plain(12)),
+            ("c", fast_prompt, constrained(8)),
         ],
     );
     // Deferring changes when tokens come, never which.
     assert_eq!(both["a"], alone_slow["ref-a"]);
     assert_eq!(both["b"], alone_other["ref-b"]);
+    assert_eq!(both["c"], alone_fast["ref-c"]);
     // The plain stream did not wait a second per step for the slow masks: by the
     // step the slow request got its first token (after one slow mask, 1 s), the
     // plain one had several. Waiting for every mask (the old way) moved them in
@@ -103,6 +108,13 @@ fn a_slow_grammar_delays_only_its_own_rows() {
         first_a["b"] >= 4,
         "the plain request had {} tokens when the slow one got its first: it waited for the slow masks",
         first_a["b"]
+    );
+    // Nor did the other constrained request (its masks are fast).
+    let want_c = both["c"].len().min(4);
+    assert!(
+        first_a["c"] >= want_c,
+        "the fast constrained request had {} tokens (of {want_c}) when the slow one got its first",
+        first_a["c"]
     );
     let stats = e.core().mask_stats();
     assert!(stats.deferred > before.deferred, "{stats:?}");

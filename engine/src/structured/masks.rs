@@ -16,16 +16,21 @@
 //! applying the masks. A step whose every row waits on a mask has no one to
 //! protect and waits for them all.
 //!
-//! Masks are computed in submission order, so a deferred row's mask is never
-//! starved: it completes within its own compute time, queued behind the masks
-//! submitted before it.
+//! Masks are computed in submission order, except that a grammar whose last mask
+//! was heavy ([`HEAVY_MASK`]) may use all mask threads but one: however many
+//! expensive masks are queued, the light ones always have a thread and never wait
+//! behind them (a grammar's first mask counts as light: the first masks of `n`
+//! new expensive samples can delay the others' masks once, never a plain row).
+//! A deferred row's mask is never starved: it completes within its
+//! own compute time, queued behind the masks submitted before it (a heavy one,
+//! behind the heavy ones).
 
 use super::Grammar;
 use crate::EngineError;
 use llguidance::toktrie::SimpleVob;
 use pagoda_core::ReqHandle;
 use std::collections::HashMap;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -62,17 +67,25 @@ impl MaskStats {
     }
 }
 
-/// How many mask threads: a quarter of the cores, 1 to 8 (the forward pass keeps
-/// the rest; the samples of one request share a lexer and cannot use more).
+/// How many mask threads: a quarter of the cores, 2 to 8 (the forward pass keeps
+/// the rest; at least 2 so that one thread is always free of heavy masks).
 fn num_mask_threads() -> usize {
     std::thread::available_parallelism()
-        .map_or(1, |n| n.get() / 4)
-        .clamp(1, 8)
+        .map_or(2, |n| n.get() / 4)
+        .clamp(2, 8)
 }
+
+/// A grammar whose last mask took longer than this is *heavy*: at most all but
+/// one of the mask threads run heavy masks at a time, so the others' (light)
+/// masks never queue behind them. 2 ms is the shortest a step waits
+/// ([`MIN_MASK_WAIT`]); JSON-schema masks take well under it.
+pub const HEAVY_MASK: Duration = Duration::from_millis(2);
 
 struct Task {
     handle: ReqHandle,
     grammar: Box<Grammar>,
+    /// Its grammar's last mask was heavy (see [`HEAVY_MASK`]).
+    heavy: bool,
     /// Test-only extra time the mask takes (see `FaultInjection::slow_mask`).
     delay: Duration,
 }
@@ -84,47 +97,89 @@ struct Done {
     compute: Duration,
 }
 
-/// The mask threads: tasks in, finished masks out, both in order.
+/// The tasks waiting for a mask thread.
+#[derive(Default)]
+struct Queue {
+    tasks: std::collections::VecDeque<Task>,
+    heavy_running: usize,
+    closed: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+    /// Most heavy masks computed at once (threads - 1).
+    max_heavy: usize,
+}
+
+/// The mask threads: tasks in (in order, but a heavy one waits while the heavy
+/// share is taken), finished masks out.
 struct MaskPool {
-    tasks: Option<mpsc::Sender<Task>>,
+    shared: Arc<Shared>,
     done: mpsc::Receiver<Done>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl MaskPool {
     fn new(n: usize) -> Result<Self, EngineError> {
-        let (ttx, trx) = mpsc::channel::<Task>();
         let (dtx, drx) = mpsc::channel::<Done>();
-        let trx = Arc::new(Mutex::new(trx));
-        let mut threads = Vec::with_capacity(n);
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            ready: Condvar::new(),
+            max_heavy: n.saturating_sub(1).max(1),
+        });
+        let mut pool = MaskPool {
+            shared,
+            done: drx,
+            threads: Vec::with_capacity(n),
+        };
         for i in 0..n {
-            let (trx, dtx) = (trx.clone(), dtx.clone());
+            let (shared, dtx) = (pool.shared.clone(), dtx.clone());
             let t = std::thread::Builder::new()
                 .name(format!("pagoda-mask-{i}"))
-                .spawn(move || mask_thread(&trx, &dtx))
+                .spawn(move || mask_thread(&shared, &dtx))
                 .map_err(|e| EngineError::Fault {
                     message: format!("cannot start a mask thread: {e}"),
                 })?;
-            threads.push(t);
+            pool.threads.push(t);
         }
-        Ok(MaskPool {
-            tasks: Some(ttx),
-            done: drx,
-            threads,
-        })
+        Ok(pool)
+    }
+
+    fn submit(&self, task: Task) {
+        lock(&self.shared.queue).tasks.push_back(task);
+        // Every idle thread looks: one that cannot take a heavy task leaves it.
+        self.shared.ready.notify_all();
     }
 }
 
-fn mask_thread(tasks: &Mutex<mpsc::Receiver<Task>>, done: &mpsc::Sender<Done>) {
+fn lock(q: &Mutex<Queue>) -> std::sync::MutexGuard<'_, Queue> {
+    q.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The first task this thread may take, waiting for one; `None` once closed.
+fn next_task(shared: &Shared) -> Option<Task> {
+    let mut q = lock(&shared.queue);
     loop {
-        // The lock is held only to take one task.
-        let task = match tasks.lock().unwrap_or_else(|p| p.into_inner()).recv() {
-            Ok(t) => t,
-            Err(_) => return, // the pool was dropped
-        };
+        if q.closed {
+            return None;
+        }
+        let heavy_ok = q.heavy_running < shared.max_heavy;
+        if let Some(i) = q.tasks.iter().position(|t| heavy_ok || !t.heavy) {
+            let t = q.tasks.remove(i).expect("position is in range");
+            q.heavy_running += t.heavy as usize;
+            return Some(t);
+        }
+        q = shared.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+fn mask_thread(shared: &Shared, done: &mpsc::Sender<Done>) {
+    while let Some(task) = next_task(shared) {
         let Task {
             handle,
             mut grammar,
+            heavy,
             delay,
         } = task;
         let t0 = Instant::now();
@@ -135,11 +190,16 @@ fn mask_thread(tasks: &Mutex<mpsc::Receiver<Task>>, done: &mpsc::Sender<Done>) {
         let mask =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| grammar.compute_mask()))
                 .unwrap_or_else(|_| Err("structured outputs: the grammar engine panicked".into()));
+        let compute = t0.elapsed();
+        if heavy {
+            lock(&shared.queue).heavy_running -= 1;
+            shared.ready.notify_all();
+        }
         let d = Done {
             handle,
             grammar,
             mask,
-            compute: t0.elapsed(),
+            compute,
         };
         if done.send(d).is_err() {
             return;
@@ -149,7 +209,8 @@ fn mask_thread(tasks: &Mutex<mpsc::Receiver<Task>>, done: &mpsc::Sender<Done>) {
 
 impl Drop for MaskPool {
     fn drop(&mut self) {
-        self.tasks = None; // ends every thread's loop once its task is done
+        lock(&self.shared.queue).closed = true;
+        self.shared.ready.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -187,6 +248,8 @@ pub struct Masks {
     /// Grammars on a mask thread; `true` once their request is gone (the
     /// grammar is dropped when it comes back).
     busy: HashMap<ReqHandle, bool>,
+    /// Grammars whose last mask was heavy ([`HEAVY_MASK`]).
+    heavy: std::collections::HashSet<ReqHandle>,
     /// This step's constrained rows.
     rows: Vec<MaskRow>,
     stats: MaskStats,
@@ -205,6 +268,7 @@ impl Masks {
             idle: HashMap::new(),
             ready: HashMap::new(),
             busy: HashMap::new(),
+            heavy: std::collections::HashSet::new(),
             rows: Vec::new(),
             stats: MaskStats::default(),
         }
@@ -219,6 +283,7 @@ impl Masks {
     pub fn remove(&mut self, handle: ReqHandle) {
         self.idle.remove(&handle);
         self.ready.remove(&handle);
+        self.heavy.remove(&handle);
         if let Some(gone) = self.busy.get_mut(&handle) {
             *gone = true;
         }
@@ -273,17 +338,12 @@ impl Masks {
                 Some(p) => p,
                 None => self.pool.insert(MaskPool::new(num_mask_threads())?),
             };
-            let task = Task {
+            pool.submit(Task {
                 handle: r.handle,
                 grammar,
+                heavy: self.heavy.contains(&r.handle),
                 delay: r.delay,
-            };
-            pool.tasks
-                .as_ref()
-                .and_then(|tx| tx.send(task).ok())
-                .ok_or_else(|| EngineError::Fault {
-                    message: "the mask threads are gone".into(),
-                })?;
+            });
             self.busy.insert(r.handle, false);
         }
         Ok(())
@@ -294,8 +354,10 @@ impl Masks {
         !self.rows.is_empty()
     }
 
-    /// How many of this step's constrained rows still wait for their mask.
-    pub fn num_pending(&self) -> usize {
+    /// How many of this step's constrained rows still wait for their mask (the
+    /// masks finished meanwhile are taken in first).
+    pub fn num_pending(&mut self) -> usize {
+        self.collect();
         self.rows
             .iter()
             .filter(|r| !self.ready.contains_key(&r.handle))
@@ -381,6 +443,11 @@ impl Masks {
         self.stats.num_masks += 1;
         self.stats.compute += d.compute;
         if self.busy.remove(&d.handle) == Some(false) {
+            if d.compute > HEAVY_MASK {
+                self.heavy.insert(d.handle);
+            } else {
+                self.heavy.remove(&d.handle);
+            }
             self.idle.insert(d.handle, d.grammar);
             self.ready.insert(d.handle, d.mask);
         }
