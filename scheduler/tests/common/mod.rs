@@ -167,7 +167,7 @@ impl FakeRunner {
             if tok.is_some() {
                 r.attempts += 1;
                 let k = self.defer_every;
-                if k > 0 && r.attempts % k == 0 {
+                if k > 0 && r.attempts.is_multiple_of(k) {
                     // Deferred: its last token is computed again next step.
                     tok = None;
                     r.num_computed -= 1;
