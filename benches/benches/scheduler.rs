@@ -25,6 +25,7 @@ fn fake_output(s: &Scheduler, out: &SchedulerOutput) -> ModelRunnerOutput {
         logprobs: Vec::with_capacity(out.num_scheduled_tokens.len()),
         failed: Vec::new(),
         prompt_logprobs: Vec::new(),
+        deferred: Vec::new(),
     };
     for &(h, _) in &out.num_scheduled_tokens {
         let r = s.request_at(h).expect("scheduled");

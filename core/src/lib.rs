@@ -2,6 +2,7 @@
 //!
 //! It defines what a request is ([`request`]), what the scheduler hands the model
 //! runner each step ([`sched`]), structured-output constraints as data ([`structured`]),
+//! stop strings and their matcher ([`stop`]),
 //! data with its device and dtype ([`tensor`]) and the owners of device memory
 //! ([`device`]), the model kernels a device provides ([`ops`]), how the paged KV cache is laid out ([`kv`]), the FP8 E4M3 element
 //! conversions ([`fp8`]; the element of `--kv-cache-dtype fp8`), and the
@@ -18,6 +19,7 @@ pub mod kv;
 pub mod ops;
 pub mod request;
 pub mod sched;
+pub mod stop;
 pub mod structured;
 pub mod tensor;
 
@@ -54,4 +56,5 @@ pub use sched::{
     CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, PromptLogprob,
     PromptLogprobsChunk, ReqHandle, SchedulerOutput, TokenLogprobs,
 };
+pub use stop::{StopAutomaton, StopStrings};
 pub use structured::{Constraint, StructuredOutputs};

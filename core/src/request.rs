@@ -4,6 +4,9 @@
 
 use crate::CoreError;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+pub use crate::stop::StopStrings;
 
 /// Request ids are caller-chosen strings (the server uses `cmpl-...`).
 pub type RequestId = String;
@@ -86,6 +89,10 @@ pub enum StopReason {
 }
 
 /// Sampling and stopping parameters of one request (vLLM's `SamplingParams`).
+///
+/// The lists (and the constraint) are behind `Arc`s: the `n` samples of a request,
+/// and every layer that keeps a copy (scheduler, runner, detokenizer), share one
+/// allocation, so cloning the parameters costs the same whatever their size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SamplingParams {
@@ -106,9 +113,10 @@ pub struct SamplingParams {
     /// None: as many as fit in the model length.
     pub max_tokens: Option<usize>,
     pub min_tokens: usize,
-    pub stop_token_ids: Vec<u32>,
+    #[serde(with = "shared")]
+    pub stop_token_ids: Arc<[u32]>,
     /// Stop strings; detected by the LLM engine, which knows text.
-    pub stop: Vec<String>,
+    pub stop: StopStrings,
     pub include_stop_str_in_output: bool,
     pub ignore_eos: bool,
     /// Number of top log-probabilities to return per generated token.
@@ -121,18 +129,77 @@ pub struct SamplingParams {
     /// vLLM's `logprob_token_ids`: report the logprobs of exactly these tokens at
     /// each generated position (in [`crate::TokenLogprobs::top`], in this order),
     /// instead of the most likely ones.
-    pub logprob_token_ids: Option<Vec<u32>>,
+    #[serde(with = "shared_opt")]
+    pub logprob_token_ids: Option<Arc<[u32]>>,
     /// vLLM's `bad_words`, as token sequences: a sequence's last token is masked
     /// whenever the output so far ends with the rest of it.
-    pub bad_words_token_ids: Vec<Vec<u32>>,
+    #[serde(with = "shared")]
+    pub bad_words_token_ids: Arc<[Vec<u32>]>,
     /// Additive biases on logits, by token id.
-    pub logit_bias: Vec<(u32, f32)>,
+    #[serde(with = "shared")]
+    pub logit_bias: Arc<[(u32, f32)]>,
     /// Only these token ids may be sampled (vLLM's `allowed_token_ids`).
-    pub allowed_token_ids: Option<Vec<u32>>,
+    #[serde(with = "shared_opt")]
+    pub allowed_token_ids: Option<Arc<[u32]>>,
     pub skip_special_tokens: bool,
     /// The output must satisfy this constraint (vLLM's `structured_outputs`); the
     /// engine compiles it and masks the logits of every step.
-    pub structured_outputs: Option<crate::StructuredOutputs>,
+    #[serde(with = "shared_so")]
+    pub structured_outputs: Option<Arc<crate::StructuredOutputs>>,
+}
+
+/// Serde for the shared lists, as plain lists (serde's `rc` feature would do
+/// the same, but switching it on rebuilds every crate that uses serde).
+mod shared {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::sync::Arc;
+
+    pub fn serialize<T: Serialize, S: Serializer>(v: &Arc<[T]>, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter())
+    }
+
+    pub fn deserialize<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Arc<[T]>, D::Error> {
+        Vec::<T>::deserialize(d).map(Arc::from)
+    }
+}
+
+mod shared_opt {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::sync::Arc;
+
+    pub fn serialize<T: Serialize, S: Serializer>(
+        v: &Option<Arc<[T]>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        v.as_deref().serialize(s)
+    }
+
+    pub fn deserialize<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Arc<[T]>>, D::Error> {
+        Ok(Option::<Vec<T>>::deserialize(d)?.map(Arc::from))
+    }
+}
+
+mod shared_so {
+    use crate::StructuredOutputs;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::sync::Arc;
+
+    pub fn serialize<S: Serializer>(
+        v: &Option<Arc<StructuredOutputs>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        v.as_deref().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Arc<StructuredOutputs>>, D::Error> {
+        Ok(Option::<StructuredOutputs>::deserialize(d)?.map(Arc::new))
+    }
 }
 
 impl Default for SamplingParams {
@@ -148,15 +215,15 @@ impl Default for SamplingParams {
             seed: None,
             max_tokens: Some(16),
             min_tokens: 0,
-            stop_token_ids: Vec::new(),
-            stop: Vec::new(),
+            stop_token_ids: Arc::new([]),
+            stop: StopStrings::default(),
             include_stop_str_in_output: false,
             ignore_eos: false,
             logprobs: None,
             prompt_logprobs: None,
             logprob_token_ids: None,
-            bad_words_token_ids: Vec::new(),
-            logit_bias: Vec::new(),
+            bad_words_token_ids: Arc::new([]),
+            logit_bias: Arc::new([]),
             allowed_token_ids: None,
             skip_special_tokens: true,
             structured_outputs: None,
@@ -361,14 +428,14 @@ impl SamplingParams {
             .chain(
                 self.allowed_token_ids
                     .iter()
-                    .flatten()
+                    .flat_map(|a| a.iter())
                     .map(|&t| ("allowed_token_ids", t)),
             )
             .chain(self.logit_bias.iter().map(|&(t, _)| ("logit_bias", t)))
             .chain(
                 self.logprob_token_ids
                     .iter()
-                    .flatten()
+                    .flat_map(|a| a.iter())
                     .map(|&t| ("logprob_token_ids", t)),
             )
             .chain(
@@ -495,35 +562,35 @@ mod tests {
         for (p, field) in [
             (
                 SamplingParams {
-                    stop_token_ids: vec![3, 10],
+                    stop_token_ids: vec![3, 10].into(),
                     ..Default::default()
                 },
                 "stop_token_ids",
             ),
             (
                 SamplingParams {
-                    allowed_token_ids: Some(vec![10]),
+                    allowed_token_ids: Some(vec![10].into()),
                     ..Default::default()
                 },
                 "allowed_token_ids",
             ),
             (
                 SamplingParams {
-                    logit_bias: vec![(12, 1.0)],
+                    logit_bias: vec![(12, 1.0)].into(),
                     ..Default::default()
                 },
                 "logit_bias",
             ),
             (
                 SamplingParams {
-                    logprob_token_ids: Some(vec![0, 10]),
+                    logprob_token_ids: Some(vec![0, 10].into()),
                     ..Default::default()
                 },
                 "logprob_token_ids",
             ),
             (
                 SamplingParams {
-                    bad_words_token_ids: vec![vec![1, 99]],
+                    bad_words_token_ids: vec![vec![1, 99]].into(),
                     ..Default::default()
                 },
                 "bad_words",
@@ -585,6 +652,49 @@ mod tests {
         };
         assert!(p.validate().is_err());
         assert!(SamplingParams::greedy(4).validate().is_ok());
+    }
+
+    /// Issue 29 D5: the `n` samples of a request (and every layer's copy) share
+    /// its lists instead of copying them.
+    #[test]
+    fn clones_share_the_lists() {
+        let p = SamplingParams {
+            stop: (0..1000)
+                .map(|i| format!("s{i}"))
+                .collect::<Vec<_>>()
+                .into(),
+            stop_token_ids: (0..1000).collect::<Vec<u32>>().into(),
+            bad_words_token_ids: vec![vec![1, 2]; 1000].into(),
+            logit_bias: (0..1000).map(|t| (t, 1.0)).collect::<Vec<_>>().into(),
+            allowed_token_ids: Some((0..1000).collect::<Vec<u32>>().into()),
+            logprob_token_ids: Some((0..1000).collect::<Vec<u32>>().into()),
+            structured_outputs: Some(Arc::new(crate::StructuredOutputs::new(
+                crate::Constraint::Choice((0..1000).map(|i| i.to_string()).collect()),
+            ))),
+            ..Default::default()
+        };
+        let checked = p.clone().checked(2000).unwrap();
+        let mut sample = checked.clone();
+        sample.fill_defaults(3, 10);
+        for q in [&p, &*sample] {
+            assert!(q.stop.shares_with(&p.stop));
+            assert!(Arc::ptr_eq(&q.stop_token_ids, &p.stop_token_ids));
+            assert!(Arc::ptr_eq(&q.bad_words_token_ids, &p.bad_words_token_ids));
+            assert!(Arc::ptr_eq(&q.logit_bias, &p.logit_bias));
+            let same = |a: &Option<Arc<[u32]>>, b: &Option<Arc<[u32]>>| {
+                Arc::ptr_eq(a.as_ref().unwrap(), b.as_ref().unwrap())
+            };
+            assert!(same(&q.allowed_token_ids, &p.allowed_token_ids));
+            assert!(same(&q.logprob_token_ids, &p.logprob_token_ids));
+            let (a, b) = (&q.structured_outputs, &p.structured_outputs);
+            assert!(Arc::ptr_eq(a.as_ref().unwrap(), b.as_ref().unwrap()));
+        }
+        // The serde form is unchanged: plain lists.
+        let v = serde_json::to_value(&p).unwrap();
+        assert_eq!(v["stop"][1], "s1");
+        assert_eq!(v["logit_bias"][2], serde_json::json!([2, 1.0]));
+        let back: SamplingParams = serde_json::from_value(v).unwrap();
+        assert_eq!(back, p);
     }
 
     #[test]

@@ -119,6 +119,10 @@ pub struct ModelRunnerOutput {
     pub failed: Vec<(ReqHandle, String)>,
     /// Prompt logprobs of this step's prefill chunks, for requests that asked.
     pub prompt_logprobs: Vec<(ReqHandle, PromptLogprobsChunk)>,
+    /// Rows that reached their last token but were not sampled this step (a
+    /// structured-output mask that was late): the scheduler steps each back one
+    /// token, so the next step computes that token again and samples it.
+    pub deferred: Vec<ReqHandle>,
 }
 
 /// What the scheduler reports per request after a step: new tokens and, if it

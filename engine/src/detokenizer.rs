@@ -18,6 +18,12 @@
 //! prefix of some stop string is held back, so the client never sees any part of
 //! a stop string nor anything after it.
 //!
+//! Both come from the request's [`StopAutomaton`] (built once, shared by its `n`
+//! samples): each new byte of text is fed once, so the cost per token is bounded
+//! by its bytes (at most two automaton steps each, [`IncrementalDetokenizer::stop_steps`]),
+//! not by the number of stop strings. The tests keep the obvious scan over every
+//! stop string as the reference it must agree with.
+//!
 //! Without a stop match, the concatenation of every delta and of [`finish`]
 //! equals the decode of the output ids, less one trailing U+FFFD when the output
 //! ends inside an unfinished character. Token ids the tokenizer does not know
@@ -27,6 +33,7 @@
 
 use std::sync::Arc;
 
+use pagoda_core::{StopAutomaton, StopStrings};
 use tokenizers::Tokenizer;
 
 /// How many trailing prompt tokens seed the decode window (vLLM uses 5).
@@ -56,10 +63,14 @@ pub struct DetokDelta {
 pub struct IncrementalDetokenizer {
     tokenizer: Arc<Tokenizer>,
     skip_special_tokens: bool,
-    stop: Vec<String>,
+    /// The request's stop strings (shared with its other samples); `None` when
+    /// there is none to look for.
+    stop: Option<StopStrings>,
     include_stop_str_in_output: bool,
-    /// Longest stop string in bytes (0 without stop strings).
-    max_stop_len: usize,
+    /// The automaton's state after all of `text` (while no stop string matched).
+    stop_state: u32,
+    /// Automaton steps taken so far (transitions and failure hops).
+    stop_steps: u64,
     /// The decode window; it slides forward (dropping its front) as text is emitted.
     ids: Vec<u32>,
     /// `ids[..read_offset]` are the tokens whose text was already taken.
@@ -79,13 +90,13 @@ impl IncrementalDetokenizer {
         tokenizer: Arc<Tokenizer>,
         prompt_ids: &[u32],
         skip_special_tokens: bool,
-        stop: Vec<String>,
+        stop: StopStrings,
         include_stop_str_in_output: bool,
     ) -> Self {
         // Empty stop strings would match everywhere; SamplingParams::validate rejects
-        // them, and here they are simply ignored.
-        let stop: Vec<String> = stop.into_iter().filter(|s| !s.is_empty()).collect();
-        let max_stop_len = stop.iter().map(String::len).max().unwrap_or(0);
+        // them, and the automaton ignores them.
+        let stop = stop.iter().any(|s| !s.is_empty()).then_some(stop);
+        let stop_state = stop.as_ref().map_or(0, |s| s.automaton().start());
         let context = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_CONTEXT_TOKENS)..];
         // The prompt tail is only usable as context if it ends on a whole
         // character; otherwise the output's first bytes would merge with it.
@@ -98,7 +109,8 @@ impl IncrementalDetokenizer {
             skip_special_tokens,
             stop,
             include_stop_str_in_output,
-            max_stop_len,
+            stop_state,
+            stop_steps: 0,
             read_offset: ids.len(),
             ids,
             prefix_text,
@@ -180,6 +192,16 @@ impl IncrementalDetokenizer {
         self.stop_matched.as_deref()
     }
 
+    /// Automaton steps spent looking for stop strings so far: at most twice the
+    /// bytes of text produced, however many stop strings there are.
+    pub fn stop_steps(&self) -> u64 {
+        self.stop_steps
+    }
+
+    fn automaton(&self) -> Option<&StopAutomaton> {
+        self.stop.as_ref().map(|s| s.automaton())
+    }
+
     fn decode(&self, ids: &[u32]) -> Result<String, DetokError> {
         self.tokenizer
             .decode(ids, self.skip_special_tokens)
@@ -194,31 +216,22 @@ impl IncrementalDetokenizer {
     fn append(&mut self, chunk: &str) -> bool {
         let old_len = self.text.len();
         self.text.push_str(chunk);
-        if self.max_stop_len == 0 || chunk.is_empty() {
+        let Some(stop) = self.stop.as_ref() else {
             return false;
-        }
-        // A match must end in the new text, so it starts at most max_stop_len - 1
-        // bytes before it.
-        let from = floor_char_boundary(&self.text, old_len.saturating_sub(self.max_stop_len - 1));
-        let haystack = &self.text[from..];
-        let best = self
-            .stop
-            .iter()
-            .filter_map(|s| {
-                let mut hits = haystack
-                    .match_indices(s.as_str())
-                    .map(|(pos, _)| from + pos);
-                hits.find(|start| start + s.len() > old_len)
-                    .map(|start| (start, s))
-            })
-            .min_by_key(|(start, s)| (start + s.len(), *start));
-        let Some((start, s)) = best else { return false };
-        let cut = if self.include_stop_str_in_output {
-            start + s.len()
-        } else {
-            start
         };
-        let s = s.clone();
+        // Only the new bytes are fed: the state carries what came before.
+        let hit =
+            stop.automaton()
+                .feed(&mut self.stop_state, chunk.as_bytes(), &mut self.stop_steps);
+        let Some((end, idx)) = hit else { return false };
+        // A stop string is whole characters, so both ends are char boundaries.
+        let end = old_len + end;
+        let s = stop[idx].clone();
+        let cut = if self.include_stop_str_in_output {
+            end
+        } else {
+            end - s.len()
+        };
         // Held-back text guarantees cut >= emitted; the max keeps slicing safe.
         self.text.truncate(cut.max(self.emitted));
         self.stop_matched = Some(s);
@@ -229,24 +242,14 @@ impl IncrementalDetokenizer {
     /// still grow into a stop string.
     fn safe_end(&self) -> usize {
         let len = self.text.len();
-        if self.stop_matched.is_some() || self.include_stop_str_in_output || self.max_stop_len == 0
-        {
+        if self.stop_matched.is_some() || self.include_stop_str_in_output {
             return len;
         }
-        let lowest = floor_char_boundary(&self.text, len.saturating_sub(self.max_stop_len - 1))
-            .max(self.emitted);
-        // Ascending start finds the longest suffix that is a proper stop prefix.
-        for (i, _) in self.text[lowest..].char_indices() {
-            let tail = &self.text[lowest + i..];
-            if self
-                .stop
-                .iter()
-                .any(|s| s.len() > tail.len() && s.starts_with(tail))
-            {
-                return lowest + i;
-            }
-        }
-        len
+        let Some(a) = self.automaton() else {
+            return len;
+        };
+        // The held tail starts where a stop string starts: a char boundary.
+        (len - a.held_len(self.stop_state)).max(self.emitted)
     }
 
     fn take(&mut self, end: usize) -> String {
@@ -281,4 +284,131 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
         i -= 1;
     }
     i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The obvious stop-string logic the automaton replaced, kept as the
+    /// reference: after `chunk` is appended to `text`, every stop string is
+    /// searched in the window where a match could end in the new text; the
+    /// earliest end wins (ties: the longer). Returns the match's (start, string).
+    fn slow_match(text: &str, old_len: usize, stop: &[String]) -> Option<(usize, String)> {
+        let max_len = stop.iter().map(String::len).max().unwrap_or(0);
+        if max_len == 0 || text.len() == old_len {
+            return None;
+        }
+        let from = floor_char_boundary(text, old_len.saturating_sub(max_len - 1));
+        let haystack = &text[from..];
+        stop.iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| {
+                haystack
+                    .match_indices(s.as_str())
+                    .map(|(pos, _)| from + pos)
+                    .find(|start| start + s.len() > old_len)
+                    .map(|start| (start, s))
+            })
+            .min_by_key(|(start, s)| (start + s.len(), *start))
+            .map(|(start, s)| (start, s.clone()))
+    }
+
+    /// The reference's held-back tail: the longest suffix starting at or after
+    /// `emitted` that is a proper prefix of some stop string.
+    fn slow_safe_end(text: &str, emitted: usize, stop: &[String]) -> usize {
+        let max_len = stop.iter().map(String::len).max().unwrap_or(0);
+        if max_len == 0 {
+            return text.len();
+        }
+        let lowest = floor_char_boundary(text, text.len().saturating_sub(max_len - 1)).max(emitted);
+        for (i, _) in text[lowest..].char_indices() {
+            let tail = &text[lowest + i..];
+            if stop
+                .iter()
+                .any(|s| s.len() > tail.len() && s.starts_with(tail))
+            {
+                return lowest + i;
+            }
+        }
+        text.len()
+    }
+
+    fn detok(stop: &[String], include: bool) -> IncrementalDetokenizer {
+        let tok = Tokenizer::new(tokenizers::models::bpe::BPE::default());
+        IncrementalDetokenizer::new(Arc::new(tok), &[], true, stop.to_vec().into(), include)
+    }
+
+    /// Feeds text chunks to the real detokenizer's stop logic and to the
+    /// reference side by side; every delta and the match must agree.
+    fn compare(stop: &[String], chunks: &[String], include: bool) -> Result<(), TestCaseError> {
+        let mut d = detok(stop, include);
+        let (mut text, mut emitted, mut fed) = (String::new(), 0, 0);
+        for c in chunks {
+            fed += c.len();
+            let matched = d.append(c);
+            let end = d.safe_end();
+            let fast = d.take(end);
+            // Reference.
+            let old_len = text.len();
+            text.push_str(c);
+            let slow = slow_match(&text, old_len, stop);
+            if let Some((start, s)) = &slow {
+                let cut = if include { start + s.len() } else { *start };
+                text.truncate(cut.max(emitted));
+            }
+            let end = if slow.is_some() || include {
+                text.len()
+            } else {
+                slow_safe_end(&text, emitted, stop)
+            };
+            let want = text[emitted..end].to_string();
+            emitted = end;
+            prop_assert_eq!(&fast, &want);
+            prop_assert_eq!(matched, slow.is_some());
+            prop_assert_eq!(d.stop_matched(), slow.as_ref().map(|(_, s)| s.as_str()));
+            if matched {
+                break;
+            }
+        }
+        prop_assert!(d.stop_steps() <= 2 * fed as u64);
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn stop_logic_matches_the_obvious_scan(
+            stop in prop::collection::vec("[ab é😀]{0,5}", 0..5),
+            chunks in prop::collection::vec("[ab é😀c]{0,6}", 0..12),
+            include in any::<bool>(),
+        ) {
+            compare(&stop, &chunks, include)?;
+        }
+    }
+
+    #[test]
+    fn many_stop_strings_cost_steps_per_byte_not_per_string() {
+        // 2000 stop strings; text that keeps almost matching them.
+        let stop: Vec<String> = (0..2000).map(|i| format!("xy{i:04}z")).collect();
+        let mut d = detok(&stop, false);
+        let mut total = 0;
+        for i in 0..500 {
+            let chunk = format!("xy{:04} ", i * 7);
+            total += chunk.len();
+            assert!(!d.append(&chunk));
+            let end = d.safe_end();
+            d.take(end);
+        }
+        // The old scan looked at every string for each chunk: ~2000 x 500 searches.
+        assert!(
+            d.stop_steps() <= 2 * total as u64,
+            "{} steps",
+            d.stop_steps()
+        );
+        assert!(d.append("xy0003z"));
+        assert_eq!(d.stop_matched(), Some("xy0003z"));
+    }
 }

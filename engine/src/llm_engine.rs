@@ -127,13 +127,13 @@ fn check_something_samplable(params: &SamplingParams, info: &ModelInfo) -> Resul
     } else {
         params.stop_token_ids.len() + eos.len()
     };
-    let candidates = params.allowed_token_ids.as_ref().map_or(vocab, Vec::len);
+    let candidates = params.allowed_token_ids.as_ref().map_or(vocab, |a| a.len());
     if held_back < candidates {
         return Ok(());
     }
     // Which tokens could be sampled: the allowed ones (or all), less those held back.
     let mut masked = vec![params.allowed_token_ids.is_some(); vocab];
-    for &t in params.allowed_token_ids.iter().flatten() {
+    for &t in params.allowed_token_ids.iter().flat_map(|a| a.iter()) {
         masked[t as usize] = false;
     }
     if params.min_tokens > 0 {
@@ -197,6 +197,7 @@ impl LLMEngine {
             core.set_fault_injection(Some(crate::runner::FaultInjection {
                 sampler_error: prefix(&f.sampler_error_prompt)?,
                 panic: prefix(&f.panic_prompt)?,
+                slow_mask: None,
             }));
         }
         let structured = Arc::new(SharedCompiler::new(
@@ -238,6 +239,10 @@ impl LLMEngine {
     }
     pub fn core(&self) -> &EngineCore {
         &self.core
+    }
+    /// The engine core, mutably (tests arm its fault injection).
+    pub fn core_mut(&mut self) -> &mut EngineCore {
+        &mut self.core
     }
     /// The structured-output compiler (shared with [`crate::EngineHandle`], which
     /// compiles on the caller's thread).

@@ -8,23 +8,27 @@
 //! running ones only bring new block ids, finished and preempted ones are dropped.
 //! Batch buffers are reused across steps so the hot path does not allocate once warm.
 //!
-//! Structured outputs: the grammars of constrained requests live here, keyed by
-//! request handle, from `add_grammar` until the request finishes (preemption keeps
-//! them). Each step their masks are computed on the [`MaskWorker`] while the model
-//! runs, applied to the logits before sampling, and the sampled tokens advance them
-//! (see [`crate::structured`]).
+//! Structured outputs: the grammars of constrained requests live here (in
+//! [`Masks`]), keyed by request handle, from `add_grammar` until the request
+//! finishes (preemption keeps them). Each step their masks are computed on the
+//! mask threads while the model runs, applied to the logits before sampling, and
+//! the sampled tokens advance them (see [`crate::structured`]). A row whose mask
+//! is late is deferred: not sampled, reported in
+//! [`ModelRunnerOutput::deferred`] so that the scheduler runs its last token again
+//! (see [`crate::structured::masks`] for the bound this gives every step).
 
 use crate::prompt_logprobs;
 use crate::runner_model::RunnerModel;
 use crate::sampler::{is_plain_greedy, RowResult, SampleInput, Sampler, SamplerError};
-use crate::structured::{apply_mask, Grammar, MaskJob, MaskStats, MaskWorker};
+use crate::structured::{
+    apply_mask, Grammar, MaskRow, MaskStats, Masks, RowMask, MASK_WAIT_FRACTION, MIN_MASK_WAIT,
+};
 use crate::EngineError;
 use pagoda_core::{
     AttentionBackend, BatchDescriptor, CheckedParams, GraphLimits, KvCache, ModelRunnerOutput,
     PromptLogprobsChunk, ReqHandle, RequestId, SchedulerOutput,
 };
-use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Test-only fault injection, armed by `pagoda serve --debug-inject-fault` in
 /// debug builds: a request whose prompt starts with one of these token sequences
@@ -36,6 +40,9 @@ pub struct FaultInjection {
     pub sampler_error: Option<Vec<u32>>,
     /// Prompt prefix that panics the runner.
     pub panic: Option<Vec<u32>>,
+    /// Prompt prefix whose grammar masks take this much longer to compute (an
+    /// expensive grammar, reproducibly).
+    pub slow_mask: Option<(Vec<u32>, Duration)>,
 }
 
 impl FaultInjection {
@@ -108,13 +115,14 @@ pub struct ModelRunner {
     greedy_ids: Vec<u32>,
     batch: BatchDescriptor,
     faults: Option<FaultInjection>,
-    /// Grammars of constrained requests, by request handle.
-    grammars: HashMap<ReqHandle, Box<Grammar>>,
-    /// Started at the first constrained step.
-    mask_worker: Option<MaskWorker>,
-    mask_stats: MaskStats,
+    /// Grammars of constrained requests and their masks in flight.
+    masks: Masks,
+    /// This step's constrained rows (a reused buffer).
+    mask_rows: Vec<MaskRow>,
     /// Per sampled row: why its grammar failed this step.
     grammar_errors: Vec<Option<String>>,
+    /// Per sampled row: deferred to a later step (its mask was late).
+    deferred: Vec<bool>,
 }
 
 impl ModelRunner {
@@ -143,32 +151,32 @@ impl ModelRunner {
             greedy_ids: Vec::new(),
             batch: BatchDescriptor::default(),
             faults: None,
-            grammars: HashMap::new(),
-            mask_worker: None,
-            mask_stats: MaskStats::default(),
+            masks: Masks::new(),
+            mask_rows: Vec::new(),
             grammar_errors: Vec::new(),
+            deferred: Vec::new(),
         }
     }
 
     /// Attaches a compiled grammar to a request (before it is first scheduled); it
     /// is dropped when the request finishes.
     pub fn add_grammar(&mut self, handle: ReqHandle, grammar: Grammar) {
-        self.grammars.insert(handle, Box::new(grammar));
+        self.masks.add(handle, grammar);
     }
 
     /// Drops a request's grammar (it finished or was aborted).
     pub fn drop_grammar(&mut self, handle: ReqHandle) {
-        self.grammars.remove(&handle);
+        self.masks.remove(handle);
     }
 
     /// Requests holding a grammar.
     pub fn num_grammars(&self) -> usize {
-        self.grammars.len()
+        self.masks.len()
     }
 
     /// Cumulative mask timings (per-row compute time, time the step waited).
     pub fn mask_stats(&self) -> MaskStats {
-        self.mask_stats
+        self.masks.stats()
     }
 
     /// How many times the device forward's buffers were allocated (`None` on the CPU).
@@ -238,8 +246,8 @@ impl ModelRunner {
         }
         // A preempted request keeps its grammar: it follows the generated tokens,
         // which the recompute does not change.
-        for h in &sched_out.finished_reqs {
-            self.grammars.remove(h);
+        for &h in &sched_out.finished_reqs {
+            self.masks.remove(h);
         }
         for r in &sched_out.scheduled_new_reqs {
             let seed = r.sampling_params.seed.unwrap_or(0);
@@ -313,7 +321,7 @@ impl ModelRunner {
                 let Some(st) = self.state(h) else {
                     return false;
                 };
-                !self.grammars.contains_key(&h)
+                !self.masks.contains(h)
                     && is_plain_greedy(&SampleInput {
                         params: &st.params,
                         prompt_ids: &st.token_ids[..st.num_prompt_tokens],
@@ -325,71 +333,70 @@ impl ModelRunner {
     }
 
     /// Hands the grammars of this step's constrained sampled rows to the mask
-    /// worker (started on first use).
+    /// threads (started on first use).
     fn start_masks(&mut self, sched_out: &SchedulerOutput) -> Result<(), EngineError> {
         self.grammar_errors.clear();
         self.grammar_errors.resize(self.sample_rows.len(), None);
-        if self.grammars.is_empty() {
+        self.deferred.clear();
+        self.deferred.resize(self.sample_rows.len(), false);
+        if self.masks.is_empty() {
             return Ok(());
         }
-        let mut job = MaskJob::default();
+        self.mask_rows.clear();
         for (k, &i) in self.sample_rows.iter().enumerate() {
             let h = sched_out.num_scheduled_tokens[i].0;
-            let Some(g) = self.grammars.remove(&h) else {
-                continue;
-            };
-            let generated = self
-                .state(h)
-                .map_or(0, |st| st.token_ids.len() - st.num_prompt_tokens);
-            if g.num_consumed() != generated {
-                self.grammar_errors[k] = Some(format!(
-                    "structured outputs: the grammar consumed {} tokens but {generated} were generated",
-                    g.num_consumed()
-                ));
-                self.grammars.insert(h, g);
+            if !self.masks.contains(h) {
                 continue;
             }
-            job.rows.push((k, g));
+            let Some(st) = self.state(h) else { continue };
+            let delay = match self.faults.as_ref().and_then(|f| f.slow_mask.as_ref()) {
+                Some((prefix, d)) if st.token_ids.starts_with(prefix) => *d,
+                _ => Duration::ZERO,
+            };
+            self.mask_rows.push(MaskRow {
+                k,
+                handle: h,
+                generated: st.token_ids.len() - st.num_prompt_tokens,
+                delay,
+            });
         }
-        if job.rows.is_empty() {
-            return Ok(());
-        }
-        let worker = match &mut self.mask_worker {
-            Some(w) => w,
-            None => self.mask_worker.insert(MaskWorker::new()?),
-        };
-        worker.submit(job)
+        self.masks.start(&self.mask_rows, &mut self.grammar_errors)
     }
 
-    /// Joins the mask worker, applies the masks to the logits (when `apply`) and
-    /// puts the grammars back.
+    /// Waits for the masks within the step's bound (none when the forward pass
+    /// failed: nothing is sampled then), applies the ready ones to the logits and
+    /// marks the late rows deferred.
     fn finish_masks(
         &mut self,
         sched_out: &SchedulerOutput,
-        apply: bool,
+        forward_time: Option<Duration>,
     ) -> Result<(), EngineError> {
-        let Some(worker) = self.mask_worker.as_mut().filter(|w| w.in_flight()) else {
+        if !self.masks.has_rows() {
             return Ok(());
-        };
-        let t0 = Instant::now();
-        let job = worker.wait()?;
-        let t1 = Instant::now();
-        self.mask_stats.wait += t1 - t0;
-        self.mask_stats.compute += job.compute;
-        self.mask_stats.num_masks += job.rows.len() as u64;
-        let vocab = self.sampler.vocab_size();
-        for ((k, g), mask) in job.rows.into_iter().zip(job.masks) {
-            if apply {
-                // Sampled rows come first in the logits buffer, in `sample_rows` order.
-                match mask {
-                    Ok(m) => apply_mask(&mut self.logits[k * vocab..(k + 1) * vocab], &m),
-                    Err(e) => self.grammar_errors[k] = Some(e),
-                }
-            }
-            let h = sched_out.num_scheduled_tokens[self.sample_rows[k]].0;
-            self.grammars.insert(h, g);
         }
-        self.mask_stats.apply += t1.elapsed();
+        // Rows that do not wait on a mask: those the bound protects. A step whose
+        // every row waits has no one to protect and waits for them all.
+        let others = sched_out.num_scheduled_tokens.len() - self.masks.num_pending();
+        let deadline = match forward_time {
+            None => Some(Instant::now()),
+            Some(_) if others == 0 => None,
+            Some(f) => Some(Instant::now() + f.mul_f64(MASK_WAIT_FRACTION).max(MIN_MASK_WAIT)),
+        };
+        let rows = self.masks.finish(deadline)?;
+        let t0 = Instant::now();
+        let vocab = self.sampler.vocab_size();
+        for (k, m) in rows {
+            match m {
+                // Sampled rows come first in the logits buffer, in `sample_rows` order.
+                RowMask::Ready(Ok(m)) if forward_time.is_some() => {
+                    apply_mask(&mut self.logits[k * vocab..(k + 1) * vocab], &m)
+                }
+                RowMask::Ready(Ok(_)) => {}
+                RowMask::Ready(Err(e)) => self.grammar_errors[k] = Some(e),
+                RowMask::Deferred => self.deferred[k] = true,
+            }
+        }
+        self.masks.add_apply_time(t0.elapsed());
         Ok(())
     }
 
@@ -473,12 +480,13 @@ impl ModelRunner {
             )
             .map_err(EngineError::from)?;
         drop(rows);
-        // Grammar masks are computed on the worker while the model runs.
+        // Grammar masks are computed on the mask threads while the model runs.
         self.start_masks(sched_out)?;
         let greedy = self.model.is_device() && self.all_plain_greedy(sched_out);
+        let t_forward = Instant::now();
         let forward = self.forward(greedy);
-        // Joined even when the forward pass failed, so no grammar is lost.
-        let masks = self.finish_masks(sched_out, forward.is_ok());
+        let forward_time = forward.is_ok().then(|| t_forward.elapsed());
+        let masks = self.finish_masks(sched_out, forward_time);
         let on_device_ids = forward?;
         masks?;
 
@@ -521,6 +529,11 @@ impl ModelRunner {
             let Some(st) = self.requests[h.index as usize].as_mut() else {
                 continue;
             };
+            if self.deferred[k] {
+                // Sampled at a later step, with its mask; whatever this row drew is dropped.
+                out.deferred.push(h);
+                continue;
+            }
             let row = match &self.faults {
                 Some(f) => f.apply(&st.token_ids, row),
                 None => row,
@@ -529,14 +542,12 @@ impl ModelRunner {
                 Some(e) => Err(e),
                 None => row.map_err(|e| format!("cannot sample: {e}")),
             };
-            let row = match (row, self.grammars.get_mut(&h)) {
-                (Ok((tok, lp)), Some(g)) => {
-                    let t0 = Instant::now();
-                    let r = g.accept(tok).map(|()| (tok, lp));
-                    self.mask_stats.apply += t0.elapsed();
-                    r
-                }
-                (row, _) => row,
+            let row = match row {
+                Ok((tok, lp)) => match self.masks.accept(h, tok) {
+                    Some(r) => r.map(|()| (tok, lp)),
+                    None => Ok((tok, lp)),
+                },
+                row => row,
             };
             match row {
                 Ok((tok, lp)) => {
@@ -554,6 +565,12 @@ impl ModelRunner {
         for &(h, n) in &sched_out.num_scheduled_tokens {
             if let Some(Some(st)) = self.requests.get_mut(h.index as usize) {
                 st.num_computed_tokens += n;
+            }
+        }
+        // A deferred row's last token is scheduled again (the scheduler rolls back too).
+        for &h in &out.deferred {
+            if let Some(Some(st)) = self.requests.get_mut(h.index as usize) {
+                st.num_computed_tokens -= 1;
             }
         }
         self.collect_prompt_logprobs(sched_out, num_sample_rows, &mut out);

@@ -338,7 +338,7 @@ fn process_logits(logits: &mut [f32], input: &SampleInput<'_>, scratch: &mut Scr
             logits[t as usize] = l;
         }
     }
-    for w in &p.bad_words_token_ids {
+    for w in p.bad_words_token_ids.iter() {
         // vLLM: a bad word's last token is banned when the output ends with the
         // rest of the word (a one-token word is always banned).
         if let Some((&last, prefix)) = w.split_last() {
@@ -347,13 +347,13 @@ fn process_logits(logits: &mut [f32], input: &SampleInput<'_>, scratch: &mut Scr
             }
         }
     }
-    for &(t, b) in &p.logit_bias {
+    for &(t, b) in p.logit_bias.iter() {
         logits[t as usize] += b;
     }
     if input.output_ids.len() < p.min_tokens {
         let eos: &[u32] = if p.ignore_eos { &[] } else { input.eos_ids };
         // Out-of-range stop ids can never be sampled anyway, so they are skipped.
-        for &t in eos.iter().chain(&p.stop_token_ids) {
+        for &t in eos.iter().chain(p.stop_token_ids.iter()) {
             if let Some(l) = logits.get_mut(t as usize) {
                 *l = f32::NEG_INFINITY;
             }

@@ -12,10 +12,11 @@
 //!   under a deadline and llguidance's fuel and size limits ([`CompileLimits`]),
 //!   cancelled when the client goes; the first mask is computed there too, so a
 //!   constraint that cannot start is refused before it is queued.
-//! * Each step the model runner hands the constrained rows' grammars to the
-//!   [`MaskWorker`], a dedicated thread (not the rayon pool the forward pass uses)
-//!   that computes their allowed-token bitmasks while the model runs, as vLLM does;
-//!   the runner joins it after the forward pass, [`apply_mask`] sets every
+//! * Each step the model runner hands the constrained rows' grammars to
+//!   [`Masks`], a small pool of mask threads (not the rayon pool the forward pass
+//!   uses) that computes their allowed-token bitmasks while the model runs, as vLLM
+//!   does; after the forward pass the runner waits for them within a bound (late
+//!   rows are deferred to a later step, see [`masks`]), [`apply_mask`] sets every
 //!   disallowed logit to `-inf`, and after sampling [`Grammar::accept`] advances the
 //!   matcher by the sampled token.
 //! * A grammar lives as long as its request inside the engine: preemption keeps it
@@ -27,6 +28,9 @@
 pub mod bounds;
 pub mod compile;
 mod gbnf;
+pub mod masks;
+
+pub use masks::{MaskRow, MaskStats, Masks, RowMask, MASK_WAIT_FRACTION, MIN_MASK_WAIT};
 
 use crate::EngineError;
 pub use compile::{CompileLimits, CompileStats, CompileTicket};
@@ -35,9 +39,8 @@ use llguidance::toktrie::SimpleVob;
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
 use pagoda_core::{Constraint, StructuredOutputs};
 use serde_json::{json, Value};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 /// Compiles constraints for one tokenizer and vocabulary.
 pub struct GrammarCompiler {
@@ -457,116 +460,6 @@ impl SharedCompiler {
     /// Compiles `spec` on the compile pool and waits for it on this thread.
     pub fn compile(&self, spec: &StructuredOutputs) -> Result<Grammar, EngineError> {
         self.submit(spec)?.wait_blocking()
-    }
-}
-
-/// One step's mask work: the grammars of the constrained rows (with their row in
-/// the sampled batch), and after the worker ran, one mask per grammar.
-#[derive(Default)]
-pub struct MaskJob {
-    pub rows: Vec<(usize, Box<Grammar>)>,
-    pub masks: Vec<Result<SimpleVob, String>>,
-    /// Time the worker spent computing the masks.
-    pub compute: Duration,
-}
-
-/// Cumulative mask statistics of a runner.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct MaskStats {
-    /// Masks computed (one per constrained row per sampled step).
-    pub num_masks: u64,
-    /// Worker time spent computing them.
-    pub compute: Duration,
-    /// Time the step waited for the worker after the forward pass (the part of
-    /// the mask work the forward pass did not hide).
-    pub wait: Duration,
-    /// Time the step spent applying the masks to the logits and advancing the
-    /// grammars by the sampled tokens (on the engine thread, not overlapped).
-    pub apply: Duration,
-}
-
-impl MaskStats {
-    /// Mean worker time per mask.
-    pub fn per_mask(&self) -> Duration {
-        if self.num_masks == 0 {
-            Duration::ZERO
-        } else {
-            self.compute / self.num_masks as u32
-        }
-    }
-}
-
-/// A dedicated thread computing grammar masks while the model's forward pass runs.
-pub struct MaskWorker {
-    jobs: Option<mpsc::Sender<MaskJob>>,
-    done: mpsc::Receiver<MaskJob>,
-    thread: Option<JoinHandle<()>>,
-    in_flight: bool,
-}
-
-impl MaskWorker {
-    pub fn new() -> Result<Self, EngineError> {
-        let (jtx, jrx) = mpsc::channel::<MaskJob>();
-        let (dtx, drx) = mpsc::channel::<MaskJob>();
-        let thread = std::thread::Builder::new()
-            .name("pagoda-mask".into())
-            .spawn(move || {
-                for mut job in jrx {
-                    let t0 = Instant::now();
-                    job.masks.clear();
-                    for (_, g) in job.rows.iter_mut() {
-                        job.masks.push(g.compute_mask());
-                    }
-                    job.compute = t0.elapsed();
-                    if dtx.send(job).is_err() {
-                        break;
-                    }
-                }
-            })
-            .map_err(|e| EngineError::Fault {
-                message: format!("cannot start the mask worker thread: {e}"),
-            })?;
-        Ok(MaskWorker {
-            jobs: Some(jtx),
-            done: drx,
-            thread: Some(thread),
-            in_flight: false,
-        })
-    }
-
-    /// Starts computing `job`'s masks; [`MaskWorker::wait`] returns them.
-    pub fn submit(&mut self, job: MaskJob) -> Result<(), EngineError> {
-        debug_assert!(!self.in_flight, "one mask job at a time");
-        self.jobs
-            .as_ref()
-            .and_then(|tx| tx.send(job).ok())
-            .ok_or_else(|| EngineError::Fault {
-                message: "the mask worker thread is gone".into(),
-            })?;
-        self.in_flight = true;
-        Ok(())
-    }
-
-    /// Whether a job was submitted and not yet collected.
-    pub fn in_flight(&self) -> bool {
-        self.in_flight
-    }
-
-    /// Blocks until the submitted job is done.
-    pub fn wait(&mut self) -> Result<MaskJob, EngineError> {
-        self.in_flight = false;
-        self.done.recv().map_err(|_| EngineError::Fault {
-            message: "the mask worker thread died".into(),
-        })
-    }
-}
-
-impl Drop for MaskWorker {
-    fn drop(&mut self) {
-        self.jobs = None; // ends the worker's loop
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

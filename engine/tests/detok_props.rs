@@ -125,7 +125,10 @@ fn detok(prompt: &[u32], skip: bool, stop: &[&str], include: bool) -> Incrementa
         tokenizer(),
         prompt,
         skip,
-        stop.iter().map(|s| s.to_string()).collect(),
+        stop.iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .into(),
         include,
     )
 }
@@ -376,7 +379,7 @@ proptest! {
         sizes in prop::collection::vec(1usize..5, 1..4),
         skip in any::<bool>(),
     ) {
-        let mut d = IncrementalDetokenizer::new(tokenizer(), &prompt, skip, vec![], false);
+        let mut d = IncrementalDetokenizer::new(tokenizer(), &prompt, skip, Default::default(), false);
         let mut text = String::new();
         for c in chunks(&ids, &sizes) {
             let delta = d.push(c).unwrap();
@@ -405,7 +408,7 @@ proptest! {
         skip in any::<bool>(),
         include in any::<bool>(),
     ) {
-        let mut d = IncrementalDetokenizer::new(tokenizer(), &[], skip, stops.clone(), include);
+        let mut d = IncrementalDetokenizer::new(tokenizer(), &[], skip, stops.clone().into(), include);
         let mut text = String::new();
         let mut matched = None;
         for c in chunks(&ids, &sizes) {

@@ -43,7 +43,11 @@ fn run(
     stop: &[&str],
     include: bool,
 ) -> (String, Option<String>) {
-    let stop = stop.iter().map(|s| s.to_string()).collect();
+    let stop = stop
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .into();
     let mut d = IncrementalDetokenizer::new(tokenizer(), prompt, skip, stop, include);
     let mut text = String::new();
     for &t in ids {
@@ -136,7 +140,7 @@ proptest! {
         if want.ends_with('\u{FFFD}') {
             want.pop();
         }
-        let mut d = IncrementalDetokenizer::new(tokenizer(), &prompt, skip, vec![], false);
+        let mut d = IncrementalDetokenizer::new(tokenizer(), &prompt, skip, Default::default(), false);
         let mut got = String::new();
         for &t in &ids {
             got.push_str(&d.push(&[t]).unwrap().text);

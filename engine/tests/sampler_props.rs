@@ -44,7 +44,7 @@ struct RefResult {
 /// vLLM's bad-words rule, spelt out: the output's last `len - 1` tokens equal the
 /// word's first `len - 1`.
 fn ban_bad_words(l: &mut [f32], case: &Case) {
-    for w in &case.params.bad_words_token_ids {
+    for w in case.params.bad_words_token_ids.iter() {
         let k = w.len() - 1;
         let out = &case.output;
         if out.len() >= k && out[out.len() - k..] == w[..k] {
@@ -59,11 +59,11 @@ fn reference(logits: &[f32], case: &Case, u: f64) -> RefResult {
     let v = logits.len();
     let mut l = logits.to_vec();
     ban_bad_words(&mut l, case);
-    for &(t, b) in &p.logit_bias {
+    for &(t, b) in p.logit_bias.iter() {
         l[t as usize] += b;
     }
     if case.output.len() < p.min_tokens {
-        let mut stops: Vec<u32> = p.stop_token_ids.clone();
+        let mut stops: Vec<u32> = p.stop_token_ids.to_vec();
         if !p.ignore_eos {
             stops.extend(&case.eos);
         }
@@ -244,13 +244,13 @@ fn case_strategy(vocab: usize) -> impl Strategy<Value = Case> {
                     repetition_penalty: rep,
                     frequency_penalty: fr,
                     presence_penalty: pr,
-                    logit_bias: bias,
+                    logit_bias: bias.into(),
                     min_tokens,
                     ignore_eos,
                     logprobs,
-                    stop_token_ids: stop_ids,
-                    bad_words_token_ids: bad_words,
-                    logprob_token_ids: logprob_ids,
+                    stop_token_ids: stop_ids.into(),
+                    bad_words_token_ids: bad_words.into(),
+                    logprob_token_ids: logprob_ids.map(Into::into),
                     ..Default::default()
                 },
                 prompt,
@@ -271,7 +271,7 @@ fn row_and_case(vocab: std::ops::Range<usize>) -> impl Strategy<Value = (Vec<f32
 fn all_masked_after_processing(logits: &[f32], case: &Case) -> bool {
     let mut l = logits.to_vec();
     ban_bad_words(&mut l, case);
-    for &(t, b) in &case.params.logit_bias {
+    for &(t, b) in case.params.logit_bias.iter() {
         l[t as usize] += b;
     }
     if case.output.len() < case.params.min_tokens {
@@ -334,7 +334,7 @@ proptest! {
         prop_assume!(masked.iter().any(|x| x.is_finite()));
         prop_assume!(!all_masked_after_processing(&masked, &plain));
         let with = Case {
-            params: SamplingParams { allowed_token_ids: Some(allowed), ..case.params.clone() },
+            params: SamplingParams { allowed_token_ids: Some(allowed.into()), ..case.params.clone() },
             ..case.clone()
         };
         let (t1, p1, lp1) = sample_one(&logits, &with);
@@ -508,7 +508,7 @@ fn min_tokens_masks_eos_and_stop_ids_until_reached() {
     let mut params = SamplingParams {
         temperature: 0.0,
         min_tokens: 2,
-        stop_token_ids: vec![2],
+        stop_token_ids: vec![2].into(),
         ..Default::default()
     };
     let eos = [1u32];
@@ -606,7 +606,7 @@ fn bad_input_is_an_error_not_a_panic() {
     // Parameters naming tokens outside the vocabulary, or out of bounds, cannot
     // reach the sampler: they are refused where the request is checked...
     let bias = SamplingParams {
-        logit_bias: vec![(4, 1.0)],
+        logit_bias: vec![(4, 1.0)].into(),
         ..Default::default()
     };
     assert!(bias.clone().checked(4).is_err());
@@ -661,7 +661,7 @@ fn bad_words_ban_the_last_token_after_the_prefix() {
     let mut case = Case {
         params: SamplingParams {
             temperature: 0.0,
-            bad_words_token_ids: vec![vec![3, 4]],
+            bad_words_token_ids: vec![vec![3, 4]].into(),
             ..Default::default()
         },
         prompt: vec![1],
@@ -672,7 +672,7 @@ fn bad_words_ban_the_last_token_after_the_prefix() {
     assert_eq!(sample_one(&logits, &case).0, 4);
     case.output = vec![2, 3];
     assert_eq!(sample_one(&logits, &case).0, 5);
-    case.params.bad_words_token_ids.push(vec![5]);
+    case.params.bad_words_token_ids = vec![vec![3, 4], vec![5]].into();
     let (tok, processed, _) = sample_one(&logits, &case);
     assert!(tok < 4 && processed[4] == f32::NEG_INFINITY && processed[5] == f32::NEG_INFINITY);
 }
@@ -683,7 +683,7 @@ fn logprob_token_ids_report_exactly_those_tokens() {
     let case = Case {
         params: SamplingParams {
             temperature: 0.0,
-            logprob_token_ids: Some(vec![3, 0]),
+            logprob_token_ids: Some(vec![3, 0].into()),
             ..Default::default()
         },
         prompt: vec![1],

@@ -557,6 +557,15 @@ impl Scheduler {
         let mut outputs = Vec::with_capacity(sched.num_scheduled_tokens.len());
         let caching = self.config.enable_prefix_caching;
         let bs = self.config.block_size;
+        for &h in &runner.deferred {
+            // Not sampled this step: its last token is computed again (same KV, same
+            // logits) at the next one, which samples it.
+            let Some(idx) = self.live(h) else { continue };
+            let req = self.entries[idx as usize].as_mut().expect("live");
+            if req.status == RequestStatus::Running && req.num_computed_tokens == req.num_tokens() {
+                req.num_computed_tokens -= 1;
+            }
+        }
         for (i, &(h, _)) in sched.num_scheduled_tokens.iter().enumerate() {
             let Some(idx) = self.live(h) else { continue };
             // The runner answers in the same order; search only if it does not.

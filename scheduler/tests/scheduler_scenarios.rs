@@ -60,6 +60,7 @@ fn one_token(s: &Scheduler, id: &str, tok: u32) -> ModelRunnerOutput {
         logprobs: vec![None],
         failed: Vec::new(),
         prompt_logprobs: Vec::new(),
+        deferred: Vec::new(),
     }
 }
 
@@ -209,7 +210,7 @@ fn stop_reasons_from_update() {
 
     // Stop token 42 among [10, 42, 12]: stops at 42 with outputs [10, 42].
     let p = SamplingParams {
-        stop_token_ids: vec![42],
+        stop_token_ids: vec![42].into(),
         ..SamplingParams::greedy(8)
     };
     s.add_request(Request::new(
@@ -279,7 +280,7 @@ fn min_tokens_delays_eos_and_stop_ids() {
     let mut s = Scheduler::new(config()).unwrap();
     let p = SamplingParams {
         min_tokens: 5,
-        stop_token_ids: vec![42],
+        stop_token_ids: vec![42].into(),
         ..SamplingParams::greedy(10)
     };
     s.add_request(Request::new(
@@ -357,6 +358,7 @@ fn growing_request_preempts_the_latest() {
         logprobs: vec![None, None],
         failed: Vec::new(),
         prompt_logprobs: Vec::new(),
+        deferred: Vec::new(),
     };
     let res = s.update_from_output(&out, &stale);
     assert_eq!(res.len(), 1);
@@ -721,4 +723,43 @@ fn prefix_hits_are_reported_in_outputs_and_stats() {
         ),
         (2, 99, 48)
     );
+}
+
+/// A row the runner deferred (a late grammar mask, issue 29 D7) is stepped back
+/// one token: the next step schedules that token again, with no new block, and
+/// samples it; nothing is emitted for the deferred step.
+#[test]
+fn deferred_rows_run_their_last_token_again() {
+    let mut s = Scheduler::new(config()).unwrap();
+    s.add_request(greedy_req("a", (1..=16).collect(), 8))
+        .unwrap();
+    // Prefill (16 tokens: exactly one block), deferred.
+    let out = s.schedule();
+    assert_eq!(ids(&s, &out), vec![("a", 16)]);
+    let mut o = one_token(&s, "a", 7);
+    o.sampled_token_ids = vec![None];
+    o.deferred = vec![s.handle_of("a").unwrap()];
+    assert!(s.update_from_output(&out, &o).is_empty());
+    assert_eq!(s.request("a").unwrap().num_computed_tokens, 15);
+    // The last prompt token again, in the block it already has.
+    let out = s.schedule();
+    assert_eq!(ids(&s, &out), vec![("a", 1)]);
+    assert!(out.scheduled_cached_reqs[0].new_block_ids.is_empty());
+    let res = s.update_from_output(&out, &one_token(&s, "a", 7));
+    assert_eq!(res[0].new_token_ids, vec![7]);
+    // A decode deferred twice, then sampled.
+    for _ in 0..2 {
+        let out = s.schedule();
+        assert_eq!(ids(&s, &out), vec![("a", 1)]);
+        let mut o = one_token(&s, "a", 8);
+        o.sampled_token_ids = vec![None];
+        o.deferred = vec![s.handle_of("a").unwrap()];
+        assert!(s.update_from_output(&out, &o).is_empty());
+        assert_eq!(s.request("a").unwrap().num_computed_tokens, 16);
+        s.check_invariants().unwrap();
+    }
+    let out = s.schedule();
+    let res = s.update_from_output(&out, &one_token(&s, "a", 8));
+    assert_eq!(res[0].new_token_ids, vec![8]);
+    assert_eq!(s.request("a").unwrap().output_token_ids(), &[7, 8]);
 }

@@ -93,6 +93,8 @@ pub struct AppState {
     pub strict_request_fields: bool,
     /// `--max-logprob-token-ids`, `--max-logit-bias`, `--max-bad-words`.
     pub request_limits: limits::RequestLimits,
+    /// `--max-stop-strings`, `--max-stop-string-len`.
+    pub stop_limits: limits::StopLimits,
     /// `--return-tokens-as-token-ids`.
     pub return_tokens_as_token_ids: bool,
     /// `--enable-force-include-usage`.
@@ -141,6 +143,7 @@ impl AppState {
             max_logprobs: pagoda_core::request::DEFAULT_MAX_LOGPROBS,
             request_limits: Default::default(),
             strict_request_fields: false,
+            stop_limits: limits::StopLimits::default(),
             return_tokens_as_token_ids: false,
             force_include_usage: false,
             request_id_headers: false,
@@ -453,6 +456,10 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         max_logprob_token_ids: args.max_logprob_token_ids,
         max_logit_bias: args.max_logit_bias,
         max_bad_words: args.max_bad_words,
+    };
+    state.stop_limits = limits::StopLimits {
+        max_count: args.max_stop_strings,
+        max_len: args.max_stop_string_len,
     };
     state.return_tokens_as_token_ids = args.return_tokens_as_token_ids;
     state.force_include_usage = args.enable_force_include_usage;

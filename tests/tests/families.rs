@@ -444,7 +444,7 @@ fn structured_outputs_with_sentencepiece_gguf() {
             ),
         ] {
             let params = SamplingParams {
-                structured_outputs: Some(StructuredOutputs::new(constraint)),
+                structured_outputs: Some(StructuredOutputs::new(constraint).into()),
                 ..SamplingParams::greedy(24)
             };
             let out = &engine.generate(&prompts, &params).unwrap()[0];

@@ -17,7 +17,7 @@ fn chat(question: &str) -> String {
 
 fn constrained(c: Constraint, max_tokens: usize) -> SamplingParams {
     SamplingParams {
-        structured_outputs: Some(StructuredOutputs::new(c)),
+        structured_outputs: Some(StructuredOutputs::new(c).into()),
         ..SamplingParams::greedy(max_tokens)
     }
 }
@@ -368,14 +368,14 @@ fn mask_composes_with_sampler_controls() {
     let choice = || Constraint::Choice(vec!["yes".into(), "no".into()]);
     for (favoured, other) in [("no", "yes"), ("yes", "no")] {
         let p = SamplingParams {
-            logit_bias: vec![(first(favoured), 100.0), (first(other), -100.0)],
+            logit_bias: vec![(first(favoured), 100.0), (first(other), -100.0)].into(),
             ..constrained(choice(), 4)
         };
         let o = run(&mut e, &[(chat("Is the sky green?"), p)]);
         assert_eq!(o[0].text, favoured);
     }
     let starved = SamplingParams {
-        allowed_token_ids: Some(vec![first("Paris")]),
+        allowed_token_ids: Some(vec![first("Paris")].into()),
         ..constrained(choice(), 4)
     };
     e.add_request(

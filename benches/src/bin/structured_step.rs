@@ -53,7 +53,8 @@ fn start(e: &mut LLMEngine, rows: usize, steps: usize, constrained: bool) {
         seed: Some(7),
         max_tokens: Some(steps + 8),
         ignore_eos: true,
-        structured_outputs: constrained.then(|| StructuredOutputs::new(Constraint::Json(schema()))),
+        structured_outputs: constrained
+            .then(|| StructuredOutputs::new(Constraint::Json(schema())).into()),
         ..SamplingParams::default()
     };
     for r in 0..rows {

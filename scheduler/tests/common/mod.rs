@@ -46,6 +46,8 @@ struct RunnerReq {
     tokens: Vec<u32>,
     blocks: Vec<u32>,
     num_computed: usize,
+    /// Rows of this request that reached its last token (sampled or deferred).
+    attempts: usize,
 }
 
 /// A model runner stand-in. `execute` fails (Err) on any inconsistency.
@@ -57,6 +59,9 @@ pub struct FakeRunner {
     kv: HashMap<usize, (u32, usize)>,
     /// Check the whole cached prefix of every scheduled row (slow; small tests only).
     pub check_kv: bool,
+    /// With `k > 0`, every `k`-th row of a request that reaches its last token is
+    /// deferred instead of sampled (as a late grammar mask does in the real runner).
+    pub defer_every: usize,
 }
 
 impl FakeRunner {
@@ -67,6 +72,7 @@ impl FakeRunner {
             reqs: HashMap::new(),
             kv: HashMap::new(),
             check_kv: true,
+            defer_every: 0,
         }
     }
 
@@ -89,6 +95,7 @@ impl FakeRunner {
                 tokens: n.token_ids.clone(),
                 blocks: n.block_ids.clone(),
                 num_computed: n.num_computed_tokens,
+                attempts: 0,
             };
             self.reqs.insert(n.handle, r);
         }
@@ -156,7 +163,17 @@ impl FakeRunner {
                 }
             }
             r.num_computed = end;
-            let tok = (end == r.tokens.len()).then(|| sample(&r.tokens, self.vocab));
+            let mut tok = (end == r.tokens.len()).then(|| sample(&r.tokens, self.vocab));
+            if tok.is_some() {
+                r.attempts += 1;
+                let k = self.defer_every;
+                if k > 0 && r.attempts.is_multiple_of(k) {
+                    // Deferred: its last token is computed again next step.
+                    tok = None;
+                    r.num_computed -= 1;
+                    res.deferred.push(*h);
+                }
+            }
             if let Some(t) = tok {
                 r.tokens.push(t);
             }

@@ -45,6 +45,13 @@ pub struct ServeArgs {
     /// Most entries of a request's `bad_words`; above it a 400.
     #[arg(long, default_value_t = crate::serve::limits::DEFAULT_MAX_BAD_WORDS, help_heading = "Frontend")]
     pub max_bad_words: usize,
+    /// Most stop strings (`stop`) one request may give; above it a 400 (OpenAI
+    /// allows 4, vLLM any number).
+    #[arg(long, default_value_t = crate::serve::limits::DEFAULT_MAX_STOP_STRINGS, help_heading = "Frontend")]
+    pub max_stop_strings: usize,
+    /// Longest stop string in bytes; above it a 400.
+    #[arg(long, default_value_t = crate::serve::limits::DEFAULT_MAX_STOP_STRING_LEN, help_heading = "Frontend")]
+    pub max_stop_string_len: usize,
     /// Address to bind (loopback by default).
     #[arg(long, default_value = "127.0.0.1", help_heading = "Frontend")]
     pub host: String,

@@ -256,6 +256,7 @@ impl AppState {
         for (ids, _) in &prompts {
             check_prompt_len(ids.len(), params.max_tokens, max_len)?;
         }
+        self.stop_limits.check(&params.stop)?;
         let num_seqs = prompts.len().saturating_mul(n);
         if num_seqs > self.max_seqs_per_request {
             return Err(ApiError::bad(
@@ -481,7 +482,7 @@ fn prepare_completion(st: &AppState, body: &[u8]) -> Result<Prepared, ApiError> 
     let n = req.common.n()?;
     let echo = req.echo.unwrap_or(false);
     if let Some(w) = &req.common.bad_words {
-        params.bad_words_token_ids = st.bad_words_ids(w)?;
+        params.bad_words_token_ids = st.bad_words_ids(w)?.into();
     }
     if echo && params.prompt_logprobs.is_none() {
         // vLLM: echoed prompt tokens get logprobs with as many alternatives as
@@ -558,7 +559,7 @@ pub(super) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiEr
     )?;
     st.check_prompt_logprobs(params.prompt_logprobs)?;
     if let Some(w) = &req.common.bad_words {
-        params.bad_words_token_ids = st.bad_words_ids(w)?;
+        params.bad_words_token_ids = st.bad_words_ids(w)?.into();
     }
     let n = req.common.n()?;
     let messages = match &req.messages {

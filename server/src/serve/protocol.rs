@@ -484,7 +484,8 @@ pub fn sampling_params(
         None => Vec::new(),
         Some(StringOrList::One(s)) => vec![s.clone()],
         Some(StringOrList::Many(v)) => v.clone(),
-    };
+    }
+    .into();
     if let Some(ids) = &c.stop_token_ids {
         if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(ApiError::bad(
@@ -492,7 +493,7 @@ pub fn sampling_params(
                 format!("token id {bad} is outside the vocabulary ({vocab_size})"),
             ));
         }
-        p.stop_token_ids = ids.clone();
+        p.stop_token_ids = ids.as_slice().into();
     }
     if let Some(ids) = &c.allowed_token_ids {
         if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab_size) {
@@ -501,7 +502,7 @@ pub fn sampling_params(
                 format!("token id {bad} is outside the vocabulary ({vocab_size})"),
             ));
         }
-        p.allowed_token_ids = Some(ids.clone());
+        p.allowed_token_ids = Some(ids.as_slice().into());
     }
     p.ignore_eos = c.ignore_eos.unwrap_or(false);
     if let Some(m) = c.min_tokens {
@@ -537,7 +538,7 @@ pub fn sampling_params(
             v.push((id, b as f32));
         }
         v.sort_by_key(|&(id, _)| id);
-        p.logit_bias = v;
+        p.logit_bias = v.into();
     }
     p.include_stop_str_in_output = c.include_stop_str_in_output.unwrap_or(false);
     p.skip_special_tokens = c.skip_special_tokens.unwrap_or(true);
@@ -550,10 +551,11 @@ pub fn sampling_params(
                 format!("token id {bad} is outside the vocabulary ({vocab_size})"),
             ));
         }
-        p.logprob_token_ids = Some(ids.clone());
+        p.logprob_token_ids = Some(ids.as_slice().into());
     }
     p.structured_outputs =
-        structured::parse(c.response_format.as_ref(), c.structured_outputs.as_ref())?;
+        structured::parse(c.response_format.as_ref(), c.structured_outputs.as_ref())?
+            .map(std::sync::Arc::new);
     // The bounds of `SamplingParams::validate` are checked once, where the request
     // enters the engine (`EngineHandle::submit`); this only parses.
     Ok(p)

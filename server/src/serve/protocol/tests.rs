@@ -61,11 +61,11 @@ fn fields_map_to_sampling_params() {
     assert_eq!(p.frequency_penalty, -0.5);
     assert!((p.repetition_penalty - 1.1).abs() < 1e-6);
     assert_eq!(p.seed, Some(42));
-    assert_eq!(p.stop, vec!["END".to_string()]);
-    assert_eq!(p.stop_token_ids, vec![5]);
+    assert_eq!(*p.stop, ["END".to_string()]);
+    assert_eq!(*p.stop_token_ids, [5]);
     assert!(p.ignore_eos);
     assert_eq!(p.min_tokens, 2);
-    assert_eq!(p.logit_bias, vec![(3, 2.5), (17, -100.0)]);
+    assert_eq!(*p.logit_bias, [(3, 2.5), (17, -100.0)]);
     assert_eq!(p.logprobs, Some(3));
 }
 
@@ -76,7 +76,7 @@ fn defaults_and_nulls() {
     assert_eq!(p.temperature, 1.0);
     assert!(p.stop.is_empty());
     let p = params(r#"{"prompt":"x","stop":["a","b"]}"#).unwrap();
-    assert_eq!(p.stop, vec!["a".to_string(), "b".to_string()]);
+    assert_eq!(*p.stop, ["a".to_string(), "b".to_string()]);
 }
 
 #[test]
