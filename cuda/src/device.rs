@@ -1,17 +1,17 @@
 //! The attention backends' device code path, one for both drivers.
 //!
-//! [`DeviceAttn`] is what a CUDA attention backend does on a device: [`DeviceAttn::plan`]
+//! `DeviceAttn` is what a CUDA attention backend does on a device: `DeviceAttn::plan`
 //! converts the step's metadata to the kernels' types ([`pack_offsets`],
 //! [`pack_block_table`]) and uploads it into buffers that grow to the largest step
 //! seen and are never shrunk, and sizes `paged`'s split workspace;
-//! [`DeviceAttn::lock`] sizes them for the engine's graph limits and freezes them (a
-//! captured graph reads them at these addresses); [`DeviceAttn::run`] and
-//! [`DeviceAttn::write_kv`] check the buffers' alignment, pack the kernel's parameter
+//! `DeviceAttn::lock` sizes them for the engine's graph limits and freezes them (a
+//! captured graph reads them at these addresses); `DeviceAttn::run` and
+//! `DeviceAttn::write_kv` check the buffers' alignment, pack the kernel's parameter
 //! struct and launch: no allocation, no host synchronisation inside a step.
 //!
-//! Only the lowest layer differs by device, the [`Driver`]: allocate, copy host to
+//! Only the lowest layer differs by device, the `Driver`: allocate, copy host to
 //! device, the addresses of core's views, launch a kernel family with its packed
-//! parameters. `gpu.rs` implements it with cudarc on `cuda:N`; [`EmuDriver`] with host
+//! parameters. `gpu.rs` implements it with cudarc on `cuda:N`; `EmuDriver` with host
 //! memory and the SIMT emulator's launch ([`pagoda_cuda_kernels::emu_launch`]) on `emu`.
 //! So every conversion, size, address and scalar a GPU would get wrong is got wrong
 //! on `emu` too, in plain `cargo test`; and the emulator refuses what a GPU refuses
