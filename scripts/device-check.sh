@@ -163,7 +163,7 @@ step() {
     rc=$?
     detail=$(tail -n 1 "$WORK/$name.detail" 2>/dev/null)
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-      result=TIMEOUT detail="after ${t} s; ${detail}"
+      result=TIMEOUT detail="after ${t} s${detail:+; $detail}"
     elif grep -q "skipped, no GPU here\|benches skipped: \|no CUDA driver\|no CUDA device" "$log" &&
       ! grep -q "^test result: FAILED" "$log"; then
       # A device step on a machine without one (the rehearsal): its reason, not a failure.
@@ -272,7 +272,8 @@ step_device_step() {
       --warmup 1 --steps 2 --prefill-reps 1 2>&1) || { echo "$out"; return 1; }
   fi
   echo "$out"
-  detail "$(echo "$out" | awk '/^decode b1 / {print "decode b1:", $0; exit}' | cut -c1-160)"
+  # The first decode row and the prefill row, columns squeezed.
+  detail "$(echo "$out" | awk '/^(decode b1 |prefill )/ {$1 = $1; printf "%s%s", sep, $0; sep = "; "}' | cut -c1-200)"
 }
 
 http_ok() {

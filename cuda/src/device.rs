@@ -1,8 +1,8 @@
 //! The attention backends' device code path, one for both drivers.
 //!
 //! `DeviceAttn` is what a CUDA attention backend does on a device: `DeviceAttn::plan`
-//! converts the step's metadata to the kernels' types (`pack_offsets`,
-//! `pack_block_table`) and uploads it into buffers that grow to the largest step
+//! converts the step's metadata to the kernels' types ([`pack_offsets`],
+//! [`pack_block_table`]) and uploads it into buffers that grow to the largest step
 //! seen and are never shrunk, and sizes `paged`'s split workspace;
 //! `DeviceAttn::lock` sizes them for the engine's graph limits and freezes them (a
 //! captured graph reads them at these addresses); `DeviceAttn::run` and
