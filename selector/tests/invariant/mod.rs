@@ -26,4 +26,3 @@ pub fn invariant_subject() -> Subject {
             })
     })
 }
-

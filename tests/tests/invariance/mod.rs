@@ -222,4 +222,3 @@ pub fn check(weights: WeightDtype, kv: KvCacheDtype, all: bool) {
         "[{label}] under preemption vs the big batch"
     );
 }
-
