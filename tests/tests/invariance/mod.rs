@@ -12,7 +12,10 @@ const TOKENS: usize = 8;
 
 /// What a request produced: its tokens and, per token, the sampled token's logprob
 /// and the top 20 as raw bits.
-type Trace = Vec<(u32, u32, Vec<(u32, u32)>)>;
+type Trace = Vec<Step>;
+
+/// One generated token: its id, its logprob's bits, the top 20 (id, logprob bits).
+type Step = (u32, u32, Vec<(u32, u32)>);
 
 fn trace(lps: &[TokenLogprobs]) -> Trace {
     lps.iter()
@@ -147,7 +150,7 @@ fn same(got: &[(String, Trace)], want: &[(String, Trace)], what: &str) {
     );
     for ((id, g), (_, w)) in got.iter().zip(want) {
         if let Some(i) = (0..g.len().max(w.len())).find(|&i| g.get(i) != w.get(i)) {
-            let f = |t: Option<&(u32, u32, Vec<(u32, u32)>)>| {
+            let f = |t: Option<&Step>| {
                 t.map(|(id, lp, top)| {
                     let top: Vec<_> = top
                         .iter()
