@@ -20,8 +20,8 @@
 //!   apart; a function of the configuration only). Per chunk and head: the scores
 //!   `reduce(Σ_lanes q·k) · scale` (the lane-wise FMA chain over the head dim, then
 //!   one fixed reduction tree), the soft cap, the running maximum and the rescale,
-//!   `p = exp_fast(s - m)`, the sum of `p` in key order, and `o = fma(p, v, o)` in
-//!   key order.
+//!   `p = exp_fast(s - m)`, the sum of `p` by one fixed tree over the chunk's slots,
+//!   and `o = fma(p, v, o)` in key order.
 //!
 //! The arithmetic differs between instruction sets (16 lanes on AVX-512, 8 on AVX2
 //! and in the portable code, whose reduction trees differ), so the guarantee is per
@@ -248,7 +248,7 @@ pub unsafe fn chunk_step<S: Simd, E: KvElem>(
                 *x = c * (*x / c).tanh();
             }
         }
-        let cm = row[..n].iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
+        let cm = max_tree(row, n);
         let m_new = st.m[gi].max(cm);
         if m_new > st.m[gi] {
             let corr = exp_fast(st.m[gi] - m_new);
@@ -267,11 +267,7 @@ pub unsafe fn chunk_step<S: Simd, E: KvElem>(
             *x = exp_fast(*x - m_new);
         }
         row[n..].fill(0.0);
-        let mut sum = 0.0f32;
-        for &x in row[..n].iter() {
-            sum += x;
-        }
-        st.l[gi] += sum;
+        st.l[gi] += sum_tree(row);
     }
     let mut g = 0;
     while g < g_n {
@@ -285,6 +281,39 @@ pub unsafe fn chunk_step<S: Simd, E: KvElem>(
         }
         g += 4;
     }
+}
+
+/// The maximum of `row[..n]` (`-inf` for none). A maximum does not depend on the
+/// order it is taken in; the tree only shortens the dependency chain.
+#[inline(always)]
+fn max_tree(row: &[f32], n: usize) -> f32 {
+    let mut t = [f32::NEG_INFINITY; CHUNK];
+    t[..n].copy_from_slice(&row[..n]);
+    let mut w = CHUNK / 2;
+    while w > 0 {
+        for i in 0..w {
+            t[i] = if t[i + w] > t[i] { t[i + w] } else { t[i] };
+        }
+        w /= 2;
+    }
+    t[0]
+}
+
+/// The sum of a chunk's `CHUNK` probabilities (zero past the chunk's keys) by one
+/// fixed tree, `x[i] + x[i + w]` for w = 8, 4, 2, 1: the same bits in both backends,
+/// with a dependency chain of 4 adds instead of 16.
+#[inline(always)]
+fn sum_tree(row: &[f32]) -> f32 {
+    let mut t = [0f32; CHUNK];
+    t.copy_from_slice(&row[..CHUNK]);
+    let mut w = CHUNK / 2;
+    while w > 0 {
+        for i in 0..w {
+            t[i] += t[i + w];
+        }
+        w /= 2;
+    }
+    t[0]
 }
 
 /// Ends a split: `o /= l` per head and `m` becomes the split's log-sum-exp
@@ -369,6 +398,25 @@ mod tests {
         assert_eq!(splits(0, 256).collect::<Vec<_>>(), vec![(0, 256)]);
         assert_eq!(chunk_end(3, 16, 100), 16);
         assert_eq!(chunk_end(16, 16, 20), 20);
+    }
+
+    #[test]
+    fn chunk_trees_are_the_max_and_a_sum() {
+        let row: Vec<f32> = (0..CHUNK)
+            .map(|i| ((i * 7 % 11) as f32 - 3.0) * 0.37)
+            .collect();
+        for n in 0..=CHUNK {
+            let want = row[..n].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            assert_eq!(max_tree(&row, n), want, "n = {n}");
+            let mut padded = row.clone();
+            padded[n..].fill(0.0);
+            let exact: f64 = row[..n].iter().map(|&x| x as f64).sum();
+            let got = sum_tree(&padded) as f64;
+            assert!(
+                (got - exact).abs() <= 1e-5 * (1.0 + exact.abs()),
+                "n = {n}: {got} vs {exact}"
+            );
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub mod checks;
 pub mod direct;
 pub mod fp8;
 pub mod gen;
-mod invariance;
+pub mod invariance;
 pub mod place;
 pub mod suite;
 

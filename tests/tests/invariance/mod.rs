@@ -12,7 +12,10 @@ const TOKENS: usize = 8;
 
 /// What a request produced: its tokens and, per token, the sampled token's logprob
 /// and the top 20 as raw bits.
-type Trace = Vec<(u32, u32, Vec<(u32, u32)>)>;
+type Trace = Vec<Step>;
+
+/// One generated token: its id, its logprob's bits, the top 20 (id, logprob bits).
+type Step = (u32, u32, Vec<(u32, u32)>);
 
 fn trace(lps: &[TokenLogprobs]) -> Trace {
     lps.iter()
@@ -138,6 +141,34 @@ fn config(weights: WeightDtype, kv: KvCacheDtype) -> EngineConfig {
     c
 }
 
+/// Panics at the first (request, token) whose trace differs, with both entries.
+fn same(got: &[(String, Trace)], want: &[(String, Trace)], what: &str) {
+    assert_eq!(
+        got.iter().map(|g| &g.0).collect::<Vec<_>>(),
+        want.iter().map(|w| &w.0).collect::<Vec<_>>(),
+        "{what}: requests"
+    );
+    for ((id, g), (_, w)) in got.iter().zip(want) {
+        if let Some(i) = (0..g.len().max(w.len())).find(|&i| g.get(i) != w.get(i)) {
+            let f = |t: Option<&Step>| {
+                t.map(|(id, lp, top)| {
+                    let top: Vec<_> = top
+                        .iter()
+                        .take(3)
+                        .map(|&(t, b)| (t, f32::from_bits(b)))
+                        .collect();
+                    format!("token {id}, logprob {}, top {top:?}..", f32::from_bits(*lp))
+                })
+            };
+            panic!(
+                "{what}: request {id} differs at generated token {i}: {:?} vs {:?}",
+                f(g.get(i)),
+                f(w.get(i))
+            );
+        }
+    }
+}
+
 /// Every regime of the issue against the request alone, for one configuration;
 /// `all` = false skips the prefix-cache and preemption regimes (a lighter run).
 pub fn check(weights: WeightDtype, kv: KvCacheDtype, all: bool) {
@@ -172,16 +203,17 @@ pub fn check(weights: WeightDtype, kv: KvCacheDtype, all: bool) {
         .into_iter()
         .filter(|(id, _)| !id.contains("other"))
         .collect();
-    assert_eq!(in_batch, alone, "[{label}] batched vs alone");
+    same(&in_batch, &alone, &format!("[{label}] batched vs alone"));
 
     // Prompts in chunks of 8 tokens.
     let mut c = base.clone();
     c.enable_prefix_caching = false;
     c.max_num_batched_tokens = 8;
     let chunked = strip(&run(&mut engine(c), &targets("c")), "c");
-    assert_eq!(
-        chunked, alone,
-        "[{label}] max_num_batched_tokens=8 vs alone"
+    same(
+        &chunked,
+        &alone,
+        &format!("[{label}] max_num_batched_tokens=8 vs alone"),
     );
 
     if !all {
@@ -197,11 +229,15 @@ pub fn check(weights: WeightDtype, kv: KvCacheDtype, all: bool) {
         "[{label}] the second run should hit the prefix cache: {:?}",
         hit.values().map(|v| v.1).collect::<Vec<_>>()
     );
-    assert_eq!(strip(&first, "p1"), alone, "[{label}] first cached run");
-    assert_eq!(
-        strip(&hit, "p2"),
-        alone,
-        "[{label}] prefix-cache hit vs alone"
+    same(
+        &strip(&first, "p1"),
+        &alone,
+        &format!("[{label}] first cached run"),
+    );
+    same(
+        &strip(&hit, "p2"),
+        &alone,
+        &format!("[{label}] prefix-cache hit vs alone"),
     );
 
     // Preemption: a cache too small for the batch, so requests are recomputed. Every
@@ -216,9 +252,9 @@ pub fn check(weights: WeightDtype, kv: KvCacheDtype, all: bool) {
         e.stats().num_preemptions > 0,
         "[{label}] 48 blocks of 16 should force preemption"
     );
-    assert_eq!(
-        strip(&pre, "b"),
-        strip(&batched, "b"),
-        "[{label}] under preemption vs the big batch"
+    same(
+        &strip(&pre, "b"),
+        &strip(&batched, "b"),
+        &format!("[{label}] under preemption vs the big batch"),
     );
 }
