@@ -400,7 +400,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         .transpose()?;
     let generation_defaults =
         frontend::GenerationDefaults::load(&args.generation_config, &model_path)?;
-    if args.max_logprobs > pagoda_core::request::MAX_LOGPROBS {
+    if args.max_logprobs != usize::MAX && args.max_logprobs > pagoda_core::request::MAX_LOGPROBS {
         anyhow::bail!(
             "--max-logprobs {} is above what the engine computes ({})",
             args.max_logprobs,

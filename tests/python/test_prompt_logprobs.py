@@ -7,6 +7,8 @@ import math
 import openai
 import pytest
 
+from conftest import _model_path, running_server
+
 PROMPT = "The capital of France is"
 
 
@@ -117,12 +119,23 @@ def test_prompt_logprobs_bad_values_are_400(client, model, extra, stream, needle
     assert needle in str(e.value)
 
 
-def test_prompt_logprobs_whole_vocabulary(client, model):
-    r = client.completions.create(model=model, prompt="Hi there", max_tokens=1,
+def test_prompt_logprobs_whole_vocabulary_is_checked_against_max_logprobs(client, model):
+    # vLLM's rule: -1 counts as the vocabulary's size, above --max-logprobs (20) a 400.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=model, prompt="Hi there", max_tokens=1,
                                   extra_body={"prompt_logprobs": -1})
-    pl = r.choices[0].prompt_logprobs
-    assert len(pl[1]) > 40000  # every token of the vocabulary
-    assert abs(sum(math.exp(e["logprob"]) for e in pl[1].values()) - 1) < 1e-3
+    assert "greater than max allowed: 20" in str(e.value)
+
+
+def test_prompt_logprobs_whole_vocabulary_with_no_cap():
+    with running_server([str(_model_path()), "--max-logprobs", "-1"], "pagoda-py-plp-") as base:
+        c = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=300)
+        m = c.models.list().data[0].id
+        r = c.completions.create(model=m, prompt="Hi there", max_tokens=1,
+                                 extra_body={"prompt_logprobs": -1})
+        pl = r.choices[0].prompt_logprobs
+        assert len(pl[1]) > 40000  # every token of the vocabulary
+        assert abs(sum(math.exp(e["logprob"]) for e in pl[1].values()) - 1) < 1e-3
 
 
 def test_bad_words_are_never_generated(client, model):

@@ -29,7 +29,10 @@ pub struct ServeArgs {
     pub generation_config: String,
     /// Most logprobs a request may ask for (`logprobs`, `top_logprobs`); above it
     /// a 400.
-    #[arg(long, default_value_t = 20, help_heading = "ModelConfig")]
+    /// `-1` (vLLM's meaning): no cap of its own, so `prompt_logprobs: -1` (the whole
+    /// vocabulary) is allowed; sample logprobs stay bounded by what the engine
+    /// computes.
+    #[arg(long, default_value = "20", value_parser = parse_max_logprobs, allow_hyphen_values = true, help_heading = "ModelConfig")]
     pub max_logprobs: usize,
     /// Most entries of a request's `logprob_token_ids` (vLLM's cap); above it a 400.
     #[arg(long, default_value_t = crate::serve::limits::DEFAULT_MAX_LOGPROB_TOKEN_IDS, help_heading = "ModelConfig")]
@@ -210,5 +213,15 @@ impl ServeArgs {
             max_connections,
             probe_headroom: headroom,
         }
+    }
+}
+
+/// `--max-logprobs`: a count, or `-1` for no cap ([`usize::MAX`]).
+fn parse_max_logprobs(s: &str) -> Result<usize, String> {
+    match s.trim() {
+        "-1" => Ok(usize::MAX),
+        t => t
+            .parse::<usize>()
+            .map_err(|_| format!("expected a count or -1, got `{s}`")),
     }
 }
