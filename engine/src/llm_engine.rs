@@ -279,7 +279,7 @@ impl LLMEngine {
 
     /// [`LLMEngine::add_request_with_priority`] with the grammar of its
     /// `structured_outputs` already compiled (by [`SharedCompiler::compile`], on
-    /// the caller's thread); one is compiled here when it is missing.
+    /// the compile pool); one is compiled there when it is missing.
     pub fn add_request_with_grammar(
         &mut self,
         request_id: String,

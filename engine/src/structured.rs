@@ -81,20 +81,6 @@ impl GrammarCompiler {
         Ok(GrammarCompiler { factory, limits })
     }
 
-    /// Compiles one request's constraint on this thread, first mask included.
-    /// Errors are the caller's (a 400). Mind the stack: deep constraints need the
-    /// compile pool's ([`SharedCompiler::submit`]); this is for tests and tools.
-    pub fn compile(&self, spec: &StructuredOutputs) -> Result<Grammar, EngineError> {
-        let mut g = Grammar::new(self.build_matcher(spec)?);
-        g.precompute_first_mask().map_err(|e| {
-            invalid_grammar(format!(
-                "the constraint cannot generate any output: {}",
-                e.lines().next().unwrap_or_default()
-            ))
-        })?;
-        Ok(g)
-    }
-
     /// Checks the bounds, then builds the matcher (no mask yet).
     pub(crate) fn build_matcher(&self, spec: &StructuredOutputs) -> Result<Matcher, EngineError> {
         spec.validate()?;
@@ -438,13 +424,6 @@ impl SharedCompiler {
     /// The limits compiles run under.
     pub fn limits(&self) -> &CompileLimits {
         &self.core.limits
-    }
-
-    /// The compiler, built now if this is the first use (on the calling thread:
-    /// compiling with it directly is for shallow constraints, see
-    /// [`GrammarCompiler::compile`]).
-    pub fn get(&self) -> Result<&GrammarCompiler, EngineError> {
-        self.core.compiler()
     }
 
     /// Queues `spec` on the compile pool; the ticket answers with the grammar.
