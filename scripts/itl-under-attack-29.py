@@ -60,7 +60,8 @@ class Background:
                         self.started.set()
                     if self.done:
                         break
-        except requests.RequestException:
+        except (requests.RequestException, AttributeError, ValueError):
+            # stop() closes the response under the reader: how the hang-up ends it.
             pass
         finally:
             self.started.set()
