@@ -120,6 +120,12 @@ pub struct EngineArgs {
     /// decides (lower first, then arrival), as vLLM's `--scheduling-policy`.
     #[arg(long, value_enum, default_value_t = SchedulingPolicyArg::Fcfs, help_heading = "SchedulerConfig")]
     pub scheduling_policy: SchedulingPolicyArg,
+    /// Most running sequences (seats of --max-num-seqs) one request's samples
+    /// (`n`, prompt batches) hold while other requests wait; seats nobody else
+    /// wants still go to them. Default: half of --max-num-seqs (at least 1);
+    /// --max-num-seqs turns the share off.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), help_heading = "SchedulerConfig")]
+    pub max_running_seqs_per_request: Option<u64>,
     /// Chunked prefill: always on in Pagoda (prefill chunks share steps with
     /// decodes under --max-num-batched-tokens); accepted for vLLM compatibility.
     #[arg(long, action = ArgAction::SetTrue, overrides_with = "no_enable_chunked_prefill", help_heading = "SchedulerConfig")]
@@ -327,6 +333,7 @@ impl EngineArgs {
             max_regex_size: self.structured_outputs_max_regex_size,
             memory_mib: self.structured_outputs_compile_memory_mib as usize,
         };
+        c.max_seqs_per_group = self.max_running_seqs_per_request.map(|v| v as usize);
         c.scheduling_policy = match self.scheduling_policy {
             SchedulingPolicyArg::Fcfs => pagoda_engine::SchedulingPolicy::Fcfs,
             SchedulingPolicyArg::Priority => pagoda_engine::SchedulingPolicy::Priority,
