@@ -34,8 +34,10 @@ fn completion() -> Value {
 }
 
 fn chat() -> Value {
-    routed(json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
-                  "temperature": 0}))
+    routed(
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                  "temperature": 0}),
+    )
 }
 
 #[test]
@@ -153,11 +155,7 @@ fn router_metrics_render_and_move() {
         .lines()
         .find(|l| l.starts_with("vllm:cache_config_info{"))
         .unwrap_or_else(|| panic!("no cache_config_info:\n{idle}"));
-    for label in [
-        "block_size=\"16\"",
-        "num_gpu_blocks=\"96\"",
-        "engine=\"0\"",
-    ] {
+    for label in ["block_size=\"16\"", "num_gpu_blocks=\"96\"", "engine=\"0\""] {
         assert!(info.contains(label), "{label} in {info}");
     }
     assert!(info.ends_with("} 1.0"), "{info}");
