@@ -429,6 +429,9 @@ impl BlockPool {
         for &id in ids {
             self.check_id(id)?;
         }
+        // Only a publisher wants the new hashes' positions: without one the hot
+        // path neither records nor allocates.
+        let ctx = ctx.filter(|_| self.events.is_enabled());
         let mut fresh = Vec::new();
         for (k, (&id, &h)) in ids.iter().zip(hashes).enumerate() {
             let b = &mut self.blocks[id as usize];
@@ -439,7 +442,9 @@ impl BlockPool {
             match self.cached.get_mut(&h) {
                 None => {
                     self.cached.insert(h, CachedIds::One(id));
-                    fresh.push(k);
+                    if let Some(c) = &ctx {
+                        fresh.push(c.first_block + k);
+                    }
                 }
                 Some(CachedIds::One(x)) => {
                     let first = *x;
@@ -448,10 +453,7 @@ impl BlockPool {
                 Some(CachedIds::Many(v)) => v.push(id),
             }
         }
-        if let Some(ctx) = ctx.filter(|_| self.events.is_enabled()) {
-            for k in &mut fresh {
-                *k += ctx.first_block;
-            }
+        if let Some(ctx) = ctx {
             self.events.stored(ctx, &fresh);
         }
         Ok(())

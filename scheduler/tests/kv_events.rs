@@ -5,20 +5,18 @@
 //! its parent, to its block hashes), over prefix-cache workloads with evictions,
 //! preemptions and resets.
 
-use pagoda_core::{BlockHash, Request, SamplingParams};
+mod common;
+
+use pagoda_core::{BlockHash, Request};
 use pagoda_scheduler::{hash_block, KvCacheEvent, KvCacheManager};
 use proptest::prelude::*;
 use std::collections::HashSet;
 
 const BS: usize = 4;
 
+/// A greedy request of 16 output tokens (the shared helper).
 fn req(id: &str, tokens: Vec<u32>) -> Request {
-    Request::new(
-        id,
-        tokens,
-        SamplingParams::greedy(16).checked(usize::MAX).unwrap(),
-        vec![],
-    )
+    common::greedy_req(id, tokens, 16)
 }
 
 /// A router's view of one engine's cache, built only from the events.
