@@ -52,7 +52,18 @@ enum Command {
     Shutdown {
         abort_running: bool,
     },
+    /// vLLM's `POST /reset_prefix_cache`: forget every cached block (the reply
+    /// says whether it could: not while blocks are in use).
+    ResetPrefixCache {
+        preempt_running: bool,
+        reply: mpsc::Sender<bool>,
+    },
 }
+
+/// Where the engine loop hands the block pool's KV-cache events after each step
+/// (the server's publisher; see `pagoda_scheduler::kv_events`). It must not block:
+/// the loop calls it between steps.
+pub type KvEventSink = Box<dyn FnMut(Vec<pagoda_scheduler::KvCacheEvent>) + Send>;
 
 struct Shared {
     stats: Mutex<EngineStats>,
@@ -131,6 +142,21 @@ impl EngineHandle {
     /// Moves the engine onto its own thread. At most `max_waiting` requests may wait
     /// for admission; more get [`EngineError::QueueFull`].
     pub fn start(engine: LLMEngine, max_waiting: usize) -> EngineHandle {
+        Self::start_with_kv_events(engine, max_waiting, None)
+    }
+
+    /// [`EngineHandle::start`], with the block pool's KV-cache events collected and
+    /// handed to `sink` after every step that produced some (none are collected
+    /// without a sink).
+    pub fn start_with_kv_events(
+        mut engine: LLMEngine,
+        max_waiting: usize,
+        sink: Option<KvEventSink>,
+    ) -> EngineHandle {
+        engine
+            .core_mut()
+            .scheduler_mut()
+            .set_kv_events(sink.is_some());
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             stats: Mutex::new(engine.stats()),
@@ -146,7 +172,7 @@ impl EngineHandle {
         let loop_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("pagoda-engine".into())
-            .spawn(move || engine_loop(engine, rx, loop_shared))
+            .spawn(move || engine_loop(engine, rx, loop_shared, sink))
             .expect("spawning the engine thread");
         EngineHandle {
             tx,
@@ -248,6 +274,22 @@ impl EngineHandle {
         let _ = self.tx.send(Command::Abort(request_id.to_string()));
     }
 
+    /// Forgets every cached prefix block (vLLM's `/reset_prefix_cache`). False when
+    /// blocks are in use by running requests (nothing is reset then).
+    /// With `preempt_running`, running requests are preempted first (they resume,
+    /// recomputed) so that the reset always succeeds.
+    pub fn reset_prefix_cache(&self, preempt_running: bool) -> Result<bool, EngineError> {
+        self.health()?;
+        let (reply, done) = mpsc::channel();
+        self.tx
+            .send(Command::ResetPrefixCache {
+                preempt_running,
+                reply,
+            })
+            .map_err(|_| EngineError::Shutdown)?;
+        done.recv().map_err(|_| EngineError::Shutdown)
+    }
+
     /// Stops the loop: with `abort_running` in-flight requests are aborted, otherwise
     /// they run to completion first. Blocks until the loop has exited.
     pub fn shutdown(&self, abort_running: bool) {
@@ -266,15 +308,22 @@ struct EngineLoop {
     senders: std::collections::HashMap<String, OutputSender>,
     draining: bool,
     last_log: std::time::Instant,
+    kv_events: Option<KvEventSink>,
 }
 
-fn engine_loop(engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<Shared>) {
+fn engine_loop(
+    engine: LLMEngine,
+    rx: mpsc::Receiver<Command>,
+    shared: Arc<Shared>,
+    kv_events: Option<KvEventSink>,
+) {
     let mut l = EngineLoop {
         engine,
         shared,
         senders: Default::default(),
         draining: false,
         last_log: std::time::Instant::now(),
+        kv_events,
     };
     loop {
         // Block only when idle; otherwise take what has arrived and step.
@@ -295,6 +344,7 @@ fn engine_loop(engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<Share
         if l.engine.has_unfinished_requests() && !l.step() {
             break;
         }
+        l.publish_kv_events();
         l.publish_stats();
     }
     l.shared.stopped.store(true, Ordering::Release);
@@ -304,6 +354,16 @@ fn engine_loop(engine: LLMEngine, rx: mpsc::Receiver<Command>, shared: Arc<Share
 }
 
 impl EngineLoop {
+    /// Hands what the block pool recorded since the last call to the sink.
+    fn publish_kv_events(&mut self) {
+        if let Some(sink) = self.kv_events.as_mut() {
+            let events = self.engine.core_mut().scheduler_mut().take_kv_events();
+            if !events.is_empty() {
+                sink(events);
+            }
+        }
+    }
+
     /// Applies one command from the handles.
     fn command(&mut self, cmd: Command) {
         match cmd {
@@ -338,6 +398,18 @@ impl EngineLoop {
             Command::Abort(id) => {
                 self.engine.abort_request(&id);
                 self.senders.remove(&id);
+            }
+            Command::ResetPrefixCache {
+                preempt_running,
+                reply,
+            } => {
+                let sched = self.engine.core_mut().scheduler_mut();
+                let done = if preempt_running {
+                    sched.reset_prefix_cache_and_preempt()
+                } else {
+                    sched.reset_prefix_cache()
+                };
+                let _ = reply.send(done.is_ok());
             }
             Command::Shutdown { abort_running } => {
                 self.draining = true;

@@ -20,6 +20,7 @@ pub mod error;
 pub mod format;
 pub mod frontend;
 pub mod handlers;
+pub mod kv_events;
 pub mod limits;
 pub mod metrics;
 pub mod protocol;
@@ -107,6 +108,8 @@ pub struct AppState {
     /// `--enable-tokenizer-info-endpoint`, and what `/tokenizer_info` answers.
     pub tokenizer_info_endpoint: bool,
     pub tokenizer_info: serde_json::Value,
+    /// `VLLM_SERVER_DEV_MODE=1`: vLLM's development endpoints (`/reset_prefix_cache`).
+    pub dev_endpoints: bool,
     /// `--enable-log-requests`.
     pub log_requests: bool,
 }
@@ -150,6 +153,7 @@ impl AppState {
             server_load_tracking: false,
             server_load: std::sync::atomic::AtomicUsize::new(0),
             tokenizer_info_endpoint: false,
+            dev_endpoints: false,
             tokenizer_info: serde_json::Value::Null,
             log_requests: false,
         }
@@ -234,6 +238,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(handlers::detokenize));
     if state.tokenizer_info_endpoint {
         r = r.route("/tokenizer_info", get(frontend::tokenizer_info));
+    }
+    if state.dev_endpoints {
+        r = r.route("/reset_prefix_cache", post(kv_events::reset_prefix_cache));
     }
     r.fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
@@ -410,12 +417,22 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     let config = args.engine.engine_config();
     tracing::info!("loading model {}", config.model_path.display());
     let engine = LLMEngine::new(config).context("starting the engine")?;
-    let handle = EngineHandle::start(engine, args.max_waiting_requests);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("pagoda-http")
         .build()
         .context("building the tokio runtime")?;
+    // The publisher's sockets are bound before the engine starts: a taken port is
+    // a start-up error, and no event of the first step is lost.
+    let kv_sink = match args.kv_events_config.as_ref().filter(|c| c.publishes()) {
+        Some(c) => Some(
+            runtime
+                .block_on(kv_events::KvEventPublisher::start(c, 0))?
+                .sink,
+        ),
+        None => None,
+    };
+    let handle = EngineHandle::start_with_kv_events(engine, args.max_waiting_requests, kv_sink);
     let mut names = args.served_model_name.clone().into_iter();
     let mut state = AppState::new(
         handle.clone(),
@@ -467,6 +484,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     state.server_load_tracking = args.enable_server_load_tracking;
     state.log_requests = args.log_requests();
     state.tokenizer_info_endpoint = args.enable_tokenizer_info_endpoint;
+    state.dev_endpoints = std::env::var("VLLM_SERVER_DEV_MODE").is_ok_and(|v| v == "1");
     state.tokenizer_info = frontend::tokenizer_info_json(&state, &model_path);
     state.max_seqs_per_request = args
         .max_seqs_per_request

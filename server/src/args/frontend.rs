@@ -107,6 +107,11 @@ pub struct ServeArgs {
     /// Accepted: Pagoda serves no API docs pages.
     #[arg(long, help_heading = "Frontend")]
     pub disable_fastapi_docs: bool,
+    /// KV-cache events for routers, vLLM's KVEventsConfig as JSON, e.g.
+    /// '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
+    /// "replay_endpoint": "tcp://*:5558", "topic": "kv-events"}' (docs/distributed.md).
+    #[arg(long, value_parser = crate::serve::kv_events::KvEventsConfig::parse, help_heading = "VllmConfig")]
+    pub kv_events_config: Option<crate::serve::kv_events::KvEventsConfig>,
     /// Most requests waiting for admission before new ones get 503.
     #[arg(long, default_value_t = 1024, help_heading = "Frontend")]
     pub max_waiting_requests: usize,

@@ -33,6 +33,9 @@ pub enum ApiError {
     /// 415: the body is not JSON.
     #[error("{message}")]
     UnsupportedMediaType { message: String },
+    /// 409: the request cannot be done in the server's present state.
+    #[error("{message}")]
+    Conflict { message: String },
     /// 503: the waiting queue is full or the engine is shutting down.
     #[error("{message}")]
     Unavailable { message: String },
@@ -58,6 +61,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Timeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -70,6 +74,7 @@ impl ApiError {
             | ApiError::PayloadTooLarge { .. }
             | ApiError::Timeout { .. }
             | ApiError::UnsupportedMediaType { .. }
+            | ApiError::Conflict { .. }
             | ApiError::MethodNotAllowed => "invalid_request_error",
             ApiError::Unauthorized => "authentication_error",
             ApiError::NotFound { .. } => "not_found_error",
