@@ -1,6 +1,7 @@
 //! Issue 26: KV-cache events through `pagoda serve --kv-events-config`, read as a
 //! router reads them: a ZMQ SUB on the PUB endpoint and a DEALER on the replay
-//! ROUTER, the payloads decoded as generic MessagePack in vLLM's positional layout.
+//! ROUTER, the payloads decoded as generic MessagePack in vLLM's layout (a
+//! positional batch of tagged-map events).
 //!
 //! A consumer that starts from a replay of sequence 0 and applies the live stream
 //! after it must hold exactly the hashes the engine caches: every removed hash was
@@ -53,25 +54,45 @@ fn decode(payload: &[u8]) -> (f64, Vec<Event>, u64) {
         .expect("events array")
         .iter()
         .map(|e| {
-            let f = e.as_array().expect("an event is an array");
-            match f[0].as_str().expect("tag first") {
+            let m: BTreeMap<&str, &Mp> = e
+                .as_map()
+                .expect("an event is a tagged map")
+                .iter()
+                .map(|(k, v)| (k.as_str().expect("string keys"), v))
+                .collect();
+            let keys: Vec<&str> = m.keys().copied().collect();
+            match m["type"].as_str().expect("the tag") {
                 "BlockStored" => {
-                    assert_eq!(f.len(), 8, "{e}");
-                    assert!(f[5].is_nil() && f[7].is_nil(), "lora_id, lora_name: {e}");
-                    assert_eq!(f[6].as_str(), Some("GPU"), "medium: {e}");
+                    let want = [
+                        "block_hashes",
+                        "block_size",
+                        "lora_id",
+                        "lora_name",
+                        "medium",
+                        "parent_block_hash",
+                        "token_ids",
+                        "type",
+                    ];
+                    assert_eq!(keys, want, "{e}");
+                    assert!(m["lora_id"].is_nil() && m["lora_name"].is_nil(), "{e}");
+                    assert_eq!(m["medium"].as_str(), Some("GPU"), "medium: {e}");
+                    let parent = m["parent_block_hash"];
                     Event::Stored {
-                        hashes: u64s(&f[1]),
-                        parent: (!f[2].is_nil()).then(|| f[2].as_u64().expect("parent")),
-                        tokens: u64s(&f[3]).into_iter().map(|t| t as u32).collect(),
-                        block_size: f[4].as_u64().expect("block_size"),
+                        hashes: u64s(m["block_hashes"]),
+                        parent: (!parent.is_nil()).then(|| parent.as_u64().expect("parent")),
+                        tokens: u64s(m["token_ids"]).into_iter().map(|t| t as u32).collect(),
+                        block_size: m["block_size"].as_u64().expect("block_size"),
                     }
                 }
                 "BlockRemoved" => {
-                    assert_eq!(f.len(), 3, "{e}");
-                    assert_eq!(f[2].as_str(), Some("GPU"), "medium: {e}");
-                    Event::Removed(u64s(&f[1]))
+                    assert_eq!(keys, ["block_hashes", "medium", "type"], "{e}");
+                    assert_eq!(m["medium"].as_str(), Some("GPU"), "medium: {e}");
+                    Event::Removed(u64s(m["block_hashes"]))
                 }
-                "AllBlocksCleared" => Event::Cleared,
+                "AllBlocksCleared" => {
+                    assert_eq!(keys, ["type"], "{e}");
+                    Event::Cleared
+                }
                 other => panic!("unknown tag {other}"),
             }
         })

@@ -7,10 +7,12 @@
 //! - a ZMQ PUB socket sends one three-frame message per engine step that changed
 //!   the cache: `[topic, seq, payload]`, `seq` a u64 big-endian counting from 0,
 //!   `payload` the MessagePack of `[ts, [event, ...], data_parallel_rank]`;
-//! - each event is a positional array led by its tag (msgspec's `array_like=True,
-//!   tag=True`): `["BlockStored", block_hashes, parent_block_hash, token_ids,
-//!   block_size, lora_id, medium, lora_name]`, `["BlockRemoved", block_hashes,
-//!   medium]`, `["AllBlocksCleared"]`;
+//! - each event is a map tagged by `"type"` (msgspec's `tag=True`): `BlockStored`
+//!   with `block_hashes`, `parent_block_hash`, `token_ids`, `block_size`, `lora_id`,
+//!   `medium`, `lora_name`; `BlockRemoved` with `block_hashes`, `medium`;
+//!   `AllBlocksCleared` alone. This is what vllm-router 0.1.17's `kv_aware` decodes
+//!   (it refuses events that are not tagged maps); early vLLM releases wrote events
+//!   as positional arrays, which today's consumers no longer read;
 //! - an optional ROUTER socket (`replay_endpoint`) answers a request carrying a
 //!   start sequence number (8 bytes, big-endian) with every buffered batch from
 //!   there, `[seq, payload]` each, then `[-1, ""]`;
@@ -133,17 +135,17 @@ pub fn external_hash(h: BlockHash) -> u64 {
     (h.0 as u64) ^ ((h.0 >> 64) as u64)
 }
 
-/// MessagePack of one batch in vLLM's positional layout.
+/// MessagePack of one batch as vLLM writes it: the batch a positional array
+/// `[ts, events, dp_rank]`, each event a map led by its `"type"` tag with the
+/// fields that have no default always present (`lora_id`, `medium`, `lora_name`)
+/// and those at their default left out (msgspec's `omit_defaults`).
 pub fn encode_batch(ts: f64, events: &[KvCacheEvent], dp_rank: u32) -> Vec<u8> {
     use rmp::encode::*;
-    // Writes to a Vec cannot fail; the length casts are bounded by the pool's size.
-    fn len(n: usize) -> u32 {
-        u32::try_from(n).unwrap_or(u32::MAX)
-    }
-    let mut b = Vec::with_capacity(64 + events.len() * 32);
+    let mut b = Vec::with_capacity(64 + events.len() * 48);
+    // Writes to a Vec cannot fail.
     let _ = write_array_len(&mut b, 3);
     let _ = write_f64(&mut b, ts);
-    let _ = write_array_len(&mut b, len(events.len()));
+    let _ = write_array_len(&mut b, len32(events.len()));
     for e in events {
         match e {
             KvCacheEvent::BlockStored {
@@ -152,33 +154,40 @@ pub fn encode_batch(ts: f64, events: &[KvCacheEvent], dp_rank: u32) -> Vec<u8> {
                 token_ids,
                 block_size,
             } => {
-                let _ = write_array_len(&mut b, 8);
-                let _ = write_str(&mut b, "BlockStored");
+                let _ = write_map_len(&mut b, 8);
+                key_str(&mut b, "type", "BlockStored");
+                let _ = write_str(&mut b, "block_hashes");
                 write_hashes(&mut b, block_hashes);
+                let _ = write_str(&mut b, "parent_block_hash");
                 match parent_block_hash {
                     Some(p) => {
                         let _ = write_uint(&mut b, external_hash(*p));
                     }
                     None => write_nil(&mut b).unwrap_or(()),
                 }
-                let _ = write_array_len(&mut b, len(token_ids.len()));
+                let _ = write_str(&mut b, "token_ids");
+                let _ = write_array_len(&mut b, len32(token_ids.len()));
                 for &t in token_ids {
                     let _ = write_uint(&mut b, u64::from(t));
                 }
+                let _ = write_str(&mut b, "block_size");
                 let _ = write_uint(&mut b, *block_size as u64);
-                write_nil(&mut b).unwrap_or(()); // lora_id
-                let _ = write_str(&mut b, "GPU"); // medium
-                write_nil(&mut b).unwrap_or(()); // lora_name
+                let _ = write_str(&mut b, "lora_id");
+                write_nil(&mut b).unwrap_or(());
+                key_str(&mut b, "medium", MEDIUM);
+                let _ = write_str(&mut b, "lora_name");
+                write_nil(&mut b).unwrap_or(());
             }
             KvCacheEvent::BlockRemoved { block_hashes } => {
-                let _ = write_array_len(&mut b, 3);
-                let _ = write_str(&mut b, "BlockRemoved");
+                let _ = write_map_len(&mut b, 3);
+                key_str(&mut b, "type", "BlockRemoved");
+                let _ = write_str(&mut b, "block_hashes");
                 write_hashes(&mut b, block_hashes);
-                let _ = write_str(&mut b, "GPU");
+                key_str(&mut b, "medium", MEDIUM);
             }
             KvCacheEvent::AllBlocksCleared => {
-                let _ = write_array_len(&mut b, 1);
-                let _ = write_str(&mut b, "AllBlocksCleared");
+                let _ = write_map_len(&mut b, 1);
+                key_str(&mut b, "type", "AllBlocksCleared");
             }
         }
     }
@@ -186,8 +195,21 @@ pub fn encode_batch(ts: f64, events: &[KvCacheEvent], dp_rank: u32) -> Vec<u8> {
     b
 }
 
+/// vLLM's `MEDIUM_GPU`: the engine's own KV cache.
+const MEDIUM: &str = "GPU";
+
+/// A length as MessagePack writes it (the pool's sizes are far below 2^32).
+fn len32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn key_str(b: &mut Vec<u8>, key: &str, value: &str) {
+    let _ = rmp::encode::write_str(b, key);
+    let _ = rmp::encode::write_str(b, value);
+}
+
 fn write_hashes(b: &mut Vec<u8>, hashes: &[BlockHash]) {
-    let _ = rmp::encode::write_array_len(b, u32::try_from(hashes.len()).unwrap_or(u32::MAX));
+    let _ = rmp::encode::write_array_len(b, len32(hashes.len()));
     for h in hashes {
         let _ = rmp::encode::write_uint(b, external_hash(*h));
     }
@@ -448,9 +470,9 @@ mod tests {
         assert_eq!(bind_address("tcp://*:5557"), "tcp://0.0.0.0:5557");
     }
 
-    /// Decodes with rmp's value-free reader: the layout, field by field.
+    /// The layout, read back field by field as a consumer reads it.
     #[test]
-    fn batch_layout_is_positional() {
+    fn batch_is_positional_events_are_tagged_maps() {
         use rmp::decode::*;
         let events = vec![
             KvCacheEvent::BlockStored {
@@ -472,46 +494,54 @@ mod tests {
         ];
         let b = encode_batch(12.5, &events, 0);
         let mut r = &b[..];
+        let mut buf = [0u8; 32];
+        let mut s = |r: &mut &[u8]| read_str(r, &mut buf).unwrap().to_string();
+        let ints = |r: &mut &[u8]| -> Vec<u64> {
+            let n = read_array_len(r).unwrap();
+            (0..n).map(|_| read_int::<u64, _>(r).unwrap()).collect()
+        };
         assert_eq!(read_array_len(&mut r).unwrap(), 3);
         assert_eq!(read_f64(&mut r).unwrap(), 12.5);
         assert_eq!(read_array_len(&mut r).unwrap(), 4);
-        let mut s = [0u8; 32];
-        let mut tag = |r: &mut &[u8]| read_str(r, &mut s).unwrap().to_string();
-        // BlockStored, first of a chain: parent nil.
-        assert_eq!(read_array_len(&mut r).unwrap(), 8);
-        assert_eq!(tag(&mut r), "BlockStored");
-        assert_eq!(read_array_len(&mut r).unwrap(), 2);
-        assert_eq!(read_int::<u64, _>(&mut r).unwrap(), 7);
-        assert_eq!(read_int::<u64, _>(&mut r).unwrap(), 1 ^ 3);
-        read_nil(&mut r).unwrap();
-        assert_eq!(read_array_len(&mut r).unwrap(), 4);
-        for t in 1..=4u64 {
-            assert_eq!(read_int::<u64, _>(&mut r).unwrap(), t);
+        for (parent, hashes, tokens) in [
+            (None, vec![7, 1 ^ 3], vec![1, 2, 3, 4]),
+            (Some(1 ^ 3), vec![9], vec![70000, 6]),
+        ] {
+            assert_eq!(read_map_len(&mut r).unwrap(), 8);
+            assert_eq!(
+                (s(&mut r), s(&mut r)),
+                ("type".into(), "BlockStored".into())
+            );
+            assert_eq!(s(&mut r), "block_hashes");
+            assert_eq!(ints(&mut r), hashes);
+            assert_eq!(s(&mut r), "parent_block_hash");
+            match parent {
+                None => read_nil(&mut r).unwrap(),
+                Some(p) => assert_eq!(read_int::<u64, _>(&mut r).unwrap(), p),
+            }
+            assert_eq!(s(&mut r), "token_ids");
+            assert_eq!(ints(&mut r), tokens);
+            assert_eq!(s(&mut r), "block_size");
+            assert_eq!(read_int::<u64, _>(&mut r).unwrap(), 2);
+            assert_eq!(s(&mut r), "lora_id");
+            read_nil(&mut r).unwrap();
+            assert_eq!((s(&mut r), s(&mut r)), ("medium".into(), "GPU".into()));
+            assert_eq!(s(&mut r), "lora_name");
+            read_nil(&mut r).unwrap();
         }
-        assert_eq!(read_int::<u64, _>(&mut r).unwrap(), 2);
-        read_nil(&mut r).unwrap();
-        assert_eq!(tag(&mut r), "GPU");
-        read_nil(&mut r).unwrap();
-        // The chain's next run names its parent with the same fold.
-        assert_eq!(read_array_len(&mut r).unwrap(), 8);
-        assert_eq!(tag(&mut r), "BlockStored");
-        assert_eq!(read_array_len(&mut r).unwrap(), 1);
-        assert_eq!(read_int::<u64, _>(&mut r).unwrap(), 9);
-        assert_eq!(read_int::<u64, _>(&mut r).unwrap(), 1 ^ 3);
-        assert_eq!(read_array_len(&mut r).unwrap(), 2);
-        assert_eq!(read_int::<u64, _>(&mut r).unwrap(), 70000);
-        assert_eq!(read_int::<u64, _>(&mut r).unwrap(), 6);
-        assert_eq!(read_int::<u64, _>(&mut r).unwrap(), 2);
-        read_nil(&mut r).unwrap();
-        assert_eq!(tag(&mut r), "GPU");
-        read_nil(&mut r).unwrap();
-        assert_eq!(read_array_len(&mut r).unwrap(), 3);
-        assert_eq!(tag(&mut r), "BlockRemoved");
-        assert_eq!(read_array_len(&mut r).unwrap(), 1);
-        assert_eq!(read_int::<u64, _>(&mut r).unwrap(), 7);
-        assert_eq!(tag(&mut r), "GPU");
-        assert_eq!(read_array_len(&mut r).unwrap(), 1);
-        assert_eq!(tag(&mut r), "AllBlocksCleared");
+        assert_eq!(read_map_len(&mut r).unwrap(), 3);
+        assert_eq!(
+            (s(&mut r), s(&mut r)),
+            ("type".into(), "BlockRemoved".into())
+        );
+        assert_eq!(s(&mut r), "block_hashes");
+        assert_eq!(ints(&mut r), vec![7]);
+        assert_eq!((s(&mut r), s(&mut r)), ("medium".into(), "GPU".into()));
+        assert_eq!(read_map_len(&mut r).unwrap(), 1);
+        assert_eq!(
+            (s(&mut r), s(&mut r)),
+            ("type".into(), "AllBlocksCleared".into())
+        );
         assert_eq!(read_int::<u64, _>(&mut r).unwrap(), 0);
         assert!(r.is_empty(), "{} bytes left", r.len());
     }
