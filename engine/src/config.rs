@@ -37,6 +37,10 @@ pub struct EngineConfig {
     /// Most seats one API request's samples hold while others wait
     /// (`--max-running-seqs-per-request`); None: half of `max_num_seqs`.
     pub max_seqs_per_group: Option<usize>,
+    /// The CPUs this engine core's step threads run on, one thread each (a
+    /// data-parallel rank's share of the machine); `None`: as many threads as the
+    /// global pool, unpinned.
+    pub cpu_set: Option<Vec<usize>>,
     /// Test-only fault injection (`--debug-inject-fault`, debug builds only).
     pub fault_injection: Option<FaultInjectionConfig>,
     /// vLLM's `--seed`: requests without a seed of their own get one drawn from an
@@ -85,6 +89,7 @@ impl EngineConfig {
             kv_cache_dtype: pagoda_core::KvCacheDtype::Auto,
             scheduling_policy: pagoda_scheduler::SchedulingPolicy::Fcfs,
             max_seqs_per_group: None,
+            cpu_set: None,
             fault_injection: None,
             seed: 0,
             disable_log_stats: false,

@@ -281,7 +281,10 @@ impl EngineCore {
             ..SchedulerConfig::default()
         })
         .map_err(|e| EngineError::invalid("scheduler", e.to_string()))?;
-        let pool = StepPool::new()?;
+        let pool = match &config.cpu_set {
+            Some(cpus) => StepPool::pinned(cpus)?,
+            None => StepPool::new()?,
+        };
         tracing::info!(
             "step pool: {} threads, idle workers {} during a step ({}=0 to park)",
             pool.num_threads(),

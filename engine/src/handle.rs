@@ -72,20 +72,37 @@ struct Shared {
     /// Adds sent but not yet seen by the loop, plus the scheduler's waiting count.
     num_pending: AtomicUsize,
     num_waiting: AtomicUsize,
+    num_running: AtomicUsize,
     stopped: AtomicBool,
 }
 
-/// A cloneable handle to the engine thread.
-#[derive(Clone)]
-pub struct EngineHandle {
+/// One engine core on its own thread: a data-parallel rank.
+struct Rank {
     tx: mpsc::Sender<Command>,
     shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Rank {
+    /// vLLM's data-parallel balancing score (`DPLBAsyncMPClient`): a waiting
+    /// request counts four times a running one.
+    fn load(&self) -> usize {
+        let waiting = self.shared.num_waiting.load(Ordering::Acquire)
+            + self.shared.num_pending.load(Ordering::Acquire);
+        waiting * 4 + self.shared.num_running.load(Ordering::Acquire)
+    }
+}
+
+/// A cloneable handle to the engine threads: one, or `--data-parallel-size` ranks,
+/// each an engine core with its own KV cache, behind one submit that balances them.
+#[derive(Clone)]
+pub struct EngineHandle {
+    ranks: Arc<Vec<Rank>>,
     tokenizer: Arc<Tokenizer>,
     chat_template: Option<Arc<ChatTemplate>>,
     info: Arc<ModelInfo>,
     structured: Arc<SharedCompiler>,
     max_waiting: usize,
-    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
 }
 
 /// The outputs of one request, in order; the last one has `finished == true`.
@@ -149,41 +166,47 @@ impl EngineHandle {
     /// handed to `sink` after every step that produced some (none are collected
     /// without a sink).
     pub fn start_with_kv_events(
-        mut engine: LLMEngine,
+        engine: LLMEngine,
         max_waiting: usize,
         sink: Option<KvEventSink>,
     ) -> EngineHandle {
-        engine
-            .core_mut()
-            .scheduler_mut()
-            .set_kv_events(sink.is_some());
-        let (tx, rx) = mpsc::channel();
-        let shared = Arc::new(Shared {
-            stats: Mutex::new(engine.stats()),
-            fault: Mutex::new(None),
-            num_pending: AtomicUsize::new(0),
-            num_waiting: AtomicUsize::new(0),
-            stopped: AtomicBool::new(false),
-        });
-        let tokenizer = engine.tokenizer();
-        let chat_template = engine.chat_template();
-        let info = Arc::new(engine.model_info().clone());
-        let structured = engine.structured_compiler();
-        let loop_shared = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("pagoda-engine".into())
-            .spawn(move || engine_loop(engine, rx, loop_shared, sink))
-            .expect("spawning the engine thread");
+        Self::start_ranks(vec![(engine, sink)], max_waiting)
+    }
+
+    /// Data parallel: each engine (built from one configuration, so one model and
+    /// tokenizer) on its own thread, with its KV-event sink; a request goes to the
+    /// rank with the least load ([`Rank::load`]). `max_waiting` bounds the sum.
+    ///
+    /// # Panics
+    /// When `engines` is empty.
+    pub fn start_ranks(
+        engines: Vec<(LLMEngine, Option<KvEventSink>)>,
+        max_waiting: usize,
+    ) -> EngineHandle {
+        assert!(!engines.is_empty(), "at least one engine");
+        let first = &engines[0].0;
+        let tokenizer = first.tokenizer();
+        let chat_template = first.chat_template();
+        let info = Arc::new(first.model_info().clone());
+        let structured = first.structured_compiler();
+        let ranks = engines
+            .into_iter()
+            .enumerate()
+            .map(|(i, (engine, sink))| Rank::start(i, engine, sink))
+            .collect();
         EngineHandle {
-            tx,
-            shared,
+            ranks: Arc::new(ranks),
             tokenizer,
             chat_template,
             info,
             structured,
             max_waiting,
-            thread: Arc::new(Mutex::new(Some(thread))),
         }
+    }
+
+    /// How many engine cores (data-parallel ranks) serve.
+    pub fn num_ranks(&self) -> usize {
+        self.ranks.len()
     }
 
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
@@ -199,27 +222,35 @@ impl EngineHandle {
     pub fn structured_compiler(&self) -> &Arc<SharedCompiler> {
         &self.structured
     }
+    /// The counters of all ranks together (see [`EngineStats::combine`]).
     pub fn stats(&self) -> EngineStats {
-        self.shared
-            .stats
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_default()
+        EngineStats::combine(&self.rank_stats())
+    }
+
+    /// Each rank's counters, by rank.
+    pub fn rank_stats(&self) -> Vec<EngineStats> {
+        self.ranks
+            .iter()
+            .map(|r| r.shared.stats.lock().map(|s| s.clone()).unwrap_or_default())
+            .collect()
     }
     /// Ok while the engine loop is alive and has not faulted: the fault itself
     /// otherwise ([`EngineError::Fault`]), or [`EngineError::Shutdown`].
+    /// With data parallel, any rank's fault or stop is the server's.
     pub fn health(&self) -> Result<(), EngineError> {
-        let fault = self
-            .shared
-            .fault
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if let Some(f) = fault {
-            return Err(f);
-        }
-        if self.shared.stopped.load(Ordering::Acquire) {
-            return Err(EngineError::Shutdown);
+        for r in self.ranks.iter() {
+            let fault = r
+                .shared
+                .fault
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(f) = fault {
+                return Err(f);
+            }
+            if r.shared.stopped.load(Ordering::Acquire) {
+                return Err(EngineError::Shutdown);
+            }
         }
         Ok(())
     }
@@ -239,16 +270,29 @@ impl EngineHandle {
             (Some(_), Some(g)) => Some(Box::new(g)),
             (None, _) => None,
         };
-        let waiting = self.shared.num_waiting.load(Ordering::Acquire)
-            + self.shared.num_pending.load(Ordering::Acquire);
+        let waiting: usize = self
+            .ranks
+            .iter()
+            .map(|r| {
+                r.shared.num_waiting.load(Ordering::Acquire)
+                    + r.shared.num_pending.load(Ordering::Acquire)
+            })
+            .sum();
         if waiting >= self.max_waiting {
             return Err(EngineError::QueueFull {
                 max_waiting: self.max_waiting,
             });
         }
+        // The first of the least loaded: one rank gets everything at light load,
+        // so its prefix cache serves repeats (as vLLM's balancer).
+        let rank = self
+            .ranks
+            .iter()
+            .min_by_key(|r| r.load())
+            .expect("at least one rank");
         let (otx, orx) = tmpsc::unbounded_channel();
-        self.shared.num_pending.fetch_add(1, Ordering::AcqRel);
-        self.tx
+        rank.shared.num_pending.fetch_add(1, Ordering::AcqRel);
+        rank.tx
             .send(Command::Add {
                 request_id: req.request_id.clone(),
                 prompt_ids,
@@ -265,37 +309,82 @@ impl EngineHandle {
         Ok(RequestStream {
             request_id: req.request_id,
             rx: orx,
-            tx: self.tx.clone(),
+            tx: rank.tx.clone(),
             finished: false,
         })
     }
 
+    /// Aborts the request on whichever rank runs it (the others ignore the id).
     pub fn abort(&self, request_id: &str) {
-        let _ = self.tx.send(Command::Abort(request_id.to_string()));
+        for r in self.ranks.iter() {
+            let _ = r.tx.send(Command::Abort(request_id.to_string()));
+        }
     }
 
     /// Forgets every cached prefix block (vLLM's `/reset_prefix_cache`). False when
     /// blocks are in use by running requests (nothing is reset then).
     /// With `preempt_running`, running requests are preempted first (they resume,
     /// recomputed) so that the reset always succeeds.
+    /// With data parallel, every rank's; true when all were reset.
     pub fn reset_prefix_cache(&self, preempt_running: bool) -> Result<bool, EngineError> {
         self.health()?;
-        let (reply, done) = mpsc::channel();
-        self.tx
-            .send(Command::ResetPrefixCache {
+        let mut all = true;
+        for r in self.ranks.iter() {
+            let (reply, done) = mpsc::channel();
+            r.tx.send(Command::ResetPrefixCache {
                 preempt_running,
                 reply,
             })
             .map_err(|_| EngineError::Shutdown)?;
-        done.recv().map_err(|_| EngineError::Shutdown)
+            all &= done.recv().map_err(|_| EngineError::Shutdown)?;
+        }
+        Ok(all)
     }
 
     /// Stops the loop: with `abort_running` in-flight requests are aborted, otherwise
     /// they run to completion first. Blocks until the loop has exited.
     pub fn shutdown(&self, abort_running: bool) {
-        let _ = self.tx.send(Command::Shutdown { abort_running });
-        if let Some(t) = self.thread.lock().ok().and_then(|mut t| t.take()) {
-            let _ = t.join();
+        for r in self.ranks.iter() {
+            let _ = r.tx.send(Command::Shutdown { abort_running });
+        }
+        for r in self.ranks.iter() {
+            if let Some(t) = r.thread.lock().ok().and_then(|mut t| t.take()) {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Rank {
+    /// Rank `index`'s engine loop on a thread of its own.
+    fn start(index: usize, mut engine: LLMEngine, sink: Option<KvEventSink>) -> Rank {
+        engine
+            .core_mut()
+            .scheduler_mut()
+            .set_kv_events(sink.is_some());
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            stats: Mutex::new(engine.stats()),
+            fault: Mutex::new(None),
+            num_pending: AtomicUsize::new(0),
+            num_waiting: AtomicUsize::new(0),
+            num_running: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
+        });
+        let loop_shared = shared.clone();
+        // Rank 0 keeps the single engine's thread name.
+        let name = match index {
+            0 => "pagoda-engine".to_string(),
+            i => format!("pagoda-engine-{i}"),
+        };
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || engine_loop(engine, rx, loop_shared, sink))
+            .expect("spawning the engine thread");
+        Rank {
+            tx,
+            shared,
+            thread: Mutex::new(Some(thread)),
         }
     }
 }
@@ -499,6 +588,9 @@ impl EngineLoop {
         self.shared
             .num_waiting
             .store(stats.num_waiting, Ordering::Release);
+        self.shared
+            .num_running
+            .store(stats.num_running, Ordering::Release);
         if self.last_log.elapsed() >= Duration::from_secs(5)
             && (stats.num_running + stats.num_waiting) > 0
         {

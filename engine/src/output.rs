@@ -116,6 +116,41 @@ pub struct EngineStats {
     pub iteration_tokens: IterationTokens,
 }
 
+impl EngineStats {
+    /// Engine cores' counters as one server's: counts add up, and the KV-cache
+    /// usage is the mean (the data-parallel ranks have equal caches).
+    pub fn combine(ranks: &[EngineStats]) -> EngineStats {
+        let Some((first, rest)) = ranks.split_first() else {
+            return EngineStats::default();
+        };
+        let mut all = rest.iter().fold(first.clone(), |a, b| a.add(b));
+        all.kv_cache_usage /= ranks.len() as f64;
+        all
+    }
+
+    /// Sums every field (the usage too: [`EngineStats::combine`] divides it).
+    fn add(&self, other: &EngineStats) -> EngineStats {
+        let mut it = self.iteration_tokens.clone();
+        for (a, b) in it.buckets.iter_mut().zip(other.iteration_tokens.buckets) {
+            *a += b;
+        }
+        it.sum += other.iteration_tokens.sum;
+        it.count += other.iteration_tokens.count;
+        EngineStats {
+            num_running: self.num_running + other.num_running,
+            num_waiting: self.num_waiting + other.num_waiting,
+            kv_cache_usage: self.kv_cache_usage + other.kv_cache_usage,
+            prefix_cache_queries: self.prefix_cache_queries + other.prefix_cache_queries,
+            prefix_cache_hits: self.prefix_cache_hits + other.prefix_cache_hits,
+            num_preemptions: self.num_preemptions + other.num_preemptions,
+            prompt_tokens: self.prompt_tokens + other.prompt_tokens,
+            generation_tokens: self.generation_tokens + other.generation_tokens,
+            num_steps: self.num_steps + other.num_steps,
+            iteration_tokens: it,
+        }
+    }
+}
+
 impl RequestOutput {
     /// The final output of a request aborted before it finished.
     pub fn aborted(request_id: &str) -> Self {

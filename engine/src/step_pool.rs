@@ -47,13 +47,26 @@ impl StepPool {
 
     /// `threads` workers; `spin` keeps the idle ones polling during a step.
     pub fn with_threads(threads: usize, spin: bool) -> Result<Self, EngineError> {
-        let pool = rayon::ThreadPoolBuilder::new()
+        Self::build(threads, spin, None)
+    }
+
+    /// One worker per CPU of `cpus`, each pinned to its CPU (a data-parallel rank's
+    /// cores: two ranks never compete for one core's caches and time).
+    pub fn pinned(cpus: &[usize]) -> Result<Self, EngineError> {
+        let spin = std::env::var(STEP_SPIN_ENV).map_or(true, |v| v.trim() != "0");
+        Self::build(cpus.len(), spin, Some(cpus.to_vec()))
+    }
+
+    fn build(threads: usize, spin: bool, cpus: Option<Vec<usize>>) -> Result<Self, EngineError> {
+        let mut builder = rayon::ThreadPoolBuilder::new()
             .num_threads(threads.max(1))
-            .thread_name(|i| format!("pagoda-step-{i}"))
-            .build()
-            .map_err(|e| EngineError::Fault {
-                message: format!("starting the step thread pool: {e}"),
-            })?;
+            .thread_name(|i| format!("pagoda-step-{i}"));
+        if let Some(cpus) = cpus {
+            builder = builder.start_handler(move |i| pin_to(cpus[i % cpus.len()]));
+        }
+        let pool = builder.build().map_err(|e| EngineError::Fault {
+            message: format!("starting the step thread pool: {e}"),
+        })?;
         Ok(Self {
             pool: Arc::new(pool),
             spin,
@@ -97,6 +110,25 @@ impl StepPool {
                 f()
             })
         })
+    }
+}
+
+/// Pins the calling thread to `cpu`; a refusal (a CPU outside the process's
+/// allowed set) leaves it unpinned, with a warning.
+fn pin_to(cpu: usize) {
+    // SAFETY: `set` is a plain bit set initialised by CPU_ZERO before use, and
+    // sched_setaffinity only reads it (pid 0: this thread).
+    let ok = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    };
+    if !ok {
+        tracing::warn!(
+            "could not pin a step thread to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

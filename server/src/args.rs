@@ -266,7 +266,10 @@ fn parse_tensor_parallel_size(s: &str) -> Result<usize, String> {
 pub fn expand_vllm_short_flags(
     args: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> Vec<std::ffi::OsString> {
-    const SHORT: &[(&str, &str)] = &[("-tp", "--tensor-parallel-size")];
+    const SHORT: &[(&str, &str)] = &[
+        ("-tp", "--tensor-parallel-size"),
+        ("-dp", "--data-parallel-size"),
+    ];
     args.into_iter()
         .map(|a| {
             let Some(s) = a.to_str() else { return a };

@@ -16,6 +16,7 @@
 //! async worker threads that also answer `/health`.
 
 pub mod conn;
+pub mod data_parallel;
 pub mod error;
 pub mod format;
 pub mod frontend;
@@ -36,7 +37,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use error::ApiError;
 use metrics::Metrics;
-use pagoda_engine::{EngineHandle, LLMEngine};
+use pagoda_engine::EngineHandle;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -415,24 +416,12 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     let config = args.engine.engine_config();
-    tracing::info!("loading model {}", config.model_path.display());
-    let engine = LLMEngine::new(config).context("starting the engine")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("pagoda-http")
         .build()
         .context("building the tokio runtime")?;
-    // The publisher's sockets are bound before the engine starts: a taken port is
-    // a start-up error, and no event of the first step is lost.
-    let kv_sink = match args.kv_events_config.as_ref().filter(|c| c.publishes()) {
-        Some(c) => Some(
-            runtime
-                .block_on(kv_events::KvEventPublisher::start(c, 0))?
-                .sink,
-        ),
-        None => None,
-    };
-    let handle = EngineHandle::start_with_kv_events(engine, args.max_waiting_requests, kv_sink);
+    let handle = data_parallel::start_engines(&args, config, &runtime)?;
     let mut names = args.served_model_name.clone().into_iter();
     let mut state = AppState::new(
         handle.clone(),

@@ -112,6 +112,12 @@ pub struct ServeArgs {
     /// "replay_endpoint": "tcp://*:5558", "topic": "kv-events"}' (docs/distributed.md).
     #[arg(long, value_parser = crate::serve::kv_events::KvEventsConfig::parse, help_heading = "VllmConfig")]
     pub kv_events_config: Option<crate::serve::kv_events::KvEventsConfig>,
+    /// Data-parallel engine cores (also `-dp`), each with its own model copy, KV
+    /// cache (`--kv-cache-memory-mib` each) and share of the CPUs (a NUMA node each
+    /// when there are that many nodes), behind this one API server, which sends each
+    /// request to the least loaded (waiting x 4 + running, as vLLM balances).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64), help_heading = "ParallelConfig")]
+    pub data_parallel_size: u64,
     /// Most requests waiting for admission before new ones get 503.
     #[arg(long, default_value_t = 1024, help_heading = "Frontend")]
     pub max_waiting_requests: usize,

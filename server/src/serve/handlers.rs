@@ -644,7 +644,7 @@ pub async fn version() -> Response {
 
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    let text = st.metrics.render(&st.engine.stats(), &st.model_name);
+    let text = st.metrics.render(&st.engine.rank_stats(), &st.model_name);
     (
         [(
             header::CONTENT_TYPE,

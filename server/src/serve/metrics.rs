@@ -100,6 +100,11 @@ impl Histogram {
     fn render(&self, name: &str, help: &str, labels: &str, out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} histogram");
+        self.render_samples(name, labels, out);
+    }
+
+    /// The bucket, count and sum samples, without the HELP/TYPE header.
+    fn render_samples(&self, name: &str, labels: &str, out: &mut String) {
         for (i, c) in self.cumulative().into_iter().enumerate() {
             let le = match self.bounds.get(i) {
                 Some(b) => format!("{b:?}"),
@@ -241,71 +246,13 @@ impl Metrics {
         self.finished.lock().unwrap_or_else(|e| e.into_inner())[3] += 1;
     }
 
-    /// The whole exposition: engine gauges and counters, then server histograms.
-    pub fn render(&self, stats: &EngineStats, model_name: &str) -> String {
-        let labels = format!("model_name=\"{}\",engine=\"0\"", escape_label(model_name));
+    /// The whole exposition: each engine core's gauges and counters (one sample per
+    /// data-parallel rank, labelled `engine`), then the server's histograms.
+    pub fn render(&self, ranks: &[EngineStats], model_name: &str) -> String {
+        let model = escape_label(model_name);
+        let labels = format!("model_name=\"{model}\",engine=\"0\"");
         let mut out = String::with_capacity(8192);
-        let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} gauge");
-            let _ = writeln!(out, "{name}{{{labels}}} {}", fmt_f64(v));
-        };
-        gauge(
-            &mut out,
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            stats.num_running as f64,
-        );
-        gauge(
-            &mut out,
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            stats.num_waiting as f64,
-        );
-        gauge(
-            &mut out,
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            stats.kv_cache_usage,
-        );
-        // Counters: TYPE names the family, the sample carries `_total`, as
-        // prometheus_client (and hence vLLM) writes them.
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-            let _ = writeln!(out, "{name}_total{{{labels}}} {v}");
-        };
-        counter(
-            &mut out,
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            stats.prefix_cache_queries,
-        );
-        counter(
-            &mut out,
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            stats.prefix_cache_hits,
-        );
-        legacy_names(&mut out, &labels, stats);
-        counter(
-            &mut out,
-            "vllm:num_preemptions",
-            "Cumulative number of preemptions from the engine.",
-            stats.num_preemptions,
-        );
-        counter(
-            &mut out,
-            "vllm:prompt_tokens",
-            "Number of prefill tokens processed.",
-            stats.prompt_tokens,
-        );
-        counter(
-            &mut out,
-            "vllm:generation_tokens",
-            "Number of generation tokens processed.",
-            stats.generation_tokens,
-        );
+        render_engines(&mut out, ranks, &model);
         let finished = *self.finished.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(
             out,
@@ -337,21 +284,7 @@ impl Metrics {
             &labels,
             &mut out,
         );
-        let mut iteration = Histogram::new(
-            ITERATION_TOKENS_BUCKETS
-                .iter()
-                .map(|&b| b as f64)
-                .collect::<Vec<_>>(),
-        );
-        iteration.counts = stats.iteration_tokens.buckets.to_vec();
-        iteration.sum = stats.iteration_tokens.sum as f64;
-        iteration.count = stats.iteration_tokens.count;
-        iteration.render(
-            "vllm:iteration_tokens_total",
-            "Histogram of number of tokens per engine_step.",
-            &labels,
-            &mut out,
-        );
+        render_iteration_tokens(&mut out, ranks, &model);
         lock(&self.n).render(
             "vllm:request_params_n",
             "Histogram of the n request parameter.",
@@ -470,45 +403,125 @@ impl RequestTimer {
 
 /// The pre-V1 names that the production-stack router and older dashboards still
 /// scrape, beside the current ones (the same values).
-fn legacy_names(out: &mut String, labels: &str, stats: &EngineStats) {
-    let mut metric = |name: &str, kind: &str, help: &str, sample: &str, v: String| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        let _ = writeln!(out, "{sample}{{{labels}}} {v}");
-    };
-    let hit_rate = if stats.prefix_cache_queries == 0 {
-        0.0
+/// One metric with a sample per rank: `value` of each rank's stats.
+fn per_rank(
+    out: &mut String,
+    (name, kind, help): (&str, &str, &str),
+    ranks: &[EngineStats],
+    model: &str,
+    value: impl Fn(&EngineStats) -> String,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    // Counters: TYPE names the family, the sample carries `_total`, as
+    // prometheus_client (and hence vLLM) writes them.
+    let sample = if kind == "counter" {
+        format!("{name}_total")
     } else {
-        stats.prefix_cache_hits as f64 / stats.prefix_cache_queries as f64
+        name.to_string()
     };
-    metric(
-        "vllm:gpu_cache_usage_perc",
-        "gauge",
-        "GPU KV-cache usage. 1 means 100 percent usage (legacy name of vllm:kv_cache_usage_perc).",
-        "vllm:gpu_cache_usage_perc",
-        fmt_f64(stats.kv_cache_usage),
+    for (rank, stats) in ranks.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "{sample}{{model_name=\"{model}\",engine=\"{rank}\"}} {}",
+            value(stats)
+        );
+    }
+}
+
+/// The engine cores' gauges and counters, current names then the legacy ones the
+/// production-stack router still scrapes.
+fn render_engines(out: &mut String, ranks: &[EngineStats], model: &str) {
+    type Metric = (
+        (&'static str, &'static str, &'static str),
+        fn(&EngineStats) -> String,
     );
-    metric(
-        "vllm:gpu_prefix_cache_hit_rate",
-        "gauge",
-        "GPU prefix cache hit rate (legacy: hits / queries, in tokens).",
-        "vllm:gpu_prefix_cache_hit_rate",
-        fmt_f64(hit_rate),
+    let metrics: [Metric; 12] = [
+        (
+            ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
+            |s| fmt_f64(s.num_running as f64),
+        ),
+        (
+            ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+            |s| fmt_f64(s.num_waiting as f64),
+        ),
+        (
+            ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
+            |s| fmt_f64(s.kv_cache_usage),
+        ),
+        (
+            ("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in terms of number of queried tokens."),
+            |s| s.prefix_cache_queries.to_string(),
+        ),
+        (
+            ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens."),
+            |s| s.prefix_cache_hits.to_string(),
+        ),
+        (
+            ("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage (legacy name of vllm:kv_cache_usage_perc)."),
+            |s| fmt_f64(s.kv_cache_usage),
+        ),
+        (
+            ("vllm:gpu_prefix_cache_hit_rate", "gauge", "GPU prefix cache hit rate (legacy: hits / queries, in tokens)."),
+            |s| {
+                let rate = if s.prefix_cache_queries == 0 {
+                    0.0
+                } else {
+                    s.prefix_cache_hits as f64 / s.prefix_cache_queries as f64
+                };
+                fmt_f64(rate)
+            },
+        ),
+        (
+            ("vllm:gpu_prefix_cache_queries", "counter", "GPU prefix cache queries, in tokens (legacy name of vllm:prefix_cache_queries)."),
+            |s| s.prefix_cache_queries.to_string(),
+        ),
+        (
+            ("vllm:gpu_prefix_cache_hits", "counter", "GPU prefix cache hits, in tokens (legacy name of vllm:prefix_cache_hits)."),
+            |s| s.prefix_cache_hits.to_string(),
+        ),
+        (
+            ("vllm:num_preemptions", "counter", "Cumulative number of preemptions from the engine."),
+            |s| s.num_preemptions.to_string(),
+        ),
+        (
+            ("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
+            |s| s.prompt_tokens.to_string(),
+        ),
+        (
+            ("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
+            |s| s.generation_tokens.to_string(),
+        ),
+    ];
+    for (head, value) in metrics {
+        per_rank(out, head, ranks, model, value);
+    }
+}
+
+/// `vllm:iteration_tokens_total`, one histogram per rank under one header.
+fn render_iteration_tokens(out: &mut String, ranks: &[EngineStats], model: &str) {
+    let name = "vllm:iteration_tokens_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Histogram of number of tokens per engine_step."
     );
-    metric(
-        "vllm:gpu_prefix_cache_queries",
-        "counter",
-        "GPU prefix cache queries, in tokens (legacy name of vllm:prefix_cache_queries).",
-        "vllm:gpu_prefix_cache_queries_total",
-        stats.prefix_cache_queries.to_string(),
-    );
-    metric(
-        "vllm:gpu_prefix_cache_hits",
-        "counter",
-        "GPU prefix cache hits, in tokens (legacy name of vllm:prefix_cache_hits).",
-        "vllm:gpu_prefix_cache_hits_total",
-        stats.prefix_cache_hits.to_string(),
-    );
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for (rank, stats) in ranks.iter().enumerate() {
+        let mut h = Histogram::new(
+            ITERATION_TOKENS_BUCKETS
+                .iter()
+                .map(|&b| b as f64)
+                .collect::<Vec<_>>(),
+        );
+        h.counts = stats.iteration_tokens.buckets.to_vec();
+        h.sum = stats.iteration_tokens.sum as f64;
+        h.count = stats.iteration_tokens.count;
+        h.render_samples(
+            name,
+            &format!("model_name=\"{model}\",engine=\"{rank}\""),
+            out,
+        );
+    }
 }
 
 #[cfg(test)]
@@ -549,7 +562,7 @@ mod tests {
             num_steps: 7,
             iteration_tokens: Default::default(),
         };
-        let text = m.render(&stats, "smol\"lm");
+        let text = m.render(std::slice::from_ref(&stats), "smol\"lm");
         for line in [
             "vllm:num_requests_running{model_name=\"smol\\\"lm\",engine=\"0\"} 2.0",
             "vllm:num_requests_waiting{model_name=\"smol\\\"lm\",engine=\"0\"} 1.0",
@@ -618,7 +631,7 @@ mod tests {
         let mut stats = EngineStats::default();
         stats.iteration_tokens.observe(9);
         stats.iteration_tokens.observe(1);
-        let text = m.render(&stats, "m");
+        let text = m.render(std::slice::from_ref(&stats), "m");
         for line in [
             "vllm:request_prompt_tokens_bucket{model_name=\"m\",engine=\"0\",le=\"5.0\"} 0",
             "vllm:request_prompt_tokens_bucket{model_name=\"m\",engine=\"0\",le=\"10.0\"} 1",
