@@ -151,9 +151,7 @@ pub(crate) fn bytes_of<T: Plain>(v: &[T]) -> &[u8] {
 /// The bytes of plain integers, writable (a download's destination).
 pub(crate) fn bytes_of_mut<T: Plain>(v: &mut [T]) -> &mut [u8] {
     // SAFETY: as in `bytes_of`; every byte pattern is a valid plain integer.
-    unsafe {
-        std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v))
-    }
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 /// A device buffer that grows (to a power of two bytes) and is never shrunk; once

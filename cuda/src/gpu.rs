@@ -117,10 +117,18 @@ impl CudaDriver {
         Ok(self)
     }
 
-    fn view_addr(&self, d: Device, p: Option<pagoda_core::DevicePtr>, name: &str) -> Result<u64, String> {
+    fn view_addr(
+        &self,
+        d: Device,
+        p: Option<pagoda_core::DevicePtr>,
+        name: &str,
+    ) -> Result<u64, String> {
         match p {
             Some(p) if d == self.device => Ok(p.addr),
-            _ => Err(format!("{name} is on {d}, not device memory of {}", self.device)),
+            _ => Err(format!(
+                "{name} is on {d}, not device memory of {}",
+                self.device
+            )),
         }
     }
 }
@@ -196,8 +204,7 @@ impl Driver for CudaDriver {
     unsafe fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
         self.bind()?;
         // SAFETY: the caller's contract.
-        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
-            .map_err(drv)
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }.map_err(drv)
     }
 
     unsafe fn launch(&self, call: &Call) -> Result<(), String> {
@@ -245,7 +252,8 @@ impl Driver for CudaDriver {
             .map_err(drv)?
             .ok_or("no graph was captured")?;
         // Uploaded now: the first replay must not pay for it.
-        g.upload().map_err(|e| format!("uploading the graph: {e}"))?;
+        g.upload()
+            .map_err(|e| format!("uploading the graph: {e}"))?;
         Ok(Graph(g))
     }
 

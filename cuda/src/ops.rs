@@ -277,9 +277,8 @@ impl<D: Driver> DeviceOps<D> {
         let src = self.addr("download source", &x)?;
         // SAFETY: `src` is a view of this device holding `out.len()` f32s (checked);
         // f32 has no invalid bit patterns.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4)
-        };
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4) };
         // SAFETY: as above; `out` stays borrowed until the wait below.
         unsafe { self.driver.download(src, bytes) }.map_err(|e| self.failed("download", e))?;
         self.wait("download")
@@ -369,7 +368,12 @@ where
         self.begin_step_inner(step)
     }
 
-    fn embed(&mut self, table: TensorRef<'_>, scale: f32, out: TensorMut<'_>) -> Result<(), CoreError> {
+    fn embed(
+        &mut self,
+        table: TensorRef<'_>,
+        scale: f32,
+        out: TensorMut<'_>,
+    ) -> Result<(), CoreError> {
         self.embed_inner(table, scale, out)
     }
 
@@ -396,7 +400,12 @@ where
         self.norm_inner(Some(residual), x, w, (w_offset, eps), out)
     }
 
-    fn linear(&mut self, x: TensorRef<'_>, w: TensorRef<'_>, out: TensorMut<'_>) -> Result<(), CoreError> {
+    fn linear(
+        &mut self,
+        x: TensorRef<'_>,
+        w: TensorRef<'_>,
+        out: TensorMut<'_>,
+    ) -> Result<(), CoreError> {
         self.linear_inner(x, w, out)
     }
 
@@ -423,7 +432,12 @@ where
         })
     }
 
-    fn gated_act(&mut self, act: GatedAct, gate_up: TensorRef<'_>, out: TensorMut<'_>) -> Result<(), CoreError> {
+    fn gated_act(
+        &mut self,
+        act: GatedAct,
+        gate_up: TensorRef<'_>,
+        out: TensorMut<'_>,
+    ) -> Result<(), CoreError> {
         self.gated_inner(act, gate_up, out)
     }
 

@@ -128,13 +128,7 @@ unsafe fn gemm_at(g: &Gemm) -> Result<(), GemmError> {
         let [xl, wl, ol] = operand_lens(g.m, g.n, g.k)?;
         let (x, w, o) = g.addrs;
         // SAFETY: the caller's contract: the operands hold these counts of X and O.
-        let (x, w, out) = unsafe {
-            (
-                slice::<X>(x, xl),
-                slice::<X>(w, wl),
-                slice_mut::<O>(o, ol),
-            )
-        };
+        let (x, w, out) = unsafe { (slice::<X>(x, xl), slice::<X>(w, wl), slice_mut::<O>(o, ol)) };
         gemm_host(x, w, out, g.m, g.n, g.k)
     }
     let (x, w, o) = g.dtypes;

@@ -4,9 +4,7 @@
 use super::{dims2, dt, i32_of, p, DeviceOps};
 use crate::driver::{Driver, Gemm};
 use pagoda_core::{CoreError, DType, GatedAct, RopeShape, TensorMut, TensorRef};
-use pagoda_cuda_kernels::{
-    Call, EmbedParams, GatherParams, GluParams, NormParams, RopeKvParams,
-};
+use pagoda_cuda_kernels::{Call, EmbedParams, GatherParams, GluParams, NormParams, RopeKvParams};
 use std::ffi::c_void;
 
 /// The views of one `rope_write_kv`.

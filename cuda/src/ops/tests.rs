@@ -109,7 +109,11 @@ fn a_capture_refuses_host_waits_and_allocations_through_the_driver() {
     let rt = rt();
     let mut ops = emu_ops(rt.clone()).unwrap();
     ops.reserve_step(2, 2).unwrap();
-    let logits = f32_buf(&rt, &[2, 5], Some(&[0., 1., 9., 2., 3., 7., 1., 0., 0., 0.]));
+    let logits = f32_buf(
+        &rt,
+        &[2, 5],
+        Some(&[0., 1., 9., 2., 3., 7., 1., 0., 0., 0.]),
+    );
     ops.begin_capture().unwrap();
     let mut host = vec![0.0; 10];
     let down = ops.download_f32(logits.view(), &mut host);
@@ -120,7 +124,10 @@ fn a_capture_refuses_host_waits_and_allocations_through_the_driver() {
     let down = down.unwrap_err().to_string();
     assert!(down.contains("capture"), "{down}");
     let argmax = argmax.unwrap_err().to_string();
-    assert!(argmax.contains("allocation during a CUDA graph capture"), "{argmax}");
+    assert!(
+        argmax.contains("allocation during a CUDA graph capture"),
+        "{argmax}"
+    );
     ops.argmax(logits.view(), &mut ids).unwrap();
     assert_eq!(ids, [2, 0]);
     // Allocated now, the argmax is still refused inside a capture: it waits.

@@ -10,8 +10,8 @@
 
 use crate::emu_launch::AttnKernel;
 use crate::params::{
-    ArgmaxParams, AttnParams, CastParams, EmbedParams, GatherParams, GluParams, Launch,
-    NormParams, RopeKvParams, WriteKvParams,
+    ArgmaxParams, AttnParams, CastParams, EmbedParams, GatherParams, GluParams, Launch, NormParams,
+    RopeKvParams, WriteKvParams,
 };
 use crate::Dtype;
 
@@ -87,9 +87,10 @@ impl Call {
                 "residual",
                 "rms_norm takes no residual (add_rms_norm does)",
             )),
-            Call::AddRmsNorm(p, ..) if p.residual.is_null() => {
-                Err(crate::invalid("residual", "add_rms_norm needs the residual"))
-            }
+            Call::AddRmsNorm(p, ..) if p.residual.is_null() => Err(crate::invalid(
+                "residual",
+                "add_rms_norm needs the residual",
+            )),
             Call::RopeKv(p, ..) if p.head_dim <= 0 || p.head_dim % 2 != 0 => Err(crate::invalid(
                 "head_dim",
                 format!("{} must be even and > 0", p.head_dim),
@@ -166,6 +167,9 @@ mod tests {
         // SAFETY: refused before launching: no pointer is read.
         let e = unsafe { call(&Call::RopeKv(rope, Dtype::F32, Dtype::F32)) };
         assert!(e.unwrap_err().to_string().contains("head_dim"));
-        assert_eq!(Call::RopeKv(rope, Dtype::F32, Dtype::F32).name(), "rope_write_kv");
+        assert_eq!(
+            Call::RopeKv(rope, Dtype::F32, Dtype::F32).name(),
+            "rope_write_kv"
+        );
     }
 }

@@ -4,12 +4,12 @@
 //! synchronise with the host (CUDA-graph friendly); the geometry is the host code the
 //! emulator runs ([`crate::Launch`]).
 
+use crate::call::Call;
 use crate::cuda::{CudaKernels, MODEL};
+use crate::emu_launch::AttnKernel;
 use crate::params::{
     ArgmaxParams, CastParams, EmbedParams, GatherParams, GluParams, NormParams, RopeKvParams,
 };
-use crate::call::Call;
-use crate::emu_launch::AttnKernel;
 use crate::{invalid, Dtype, Error};
 use cudarc::driver::CudaStream;
 
