@@ -9,7 +9,7 @@
 //! `DeviceAttn::write_kv` check the buffers' alignment, pack the kernel's parameter
 //! struct and launch: no allocation, no host synchronisation inside a step.
 //!
-//! Only the lowest layer differs by device, the [`Driver`] (`driver.rs`): cudarc on
+//! Only the lowest layer differs by device, the `Driver` (`driver.rs`): cudarc on
 //! `cuda:N` (`gpu.rs`), host memory and the SIMT emulator on `emu`. The launches are
 //! [`Call`]s, the same packed struct on both. So every conversion, size, address and
 //! scalar a GPU would get wrong is got wrong on `emu` too, in plain `cargo test`; and

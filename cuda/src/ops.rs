@@ -1,5 +1,5 @@
 //! Core's [`ModelOps`] (the device forward's non-attention kernels) on both CUDA
-//! devices: one implementation, [`DeviceOps`], over the device's [`Driver`].
+//! devices: one implementation, `DeviceOps`, over the device's `Driver`.
 //!
 //! On `emu` the kernels of `cu/model.cu` run in the SIMT emulator and the linear layers
 //! on the CPU ([`crate::gemm::gemm_host`]); on `cuda:N` (feature `cuda`) the same
