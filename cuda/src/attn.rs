@@ -19,7 +19,8 @@
 //! `pos + 1 - w..=pos` under a window `w`, and a scaled score `s` becomes
 //! `cap * tanh(s / cap)` before the softmax.
 
-use crate::device::{DeviceAttn, EmuDriver};
+use crate::device::DeviceAttn;
+use crate::driver::EmuDriver;
 use crate::runtime::{cuda_unavailable, COMPILED};
 use pagoda_core::{
     AttentionBackend, AttentionConfig, BatchDescriptor, Capabilities, CoreError, DType, Device,
@@ -167,7 +168,7 @@ enum Dev {
     // Both boxed: the states are large and of different sizes.
     Emu(Box<DeviceAttn<EmuDriver>>),
     #[cfg(feature = "cuda")]
-    Cuda(Box<crate::gpu::Gpu>),
+    Cuda(Box<DeviceAttn<crate::gpu::CudaDriver>>),
 }
 
 /// `$d` is the backend's [`DeviceAttn`], whichever its driver.
@@ -225,12 +226,13 @@ impl CudaAttention {
             Device::Emu => Dev::Emu(Box::new(DeviceAttn::new(EmuDriver::new(EMU_SMS)))),
             #[cfg(feature = "cuda")]
             Device::Cuda(ordinal) => {
-                Dev::Cuda(Box::new(crate::gpu::gpu(ordinal).map_err(|message| {
+                let driver = crate::gpu::CudaDriver::new(ordinal).map_err(|message| {
                     CoreError::BackendInvalid {
                         backend: name.into(),
                         reasons: vec![InvalidReason::Other { message }],
                     }
-                })?))
+                })?;
+                Dev::Cuda(Box::new(DeviceAttn::new(driver)))
             }
             d => {
                 return Err(CoreError::BackendInvalid {

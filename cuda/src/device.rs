@@ -9,26 +9,21 @@
 //! `DeviceAttn::write_kv` check the buffers' alignment, pack the kernel's parameter
 //! struct and launch: no allocation, no host synchronisation inside a step.
 //!
-//! Only the lowest layer differs by device, the `Driver`: allocate, copy host to
-//! device, the addresses of core's views, launch a kernel family with its packed
-//! parameters. `gpu.rs` implements it with cudarc on `cuda:N`; `EmuDriver` with host
-//! memory and the SIMT emulator's launch ([`pagoda_cuda_kernels::emu_launch`]) on `emu`.
-//! So every conversion, size, address and scalar a GPU would get wrong is got wrong
-//! on `emu` too, in plain `cargo test`; and the emulator refuses what a GPU refuses
-//! (a misaligned 16-byte access, more than 1024 threads or 227 KiB of dynamic shared
-//! memory per block, an allocation or a host copy while a graph is being captured).
+//! Only the lowest layer differs by device, the `Driver` (`driver.rs`): cudarc on
+//! `cuda:N` (`gpu.rs`), host memory and the SIMT emulator on `emu`. The launches are
+//! [`Call`]s, the same packed struct on both. So every conversion, size, address and
+//! scalar a GPU would get wrong is got wrong on `emu` too, in plain `cargo test`; and
+//! the emulator refuses what a GPU refuses (see `driver.rs`).
 //!
 //! The buffers' lengths and indices were checked before a launch: the batch by its
 //! constructor and [`pagoda_core::LayerIo::validate_batch`] (block ids of the blocks
 //! the sequences use within the pools), the element counts of the views by core.
 
 use crate::attn::Kernel;
-use pagoda_core::{
-    AttentionConfig, BatchDescriptor, GraphLimits, HostSlice, HostSliceMut, LayerIo, TensorMut,
-    TensorRef,
-};
-use pagoda_cuda_kernels::emu_launch::{self, AttnKernel};
-use pagoda_cuda_kernels::{graph, AttnParams, Dtype, SplitPlan, WriteKvParams};
+use crate::driver::{Driver, Grow};
+use pagoda_core::{AttentionConfig, BatchDescriptor, GraphLimits, LayerIo, TensorMut, TensorRef};
+use pagoda_cuda_kernels::emu_launch::AttnKernel;
+use pagoda_cuda_kernels::{AttnParams, Call, Dtype, SplitPlan, WriteKvParams};
 use std::ffi::c_void;
 
 /// The kernels' block table entry for "no block" (core's [`BatchDescriptor::PAD_BLOCK`]).
@@ -76,107 +71,6 @@ pub fn check_aligned(kernel: Kernel, addrs: &[(&str, u64)]) -> Result<(), String
             "{name} at {a:#x} is not 16-byte aligned ({kernel:?} reads 16-byte vectors)"
         )),
         None => Ok(()),
-    }
-}
-
-/// What differs between a GPU and the emulator (see the module docs).
-pub(crate) trait Driver {
-    /// A device allocation (freed on drop).
-    type Buf;
-    /// `bytes` zeroed bytes, 16-byte aligned at least.
-    fn alloc_zeroed(&self, bytes: usize) -> Result<Self::Buf, String>;
-    /// The allocation's device address.
-    fn addr(&self, b: &Self::Buf) -> u64;
-    /// Copies `data` to the start of `b` (ordered before later launches).
-    fn upload(&self, b: &mut Self::Buf, data: &[u8]) -> Result<(), String>;
-    /// The SMs `paged`'s split plan spreads over.
-    fn num_sms(&self) -> usize;
-    /// Makes the device current on this thread (before allocations and copies).
-    fn bind(&self) -> Result<(), String>;
-    /// The address of a view of this device's memory.
-    fn ref_addr(&self, t: &TensorRef<'_>, name: &str) -> Result<u64, String>;
-    /// The address of a writable view of this device's memory.
-    fn mut_addr(&self, t: TensorMut<'_>, name: &str) -> Result<u64, String>;
-    /// Launches `kernel` with `p`.
-    ///
-    /// # Safety
-    /// Every pointer in `p` is memory of this device of the sizes its fields imply.
-    unsafe fn attn(&self, kernel: Kernel, p: &AttnParams, dtype: Dtype) -> Result<(), String>;
-    /// Launches `write_kv` into pools of `dtype`.
-    ///
-    /// # Safety
-    /// As [`Driver::attn`], every slot -1 or inside the pools.
-    unsafe fn write_kv(&self, p: &WriteKvParams, dtype: Dtype) -> Result<(), String>;
-}
-
-/// Plain integers as the bytes an upload copies.
-trait Plain: Copy {}
-impl Plain for i32 {}
-impl Plain for i64 {}
-
-fn bytes_of<T: Plain>(v: &[T]) -> &[u8] {
-    // SAFETY: `T` is a plain integer (no padding, every bit pattern valid as bytes); the
-    // byte slice covers exactly the elements' memory and borrows it.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-}
-
-/// A device buffer that grows (to a power of two bytes) and is never shrunk; once
-/// locked (CUDA graphs read it at its captured address) it does not move: a step that
-/// needs more is an error.
-struct Grow<B> {
-    buf: Option<B>,
-    bytes: usize,
-    locked: bool,
-}
-
-impl<B> Grow<B> {
-    fn new() -> Self {
-        Grow {
-            buf: None,
-            bytes: 0,
-            locked: false,
-        }
-    }
-
-    /// At least `len` elements of `elem` bytes; their device address (0 when `len` is 0).
-    fn reserve<D: Driver<Buf = B>>(
-        &mut self,
-        d: &D,
-        len: usize,
-        elem: usize,
-    ) -> Result<u64, String> {
-        let need = len
-            .checked_mul(elem)
-            .ok_or_else(|| format!("{len} elements overflow"))?;
-        if need == 0 {
-            return Ok(0);
-        }
-        if self.buf.is_none() || self.bytes < need {
-            if self.locked {
-                return Err(format!(
-                    "{len} elements exceed the {} reserved for CUDA graphs",
-                    self.bytes / elem
-                ));
-            }
-            self.buf = None; // free first: the old contents are not needed
-            let bytes = need.next_power_of_two();
-            self.buf = Some(
-                d.alloc_zeroed(bytes)
-                    .map_err(|e| format!("allocating {len} elements: {e}"))?,
-            );
-            self.bytes = bytes;
-        }
-        Ok(d.addr(self.buf.as_ref().expect("allocated above")))
-    }
-
-    /// Copies `data` to the start of the buffer (growing it first); its device address.
-    fn upload<D: Driver<Buf = B>, T: Plain>(&mut self, d: &D, data: &[T]) -> Result<u64, String> {
-        let addr = self.reserve(d, data.len(), std::mem::size_of::<T>())?;
-        if let Some(b) = self.buf.as_mut().filter(|_| !data.is_empty()) {
-            d.upload(b, bytes_of(data))
-                .map_err(|e| format!("uploading {} elements: {e}", data.len()))?;
-        }
-        Ok(addr)
     }
 }
 
@@ -357,7 +251,7 @@ impl<D: Driver> DeviceAttn<D> {
         // (offsets within the token count by the batch's constructor, block ids the
         // sequences use within the pools by `validate_batch`, padding `NO_BLOCK` never
         // read), and the split workspace holds `workspace_len` floats for its plan.
-        unsafe { d.attn(kernel, &p, dtype) }
+        unsafe { d.launch(&Call::Attn(attn_kernel(kernel), p, dtype)) }
     }
 
     /// `write_kv` of `k`/`v` (`src` dtype) into the pools (`dst` dtype) at
@@ -419,7 +313,7 @@ impl<D: Driver> DeviceAttn<D> {
         };
         // SAFETY: the views are memory of this device (core's views, the driver's
         // addresses); their lengths and every slot were checked above.
-        unsafe { d.write_kv(&p, dst) }
+        unsafe { d.launch(&Call::WriteKv(p, dst)) }
     }
 }
 
@@ -471,110 +365,11 @@ fn attn_params(
     })
 }
 
-/// The `emu` device's driver: host memory, the SIMT emulator's launches (recorded
-/// while this thread captures a graph, [`pagoda_cuda_kernels::graph`]).
-#[derive(Debug)]
-pub(crate) struct EmuDriver {
-    num_sms: usize,
-}
-
-impl EmuDriver {
-    pub(crate) fn new(num_sms: usize) -> Self {
-        EmuDriver { num_sms }
-    }
-}
-
-/// What a capture cannot do on a GPU (allocate, copy from pageable host memory).
-fn not_capturing(what: &str) -> Result<(), String> {
-    if graph::is_capturing() {
-        Err(format!(
-            "{what} during a CUDA graph capture (a GPU refuses it)"
-        ))
-    } else {
-        Ok(())
-    }
-}
-
-fn host_ref_addr(s: HostSlice<'_>) -> u64 {
-    (match s {
-        HostSlice::F32(x) => x.as_ptr().cast::<u8>(),
-        HostSlice::F16(x) => x.as_ptr().cast(),
-        HostSlice::BF16(x) => x.as_ptr().cast(),
-        HostSlice::F8E4M3(x) => x.as_ptr().cast(),
-    }) as usize as u64
-}
-
-fn host_mut_addr(s: HostSliceMut<'_>) -> u64 {
-    (match s {
-        HostSliceMut::F32(x) => x.as_mut_ptr().cast::<u8>(),
-        HostSliceMut::F16(x) => x.as_mut_ptr().cast(),
-        HostSliceMut::BF16(x) => x.as_mut_ptr().cast(),
-        HostSliceMut::F8E4M3(x) => x.as_mut_ptr().cast(),
-    }) as usize as u64
-}
-
-fn emu_kernel(k: Kernel) -> AttnKernel {
+fn attn_kernel(k: Kernel) -> AttnKernel {
     match k {
         Kernel::Naive => AttnKernel::Naive,
         Kernel::Paged => AttnKernel::Paged,
         Kernel::Flash => AttnKernel::Flash,
-    }
-}
-
-impl Driver for EmuDriver {
-    /// 16-byte units: host memory aligned as a GPU allocation is (at least).
-    type Buf = Vec<u128>;
-
-    fn alloc_zeroed(&self, bytes: usize) -> Result<Vec<u128>, String> {
-        not_capturing("an allocation")?;
-        Ok(vec![0u128; bytes.div_ceil(16)])
-    }
-
-    fn addr(&self, b: &Vec<u128>) -> u64 {
-        b.as_ptr() as usize as u64
-    }
-
-    fn upload(&self, b: &mut Vec<u128>, data: &[u8]) -> Result<(), String> {
-        not_capturing("a host-to-device copy")?;
-        if data.len() > b.len() * 16 {
-            return Err(format!("{} bytes into {}", data.len(), b.len() * 16));
-        }
-        // SAFETY: `b` holds at least `data.len()` bytes (checked), u128 has no invalid
-        // bit patterns, and the two do not overlap (`b` is exclusively borrowed).
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), b.as_mut_ptr().cast::<u8>(), data.len());
-        }
-        Ok(())
-    }
-
-    fn num_sms(&self) -> usize {
-        self.num_sms
-    }
-
-    fn bind(&self) -> Result<(), String> {
-        Ok(())
-    }
-
-    fn ref_addr(&self, t: &TensorRef<'_>, name: &str) -> Result<u64, String> {
-        t.host_slice()
-            .map(host_ref_addr)
-            .ok_or_else(|| format!("{name} is not host memory of the emu device"))
-    }
-
-    fn mut_addr(&self, t: TensorMut<'_>, name: &str) -> Result<u64, String> {
-        t.into_host_slice()
-            .map(host_mut_addr)
-            .ok_or_else(|| format!("{name} is not host memory of the emu device"))
-    }
-
-    unsafe fn attn(&self, kernel: Kernel, p: &AttnParams, dtype: Dtype) -> Result<(), String> {
-        // SAFETY: the caller's contract (host addresses on emu).
-        unsafe { emu_launch::attn(emu_kernel(kernel), p, dtype) }.map_err(|e| e.to_string())
-    }
-
-    unsafe fn write_kv(&self, p: &WriteKvParams, dtype: Dtype) -> Result<(), String> {
-        // SAFETY: the caller's contract.
-        unsafe { emu_launch::write_kv(p, dtype) }.map_err(|e| e.to_string())
     }
 }
 
@@ -604,20 +399,5 @@ mod tests {
         assert!(e.contains("v_cache"), "{e}");
         assert!(check_aligned(Kernel::Flash, &bad).is_err());
         check_aligned(Kernel::Naive, &bad).unwrap();
-    }
-
-    #[test]
-    fn the_emu_driver_refuses_allocations_and_copies_during_a_capture() {
-        let d = EmuDriver::new(2);
-        let mut b = d.alloc_zeroed(20).unwrap();
-        assert_eq!(d.addr(&b) % 16, 0);
-        d.upload(&mut b, &[1; 20]).unwrap();
-        assert!(d.upload(&mut b, &[1; 40]).is_err());
-        graph::begin_capture().unwrap();
-        let alloc = d.alloc_zeroed(16);
-        let copy = d.upload(&mut b, &[2; 4]);
-        graph::abort_capture();
-        assert!(alloc.unwrap_err().contains("capture"));
-        assert!(copy.unwrap_err().contains("capture"));
     }
 }

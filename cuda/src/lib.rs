@@ -7,24 +7,28 @@
 //! * [`attn`]: one [`attn::CudaAttention`] type behind `cuda-naive`, `cuda-paged` and
 //!   `cuda-flash` (crates `backends/cuda-*`): planning, validation, and launches of the
 //!   kernels of `pagoda-cuda-kernels`.
-//! * [`device`]: the backends' one device code path (conversions, buffers, parameter
-//!   packing, the graph lock) over a small driver: the SIMT emulator on `emu`, cudarc
-//!   on `cuda:N` (`gpu.rs`, feature `cuda`).
-//! * [`ops`]: core's `ModelOps` (the device forward's non-attention kernels) on `emu`
-//!   (`model.cu` emulated, GEMMs on the CPU) and, feature `cuda`, on `cuda:N`
-//!   (`ops_cuda.rs`: the same kernels on the GPU, the step's inputs in one copy).
+//! * `driver.rs`: the one layer that differs by device, a small driver (allocate,
+//!   copies on the stream, launch a named kernel with its packed parameters, the GEMM,
+//!   events, graph capture and replay, memory info): host memory and the SIMT
+//!   emulator on `emu` (`driver/emu.rs`), cudarc on `cuda:N` (`gpu.rs`, feature `cuda`).
+//! * [`device`]: the attention backends' device code path (conversions, buffers,
+//!   parameter packing, the graph lock) over the driver.
+//! * [`ops`]: core's `ModelOps` (the device forward's non-attention kernels), one
+//!   implementation over the driver for both devices (`model.cu` emulated and GEMMs on
+//!   the CPU on `emu`; on the GPU and cuBLAS/CUTLASS on `cuda:N`).
 //! * [`gemm`]: the linear layers' GEMM, on host memory ([`gemm_host`]) and (feature
 //!   `cuda`) on `cuda:N` through cuBLAS or CUTLASS (`DeviceGemm`, [`GemmImpl`]).
 
 pub mod attn;
 pub mod device;
+mod driver;
 pub mod gemm;
 #[cfg(feature = "cuda")]
 mod gpu;
 pub mod ops;
-#[cfg(feature = "cuda")]
-mod ops_cuda;
 pub mod runtime;
+
+pub use driver::EMU_MEMORY_BYTES;
 
 #[cfg(feature = "cuda")]
 pub use gemm::DeviceGemm;

@@ -1,91 +1,49 @@
-//! Core's [`ModelOps`] (the non-attention kernels of the device forward) on the `emu`
-//! device: the kernels of `cu/model.cu` compiled for the host through the SIMT
-//! emulator (`pagoda_cuda_kernels::emu_model`), the linear layers' GEMM on the CPU
-//! ([`crate::gemm::gemm_host`]), on host buffers tagged `emu`.
+//! Core's [`ModelOps`] (the device forward's non-attention kernels) on both CUDA
+//! devices: one implementation, `DeviceOps`, over the device's `Driver`.
 //!
-//! Every buffer's device, dtype and shape is checked here against what the op needs;
-//! the kernels' wrappers then check lengths and indices (token ids against the table,
-//! positions against the RoPE tables, slots against the pools), so bad input is an
-//! error, never a panic.
+//! On `emu` the kernels of `cu/model.cu` run in the SIMT emulator and the linear layers
+//! on the CPU ([`crate::gemm::gemm_host`]); on `cuda:N` (feature `cuda`) the same
+//! kernels run on the GPU and the linear layers through cuBLAS (or, with
+//! `PAGODA_GEMM=cutlass`, the CUTLASS kernel wherever it applies). Everything else is
+//! this file: the step's integer inputs (ids, positions, slots, logits rows) converted
+//! to the kernels' `i32` once ([`pack_step`]) and uploaded in one copy into one device
+//! buffer at a fixed address once [`ModelOps::reserve_step`] sized it; every op checks
+//! its views' shapes, dtypes and device, packs the kernel's parameter struct and hands
+//! the [`pagoda_cuda_kernels::Call`] to the driver; graphs are the driver's capture; the
+//! two ops that return host values download and wait on an event. So a wrong
+//! conversion, stride or scalar fails on `emu` exactly as on a GPU, and what a capture
+//! cannot do (allocate, copy from the host, wait) is refused there.
+//!
+//! The kernels trust their structs: token ids (< vocab), positions (< the RoPE tables'
+//! rows), slots (inside the pools) and logits rows (< tokens) were checked by the model
+//! before [`ModelOps::begin_step`] (`models/src/device.rs`' `check_step`).
 
-use crate::gemm::{check_dtypes, check_lens, gemm_host, GemmError};
+mod kernels;
+
+use crate::driver::{bytes_of_mut, Driver, EmuDriver, Grow};
 use pagoda_core::{
-    register_model_ops, CoreError, Device, DeviceKind, DeviceRuntime, GatedAct, GraphId, HostSlice,
-    HostSliceMut, ModelOps, ModelOpsRegistration, RopeShape, StepInputs, TensorMut, TensorRef,
+    register_model_ops, CoreError, DType, Device, DeviceKind, DeviceRuntime, GatedAct, GraphId,
+    ModelOps, ModelOpsRegistration, RopeShape, StepInputs, TensorMut, TensorRef,
 };
-use pagoda_cuda_kernels::emu_model::{self, RopeKvIo, RopeKvShape};
-use pagoda_cuda_kernels::graph::{self, EmuGraph};
-use pagoda_cuda_kernels::Element;
+use pagoda_cuda_kernels::{ArgmaxParams, Call, Dtype};
+use std::collections::HashSet;
+use std::ffi::c_void;
 use std::sync::Arc;
 
-/// Calls `$body` with `$x` bound to the typed host slice of a read view (an fp8
-/// slice returns the error from the enclosing function: no kernel reads fp8).
-macro_rules! with_ref {
-    ($s:expr, $x:ident => $body:expr) => {
-        match $s {
-            HostSlice::F32($x) => $body,
-            HostSlice::F16($x) => $body,
-            HostSlice::BF16($x) => $body,
-            HostSlice::F8E4M3(_) => return Err(crate::attn::no_fp8()),
-        }
-    };
-}
-
-/// Calls `$body` with `$x` bound to the typed host slice of a write view (fp8: as
-/// in `with_ref`).
-macro_rules! with_mut {
-    ($s:expr, $x:ident => $body:expr) => {
-        match $s {
-            HostSliceMut::F32($x) => $body,
-            HostSliceMut::F16($x) => $body,
-            HostSliceMut::BF16($x) => $body,
-            HostSliceMut::F8E4M3(_) => return Err(crate::attn::no_fp8()),
-        }
-    };
-}
-
-fn kernel_err(op: &'static str, e: impl std::fmt::Display) -> CoreError {
-    CoreError::DeviceFailed {
-        device: Device::Emu,
-        message: format!("{op}: {e}"),
+/// The kernels' dtype of a core dtype (fp8: no kernel reads it).
+fn dt(d: DType) -> Result<Dtype, CoreError> {
+    match d {
+        DType::F32 => Ok(Dtype::F32),
+        DType::BF16 => Ok(Dtype::Bf16),
+        DType::F16 => Ok(Dtype::F16),
+        DType::F8E4M3 => Err(crate::attn::no_fp8()),
     }
 }
 
-fn on_emu(name: &'static str, device: Device) -> Result<(), CoreError> {
-    if device == Device::Emu {
-        Ok(())
-    } else {
-        Err(CoreError::DeviceMismatch {
-            name,
-            expected: Device::Emu,
-            actual: device,
-        })
-    }
-}
-
-fn host_ref<'a>(name: &'static str, t: &TensorRef<'a>) -> Result<HostSlice<'a>, CoreError> {
-    on_emu(name, t.device_of())?;
-    t.host_slice().ok_or(CoreError::NotOnHost {
-        name,
-        device: t.device_of(),
+fn i32_of(what: &str, v: usize) -> Result<i32, CoreError> {
+    i32::try_from(v).map_err(|_| CoreError::InvalidShape {
+        message: format!("{what} = {v} does not fit in i32"),
     })
-}
-
-fn host_mut<'a>(name: &'static str, t: TensorMut<'a>) -> Result<HostSliceMut<'a>, CoreError> {
-    on_emu(name, t.device_of())?;
-    let device = t.device_of();
-    t.into_host_slice()
-        .ok_or(CoreError::NotOnHost { name, device })
-}
-
-fn f32_ref<'a>(name: &'static str, t: &TensorRef<'a>) -> Result<&'a [f32], CoreError> {
-    on_emu(name, t.device_of())?;
-    t.as_f32(name)
-}
-
-fn f32_mut<'a>(name: &'static str, t: TensorMut<'a>) -> Result<&'a mut [f32], CoreError> {
-    on_emu(name, t.device_of())?;
-    t.into_f32(name)
 }
 
 /// `[rows, cols]` of a 2-D view.
@@ -98,107 +56,308 @@ pub(crate) fn dims2(name: &str, shape: &[usize]) -> Result<(usize, usize), CoreE
     }
 }
 
-fn to_i32<T: Copy + TryInto<i32>>(
-    name: &'static str,
-    v: &[T],
-    out: &mut Vec<i32>,
-) -> Result<(), CoreError> {
+/// A device address as the pointer type a parameter struct holds.
+fn p<T>(addr: u64) -> *mut T {
+    addr as usize as *mut T
+}
+
+/// The step's inputs as the kernels take them, `[ids | positions | slots | rows]` i32
+/// into `out` (cleared first): every negative slot is padding (-1); a value past
+/// `i32::MAX` is an error. The one conversion of both devices.
+pub fn pack_step(s: &StepInputs<'_>, out: &mut Vec<i32>) -> Result<(), CoreError> {
+    let n = s.input_ids.len();
+    if s.positions.len() != n || s.slot_mapping.len() != n {
+        return Err(CoreError::InvalidBatch {
+            message: format!(
+                "{n} input ids, {} positions, {} slots",
+                s.positions.len(),
+                s.slot_mapping.len()
+            ),
+        });
+    }
+    let bad = |what: &str, v: String| CoreError::InvalidBatch {
+        message: format!("{what} {v} does not fit in i32"),
+    };
     out.clear();
-    for &x in v {
-        out.push(x.try_into().map_err(|_| CoreError::InvalidBatch {
-            message: format!("a `{name}` value does not fit in i32"),
-        })?);
+    for &x in s.input_ids {
+        out.push(i32::try_from(x).map_err(|_| bad("token id", x.to_string()))?);
+    }
+    for &x in s.positions {
+        out.push(i32::try_from(x).map_err(|_| bad("position", x.to_string()))?);
+    }
+    for &x in s.slot_mapping {
+        out.push(if x < 0 {
+            -1
+        } else {
+            i32::try_from(x).map_err(|_| bad("slot", x.to_string()))?
+        });
+    }
+    for &x in s.logits_rows {
+        out.push(i32::try_from(x).map_err(|_| bad("logits row", x.to_string()))?);
     }
     Ok(())
 }
 
-/// The model kernels on `emu`.
-pub struct EmuOps {
+/// The model kernels of one device (see the module docs).
+pub(crate) struct DeviceOps<D: Driver> {
     runtime: Arc<dyn DeviceRuntime>,
-    /// The step's integer inputs, as the kernels take them (i32): the emu's "device
-    /// buffers", refilled in place (a captured launch reads them at their addresses).
-    ids: Vec<i32>,
-    positions: Vec<i32>,
-    slots: Vec<i32>,
-    rows: Vec<i32>,
-    /// `(tokens, rows)` fixed by `reserve_step`: steps beyond are refused, so the
-    /// buffers above never move.
+    driver: D,
+    /// `[ids | positions | slots | rows]` of the step, i32, and its host staging.
+    step: Grow<D::Buf>,
+    step_addr: u64,
+    staging: Vec<i32>,
+    /// Tokens and logits rows of the current step.
+    num_tokens: usize,
+    num_rows: usize,
+    /// `(tokens, rows)` the step buffer was sized for by `reserve_step`; larger steps
+    /// are refused from then on, so the buffer never moves under a captured graph.
     reserved: Option<(usize, usize)>,
-    /// Argmax values (the kernel writes them; the caller wants the ids).
-    values: Vec<f32>,
-    ids_out: Vec<i32>,
-    /// Captured graphs, by [`GraphId`].
-    graphs: Vec<EmuGraph>,
-    /// GEMM shapes `(m, n, k)` run eagerly: as cuBLAS, which picks an algorithm (and
-    /// may allocate) for each new problem size, a shape first met inside a capture is
-    /// refused (so every graph size needs its eager warm-up step).
-    gemm_shapes: std::collections::HashSet<(usize, usize, usize)>,
+    argmax_ids: Grow<D::Buf>,
+    argmax_values: Grow<D::Buf>,
+    argmax_host: Vec<i32>,
+    graphs: Vec<D::Graph>,
+    capturing: bool,
+    /// GEMM shapes `(m, n, k)` run eagerly: the GEMM library picks an algorithm (and
+    /// may allocate) for each new problem size, so a shape first met inside a capture
+    /// is refused (every graph size needs its eager warm-up step).
+    gemm_shapes: HashSet<(usize, usize, usize)>,
 }
 
-impl EmuOps {
-    /// Kernels for `runtime`'s device, which must be `emu`.
-    pub fn new(runtime: Arc<dyn DeviceRuntime>) -> Result<Self, CoreError> {
-        on_emu("model ops", runtime.device())?;
-        Ok(EmuOps {
+impl<D: Driver> DeviceOps<D> {
+    /// Kernels for `runtime`'s device through `driver`, which must serve it.
+    pub(crate) fn new(runtime: Arc<dyn DeviceRuntime>, driver: D) -> Result<Self, CoreError> {
+        if runtime.device() != driver.device() {
+            return Err(CoreError::DeviceMismatch {
+                name: "model ops",
+                expected: driver.device(),
+                actual: runtime.device(),
+            });
+        }
+        Ok(DeviceOps {
             runtime,
-            ids: Vec::new(),
-            positions: Vec::new(),
-            slots: Vec::new(),
-            rows: Vec::new(),
+            driver,
+            step: Grow::new(),
+            step_addr: 0,
+            staging: Vec::new(),
+            num_tokens: 0,
+            num_rows: 0,
             reserved: None,
-            values: Vec::new(),
-            ids_out: Vec::new(),
+            argmax_ids: Grow::new(),
+            argmax_values: Grow::new(),
+            argmax_host: Vec::new(),
             graphs: Vec::new(),
-            gemm_shapes: Default::default(),
+            capturing: false,
+            gemm_shapes: HashSet::new(),
         })
     }
 
-    /// Downloads wait for the device: not while capturing.
-    fn not_capturing(op: &'static str) -> Result<(), CoreError> {
-        if graph::is_capturing() {
-            Err(CoreError::Graph {
-                message: format!("{op} waits for the device, which a capture cannot"),
-            })
-        } else {
-            Ok(())
+    fn failed(&self, what: &str, e: impl std::fmt::Display) -> CoreError {
+        CoreError::DeviceFailed {
+            device: self.driver.device(),
+            message: format!("{what}: {e}"),
         }
     }
-}
 
-/// `gemm_host`, run now or recorded into the capture in progress (its slices as raw
-/// parts: a replay reads the buffers at their captured addresses).
-fn gemm_launch<X: Element, W: Element, O: Element>(
-    x: &[X],
-    w: &[W],
-    out: &mut [O],
-    (m, n, k): (usize, usize, usize),
-) -> Result<(), GemmError> {
-    if !graph::is_capturing() {
-        return gemm_host(x, w, out, m, n, k);
+    fn graph_err(e: impl std::fmt::Display) -> CoreError {
+        CoreError::Graph {
+            message: e.to_string(),
+        }
     }
-    check_dtypes(X::DTYPE, W::DTYPE, O::DTYPE)?;
-    check_lens([x.len(), w.len(), out.len()], m, n, k)?;
-    let (xp, xl) = (x.as_ptr() as usize, x.len());
-    let (wp, wl) = (w.as_ptr() as usize, w.len());
-    let (op, ol) = (out.as_mut_ptr() as usize, out.len());
-    graph::launch("gemm", move || {
-        // SAFETY: the slices were valid at capture; `EmuGraph::replay`'s caller
-        // guarantees they still are, at the same addresses, unaliased.
-        let (x, w, out) = unsafe {
-            (
-                std::slice::from_raw_parts(xp as *const X, xl),
-                std::slice::from_raw_parts(wp as *const W, wl),
-                std::slice::from_raw_parts_mut(op as *mut O, ol),
-            )
+
+    fn on_device(&self, name: &'static str, d: Device) -> Result<(), CoreError> {
+        if d == self.driver.device() {
+            Ok(())
+        } else {
+            Err(CoreError::DeviceMismatch {
+                name,
+                expected: self.driver.device(),
+                actual: d,
+            })
+        }
+    }
+
+    /// The device address of a view of this device's memory.
+    fn addr(&self, name: &'static str, t: &TensorRef<'_>) -> Result<u64, CoreError> {
+        self.on_device(name, t.device_of())?;
+        self.driver
+            .ref_addr(t, name)
+            .map_err(|e| self.failed(name, e))
+    }
+
+    /// The device address of a writable view (taken by value: the view is consumed).
+    fn addr_mut(&self, name: &'static str, t: TensorMut<'_>) -> Result<u64, CoreError> {
+        self.on_device(name, t.device_of())?;
+        self.driver
+            .mut_addr(t, name)
+            .map_err(|e| self.failed(name, e))
+    }
+
+    /// Device address of section `i` (0 ids, 1 positions, 2 slots, 3 rows) of the step.
+    fn section(&self, i: usize) -> Result<u64, CoreError> {
+        if self.step_addr == 0 && self.num_tokens + self.num_rows > 0 {
+            return Err(CoreError::InvalidBatch {
+                message: "a model kernel ran before begin_step".into(),
+            });
+        }
+        Ok(self.step_addr + (i.min(3) * self.num_tokens * 4) as u64)
+    }
+
+    fn check_tokens(&self, name: &'static str, rows: usize) -> Result<(), CoreError> {
+        if rows == self.num_tokens {
+            Ok(())
+        } else {
+            Err(CoreError::ShapeMismatch {
+                name,
+                expected: self.num_tokens,
+                actual: rows,
+            })
+        }
+    }
+
+    /// Launches `call` (its views were checked by the caller); errors name `op`.
+    ///
+    /// # Safety
+    /// Every pointer in the call is memory of this device sized as the kernel reads
+    /// and writes it, every index in it inside what it indexes.
+    unsafe fn launch(&self, op: &str, call: Call) -> Result<(), CoreError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.driver.launch(&call) }.map_err(|e| self.failed(op, e))
+    }
+
+    /// Waits for the stream (after a download): refused while capturing.
+    fn wait(&self, what: &str) -> Result<(), CoreError> {
+        let e = self
+            .driver
+            .record_event()
+            .map_err(|e| self.failed(what, e))?;
+        self.driver.wait_event(&e).map_err(|e| self.failed(what, e))
+    }
+
+    fn begin_step_inner(&mut self, s: &StepInputs<'_>) -> Result<(), CoreError> {
+        let (n, r) = (s.input_ids.len(), s.logits_rows.len());
+        if let Some((max_tokens, max_rows)) = self.reserved {
+            if n > max_tokens || r > max_rows {
+                return Err(CoreError::Graph {
+                    message: format!(
+                        "a step of {n} tokens and {r} logits rows exceeds the {max_tokens} and \
+                         {max_rows} reserved before capture"
+                    ),
+                });
+            }
+        }
+        pack_step(s, &mut self.staging)?;
+        self.driver
+            .bind()
+            .map_err(|e| self.failed("begin_step", e))?;
+        let addr = self
+            .step
+            .upload(&self.driver, &self.staging)
+            .map_err(|e| self.failed("copying the step's inputs", e))?;
+        self.step_addr = addr;
+        self.num_tokens = n;
+        self.num_rows = r;
+        Ok(())
+    }
+
+    fn download_inner(&mut self, x: TensorRef<'_>, out: &mut [f32]) -> Result<(), CoreError> {
+        if x.dtype() != DType::F32 {
+            return Err(CoreError::DTypeMismatch {
+                name: "download source",
+                expected: DType::F32,
+                actual: x.dtype(),
+            });
+        }
+        if x.len() != out.len() {
+            return Err(CoreError::ShapeMismatch {
+                name: "download destination",
+                expected: x.len(),
+                actual: out.len(),
+            });
+        }
+        let src = self.addr("download source", &x)?;
+        // SAFETY: `src` is a view of this device holding `out.len()` f32s (checked);
+        // f32 has no invalid bit patterns.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), out.len() * 4) };
+        // SAFETY: as above; `out` stays borrowed until the wait below.
+        unsafe { self.driver.download(src, bytes) }.map_err(|e| self.failed("download", e))?;
+        self.wait("download")
+    }
+
+    fn argmax_inner(&mut self, logits: TensorRef<'_>, ids: &mut [u32]) -> Result<(), CoreError> {
+        let (rows, vocab) = dims2("logits", logits.shape().dims())?;
+        if ids.len() != rows {
+            return Err(CoreError::ShapeMismatch {
+                name: "argmax ids",
+                expected: rows,
+                actual: ids.len(),
+            });
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        let (d, device) = (&self.driver, self.driver.device());
+        let fail = |message: String| CoreError::DeviceFailed {
+            device,
+            message: format!("argmax buffers: {message}"),
         };
-        i32::from(gemm_host(x, w, out, m, n, k).is_err())
-    });
-    Ok(())
+        let ids_addr = self.argmax_ids.reserve(d, rows, 4).map_err(fail)?;
+        let vals_addr = self.argmax_values.reserve(d, rows, 4).map_err(fail)?;
+        let prm = ArgmaxParams {
+            logits: p::<c_void>(self.addr("logits", &logits)?),
+            ids: p(ids_addr),
+            values: p(vals_addr),
+            rows: i32_of("rows", rows)?,
+            vocab: i32_of("vocab", vocab)?,
+        };
+        // SAFETY: `[rows, vocab]` logits on this device; the outputs hold >= rows.
+        unsafe { self.launch("argmax", Call::Argmax(prm, dt(logits.dtype())?)) }?;
+        let mut host = std::mem::take(&mut self.argmax_host);
+        host.resize(rows, 0);
+        // SAFETY: the ids buffer holds >= rows i32s; `host` waits below.
+        let r = unsafe { self.driver.download(ids_addr, bytes_of_mut(&mut host)) }
+            .map_err(|e| self.failed("argmax download", e))
+            .and_then(|()| self.wait("argmax download"));
+        for (d, &s) in ids.iter_mut().zip(&host) {
+            *d = s.max(0) as u32;
+        }
+        self.argmax_host = host;
+        r
+    }
+
+    fn reserve_inner(&mut self, max_tokens: usize, max_rows: usize) -> Result<(), CoreError> {
+        if let Some(r) = self.reserved {
+            if r != (max_tokens, max_rows) {
+                return Err(CoreError::Graph {
+                    message: format!(
+                        "step buffer already reserved for {r:?}, not ({max_tokens}, {max_rows})"
+                    ),
+                });
+            }
+            return Ok(());
+        }
+        let len = max_tokens
+            .checked_mul(3)
+            .and_then(|t| t.checked_add(max_rows))
+            .ok_or_else(|| Self::graph_err("the step buffer's size overflows"))?;
+        self.driver
+            .bind()
+            .map_err(|e| self.failed("reserve_step", e))?;
+        self.step
+            .reserve(&self.driver, len.max(1), 4)
+            .map_err(|e| self.failed("allocating the step buffer", e))?;
+        self.step.locked = true;
+        self.reserved = Some((max_tokens, max_rows));
+        Ok(())
+    }
 }
 
-impl ModelOps for EmuOps {
+impl<D: Driver> ModelOps for DeviceOps<D>
+where
+    D::Buf: Send,
+{
     fn device(&self) -> Device {
-        Device::Emu
+        self.driver.device()
     }
 
     fn runtime(&self) -> &Arc<dyn DeviceRuntime> {
@@ -206,41 +365,7 @@ impl ModelOps for EmuOps {
     }
 
     fn begin_step(&mut self, step: &StepInputs<'_>) -> Result<(), CoreError> {
-        let n = step.input_ids.len();
-        if step.positions.len() != n || step.slot_mapping.len() != n {
-            return Err(CoreError::InvalidBatch {
-                message: format!(
-                    "{n} input ids, {} positions, {} slots",
-                    step.positions.len(),
-                    step.slot_mapping.len()
-                ),
-            });
-        }
-        if let Some((max_tokens, max_rows)) = self.reserved {
-            if n > max_tokens || step.logits_rows.len() > max_rows {
-                return Err(CoreError::Graph {
-                    message: format!(
-                        "a step of {n} tokens and {} logits rows exceeds the {max_tokens} and \
-                         {max_rows} reserved before capture",
-                        step.logits_rows.len()
-                    ),
-                });
-            }
-        }
-        to_i32("input_ids", step.input_ids, &mut self.ids)?;
-        to_i32("positions", step.positions, &mut self.positions)?;
-        self.slots.clear();
-        for &s in step.slot_mapping {
-            // Every negative slot is padding; the kernels take -1.
-            self.slots.push(if s < 0 {
-                -1
-            } else {
-                i32::try_from(s).map_err(|_| CoreError::InvalidBatch {
-                    message: format!("slot {s} does not fit in i32"),
-                })?
-            });
-        }
-        to_i32("logits_rows", step.logits_rows, &mut self.rows)
+        self.begin_step_inner(step)
     }
 
     fn embed(
@@ -249,12 +374,7 @@ impl ModelOps for EmuOps {
         scale: f32,
         out: TensorMut<'_>,
     ) -> Result<(), CoreError> {
-        let (_, hidden) = dims2("table", table.shape().dims())?;
-        let t = host_ref("table", &table)?;
-        let o = host_mut("embed out", out)?;
-        let ids = &self.ids;
-        with_ref!(t, t => with_mut!(o, o => emu_model::embed(ids, t, hidden, scale, o)))
-            .map_err(|e| kernel_err("embed", e))
+        self.embed_inner(table, scale, out)
     }
 
     fn rms_norm(
@@ -265,11 +385,7 @@ impl ModelOps for EmuOps {
         eps: f32,
         out: TensorMut<'_>,
     ) -> Result<(), CoreError> {
-        let w = f32_ref("norm weight", &w)?;
-        let x = host_ref("norm input", &x)?;
-        let o = host_mut("norm out", out)?;
-        with_ref!(x, x => with_mut!(o, o => emu_model::rms_norm(x, w, eps, w_offset, o)))
-            .map_err(|e| kernel_err("rms_norm", e))
+        self.norm_inner(None, x, w, (w_offset, eps), out)
     }
 
     fn add_rms_norm(
@@ -281,12 +397,7 @@ impl ModelOps for EmuOps {
         eps: f32,
         out: TensorMut<'_>,
     ) -> Result<(), CoreError> {
-        let w = f32_ref("norm weight", &w)?;
-        let r = f32_mut("residual", residual)?;
-        let x = host_ref("residual add input", &x)?;
-        let o = host_mut("norm out", out)?;
-        with_ref!(x, x => with_mut!(o, o => emu_model::add_rms_norm(r, x, w, eps, w_offset, o)))
-            .map_err(|e| kernel_err("add_rms_norm", e))
+        self.norm_inner(Some(residual), x, w, (w_offset, eps), out)
     }
 
     fn linear(
@@ -295,30 +406,7 @@ impl ModelOps for EmuOps {
         w: TensorRef<'_>,
         out: TensorMut<'_>,
     ) -> Result<(), CoreError> {
-        let (m, k) = dims2("linear input", x.shape().dims())?;
-        let (n, kw) = dims2("linear weight", w.shape().dims())?;
-        let (mo, no) = dims2("linear out", out.shape().dims())?;
-        if kw != k || mo != m || no != n {
-            return Err(CoreError::InvalidShape {
-                message: format!("linear: x [{m}, {k}] · w [{n}, {kw}]ᵀ into out [{mo}, {no}]"),
-            });
-        }
-        if !graph::is_capturing() {
-            self.gemm_shapes.insert((m, n, k));
-        } else if !self.gemm_shapes.contains(&(m, n, k)) {
-            return Err(CoreError::Graph {
-                message: format!(
-                    "linear: a GEMM of [{m}, {k}] x [{n}, {k}]ᵀ first met inside a capture \
-                     (cuBLAS would initialise that shape there): run an eager step of this \
-                     size first"
-                ),
-            });
-        }
-        let xs = host_ref("linear input", &x)?;
-        let ws = host_ref("linear weight", &w)?;
-        let o = host_mut("linear out", out)?;
-        with_ref!(xs, xs => with_ref!(ws, ws => with_mut!(o, o => gemm_launch(xs, ws, o, (m, n, k)))))
-            .map_err(|e| kernel_err("linear", e))
+        self.linear_inner(x, w, out)
     }
 
     fn rope_write_kv(
@@ -332,78 +420,16 @@ impl ModelOps for EmuOps {
         k_pool: TensorMut<'_>,
         v_pool: TensorMut<'_>,
     ) -> Result<(), CoreError> {
-        let block_size = match k_pool.shape().dims() {
-            [_, bs, h, d] if *h == shape.num_kv_heads && *d == shape.head_dim => *bs,
-            d => {
-                return Err(CoreError::InvalidShape {
-                    message: format!(
-                        "K pool {d:?}, expected [blocks, block_size, {}, {}]",
-                        shape.num_kv_heads, shape.head_dim
-                    ),
-                })
-            }
-        };
-        if v_pool.shape() != k_pool.shape() || v_pool.dtype() != k_pool.dtype() {
-            return Err(CoreError::InvalidShape {
-                message: "the V pool differs from the K pool in shape or dtype".into(),
-            });
-        }
-        if q_out.dtype() != qkv.dtype() {
-            return Err(CoreError::DTypeMismatch {
-                name: "q_out",
-                expected: qkv.dtype(),
-                actual: q_out.dtype(),
-            });
-        }
-        let bias = bias.map(|b| f32_ref("qkv bias", &b)).transpose()?;
-        let cos = f32_ref("rope cos", &cos)?;
-        let sin = f32_ref("rope sin", &sin)?;
-        let ks = RopeKvShape {
-            num_heads: shape.num_heads,
-            num_kv_heads: shape.num_kv_heads,
-            head_dim: shape.head_dim,
-            block_size,
-        };
-        let qkv = host_ref("qkv", &qkv)?;
-        let q = host_mut("q_out", q_out)?;
-        let k = host_mut("K pool", k_pool)?;
-        let v = host_mut("V pool", v_pool)?;
-        let (positions, slots) = (&self.positions, &self.slots);
-        macro_rules! go {
-            ($qkv:expr, $q:expr, $k:expr, $v:expr) => {
-                emu_model::rope_write_kv(
-                    RopeKvIo {
-                        qkv: $qkv,
-                        bias,
-                        positions,
-                        cos,
-                        sin,
-                        slot_mapping: slots,
-                        q_out: $q,
-                        k_pool: $k,
-                        v_pool: $v,
-                    },
-                    &ks,
-                )
-            };
-        }
-        macro_rules! kv_arms {
-            ($qkv:expr, $q:expr) => {
-                match (k, v) {
-                    (HostSliceMut::F32(k), HostSliceMut::F32(v)) => go!($qkv, $q, k, v),
-                    (HostSliceMut::BF16(k), HostSliceMut::BF16(v)) => go!($qkv, $q, k, v),
-                    (HostSliceMut::F16(k), HostSliceMut::F16(v)) => go!($qkv, $q, k, v),
-                    _ => Err(mixed("K and V pools")),
-                }
-            };
-        }
-        let r = match (qkv, q) {
-            (HostSlice::F32(a), HostSliceMut::F32(q)) => kv_arms!(a, q),
-            (HostSlice::BF16(a), HostSliceMut::BF16(q)) => kv_arms!(a, q),
-            (HostSlice::F16(a), HostSliceMut::F16(q)) => kv_arms!(a, q),
-            _ => Err(mixed("qkv and q_out")),
-        };
-        r.map_err(|e| kernel_err("rope_write_kv", e))
+        self.rope_inner(kernels::RopeIo {
+            qkv,
+            bias,
+            cos,
+            sin,
+            shape,
+            q_out,
+            k_pool,
+            v_pool,
+        })
     }
 
     fn gated_act(
@@ -412,23 +438,7 @@ impl ModelOps for EmuOps {
         gate_up: TensorRef<'_>,
         out: TensorMut<'_>,
     ) -> Result<(), CoreError> {
-        let (_, inter) = dims2("gated act out", out.shape().dims())?;
-        if gate_up.dtype() != out.dtype() {
-            return Err(CoreError::DTypeMismatch {
-                name: "gated act out",
-                expected: gate_up.dtype(),
-                actual: out.dtype(),
-            });
-        }
-        let g = host_ref("gate_up", &gate_up)?;
-        let o = host_mut("gated act out", out)?;
-        let r = match (g, o) {
-            (HostSlice::F32(g), HostSliceMut::F32(o)) => glu(act, g, inter, o),
-            (HostSlice::BF16(g), HostSliceMut::BF16(o)) => glu(act, g, inter, o),
-            (HostSlice::F16(g), HostSliceMut::F16(o)) => glu(act, g, inter, o),
-            _ => Err(mixed("input and output")),
-        };
-        r.map_err(|e| kernel_err("gated_act", e))
+        self.gated_inner(act, gate_up, out)
     }
 
     fn gather_logits_rows(
@@ -438,151 +448,62 @@ impl ModelOps for EmuOps {
         first: usize,
         out: TensorMut<'_>,
     ) -> Result<(), CoreError> {
-        if x.dtype() != out.dtype() {
-            return Err(CoreError::DTypeMismatch {
-                name: "gathered rows",
-                expected: x.dtype(),
-                actual: out.dtype(),
-            });
-        }
-        let xs = host_ref("gather input", &x)?;
-        let o = host_mut("gather out", out)?;
-        let count = o.len().checked_div(width).unwrap_or(0);
-        let rows = self
-            .rows
-            .get(first..first + count)
-            .ok_or_else(|| CoreError::InvalidShape {
-                message: format!(
-                    "gather: rows {first}..{} of the step's {}",
-                    first + count,
-                    self.rows.len()
-                ),
-            })?;
-        let r = match (xs, o) {
-            (HostSlice::F32(x), HostSliceMut::F32(o)) => emu_model::gather_rows(x, width, rows, o),
-            (HostSlice::BF16(x), HostSliceMut::BF16(o)) => {
-                emu_model::gather_rows(x, width, rows, o)
-            }
-            (HostSlice::F16(x), HostSliceMut::F16(o)) => emu_model::gather_rows(x, width, rows, o),
-            _ => Err(mixed("input and output")),
-        };
-        r.map_err(|e| kernel_err("gather_rows", e))
+        self.gather_inner(x, width, first, out)
     }
 
     fn download_f32(&mut self, x: TensorRef<'_>, out: &mut [f32]) -> Result<(), CoreError> {
-        Self::not_capturing("download")?;
-        let xs = host_ref("download source", &x)?;
-        if xs.len() != out.len() {
-            return Err(CoreError::ShapeMismatch {
-                name: "download destination",
-                expected: xs.len(),
-                actual: out.len(),
-            });
-        }
-        match xs {
-            HostSlice::F32(x) => out.copy_from_slice(x),
-            other => out
-                .iter_mut()
-                .enumerate()
-                .for_each(|(i, o)| *o = other.at(i)),
-        }
-        Ok(())
+        self.download_inner(x, out)
     }
 
     fn argmax(&mut self, logits: TensorRef<'_>, ids: &mut [u32]) -> Result<(), CoreError> {
-        Self::not_capturing("argmax")?;
-        let (rows, vocab) = dims2("logits", logits.shape().dims())?;
-        if ids.len() != rows {
-            return Err(CoreError::ShapeMismatch {
-                name: "argmax ids",
-                expected: rows,
-                actual: ids.len(),
-            });
-        }
-        self.ids_out.resize(rows, 0);
-        self.values.resize(rows, 0.0);
-        let l = host_ref("logits", &logits)?;
-        let (io, vo) = (&mut self.ids_out, &mut self.values);
-        with_ref!(l, l => emu_model::argmax(l, vocab, io, vo))
-            .map_err(|e| kernel_err("argmax", e))?;
-        for (d, &s) in ids.iter_mut().zip(self.ids_out.iter()) {
-            *d = s as u32;
-        }
-        Ok(())
+        self.argmax_inner(logits, ids)
     }
 
     fn reserve_step(&mut self, max_tokens: usize, max_rows: usize) -> Result<(), CoreError> {
-        if let Some(r) = self.reserved {
-            if r != (max_tokens, max_rows) {
-                return Err(CoreError::Graph {
-                    message: format!(
-                        "step buffers already reserved for {r:?}, not ({max_tokens}, {max_rows})"
-                    ),
-                });
-            }
-            return Ok(());
-        }
-        for v in [&mut self.ids, &mut self.positions, &mut self.slots] {
-            v.reserve_exact(max_tokens.saturating_sub(v.len()));
-        }
-        self.rows
-            .reserve_exact(max_rows.saturating_sub(self.rows.len()));
-        self.reserved = Some((max_tokens, max_rows));
-        Ok(())
+        self.reserve_inner(max_tokens, max_rows)
     }
 
     fn begin_capture(&mut self) -> Result<(), CoreError> {
         if self.reserved.is_none() {
             return Err(CoreError::Graph {
-                message: "reserve_step must size the step buffers before a capture".into(),
+                message: "reserve_step must size the step buffer before a capture".into(),
             });
         }
-        graph::begin_capture().map_err(|e| kernel_err("begin_capture", e))
+        self.driver.begin_capture().map_err(Self::graph_err)?;
+        self.capturing = true;
+        Ok(())
     }
 
     fn end_capture(&mut self) -> Result<GraphId, CoreError> {
-        let g = graph::end_capture().map_err(|e| kernel_err("end_capture", e))?;
+        self.capturing = false;
+        let g = self.driver.end_capture().map_err(Self::graph_err)?;
         self.graphs.push(g);
         Ok(GraphId(self.graphs.len() - 1))
     }
 
     fn abort_capture(&mut self) {
-        graph::abort_capture();
+        if std::mem::take(&mut self.capturing) {
+            self.driver.abort_capture();
+        }
     }
 
     unsafe fn replay(&mut self, id: GraphId) -> Result<(), CoreError> {
         let g = self.graphs.get(id.0).ok_or_else(|| CoreError::Graph {
             message: format!("no graph {}", id.0),
         })?;
-        // SAFETY: the caller's promise (ModelOps::replay); the step buffers did not
-        // move since `reserve_step` (larger steps are refused).
-        unsafe { g.replay() }.map_err(|e| kernel_err("replay", e))
+        // SAFETY: the caller's promise (ModelOps::replay); the step buffer did not move
+        // since `reserve_step` (larger steps are refused).
+        unsafe { self.driver.replay(g) }.map_err(Self::graph_err)
     }
 }
 
-/// Two buffers that must share a dtype do not (checked before; kept as an error,
-/// not a panic).
-fn mixed(what: &str) -> pagoda_cuda_kernels::Error {
-    pagoda_cuda_kernels::Error::Invalid {
-        what: "dtypes",
-        detail: format!("{what} differ in dtype"),
-    }
-}
-
-fn glu<T: pagoda_cuda_kernels::Element>(
-    act: GatedAct,
-    g: &[T],
-    inter: usize,
-    o: &mut [T],
-) -> Result<(), pagoda_cuda_kernels::Error> {
-    match act {
-        GatedAct::Silu => emu_model::silu_mul(g, inter, o),
-        GatedAct::GeluTanh => emu_model::gelu_tanh_mul(g, inter, o),
-    }
+/// The `emu` device's model ops: [`DeviceOps`] over the emulator's driver.
+pub(crate) fn emu_ops(runtime: Arc<dyn DeviceRuntime>) -> Result<DeviceOps<EmuDriver>, CoreError> {
+    DeviceOps::new(runtime, EmuDriver::new(crate::attn::EMU_SMS))
 }
 
 fn open(runtime: Arc<dyn DeviceRuntime>) -> Result<Box<dyn ModelOps>, CoreError> {
-    Ok(Box::new(EmuOps::new(runtime)?))
+    Ok(Box::new(emu_ops(runtime)?))
 }
 
 register_model_ops!(ModelOpsRegistration {
@@ -591,17 +512,30 @@ register_model_ops!(ModelOpsRegistration {
     open,
 });
 
-/// The `cuda` family's model kernels: `ops_cuda.rs` with the feature; without it the
-/// device cannot be opened in the first place (its runtime says "not compiled with CUDA").
+/// The `cuda` family's model kernels: [`DeviceOps`] over cudarc with the feature;
+/// without it the device cannot be opened in the first place (its runtime says "not
+/// compiled with CUDA").
 fn open_cuda(runtime: Arc<dyn DeviceRuntime>) -> Result<Box<dyn ModelOps>, CoreError> {
+    let device = runtime.device();
     #[cfg(feature = "cuda")]
     {
-        crate::ops_cuda::open(runtime)
+        let Device::Cuda(ordinal) = device else {
+            return Err(CoreError::DeviceMismatch {
+                name: "model ops",
+                expected: Device::Cuda(0),
+                actual: device,
+            });
+        };
+        let failed = |message: String| CoreError::DeviceFailed { device, message };
+        let driver = crate::gpu::CudaDriver::new(ordinal)
+            .and_then(crate::gpu::CudaDriver::with_gemm)
+            .map_err(failed)?;
+        Ok(Box::new(DeviceOps::new(runtime, driver)?))
     }
     #[cfg(not(feature = "cuda"))]
     {
         Err(CoreError::DeviceUnavailable {
-            device: runtime.device(),
+            device,
             message: crate::NOT_COMPILED.into(),
         })
     }
@@ -614,45 +548,4 @@ register_model_ops!(ModelOpsRegistration {
 });
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use pagoda_core::{open_device, DType, Shape};
-
-    /// As cuBLAS, which initialises each new problem size on first use: a GEMM shape
-    /// first met inside a capture is refused, one run eagerly before is recorded.
-    #[test]
-    fn a_gemm_shape_first_met_in_a_capture_is_refused() {
-        let rt = open_device(Device::Emu).unwrap();
-        let mut ops = EmuOps::new(rt.clone()).unwrap();
-        ops.reserve_step(4, 4).unwrap();
-        let w = rt
-            .alloc_zeroed(DType::F32, Shape::new(&[3, 8]).unwrap())
-            .unwrap();
-        let x2 = rt
-            .alloc_zeroed(DType::F32, Shape::new(&[2, 8]).unwrap())
-            .unwrap();
-        let x4 = rt
-            .alloc_zeroed(DType::F32, Shape::new(&[4, 8]).unwrap())
-            .unwrap();
-        let mut o2 = rt
-            .alloc_zeroed(DType::F32, Shape::new(&[2, 3]).unwrap())
-            .unwrap();
-        let mut o4 = rt
-            .alloc_zeroed(DType::F32, Shape::new(&[4, 3]).unwrap())
-            .unwrap();
-        ops.linear(x2.view(), w.view(), o2.view_mut()).unwrap();
-        ops.begin_capture().unwrap();
-        let seen = ops.linear(x2.view(), w.view(), o2.view_mut());
-        let new = ops.linear(x4.view(), w.view(), o4.view_mut());
-        ops.abort_capture();
-        seen.unwrap();
-        let e = new.unwrap_err().to_string();
-        assert!(e.contains("first met inside a capture"), "{e}");
-        // Warmed up eagerly, the same shape captures.
-        ops.linear(x4.view(), w.view(), o4.view_mut()).unwrap();
-        ops.begin_capture().unwrap();
-        let warmed = ops.linear(x4.view(), w.view(), o4.view_mut());
-        ops.abort_capture();
-        warmed.unwrap();
-    }
-}
+mod tests;

@@ -1,10 +1,13 @@
-//! `cuda:N` through cudarc: the device's context and Pagoda's one stream on it
-//! (`gpu::engine_stream`, shared with the kernels and GEMMs); buffers are
-//! `CudaSlice<u8>` wrapped as [`DeviceMemory`]; copies are async on the stream then
-//! synchronized (uploads and downloads are not on the step's hot path).
+//! `cuda:N` through its [`Driver`] (`gpu.rs`: the device's context and Pagoda's one
+//! stream on it, shared with the kernels and GEMMs): buffers are the driver's
+//! allocations wrapped as [`DeviceMemory`]; copies are the driver's on the stream, then
+//! synchronized (uploads and downloads are not on the step's hot path); memory info is
+//! the driver's.
 
 use super::{NO_DEVICE, NO_DRIVER};
-use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr as _};
+use crate::driver::Driver;
+use crate::gpu::CudaDriver;
+use cudarc::driver::{sys, CudaContext, CudaSlice};
 use pagoda_core::{
     CoreError, DType, Device, DeviceMemory, DevicePtr, DeviceRuntime, HostSlice, HostSliceMut,
     MemoryInfo, Shape, Storage, TensorMut, TensorRef,
@@ -35,8 +38,7 @@ fn failed(device: Device, what: &str, e: impl fmt::Display) -> CoreError {
 /// One CUDA device's runtime.
 pub struct CudaRuntime {
     device: Device,
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    driver: CudaDriver,
 }
 
 pub(super) fn open(device: Device) -> Result<Arc<dyn DeviceRuntime>, CoreError> {
@@ -54,14 +56,8 @@ pub(super) fn open(device: Device) -> Result<Arc<dyn DeviceRuntime>, CoreError> 
             message: format!("{NO_DEVICE} {ordinal} (the driver sees {count})"),
         });
     }
-    let kernels = crate::gpu::kernels(ordinal).map_err(|e| failed(device, "context", e))?;
-    let ctx = kernels.context().clone();
-    let stream = crate::gpu::engine_stream(ordinal).map_err(|e| failed(device, "stream", e))?;
-    Ok(Arc::new(CudaRuntime {
-        device,
-        ctx,
-        stream,
-    }))
+    let driver = CudaDriver::new(ordinal).map_err(|e| failed(device, "context", e))?;
+    Ok(Arc::new(CudaRuntime { device, driver }))
 }
 
 /// A device allocation; dropping it frees the memory.
@@ -155,16 +151,13 @@ impl DeviceRuntime for CudaRuntime {
 
     fn alloc_zeroed(&self, dtype: DType, shape: Shape) -> Result<Storage, CoreError> {
         let bytes = shape.numel() * dtype.size();
-        let slice = self
-            .stream
-            .alloc_zeros::<u8>(bytes.max(1))
+        let d = &self.driver;
+        d.bind().map_err(|e| failed(self.device, "bind", e))?;
+        let slice = d
+            .alloc_zeroed(bytes)
             .map_err(|e| failed(self.device, "alloc", e))?;
-        let addr = {
-            let (addr, _sync) = slice.device_ptr(&self.stream);
-            addr
-        };
         let ptr = DevicePtr {
-            addr,
+            addr: d.addr(&slice),
             len_bytes: bytes,
         };
         let mem = Buffer { _slice: slice, ptr };
@@ -183,14 +176,10 @@ impl DeviceRuntime for CudaRuntime {
             name: "upload destination",
             device: self.device,
         })?;
-        let bytes = bytes_of(&src);
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| failed(self.device, "bind", e))?;
         // SAFETY: `ptr` addresses `len` elements of `dtype` of this device's memory (a
         // checked view of a live Storage, borrowed mutably by `dst`), the source is as
         // long, and the stream is synchronized before `src` can be released.
-        unsafe { result::memcpy_htod_async(ptr.addr, bytes, self.stream.cu_stream()) }
+        unsafe { self.driver.upload_to(ptr.addr, bytes_of(&src)) }
             .map_err(|e| failed(self.device, "upload", e))?;
         self.synchronize()
     }
@@ -207,28 +196,19 @@ impl DeviceRuntime for CudaRuntime {
             name: "download source",
             device: self.device,
         })?;
-        let bytes = bytes_of_mut(dst);
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| failed(self.device, "bind", e))?;
         // SAFETY: as in `upload`, the other way; `dst` stays borrowed until synchronized.
-        unsafe { result::memcpy_dtoh_async(bytes, ptr.addr, self.stream.cu_stream()) }
+        unsafe { self.driver.download(ptr.addr, bytes_of_mut(dst)) }
             .map_err(|e| failed(self.device, "download", e))?;
         self.synchronize()
     }
 
     fn synchronize(&self) -> Result<(), CoreError> {
-        self.stream
+        self.driver
             .synchronize()
             .map_err(|e| failed(self.device, "synchronize", e))
     }
 
     fn memory_info(&self) -> Option<MemoryInfo> {
-        self.ctx.bind_to_thread().ok()?;
-        let (free_bytes, total_bytes) = result::mem_get_info().ok()?;
-        Some(MemoryInfo {
-            free_bytes,
-            total_bytes,
-        })
+        self.driver.memory_info()
     }
 }

@@ -4,7 +4,9 @@
 //! synchronise with the host (CUDA-graph friendly); the geometry is the host code the
 //! emulator runs ([`crate::Launch`]).
 
+use crate::call::Call;
 use crate::cuda::{CudaKernels, MODEL};
+use crate::emu_launch::AttnKernel;
 use crate::params::{
     ArgmaxParams, CastParams, EmbedParams, GatherParams, GluParams, NormParams, RopeKvParams,
 };
@@ -246,6 +248,36 @@ impl CudaKernels {
         dst_dtype: Dtype,
     ) -> Result<(), Error> {
         self.model_launch(stream, two(CAST, src_dtype, dst_dtype), p.launch(), p)
+    }
+}
+
+impl CudaKernels {
+    /// Launches `c` from its packed struct on `stream`: what `emu_launch::call` does on
+    /// the emulator, here through the typed launchers above.
+    ///
+    /// # Safety
+    /// Every pointer in the struct is device memory of this context of the sizes its
+    /// fields imply, every index in it inside what it indexes.
+    pub unsafe fn call(&self, stream: &CudaStream, c: &Call) -> Result<(), Error> {
+        c.check()?;
+        // SAFETY: (every arm) the caller's contract.
+        unsafe {
+            match *c {
+                Call::Attn(AttnKernel::Naive, ref p, d) => self.naive(stream, p, d),
+                Call::Attn(AttnKernel::Paged, ref p, d) => self.paged(stream, p, d),
+                Call::Attn(AttnKernel::Flash, ref p, d) => self.flash(stream, p, d),
+                Call::WriteKv(ref p, d) => self.write_kv(stream, p, d),
+                Call::Embed(ref p, w, o) => self.embed(stream, p, w, o),
+                Call::RmsNorm(ref p, x, o) => self.rms_norm(stream, p, x, o),
+                Call::AddRmsNorm(ref p, x, o) => self.add_rms_norm(stream, p, x, o),
+                Call::RopeKv(ref p, t, kv) => self.rope_write_kv(stream, p, t, kv),
+                Call::SiluMul(ref p, t) => self.silu_mul(stream, p, t),
+                Call::GeluTanhMul(ref p, t) => self.gelu_tanh_mul(stream, p, t),
+                Call::Gather(ref p, x) => self.gather_rows(stream, p, x),
+                Call::Argmax(ref p, x) => self.argmax(stream, p, x),
+                Call::Cast(ref p, s, d) => self.cast(stream, p, s, d),
+            }
+        }
     }
 }
 

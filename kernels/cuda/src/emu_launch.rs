@@ -12,6 +12,7 @@
 //! a misaligned 16-byte access inside the kernel is an error after it
 //! ([`crate::graph::FAULT_MISALIGNED`]).
 
+use crate::call::Call;
 use crate::params::{AttnParams, Launch, WriteKvParams};
 use crate::{ffi, flash_head_dims, graph, invalid, paged_head_dims, Dtype, Error};
 
@@ -129,6 +130,88 @@ pub unsafe fn write_kv(p: &WriteKvParams, dtype: Dtype) -> Result<(), Error> {
         ffi::pg_emu_write_kv(&params, t)
     });
     crate::emu::status("write_kv", rc, dtype, 0)
+}
+
+/// Launches `c` on the emulator from its packed struct, as `cuda::CudaKernels::call`
+/// does on a GPU (recorded when this thread is capturing): the geometry is checked
+/// against a GPU's limits first ([`check_launch`]), a misaligned 16-byte access inside
+/// the kernel is an error after it.
+///
+/// # Safety
+/// As the GPU launch of `c`, with host addresses: every pointer in the struct names host
+/// memory of the sizes its fields imply, every index in it (ids, positions, slots, rows,
+/// block ids) inside what it indexes, alive and unaliased until the launch ran
+/// (captured: until the last replay).
+pub unsafe fn call(c: &Call) -> Result<(), Error> {
+    /// A model.cu entry: the struct and two dtype codes (one-dtype kernels ignore the second).
+    unsafe fn run_model<P: Copy + 'static>(
+        name: &'static str,
+        l: Launch,
+        p: P,
+        (a, b): (Dtype, Dtype),
+        f: unsafe extern "C" fn(*const P, i32, i32) -> i32,
+    ) -> Result<(), Error> {
+        check_launch(name, &l)?;
+        if l.is_empty() {
+            return Ok(());
+        }
+        let (a_i, b_i) = (a as i32, b as i32);
+        // SAFETY: the caller's contract; the launch copies the struct.
+        let rc = graph::launch(name, move || unsafe { f(&p, a_i, b_i) });
+        crate::emu::status(name, rc, b, 0)
+    }
+    /// One-dtype entries in the two-dtype shape of `run_model`.
+    macro_rules! one {
+        ($f:path, $P:ty) => {{
+            unsafe extern "C" fn g(p: *const $P, a: i32, _: i32) -> i32 {
+                // SAFETY: forwarded as is.
+                unsafe { $f(p, a) }
+            }
+            g
+        }};
+    }
+    c.check()?;
+    let (name, l) = (c.name(), c.launch());
+    // SAFETY: (every arm) the caller's contract.
+    unsafe {
+        match *c {
+            Call::Attn(k, ref p, d) => attn(k, p, d),
+            Call::WriteKv(ref p, d) => write_kv(p, d),
+            Call::Embed(p, w, o) => run_model(name, l, p, (w, o), ffi::pg_emu_embed),
+            Call::RmsNorm(p, x, o) => run_model(name, l, p, (x, o), ffi::pg_emu_rms_norm),
+            Call::AddRmsNorm(p, x, o) => run_model(name, l, p, (x, o), ffi::pg_emu_add_rms_norm),
+            Call::RopeKv(p, t, kv) => run_model(name, l, p, (t, kv), ffi::pg_emu_rope_kv),
+            Call::SiluMul(p, t) => run_model(
+                name,
+                l,
+                p,
+                (t, t),
+                one!(ffi::pg_emu_silu_mul, crate::GluParams),
+            ),
+            Call::GeluTanhMul(p, t) => run_model(
+                name,
+                l,
+                p,
+                (t, t),
+                one!(ffi::pg_emu_gelu_tanh_mul, crate::GluParams),
+            ),
+            Call::Gather(p, x) => run_model(
+                name,
+                l,
+                p,
+                (x, x),
+                one!(ffi::pg_emu_gather_rows, crate::GatherParams),
+            ),
+            Call::Argmax(p, x) => run_model(
+                name,
+                l,
+                p,
+                (x, x),
+                one!(ffi::pg_emu_argmax, crate::ArgmaxParams),
+            ),
+            Call::Cast(p, s, d) => run_model(name, l, p, (s, d), ffi::pg_emu_cast),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@
 //! comes from the same host code on both paths.
 //! docs/gpu.md has the build, the emulator's limits and the device check.
 
+pub mod call;
 pub mod emu;
 pub mod emu_launch;
 pub mod emu_model;
@@ -34,6 +35,7 @@ pub mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_model;
 
+pub use call::Call;
 pub use params::{
     ArgmaxParams, AttnParams, CastParams, EmbedParams, GatherParams, GluParams, Launch,
     MmaProbeParams, NormParams, RopeKvParams, SplitPlan, WriteKvParams,
