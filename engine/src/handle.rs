@@ -175,7 +175,8 @@ impl EngineHandle {
 
     /// Data parallel: each engine (built from one configuration, so one model and
     /// tokenizer) on its own thread, with its KV-event sink; a request goes to the
-    /// rank with the least load ([`Rank::load`]). `max_waiting` bounds the sum.
+    /// rank with the least waiting x 4 + running (vLLM's balancing score).
+    /// `max_waiting` bounds the sum.
     ///
     /// # Panics
     /// When `engines` is empty.
