@@ -23,7 +23,9 @@ pub mod handlers;
 pub mod limits;
 pub mod metrics;
 pub mod protocol;
+pub mod reasoning;
 pub mod stream;
+pub mod tools;
 
 use crate::args::{SchedulingPolicyArg, ServeArgs};
 use anyhow::Context;
