@@ -481,6 +481,10 @@ pub struct Request {
     pub arrival_seq: u64,
     /// Mixed into the first block's hash so tenants do not share cache.
     pub cache_salt: Option<String>,
+    /// The API request this one is a sample of (its `n` samples and prompts share
+    /// it): the scheduler caps the seats one group holds while others wait.
+    /// `None`: a group of its own.
+    pub group: Option<u64>,
     /// Hashes of the full blocks of `all_token_ids`, maintained by the KV cache manager.
     pub block_hashes: Vec<BlockHash>,
     pub stop_reason: Option<StopReason>,
@@ -507,6 +511,7 @@ impl Request {
             priority: 0,
             arrival_seq: 0,
             cache_salt: None,
+            group: None,
             block_hashes: Vec::new(),
             stop_reason: None,
         }
@@ -519,6 +524,11 @@ impl Request {
 
     pub fn with_priority(mut self, priority: i32) -> Self {
         self.priority = priority;
+        self
+    }
+
+    pub fn with_group(mut self, group: Option<u64>) -> Self {
+        self.group = group;
         self
     }
 

@@ -34,6 +34,9 @@ pub struct EngineConfig {
     pub kv_cache_dtype: pagoda_core::KvCacheDtype,
     /// FCFS, or by each request's priority (vLLM's `--scheduling-policy`).
     pub scheduling_policy: pagoda_scheduler::SchedulingPolicy,
+    /// Most seats one API request's samples hold while others wait
+    /// (`--max-running-seqs-per-request`); None: half of `max_num_seqs`.
+    pub max_seqs_per_group: Option<usize>,
     /// Test-only fault injection (`--debug-inject-fault`, debug builds only).
     pub fault_injection: Option<FaultInjectionConfig>,
     /// vLLM's `--seed`: requests without a seed of their own get one drawn from an
@@ -81,6 +84,7 @@ impl EngineConfig {
             weight_dtype: pagoda_models::WeightDtype::F32,
             kv_cache_dtype: pagoda_core::KvCacheDtype::Auto,
             scheduling_policy: pagoda_scheduler::SchedulingPolicy::Fcfs,
+            max_seqs_per_group: None,
             fault_injection: None,
             seed: 0,
             disable_log_stats: false,

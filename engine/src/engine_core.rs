@@ -277,6 +277,7 @@ impl EngineCore {
             num_blocks: spec.num_blocks,
             enable_prefix_caching: config.enable_prefix_caching,
             policy: config.scheduling_policy,
+            max_seqs_per_group: config.max_seqs_per_group,
             ..SchedulerConfig::default()
         })
         .map_err(|e| EngineError::invalid("scheduler", e.to_string()))?;

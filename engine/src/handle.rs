@@ -25,6 +25,10 @@ pub struct SubmitRequest {
     pub cache_salt: Option<String>,
     /// Lower runs first under the priority policy; 0 otherwise.
     pub priority: i32,
+    /// The API request this is one sample (or prompt) of: its sequences share a
+    /// group, and one group holds at most its share of the seats while others
+    /// wait (`Request::group`). `None`: a group of its own.
+    pub group: Option<u64>,
     /// The grammar of `params.structured_outputs`, compiled by the caller (a server
     /// compiles on its blocking pool; each sample gets a clone); compiled in
     /// [`EngineHandle::submit`] when missing.
@@ -40,8 +44,7 @@ enum Command {
         request_id: String,
         prompt_ids: Vec<u32>,
         params: Box<CheckedParams>,
-        cache_salt: Option<String>,
-        priority: i32,
+        place: crate::Placement,
         grammar: Option<Box<Grammar>>,
         tx: OutputSender,
     },
@@ -224,8 +227,11 @@ impl EngineHandle {
                 request_id: req.request_id.clone(),
                 prompt_ids,
                 params: Box::new(params),
-                cache_salt: req.cache_salt,
-                priority: req.priority,
+                place: crate::Placement {
+                    cache_salt: req.cache_salt,
+                    priority: req.priority,
+                    group: req.group,
+                },
                 grammar,
                 tx: otx,
             })
@@ -305,8 +311,7 @@ impl EngineLoop {
                 request_id,
                 prompt_ids,
                 params,
-                cache_salt,
-                priority,
+                place,
                 grammar,
                 tx,
             } => {
@@ -319,8 +324,7 @@ impl EngineLoop {
                     request_id.clone(),
                     prompt_ids,
                     *params,
-                    cache_salt,
-                    priority,
+                    place,
                     grammar.map(|g| *g),
                 ) {
                     Ok(()) => {

@@ -23,7 +23,7 @@ pub use config::{EngineConfig, FaultInjectionConfig, ModelInfo};
 pub use engine_core::{release_freed_memory, EngineCore, ALLOW_LONG_MAX_MODEL_LEN};
 pub use error::EngineError;
 pub use handle::{EngineHandle, RequestStream, SubmitRequest};
-pub use llm_engine::{GenerateOutput, LLMEngine};
+pub use llm_engine::{GenerateOutput, LLMEngine, Placement};
 pub use output::{
     EngineStats, IterationTokens, PromptInput, RequestMetrics, RequestOutput,
     ITERATION_TOKENS_BUCKETS,

@@ -19,6 +19,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// The result of one prompt of [`LLMEngine::generate`].
+/// Where a request goes in the queue, besides its prompt and parameters.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Placement {
+    /// Mixed into the first block's hash so tenants do not share cache.
+    pub cache_salt: Option<String>,
+    /// Lower runs first under the priority policy.
+    pub priority: i32,
+    /// The API request it is a sample of (`Request::group`): the seat share.
+    pub group: Option<u64>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerateOutput {
     pub prompt: String,
@@ -298,9 +309,12 @@ impl LLMEngine {
             (Some(spec), None) => Some(self.structured.compile(spec)?),
             (_, g) => g,
         };
-        self.add_checked(
-            request_id, prompt_ids, params, cache_salt, priority, grammar,
-        )
+        let place = Placement {
+            cache_salt,
+            priority,
+            group: None,
+        };
+        self.add_checked(request_id, prompt_ids, params, place, grammar)
     }
 
     /// Queues a request whose prompt and parameters [`check_request`] accepted,
@@ -310,8 +324,7 @@ impl LLMEngine {
         request_id: String,
         prompt_ids: Vec<u32>,
         mut params: CheckedParams,
-        cache_salt: Option<String>,
-        priority: i32,
+        place: Placement,
         grammar: Option<Grammar>,
     ) -> Result<(), EngineError> {
         if self.core.scheduler().handle_of(&request_id).is_some() {
@@ -356,8 +369,9 @@ impl LLMEngine {
             params,
             self.eos_token_ids.clone(),
         )
-        .with_cache_salt(cache_salt)
-        .with_priority(priority);
+        .with_cache_salt(place.cache_salt)
+        .with_priority(place.priority)
+        .with_group(place.group);
         let handle = self.core.add_request_with_grammar(request, grammar)?;
         self.prompt_tokens += num_prompt_tokens as u64;
         self.texts.insert(

@@ -30,6 +30,8 @@ use pagoda_core::{
 };
 use std::collections::VecDeque;
 
+mod seats;
+
 /// Order in which waiting requests are admitted and running ones preempted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SchedulingPolicy {
@@ -57,6 +59,10 @@ pub struct SchedulerConfig {
     /// with chunked prefill.
     pub long_prefill_token_threshold: usize,
     pub policy: SchedulingPolicy,
+    /// Most seats (of `max_num_seqs`) the requests of one group (one API
+    /// request's samples, [`Request::group`]) hold while other requests wait;
+    /// `None`: half of `max_num_seqs`, at least 1. See the `seats` module.
+    pub max_seqs_per_group: Option<usize>,
 }
 
 impl Default for SchedulerConfig {
@@ -71,6 +77,7 @@ impl Default for SchedulerConfig {
             enable_chunked_prefill: true,
             long_prefill_token_threshold: 0,
             policy: SchedulingPolicy::Fcfs,
+            max_seqs_per_group: None,
         }
     }
 }
@@ -456,43 +463,74 @@ impl Scheduler {
     }
 
     /// Phase 2: admit waiting requests in queue order while budget, `max_num_seqs`
-    /// and blocks last, each after its longest prefix-cache hit.
+    /// and blocks last, each after its longest prefix-cache hit. A request whose
+    /// group holds its share of the seats is passed over while anyone behind it
+    /// can be admitted, and may take a seat from a group over its share (the
+    /// `seats` module); the passed-over ones get the seats nobody else wants.
     fn schedule_waiting(&mut self, plan: &mut StepPlan) {
-        while let Some(&idx) = self.waiting.front() {
-            if plan.budget == 0 || self.running.len() >= self.config.max_num_seqs {
-                break;
+        let mut seats = self.count_seats();
+        for share in [true, false] {
+            let mut pos = 0;
+            while pos < self.waiting.len() {
+                let idx = self.waiting[pos];
+                let group = self.req(idx).group;
+                if share && seats.full(group) {
+                    pos += 1;
+                    continue;
+                }
+                if plan.budget == 0 {
+                    return;
+                }
+                if self.running.len() >= self.config.max_num_seqs {
+                    if !share || !self.reclaim_seat(plan, &mut seats, idx) {
+                        return;
+                    }
+                    // The victim went back to the queue, maybe ahead of us.
+                    pos = self.waiting.iter().position(|&i| i == idx).expect("queued");
+                }
+                if !self.admit(pos, plan) {
+                    return;
+                }
+                seats.add(group);
             }
-            let req = self.entries[idx as usize].as_mut().expect("live");
-            let (hit, num_cached) = self.kv.find_cache_hit(req);
-            let mut n = req.num_tokens() - num_cached;
-            if plan.threshold > 0 {
-                n = n.min(plan.threshold);
-            }
-            if !self.config.enable_chunked_prefill && n > plan.budget {
-                break; // nothing behind it skips ahead
-            }
-            n = n.min(plan.budget);
-            let Some(new_blocks) = self.kv.allocate_slots(req, n, &hit) else {
-                break;
-            };
-            if self.config.enable_prefix_caching {
-                self.kv.record_lookup(req.num_tokens(), num_cached);
-            }
-            if req.status == RequestStatus::Waiting {
-                req.num_cached_tokens = num_cached;
-            }
-            req.status = RequestStatus::Running;
-            req.num_computed_tokens = num_cached;
-            self.waiting.pop_front();
-            self.kv_handles[idx as usize] = self.kv.handle(&req.request_id);
-            self.running.push(idx);
-            plan.new.push(Row {
-                idx,
-                num_tokens: n,
-                new_blocks,
-            });
-            plan.budget -= n;
         }
+    }
+
+    /// Admits the waiting request at `pos` with its next chunk; `false` (and
+    /// nothing changed) when the budget or the blocks do not allow it.
+    fn admit(&mut self, pos: usize, plan: &mut StepPlan) -> bool {
+        let idx = self.waiting[pos];
+        let req = self.entries[idx as usize].as_mut().expect("live");
+        let (hit, num_cached) = self.kv.find_cache_hit(req);
+        let mut n = req.num_tokens() - num_cached;
+        if plan.threshold > 0 {
+            n = n.min(plan.threshold);
+        }
+        if !self.config.enable_chunked_prefill && n > plan.budget {
+            return false; // nothing behind it skips ahead
+        }
+        n = n.min(plan.budget);
+        let Some(new_blocks) = self.kv.allocate_slots(req, n, &hit) else {
+            return false;
+        };
+        if self.config.enable_prefix_caching {
+            self.kv.record_lookup(req.num_tokens(), num_cached);
+        }
+        if req.status == RequestStatus::Waiting {
+            req.num_cached_tokens = num_cached;
+        }
+        req.status = RequestStatus::Running;
+        req.num_computed_tokens = num_cached;
+        self.waiting.remove(pos);
+        self.kv_handles[idx as usize] = self.kv.handle(&req.request_id);
+        self.running.push(idx);
+        plan.new.push(Row {
+            idx,
+            num_tokens: n,
+            new_blocks,
+        });
+        plan.budget -= n;
+        true
     }
 
     /// Phase 3: the output, decode rows first (the one place that order is made),

@@ -30,6 +30,8 @@ struct Spec {
     arrival: usize,
     abort_at: Option<usize>,
     salt: bool,
+    /// Samples of one API request share a group (the seat share).
+    group: Option<u64>,
 }
 
 fn spec() -> impl Strategy<Value = Spec> {
@@ -46,13 +48,14 @@ fn spec() -> impl Strategy<Value = Spec> {
             0usize..12,
             prop::option::weighted(0.15, 0usize..30),
             prop::bool::weighted(0.2),
+            prop::option::weighted(0.6, 0u64..3),
         ),
     )
         .prop_map(
             |(
                 (family, shared, suffix),
                 (max_tokens, min_tokens, ignore_eos, stop_token),
-                (priority, arrival, abort_at, salt),
+                (priority, arrival, abort_at, salt, group),
             )| Spec {
                 family,
                 shared,
@@ -65,6 +68,7 @@ fn spec() -> impl Strategy<Value = Spec> {
                 arrival,
                 abort_at,
                 salt,
+                group,
             },
         )
 }
@@ -79,9 +83,20 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
         any::<bool>(),
         prop_oneof![Just(0usize), 1usize..20],
         any::<bool>(),
+        prop::option::of(1usize..4),
     )
         .prop_map(
-            |(block_size, num_blocks, max_num_seqs, budget, caching, chunked, threshold, prio)| {
+            |(
+                block_size,
+                num_blocks,
+                max_num_seqs,
+                budget,
+                caching,
+                chunked,
+                threshold,
+                prio,
+                share,
+            )| {
                 let usable_len = (num_blocks - 1) * block_size;
                 let max_model_len = usable_len.min(96);
                 SchedulerConfig {
@@ -103,6 +118,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                     } else {
                         SchedulingPolicy::Fcfs
                     },
+                    max_seqs_per_group: share,
                 }
             },
         )
@@ -186,7 +202,8 @@ proptest! {
                     };
                     let req = Request::new(id.clone(), prompt.clone(), params.clone().checked(usize::MAX).unwrap(), vec![EOS])
                         .with_priority(sp.priority)
-                        .with_cache_salt(sp.salt.then(|| "tenant".to_string()));
+                        .with_cache_salt(sp.salt.then(|| "tenant".to_string()))
+                        .with_group(sp.group);
                     match s.add_request(req) {
                         Ok(h) => {
                             names.insert(h, id.clone());

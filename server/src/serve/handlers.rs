@@ -25,6 +25,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Group ids for the sequences of one API request (the scheduler's seat share).
+static NEXT_GROUP: AtomicU64 = AtomicU64::new(1);
+
 type Body = Result<Bytes, BytesRejection>;
 
 /// A tokenized prompt, with its text when `echo` shows it.
@@ -270,6 +273,9 @@ impl AppState {
             ));
         }
         let mut samples = Vec::with_capacity(prompts.len() * n);
+        // The sequences of one API request share a group: the scheduler's seat
+        // share keeps them from holding every seat while others wait.
+        let group = (num_seqs > 1).then(|| NEXT_GROUP.fetch_add(1, Ordering::Relaxed));
         for (p, (ids, _)) in prompts.iter().enumerate() {
             if self.log_requests {
                 // Not under the HTTP layer's target: `--uvicorn-log-level` leaves it be.
@@ -294,6 +300,7 @@ impl AppState {
                     params: params_for_sample(&params, i),
                     cache_salt: c.cache_salt.clone(),
                     priority,
+                    group,
                     grammar: grammar.clone(),
                 })?;
                 samples.push(Sample {
