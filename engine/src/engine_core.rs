@@ -389,6 +389,10 @@ impl EngineCore {
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler
     }
+    /// The scheduler, mutably (KV-event collection, prefix-cache resets).
+    pub fn scheduler_mut(&mut self) -> &mut Scheduler {
+        &mut self.scheduler
+    }
 
     pub fn attention_name(&self) -> &str {
         self.runner.attention_name()

@@ -12,6 +12,7 @@
 //!   reuse (lazy eviction), so it can still be hit meanwhile.
 
 use crate::hashing::FxHashMap;
+use crate::kv_events::{KvCacheEvent, KvEventBuffer, StoreContext};
 use crate::SchedulerError;
 use pagoda_core::BlockHash;
 
@@ -192,6 +193,8 @@ pub struct BlockPool {
     free_queue: FreeBlockQueue,
     cached: FxHashMap<BlockHash, CachedIds>,
     enable_caching: bool,
+    /// Hashes entering and leaving `cached`, for KV-event publishers.
+    events: KvEventBuffer,
 }
 
 impl BlockPool {
@@ -220,6 +223,7 @@ impl BlockPool {
             free_queue,
             cached: FxHashMap::default(),
             enable_caching,
+            events: KvEventBuffer::default(),
         })
     }
 
@@ -335,8 +339,19 @@ impl BlockPool {
         };
         if empty {
             self.cached.remove(&h);
+            self.events.removed(h);
         }
         true
+    }
+
+    /// Starts (or stops) collecting [`KvCacheEvent`]s.
+    pub fn set_kv_events(&mut self, on: bool) {
+        self.events.set_enabled(on);
+    }
+
+    /// The events collected since the last call, in order.
+    pub fn take_kv_events(&mut self) -> Vec<KvCacheEvent> {
+        self.events.take()
     }
 
     /// Forgets the hashes of blocks whose content will never be written (their
@@ -390,6 +405,18 @@ impl BlockPool {
         ids: &[u32],
         hashes: &[BlockHash],
     ) -> Result<(), SchedulerError> {
+        self.cache_full_blocks_with(ids, hashes, None)
+    }
+
+    /// [`Self::cache_full_blocks`] that also reports the hashes new to the cache
+    /// as `BlockStored` events, with the request's tokens from `ctx` (events are
+    /// collected only when `ctx` is given and events are on).
+    pub fn cache_full_blocks_with(
+        &mut self,
+        ids: &[u32],
+        hashes: &[BlockHash],
+        ctx: Option<StoreContext<'_>>,
+    ) -> Result<(), SchedulerError> {
         if ids.len() != hashes.len() {
             return Err(SchedulerError::HashCountMismatch {
                 num_blocks: ids.len(),
@@ -402,7 +429,11 @@ impl BlockPool {
         for &id in ids {
             self.check_id(id)?;
         }
-        for (&id, &h) in ids.iter().zip(hashes) {
+        // Only a publisher wants the new hashes' positions: without one the hot
+        // path neither records nor allocates.
+        let ctx = ctx.filter(|_| self.events.is_enabled());
+        let mut fresh = Vec::new();
+        for (k, (&id, &h)) in ids.iter().zip(hashes).enumerate() {
             let b = &mut self.blocks[id as usize];
             if b.block_hash.is_some() {
                 continue;
@@ -411,6 +442,9 @@ impl BlockPool {
             match self.cached.get_mut(&h) {
                 None => {
                     self.cached.insert(h, CachedIds::One(id));
+                    if let Some(c) = &ctx {
+                        fresh.push(c.first_block + k);
+                    }
                 }
                 Some(CachedIds::One(x)) => {
                     let first = *x;
@@ -418,6 +452,9 @@ impl BlockPool {
                 }
                 Some(CachedIds::Many(v)) => v.push(id),
             }
+        }
+        if let Some(ctx) = ctx {
+            self.events.stored(ctx, &fresh);
         }
         Ok(())
     }
@@ -434,6 +471,7 @@ impl BlockPool {
         for b in &mut self.blocks {
             b.block_hash = None;
         }
+        self.events.cleared();
         Ok(())
     }
 

@@ -12,6 +12,7 @@
 
 use crate::block_pool::BlockPool;
 use crate::hashing::{update_block_hashes, FxHashMap};
+use crate::kv_events::{KvCacheEvent, StoreContext};
 use crate::SchedulerError;
 use pagoda_core::{Request, RequestId};
 use std::collections::VecDeque;
@@ -314,8 +315,18 @@ impl KvCacheManager {
             update_block_hashes(req, bs);
             if num_full > entry.num_cached {
                 let r = entry.num_cached..num_full;
+                let ctx = StoreContext {
+                    tokens: req.all_token_ids(),
+                    all_hashes: &req.block_hashes,
+                    first_block: r.start,
+                    block_size: bs,
+                };
                 self.block_pool
-                    .cache_full_blocks(&entry.blocks[r.clone()], &req.block_hashes[r])
+                    .cache_full_blocks_with(
+                        &entry.blocks[r.clone()],
+                        &req.block_hashes[r],
+                        Some(ctx),
+                    )
                     .expect("ids come from the pool and hashes cover full blocks");
                 entry.num_cached = num_full;
             }
@@ -356,6 +367,16 @@ impl KvCacheManager {
     /// Forgets all cached hashes; fails while any block is held.
     pub fn reset_prefix_cache(&mut self) -> Result<(), SchedulerError> {
         self.block_pool.reset_prefix_cache()
+    }
+
+    /// Starts (or stops) collecting KV-cache events (see [`crate::kv_events`]).
+    pub fn set_kv_events(&mut self, on: bool) {
+        self.block_pool.set_kv_events(on);
+    }
+
+    /// The KV-cache events since the last call, in order.
+    pub fn take_kv_events(&mut self) -> Vec<KvCacheEvent> {
+        self.block_pool.take_kv_events()
     }
 
     /// Pool invariants plus: every block's ref_cnt equals the number of requests

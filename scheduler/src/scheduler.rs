@@ -205,6 +205,14 @@ impl Scheduler {
     pub fn kv_cache_manager(&self) -> &KvCacheManager {
         &self.kv
     }
+    /// Starts (or stops) collecting KV-cache events (see [`crate::kv_events`]).
+    pub fn set_kv_events(&mut self, on: bool) {
+        self.kv.set_kv_events(on);
+    }
+    /// The KV-cache events since the last call, in order (drained once per step).
+    pub fn take_kv_events(&mut self) -> Vec<crate::KvCacheEvent> {
+        self.kv.take_kv_events()
+    }
     pub fn num_running(&self) -> usize {
         self.running.len()
     }

@@ -3,18 +3,16 @@
 //! Block ids match vLLM's exactly because Pagoda also reserves block 0 as the null
 //! block: `KvCacheManager::new(11, 16, ..)` has the 10 usable blocks 1..=10.
 
-use pagoda_core::{Request, SamplingParams};
+mod common;
+
+use pagoda_core::Request;
 use pagoda_scheduler::{
     hash_block, KvCacheManager, PrefixCacheMetrics, PrefixCacheStats, SchedulerError,
 };
 
+/// A greedy request of 16 output tokens (the shared helper).
 fn req(id: &str, tokens: Vec<u32>) -> Request {
-    Request::new(
-        id,
-        tokens,
-        SamplingParams::greedy(16).checked(usize::MAX).unwrap(),
-        vec![],
-    )
+    common::greedy_req(id, tokens, 16)
 }
 
 /// Mimics the scheduler's admission: lookup, allocate the rest, mark computed.
