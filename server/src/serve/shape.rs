@@ -197,3 +197,89 @@ pub fn message(
     }
     (m, sh.finish_reason(engine))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::{reasoning, tools};
+
+    fn shaping(choice: ToolChoice, reasoning: Option<&str>) -> Arc<Shaping> {
+        let tools: Option<Arc<dyn ToolParser>> = match &choice {
+            ToolChoice::None => None,
+            ToolChoice::Auto => Some(Arc::new(tools::lookup("hermes").unwrap())),
+            ToolChoice::Required => Some(Arc::new(tools::choice::RequiredParser)),
+            ToolChoice::Named(n) => Some(Arc::new(tools::choice::NamedParser(n.clone()))),
+        };
+        Arc::new(Shaping {
+            reasoning: reasoning.map(|n| reasoning::lookup(n).unwrap()),
+            include_reasoning: true,
+            tools,
+            parallel: true,
+            choice,
+        })
+    }
+
+    const OUT: &str = "<think>hmm</think>Sure. <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>";
+
+    /// Streamed one char at a time, the deltas fold to the one-shot message:
+    /// id, type and name once, then argument fragments; the same finish.
+    #[test]
+    fn deltas_fold_to_the_message() {
+        let cfg = shaping(ToolChoice::Auto, Some("qwen3"));
+        let (m, finish) = message(&cfg, OUT, Some(FinishReason::Stop));
+        assert_eq!(m["reasoning"], "hmm");
+        assert_eq!(m["content"], "Sure. ");
+        assert_eq!(m["tool_calls"][0]["function"]["name"], "f");
+        assert_eq!(m["tool_calls"][0]["function"]["arguments"], "{\"a\":1}");
+        assert_eq!(finish, "tool_calls");
+        let mut sh = cfg.start();
+        let (mut r, mut c, mut calls) = (String::new(), String::new(), Vec::<Value>::new());
+        let chars: Vec<char> = OUT.chars().collect();
+        for (i, ch) in chars.iter().enumerate() {
+            let d = sh.push(&ch.to_string(), i + 1 == chars.len());
+            r.push_str(&d.reasoning);
+            c.push_str(&d.content);
+            calls.extend(d.tool_calls);
+        }
+        assert_eq!((r.as_str(), c.as_str()), ("hmm", "Sure. "));
+        assert!(calls[0]["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("chatcmpl-tool-"));
+        assert_eq!(calls[0]["type"], "function");
+        let args: String = calls
+            .iter()
+            .map(|c| c["function"]["arguments"].as_str().unwrap())
+            .collect();
+        assert_eq!(args, "{\"a\":1}");
+        assert!(calls[1..].iter().all(|c| c.get("id").is_none()));
+        assert_eq!(sh.finish_reason(Some(FinishReason::Stop)), "tool_calls");
+    }
+
+    #[test]
+    fn finish_reasons_follow_vllm() {
+        let named = shaping(ToolChoice::Named("f".into()), None);
+        let (m, finish) = message(&named, "{\"a\": 1}", Some(FinishReason::Stop));
+        assert_eq!(
+            (finish, &m["tool_calls"][0]["function"]["arguments"]),
+            ("stop", &json!("{\"a\": 1}"))
+        );
+        assert!(m["content"].is_null() && m.get("reasoning").is_none());
+        let req = shaping(ToolChoice::Required, None);
+        let text = "[{\"name\": \"f\", \"parameters\": {}}]";
+        assert_eq!(
+            message(&req, text, Some(FinishReason::Stop)).1,
+            "tool_calls"
+        );
+        assert_eq!(message(&req, text, Some(FinishReason::Length)).1, "length");
+        let none = shaping(ToolChoice::None, Some("deepseek_r1"));
+        let (m, finish) = message(&none, "a</think>b", Some(FinishReason::Stop));
+        assert_eq!(
+            (m["reasoning"].as_str(), m["content"].as_str(), finish),
+            (Some("a"), Some("b"), "stop")
+        );
+        let ids = (tool_call_id(), tool_call_id());
+        assert_ne!(ids.0, ids.1);
+        assert_eq!(ids.0.len(), "chatcmpl-tool-".len() + 32);
+    }
+}
