@@ -98,13 +98,29 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
     ) -> Result<String, ModelError> {
+        self.render_messages(messages, add_generation_prompt, None, kwargs)
+    }
+
+    /// [`ChatTemplate::render_with`] over messages of any shape (OpenAI's, with
+    /// `tool_calls`, `tool_call_id`, `name`, ... as tool-use templates read them)
+    /// and the request's `tools` (the template variable `tools`: none when
+    /// `None`, as HF passes it).
+    pub fn render_messages<M: Serialize + ?Sized>(
+        &self,
+        messages: &M,
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<String, ModelError> {
         let tmpl = self.env.get_template(NAME).map_err(err)?;
         let extra = Value::from_serialize(kwargs.cloned().unwrap_or_default());
+        let tools = tools.map(Value::from_serialize);
         tmpl.render(context! {
-            messages => messages,
+            messages => Value::from_serialize(messages),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos.as_deref().unwrap_or(""),
             eos_token => self.eos.as_deref().unwrap_or(""),
+            tools => tools,
             ..extra
         })
         .map_err(err)
@@ -300,5 +316,31 @@ mod tests {
             out.starts_with("<s>{") && out.ends_with("}</s>") && out.contains("\"role\""),
             "{out}"
         );
+    }
+
+    /// Tool-use templates read `tools` and the messages' `tool_calls` (arguments
+    /// as a mapping) and `tool_call_id`.
+    #[test]
+    fn tools_and_tool_calls_reach_the_template() {
+        let t = ChatTemplate::new(
+            "{% if tools %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}\
+             {% for m in messages %}{{ m.role }}:{{ m.content }}\
+             {% for c in m.tool_calls or [] %}<{{ c.function.name }} {{ c.function.arguments.city }}>{% endfor %}\
+             {% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %};{% endfor %}"
+                .into(),
+            None,
+            None,
+        )
+        .unwrap();
+        let msgs = serde_json::json!([
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "w", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+        ]);
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "w"}}]);
+        let out = t.render_messages(&msgs, false, Some(&tools), None).unwrap();
+        assert_eq!(out, "[w]assistant:<w Paris>;tool:sunny#c1;");
+        let out = t.render_messages(&msgs, false, None, None).unwrap();
+        assert!(out.starts_with("assistant:"), "{out}");
     }
 }

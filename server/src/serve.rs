@@ -15,6 +15,7 @@
 //! and tokenize on a bounded blocking pool ([`AppState::offload`]), never on the
 //! async worker threads that also answer `/health`.
 
+pub mod chat;
 pub mod conn;
 pub mod data_parallel;
 pub mod error;
@@ -25,7 +26,10 @@ pub mod kv_events;
 pub mod limits;
 pub mod metrics;
 pub mod protocol;
+pub mod reasoning;
+pub mod shape;
 pub mod stream;
+pub mod tools;
 
 use crate::args::{SchedulingPolicyArg, ServeArgs};
 use anyhow::Context;
@@ -113,6 +117,11 @@ pub struct AppState {
     pub dev_endpoints: bool,
     /// `--enable-log-requests`.
     pub log_requests: bool,
+    /// `--tool-call-parser`, with `--enable-auto-tool-choice` (what `tool_choice:
+    /// "auto"` reads the output with; without both, `auto` is a 400 as in vLLM).
+    pub tool_parser: Option<&'static dyn tools::ToolParser>,
+    /// `--reasoning-parser`.
+    pub reasoning_parser: Option<&'static dyn reasoning::ReasoningParser>,
 }
 
 /// Bodies at least this large mark the heap for trimming once the server is idle.
@@ -157,6 +166,8 @@ impl AppState {
             dev_endpoints: false,
             tokenizer_info: serde_json::Value::Null,
             log_requests: false,
+            tool_parser: None,
+            reasoning_parser: None,
         }
     }
 
@@ -415,6 +426,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             pagoda_core::request::MAX_LOGPROBS
         );
     }
+    let (tool_parser, reasoning_parser) = parsers_from_flags(&args)?;
     let config = args.engine.engine_config();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -456,6 +468,8 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         state.chat_template_override = Some(Arc::new(t));
     }
     state.generation_defaults = generation_defaults;
+    state.tool_parser = tool_parser;
+    state.reasoning_parser = reasoning_parser;
     state.max_logprobs = args.max_logprobs;
     state.strict_request_fields = args.strict_request_fields;
     state.request_limits = limits::RequestLimits {
@@ -509,6 +523,44 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("server stopped");
     }
     result
+}
+
+/// `--enable-auto-tool-choice`, `--tool-call-parser` and `--reasoning-parser`,
+/// checked before the model loads, with vLLM's rules and messages: auto tool
+/// choice needs a parser; an unknown name lists the registered ones.
+type Parsers = (
+    Option<&'static dyn tools::ToolParser>,
+    Option<&'static dyn reasoning::ReasoningParser>,
+);
+
+fn parsers_from_flags(args: &ServeArgs) -> anyhow::Result<Parsers> {
+    let tool = match args.tool_call_parser.as_deref() {
+        None if args.enable_auto_tool_choice => {
+            anyhow::bail!("Error: --enable-auto-tool-choice requires --tool-call-parser")
+        }
+        None => None,
+        Some(name) => Some(tools::lookup(name).ok_or_else(|| {
+            anyhow::anyhow!(
+                "invalid tool call parser: {name} (chose from {{ {} }})",
+                tools::names().join(",")
+            )
+        })?),
+    };
+    if tool.is_some() && !args.enable_auto_tool_choice {
+        tracing::warn!(
+            "--tool-call-parser without --enable-auto-tool-choice: tool_choice \"auto\" stays off"
+        );
+    }
+    let reasoning = match args.reasoning_parser.as_deref() {
+        None => None,
+        Some(name) => Some(reasoning::lookup(name).ok_or_else(|| {
+            anyhow::anyhow!(
+                "invalid reasoning parser: {name} (chose from {{ {} }})",
+                reasoning::names().join(",")
+            )
+        })?),
+    };
+    Ok((tool.filter(|_| args.enable_auto_tool_choice), reasoning))
 }
 
 /// Seconds from a flag (negative or NaN count as zero).

@@ -66,6 +66,19 @@ pub struct ServeArgs {
     /// Chat template, as a file path or an inline Jinja string; overrides the model's.
     #[arg(long, help_heading = "Frontend")]
     pub chat_template: Option<String>,
+    /// Let the model decide when to call tools (`tool_choice: "auto"`, the
+    /// default of a request with `tools`), read with --tool-call-parser.
+    #[arg(long, help_heading = "Frontend")]
+    pub enable_auto_tool_choice: bool,
+    /// How the model writes tool calls: `hermes` (Qwen2.5/3, Hermes),
+    /// `llama3_json`, `mistral`, `pythonic` (registered parsers; an unknown name
+    /// fails at start and lists them).
+    #[arg(long, help_heading = "Frontend")]
+    pub tool_call_parser: Option<String>,
+    /// Split `<think>…</think>` into the message's `reasoning`: `deepseek_r1`
+    /// (output starts in reasoning) or `qwen3` (only after an opening `<think>`).
+    #[arg(long, help_heading = "StructuredOutputsConfig")]
+    pub reasoning_parser: Option<String>,
     /// Logprob tokens as `token_id:N` for every request (the request field of the
     /// same name can also ask for it).
     #[arg(long, help_heading = "Frontend")]

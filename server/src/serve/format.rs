@@ -48,6 +48,9 @@ pub struct Ctx {
     pub prompt_logprobs: bool,
     pub text: Arc<dyn TokenText>,
     pub metrics: Arc<Metrics>,
+    /// Chat with tools or a reasoning parser: how each choice's text is split
+    /// into reasoning, content and tool calls.
+    pub shaping: Option<Arc<super::shape::Shaping>>,
 }
 
 impl Ctx {
@@ -122,11 +125,16 @@ impl Ctx {
                         }
                         c
                     }
-                    Api::Chat => json!({
-                        "index": s.index,
-                        "message": {"role": "assistant", "content": s.text},
-                        "logprobs": s.logprobs, "finish_reason": finish, "stop_reason": s.stop_reason_json(),
-                    }),
+                    Api::Chat => {
+                        let (message, finish) = match &self.shaping {
+                            None => (json!({"role": "assistant", "content": s.text}), finish),
+                            Some(cfg) => s.shaped_message(cfg),
+                        };
+                        json!({
+                            "index": s.index, "message": message,
+                            "logprobs": s.logprobs, "finish_reason": finish, "stop_reason": s.stop_reason_json(),
+                        })
+                    }
                 }
             })
             .collect();
@@ -323,6 +331,10 @@ pub struct ChoiceState {
     pub unsent_echo: String,
     /// vLLM's `prompt_logprobs` list, once the first output brought it.
     pub prompt_logprobs: Option<Value>,
+    /// Streaming chat with tools or reasoning: this choice's parsers.
+    pub shaper: Option<super::shape::Shaper>,
+    /// Chat `echo`: the bytes of `text` that are the echoed message, not output.
+    pub echo_bytes: usize,
     timer: RequestTimer,
 }
 
@@ -350,6 +362,8 @@ impl ChoiceState {
             echo_ids: None,
             unsent_echo: String::new(),
             prompt_logprobs: None,
+            shaper: None,
+            echo_bytes: 0,
             timer: RequestTimer::new(arrival),
         }
     }
@@ -358,6 +372,17 @@ impl ChoiceState {
     pub fn with_prompt_ids(mut self, ids: Option<Vec<u32>>) -> Self {
         self.prompt_ids = ids;
         self
+    }
+
+    /// The non-streamed message of a shaped chat choice (the echoed text stays
+    /// content) and its `finish_reason`.
+    fn shaped_message(&self, cfg: &Arc<super::shape::Shaping>) -> (Value, &'static str) {
+        let (echo, out) = self.text.split_at(self.echo_bytes.min(self.text.len()));
+        let (mut m, finish) = super::shape::message(cfg, out, self.finish_reason);
+        if !echo.is_empty() {
+            m["content"] = format!("{echo}{}", m["content"].as_str().unwrap_or("")).into();
+        }
+        (m, finish)
     }
 
     /// Takes one engine output in; returns its logprobs delta (when asked for).

@@ -6,8 +6,8 @@ use super::error::ApiError;
 use super::format::{Api, ChoiceState, Ctx};
 use super::protocol::{
     chat_mode, check_prompt_len, params_for_sample, parse_body, parse_generation, sampling_params,
-    truncate_ids, ChatMessageIn, ChatRequest, CommonFields, CompletionRequest, DetokenizeRequest,
-    MessageContent, PromptField, TokenizeRequest, ALL_LOGPROBS,
+    truncate_ids, ChatRequest, CommonFields, CompletionRequest, DetokenizeRequest, PromptField,
+    TokenizeRequest, ALL_LOGPROBS,
 };
 use super::stream::{collect, sse_response, Sample};
 use super::AppState;
@@ -133,12 +133,13 @@ impl AppState {
             prompt_logprobs: c.prompt_logprobs.is_some(),
             text: Arc::new(move |id: u32| tok.decode(&[id], false).unwrap_or_default()),
             metrics: self.metrics.clone(),
+            shaping: None,
         }
     }
 
     /// Refuses text that could not fit in the context even at the longest token
     /// (see [`AppState::max_prompt_bytes`]) before spending time tokenizing it.
-    fn check_text_len(&self, param: &str, bytes: usize) -> Result<(), ApiError> {
+    pub(super) fn check_text_len(&self, param: &str, bytes: usize) -> Result<(), ApiError> {
         let limit = self.max_prompt_bytes;
         if bytes > limit {
             let max_len = self.engine.model_info().max_model_len;
@@ -303,9 +304,11 @@ impl AppState {
                     group,
                     grammar: grammar.clone(),
                 })?;
+                let mut state = ChoiceState::new(index, i == 0, ids.len(), arrival)
+                    .with_prompt_ids(ctx.return_token_ids.then(|| ids.clone()));
+                state.shaper = ctx.shaping.as_ref().map(|s| s.start());
                 samples.push(Sample {
-                    state: ChoiceState::new(index, i == 0, ids.len(), arrival)
-                        .with_prompt_ids(ctx.return_token_ids.then(|| ids.clone())),
+                    state,
                     stream,
                     echo: echo.clone(),
                 });
@@ -326,60 +329,6 @@ impl AppState {
                     .store(true, std::sync::atomic::Ordering::Release);
             }
             Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
-        }
-    }
-
-    /// Renders chat messages through the model's template. With
-    /// `continue_final_message` the output stops right after the final message's
-    /// content (its end-of-turn markup is cut), as vLLM and HF do.
-    fn render_chat(
-        &self,
-        messages: &[ChatMessageIn],
-        (add_generation_prompt, continue_final): (bool, bool),
-        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
-    ) -> Result<String, ApiError> {
-        let tmpl = self.chat_template().ok_or_else(|| {
-            ApiError::bad(
-                "messages",
-                "this model has no chat template; use /v1/completions",
-            )
-        })?;
-        let total: usize = messages
-            .iter()
-            .map(|m| match &m.content {
-                Some(MessageContent::Text(t)) => t.len(),
-                Some(MessageContent::Parts(p)) => p
-                    .iter()
-                    .map(|p| p.text.as_ref().map_or(0, |t| t.len()))
-                    .sum(),
-                None => 0,
-            })
-            .sum();
-        self.check_text_len("messages", total)?;
-        let msgs = messages
-            .iter()
-            .map(|m| {
-                Ok(pagoda_models::ChatMessage {
-                    role: m.role.clone(),
-                    content: m.text()?,
-                })
-            })
-            .collect::<Result<Vec<_>, ApiError>>()?;
-        let text = tmpl
-            .render_with(&msgs, add_generation_prompt, kwargs)
-            .map_err(|e| {
-                ApiError::bad("messages", format!("cannot render the chat template: {e}"))
-            })?;
-        if !continue_final {
-            return Ok(text);
-        }
-        let last = msgs.last().map(|m| m.content.trim()).unwrap_or("");
-        match text.rfind(last) {
-            Some(at) if !last.is_empty() => Ok(text[..at + last.len()].to_string()),
-            _ => Err(ApiError::bad(
-                "continue_final_message",
-                "continue_final_message needs a final message with content that the chat template keeps",
-            )),
         }
     }
 }
@@ -578,8 +527,14 @@ pub(super) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiEr
             ))
         }
     };
+    let shaping = st.chat_shaping(&req, &mut params)?;
     let mode = chat_mode(req.add_generation_prompt, req.continue_final_message)?;
-    let prompt = st.render_chat(messages, mode, req.chat_template_kwargs.as_ref())?;
+    let prompt = st.render_chat(
+        messages,
+        req.tools.as_ref(),
+        mode,
+        req.chat_template_kwargs.as_ref(),
+    )?;
     // The template already wrote any special tokens it wants.
     let ids = st.encode(&prompt, req.common.add_special_tokens.unwrap_or(false))?;
     // vLLM's chat `echo`: the answer starts with the final message when it is the
@@ -588,7 +543,8 @@ pub(super) fn prepare_chat(st: &AppState, body: &[u8]) -> Result<Prepared, ApiEr
         Some(m) if req.echo.unwrap_or(false) && m.role == "assistant" => Some(m.text()?),
         _ => None,
     };
-    let ctx = st.ctx(Api::Chat, &req.common, logprobs.is_some());
+    let mut ctx = st.ctx(Api::Chat, &req.common, logprobs.is_some());
+    ctx.shaping = shaping;
     let priority = req.common.priority(st.priority_scheduling)?;
     let grammar = compile_grammar(st, &params, &req.common)?;
     Ok(Prepared {
@@ -667,7 +623,12 @@ fn tokenize_inner(st: &AppState, body: &[u8]) -> Result<Response, ApiError> {
         (Some(p), None) => st.encode(p, req.add_special_tokens.unwrap_or(true))?,
         (None, Some(m)) => {
             let mode = chat_mode(req.add_generation_prompt, req.continue_final_message)?;
-            let text = st.render_chat(m, mode, req.chat_template_kwargs.as_ref())?;
+            let text = st.render_chat(
+                m,
+                req.tools.as_ref(),
+                mode,
+                req.chat_template_kwargs.as_ref(),
+            )?;
             st.encode(&text, req.add_special_tokens.unwrap_or(false))?
         }
         _ => {

@@ -245,6 +245,21 @@ pub struct ChatMessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
+    /// An assistant message's calls (`[{id, type, function: {name, arguments}}]`),
+    /// checked and handed to the template by `chat::template_messages`.
+    #[serde(default)]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` message's answer to this call.
+    #[serde(default)]
+    pub tool_call_id: Option<serde_json::Value>,
+    #[serde(default)]
+    pub name: Option<serde_json::Value>,
+    /// An earlier answer's reasoning (vLLM's field and its older name), for
+    /// templates that show it.
+    #[serde(default)]
+    pub reasoning: Option<String>,
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessageIn {
@@ -289,6 +304,12 @@ pub struct ChatRequest {
     pub echo: Option<bool>,
     /// vLLM: extra variables for the chat template.
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Function tools (checked by `tools::choice::parse_tools`) and the choice.
+    pub tools: Option<serde_json::Value>,
+    pub tool_choice: Option<serde_json::Value>,
+    pub parallel_tool_calls: Option<bool>,
+    /// vLLM: `false` leaves the reasoning out of the answer.
+    pub include_reasoning: Option<bool>,
 }
 
 impl ChatRequest {
@@ -347,6 +368,8 @@ pub struct TokenizeRequest {
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Shown to the chat template as in a chat request.
+    pub tools: Option<serde_json::Value>,
     pub return_token_strs: Option<bool>,
 }
 

@@ -47,6 +47,7 @@ fn apply_echo(ctx: &Ctx, st: &mut ChoiceState, echo: &Option<(String, Vec<u32>)>
         return false;
     };
     st.text.push_str(text);
+    st.echo_bytes = text.len();
     st.offset = text.chars().count();
     // Chat echoes the final message's text only: its logprobs are not the prompt's.
     let deferred = ctx.logprobs && ctx.api == super::format::Api::Completion;
@@ -176,7 +177,15 @@ impl SseState {
                             let ctx = &self.ctx;
                             let st = &mut self.states[i];
                             let lp = st.absorb(ctx, &out);
-                            if out.new_text.is_empty() && lp.is_none() && !out.finished {
+                            let shaped = st
+                                .shaper
+                                .as_mut()
+                                .map(|s| s.push(&out.new_text, out.finished));
+                            let nothing = match &shaped {
+                                Some(d) => d.is_empty(),
+                                None => out.new_text.is_empty(),
+                            };
+                            if nothing && lp.is_none() && !out.finished {
                                 continue;
                             }
                             let finish = if out.finished { st.finish_reason } else { None };
@@ -200,6 +209,13 @@ impl SseState {
                                 stop,
                                 first && ctx.api == super::format::Api::Chat,
                             );
+                            if let (Some(d), Some(sh)) = (shaped, &st.shaper) {
+                                shape_chunk(
+                                    &mut chunk,
+                                    d,
+                                    out.finished.then(|| sh.finish_reason(finish)),
+                                );
+                            }
                             if ctx.continuous_usage {
                                 chunk["usage"] = choice_usage(st);
                             }
@@ -255,6 +271,24 @@ impl SseState {
                 Phase::End => return None,
             }
         }
+    }
+}
+
+/// A shaped chat chunk: the delta's text is the shaper's (reasoning, content,
+/// tool calls), and the last chunk's `finish_reason` may be `tool_calls`.
+fn shape_chunk(
+    chunk: &mut serde_json::Value,
+    d: super::shape::Delta,
+    finish: Option<&'static str>,
+) {
+    let choice = &mut chunk["choices"][0];
+    if let Some(delta) = choice["delta"].as_object_mut() {
+        // The engine's text is replaced by what the parsers settled.
+        delta.remove("content");
+        d.write(delta);
+    }
+    if let Some(f) = finish {
+        choice["finish_reason"] = f.into();
     }
 }
 

@@ -17,6 +17,7 @@ fn ctx(api: Api, logprobs: bool, tokens_as_ids: bool) -> Ctx {
         prompt_logprobs: false,
         text: Arc::new(|id: u32| format!("<{id}>")),
         metrics: Arc::new(Metrics::default()),
+        shaping: None,
     }
 }
 

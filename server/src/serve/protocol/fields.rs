@@ -56,6 +56,10 @@ const CHAT: &[&str] = &[
     "top_logprobs",
     "max_completion_tokens",
     "add_generation_prompt",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "include_reasoning",
 ];
 
 /// OpenAI fields that only label or route a request: accepted, no effect.
