@@ -113,9 +113,25 @@ const fn per_line<E>() -> usize {
     64 / std::mem::size_of::<E>()
 }
 
-/// `s[gi * CHUNK + j] = scale * q[gi] · k[j]` for `NG` heads, sharing each K load.
-/// Prefetches the rows `pf` (the next chunk) one row per key (prefetches never
-/// change a result).
+/// Keys per register block of [`scores`] (and head-dim vectors per block of
+/// [`accumulate`]): 4 on 32-register AVX-512, 2 on 16-register AVX2 and portable.
+/// Blocking only chooses which independent chains share a load; every score and
+/// every output element takes the same operations in the same order whatever the
+/// block, so the bits do not depend on it.
+const fn block<S: Simd>() -> usize {
+    if S::LANES >= 16 {
+        4
+    } else {
+        2
+    }
+}
+
+/// `s[gi * CHUNK + j] = scale * q[gi] · k[j]` for `NG` heads: each score is one
+/// lane-wise FMA chain over the head dim, then `S::reduce`'s tree (by
+/// `S::reduce4`/`reduce2`, the same bits). Keys go in blocks of
+/// `J` so that each K vector feeds `NG` chains and each q vector `J` (loads per FMA
+/// about 1/2 instead of 4/3). Prefetches the rows `pf` (the next chunk) one row per
+/// key (prefetches never change a result).
 #[inline(always)]
 unsafe fn scores<S: Simd, E: KvElem, const NG: usize>(
     q: *const f32,
@@ -126,33 +142,75 @@ unsafe fn scores<S: Simd, E: KvElem, const NG: usize>(
     scale: f32,
     s: *mut f32,
 ) {
-    for (j, &o) in off.iter().enumerate() {
-        if let Some(&pj) = pf.get(j) {
-            let mut d = 0;
-            while d < hd {
-                S::prefetch(kp.add(pj + d) as *const f32);
-                d += per_line::<E>();
-            }
-        }
-        let k = kp.add(o);
-        let mut acc = [S::zero(); NG];
+    for &pj in pf {
         let mut d = 0;
         while d < hd {
-            let kv = E::load::<S>(k.add(d));
-            for (gi, a) in acc.iter_mut().enumerate() {
-                *a = S::fma(S::load(q.add(gi * hd + d)), kv, *a);
-            }
-            d += S::LANES;
+            S::prefetch(kp.add(pj + d) as *const f32);
+            d += per_line::<E>();
         }
-        for (gi, a) in acc.iter().enumerate() {
-            *s.add(gi * CHUNK + j) = S::reduce(*a) * scale;
+    }
+    let (n, jb) = (off.len(), block::<S>());
+    let mut j = 0;
+    while j + jb <= n {
+        if jb == 4 {
+            score_block::<S, E, NG, 4>(q, kp, &off[j..j + 4], hd, scale, s.add(j));
+        } else {
+            score_block::<S, E, NG, 2>(q, kp, &off[j..j + 2], hd, scale, s.add(j));
+        }
+        j += jb;
+    }
+    while j < n {
+        score_block::<S, E, NG, 1>(q, kp, &off[j..j + 1], hd, scale, s.add(j));
+        j += 1;
+    }
+}
+
+/// [`scores`] for the `J` keys `off` (`J` = `off.len()`), written at `s[gi * CHUNK + j]`.
+#[inline(always)]
+unsafe fn score_block<S: Simd, E: KvElem, const NG: usize, const J: usize>(
+    q: *const f32,
+    kp: *const E,
+    off: &[usize],
+    hd: usize,
+    scale: f32,
+    s: *mut f32,
+) {
+    let k: [*const E; J] = std::array::from_fn(|jj| kp.add(off[jj]));
+    let mut acc = [[S::zero(); J]; NG];
+    let mut d = 0;
+    while d < hd {
+        let kv: [S::V; J] = std::array::from_fn(|jj| E::load::<S>(k[jj].add(d)));
+        for (gi, a) in acc.iter_mut().enumerate() {
+            let qv = S::load(q.add(gi * hd + d));
+            for (x, &kx) in a.iter_mut().zip(kv.iter()) {
+                *x = S::fma(qv, kx, *x);
+            }
+        }
+        d += S::LANES;
+    }
+    for (gi, a) in acc.iter().enumerate() {
+        let r: [f32; J] = match J {
+            4 => pad(S::reduce4([a[0], a[1], a[2], a[3]])),
+            2 => pad(S::reduce2([a[0], a[1]])),
+            _ => std::array::from_fn(|jj| S::reduce(a[jj])),
+        };
+        for (jj, x) in r.iter().enumerate() {
+            *s.add(gi * CHUNK + jj) = x * scale;
         }
     }
 }
 
-/// `o[gi] += sum_j p[gi * CHUNK + j] * v[j]` for `NG` heads, in key order,
-/// accumulating in registers; prefetches one cache line of each row `pf` per line
-/// of columns.
+/// `x` as an array of `J >= N` (only called with `J == N`).
+#[inline(always)]
+fn pad<const N: usize, const J: usize>(x: [f32; N]) -> [f32; J] {
+    std::array::from_fn(|i| x[i])
+}
+
+/// `o[gi] += sum_j p[gi * CHUNK + j] * v[j]` for `NG` heads: each output element
+/// one FMA chain in key order. The head dim goes in blocks of `block` vectors kept
+/// in registers across the chunk, so each V vector feeds `NG` chains and each `p`
+/// broadcast a block. Prefetches the rows `pf`, one cache line of each per line of
+/// columns.
 #[inline(always)]
 unsafe fn accumulate<S: Simd, E: KvElem, const NG: usize>(
     o: *mut f32,
@@ -162,27 +220,50 @@ unsafe fn accumulate<S: Simd, E: KvElem, const NG: usize>(
     hd: usize,
     p: *const f32,
 ) {
+    let db = block::<S>() * S::LANES;
     let mut d = 0;
     while d < hd {
-        if d.is_multiple_of(per_line::<E>()) {
+        let w = if d + db <= hd { db } else { S::LANES };
+        let mut x = d;
+        while x < d + w {
             for &pj in pf {
-                S::prefetch(vp.add(pj + d) as *const f32);
+                S::prefetch(vp.add(pj + x) as *const f32);
             }
+            x += per_line::<E>();
         }
-        let mut acc = [S::zero(); NG];
+        match w / S::LANES {
+            4 => accumulate_block::<S, E, NG, 4>(o.add(d), vp.add(d), off, hd, p),
+            2 => accumulate_block::<S, E, NG, 2>(o.add(d), vp.add(d), off, hd, p),
+            _ => accumulate_block::<S, E, NG, 1>(o.add(d), vp.add(d), off, hd, p),
+        }
+        d += w;
+    }
+}
+
+/// [`accumulate`] for the `DB` vectors of columns at `o`/`vp` (already offset).
+#[inline(always)]
+unsafe fn accumulate_block<S: Simd, E: KvElem, const NG: usize, const DB: usize>(
+    o: *mut f32,
+    vp: *const E,
+    off: &[usize],
+    hd: usize,
+    p: *const f32,
+) {
+    let mut acc: [[S::V; DB]; NG] =
+        std::array::from_fn(|gi| std::array::from_fn(|b| S::load(o.add(gi * hd + b * S::LANES))));
+    for (j, &oj) in off.iter().enumerate() {
+        let vv: [S::V; DB] = std::array::from_fn(|b| E::load::<S>(vp.add(oj + b * S::LANES)));
         for (gi, a) in acc.iter_mut().enumerate() {
-            *a = S::load(o.add(gi * hd + d));
-        }
-        for (j, &oj) in off.iter().enumerate() {
-            let vv = E::load::<S>(vp.add(oj + d));
-            for (gi, a) in acc.iter_mut().enumerate() {
-                *a = S::fma(S::splat(*p.add(gi * CHUNK + j)), vv, *a);
+            let pj = S::splat(*p.add(gi * CHUNK + j));
+            for (x, &v) in a.iter_mut().zip(vv.iter()) {
+                *x = S::fma(pj, v, *x);
             }
         }
-        for (gi, a) in acc.iter().enumerate() {
-            S::store(o.add(gi * hd + d), *a);
+    }
+    for (gi, a) in acc.iter().enumerate() {
+        for (b, x) in a.iter().enumerate() {
+            S::store(o.add(gi * hd + b * S::LANES), *x);
         }
-        d += S::LANES;
     }
 }
 
@@ -248,7 +329,8 @@ pub unsafe fn chunk_step<S: Simd, E: KvElem>(
                 *x = c * (*x / c).tanh();
             }
         }
-        let cm = max_tree(row, n);
+        row[n..].fill(f32::NEG_INFINITY);
+        let cm = S::max16(row.as_ptr());
         let m_new = st.m[gi].max(cm);
         if m_new > st.m[gi] {
             let corr = exp_fast(st.m[gi] - m_new);
@@ -267,7 +349,7 @@ pub unsafe fn chunk_step<S: Simd, E: KvElem>(
             *x = exp_fast(*x - m_new);
         }
         row[n..].fill(0.0);
-        st.l[gi] += sum_tree(row);
+        st.l[gi] += S::sum16(row.as_ptr());
     }
     let mut g = 0;
     while g < g_n {
@@ -281,39 +363,6 @@ pub unsafe fn chunk_step<S: Simd, E: KvElem>(
         }
         g += 4;
     }
-}
-
-/// The maximum of `row[..n]` (`-inf` for none). A maximum does not depend on the
-/// order it is taken in; the tree only shortens the dependency chain.
-#[inline(always)]
-fn max_tree(row: &[f32], n: usize) -> f32 {
-    let mut t = [f32::NEG_INFINITY; CHUNK];
-    t[..n].copy_from_slice(&row[..n]);
-    let mut w = CHUNK / 2;
-    while w > 0 {
-        for i in 0..w {
-            t[i] = if t[i + w] > t[i] { t[i + w] } else { t[i] };
-        }
-        w /= 2;
-    }
-    t[0]
-}
-
-/// The sum of a chunk's `CHUNK` probabilities (zero past the chunk's keys) by one
-/// fixed tree, `x[i] + x[i + w]` for w = 8, 4, 2, 1: the same bits in both backends,
-/// with a dependency chain of 4 adds instead of 16.
-#[inline(always)]
-fn sum_tree(row: &[f32]) -> f32 {
-    let mut t = [0f32; CHUNK];
-    t.copy_from_slice(&row[..CHUNK]);
-    let mut w = CHUNK / 2;
-    while w > 0 {
-        for i in 0..w {
-            t[i] += t[i + w];
-        }
-        w /= 2;
-    }
-    t[0]
 }
 
 /// Ends a split: `o /= l` per head and `m` becomes the split's log-sum-exp
@@ -402,16 +451,20 @@ mod tests {
 
     #[test]
     fn chunk_trees_are_the_max_and_a_sum() {
+        use crate::simd::Portable;
         let row: Vec<f32> = (0..CHUNK)
             .map(|i| ((i * 7 % 11) as f32 - 3.0) * 0.37)
             .collect();
         for n in 0..=CHUNK {
             let want = row[..n].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            assert_eq!(max_tree(&row, n), want, "n = {n}");
             let mut padded = row.clone();
+            padded[n..].fill(f32::NEG_INFINITY);
+            // SAFETY: `padded` holds CHUNK = 16 floats; Portable needs no feature.
+            assert_eq!(unsafe { Portable::max16(padded.as_ptr()) }, want, "n = {n}");
             padded[n..].fill(0.0);
             let exact: f64 = row[..n].iter().map(|&x| x as f64).sum();
-            let got = sum_tree(&padded) as f64;
+            // SAFETY: as above.
+            let got = unsafe { Portable::sum16(padded.as_ptr()) } as f64;
             assert!(
                 (got - exact).abs() <= 1e-5 * (1.0 + exact.abs()),
                 "n = {n}: {got} vs {exact}"
