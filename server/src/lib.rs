@@ -6,5 +6,6 @@
 
 pub mod args;
 pub mod backends_cmd;
+pub mod data_parallel;
 pub mod generate;
 pub mod serve;

@@ -17,7 +17,6 @@
 
 pub mod chat;
 pub mod conn;
-pub mod data_parallel;
 pub mod error;
 pub mod format;
 pub mod frontend;
@@ -433,7 +432,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         .thread_name("pagoda-http")
         .build()
         .context("building the tokio runtime")?;
-    let handle = data_parallel::start_engines(&args, config, &runtime)?;
+    let handle = crate::data_parallel::start_engines(&args, config, &runtime)?;
     let mut names = args.served_model_name.clone().into_iter();
     let mut state = AppState::new(
         handle.clone(),

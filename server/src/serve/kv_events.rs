@@ -19,7 +19,7 @@
 //! - endpoints with `*` or `::` are bound, others connected to (vLLM's rule: a
 //!   consumer that binds, as llm-d's does, is connected to).
 //!
-//! The scheduler only collects the events (`pagoda_scheduler::kv_events`); the engine
+//! The scheduler crate only collects the events (its `kv_events` module); the engine
 //! loop hands them to the [`KvEventSink`] built here after every step. The sink never
 //! blocks the engine unless `max_queue_size` batches are already waiting (vLLM's queue
 //! blocks there too). Block hashes are Pagoda's 128-bit chain hashes folded to the

@@ -9,8 +9,8 @@
 //! its own KV-cache events, on the configured ports plus its rank (vLLM's
 //! `offset_endpoint_port`), with its `dp_rank` in each batch.
 
-use super::kv_events::{KvEventPublisher, KvEventsConfig};
 use crate::args::ServeArgs;
+use crate::serve::kv_events::{KvEventPublisher, KvEventsConfig};
 use anyhow::{bail, Context};
 use pagoda_engine::{EngineConfig, EngineHandle, KvEventSink, LLMEngine};
 
