@@ -3,8 +3,7 @@
 //! text (the content). A block whose JSON is not a call stays content, markup
 //! included; an unclosed block at the end of the output is read as if closed.
 
-use super::scan::partial_suffix;
-use super::{call_from_object, lead_ws, Cursor, Step, ToolParser, ToolParserEntry};
+use super::{call_from_object, marked_blocks, Block, Cursor, Step, ToolParser, ToolParserEntry};
 
 const START: &str = "<tool_call>";
 const END: &str = "</tool_call>";
@@ -18,59 +17,22 @@ fn body_call(body: &str) -> Option<(String, String)> {
     call_from_object(&v)
 }
 
+/// One block after `<tool_call>`: up to `</tool_call>` (or the end of a finished
+/// output); a body that is not a call is content, markup included.
+fn block(body: &str, fin: bool) -> Block {
+    let (inner, n) = match body.find(END) {
+        Some(j) => (&body[..j], j + END.len()),
+        None if fin => (body, body.len()),
+        None => return Block::Wait,
+    };
+    match body_call(inner) {
+        Some(call) => Block::Calls(vec![call], n),
+        None => Block::Broken(n),
+    }
+}
+
 impl ToolParser for Hermes {
     fn step(&self, text: &str, cur: &mut Cursor, fin: bool) -> Step {
-        let mut s = Step::default();
-        let mut pos = 0;
-        while pos < text.len() {
-            let Some(skip) = lead_ws(&text[pos..], cur, fin, &[START]) else {
-                break;
-            };
-            if skip > 0 {
-                pos += skip;
-                s.settled = pos;
-                continue;
-            }
-            let rest = &text[pos..];
-            let Some(i) = rest.find(START) else {
-                let hold = if fin { 0 } else { partial_suffix(rest, START) };
-                let c = &rest[..rest.len() - hold];
-                if !c.is_empty() {
-                    s.content(c);
-                    cur.after_call = false;
-                    cur.at_start = false;
-                }
-                s.settled = pos + c.len();
-                break;
-            };
-            if i > 0 {
-                s.content(&rest[..i]);
-                cur.after_call = false;
-                cur.at_start = false;
-            }
-            let body_at = pos + i + START.len();
-            let (body, end) = match text[body_at..].find(END) {
-                Some(j) => (&text[body_at..body_at + j], body_at + j + END.len()),
-                None if fin => (&text[body_at..], text.len()),
-                None => {
-                    s.settled = pos + i;
-                    break;
-                }
-            };
-            match body_call(body) {
-                Some((name, args)) => {
-                    s.call(name, args);
-                    cur.after_call = true;
-                }
-                None => {
-                    s.content(&text[pos + i..end]);
-                    cur.after_call = false;
-                }
-            }
-            cur.at_start = false;
-            pos = end;
-            s.settled = pos;
-        }
-        s
+        marked_blocks(text, cur, fin, START, block)
     }
 }

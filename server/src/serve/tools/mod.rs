@@ -270,3 +270,80 @@ pub(crate) fn lead_ws(
     }
     Some(0)
 }
+
+/// What follows one start marker, for [`marked_blocks`].
+pub(crate) enum Block {
+    /// Calls, and the body bytes they took.
+    Calls(Vec<(String, String)>, usize),
+    /// Needs more text.
+    Wait,
+    /// Never a call: the marker and the body's first `n` bytes are content.
+    Broken(usize),
+}
+
+/// One step of a parser whose calls follow a start marker (`hermes`, `mistral`):
+/// text before a marker is content (a possible marker prefix at the end is held
+/// back), and what follows a marker is `block`'s to read.
+pub(crate) fn marked_blocks(
+    text: &str,
+    cur: &mut Cursor,
+    fin: bool,
+    start: &str,
+    block: impl Fn(&str, bool) -> Block,
+) -> Step {
+    let mut s = Step::default();
+    let mut pos = 0;
+    while pos < text.len() {
+        let Some(skip) = lead_ws(&text[pos..], cur, fin, &[start]) else {
+            break;
+        };
+        if skip > 0 {
+            pos += skip;
+            s.settled = pos;
+            continue;
+        }
+        let rest = &text[pos..];
+        let Some(i) = rest.find(start) else {
+            let hold = if fin {
+                0
+            } else {
+                scan::partial_suffix(rest, start)
+            };
+            let c = &rest[..rest.len() - hold];
+            if !c.is_empty() {
+                s.content(c);
+                cur.after_call = false;
+                cur.at_start = false;
+            }
+            s.settled = pos + c.len();
+            break;
+        };
+        if i > 0 {
+            s.content(&rest[..i]);
+            cur.after_call = false;
+            cur.at_start = false;
+        }
+        let body_at = pos + i + start.len();
+        match block(&text[body_at..], fin) {
+            Block::Wait => {
+                s.settled = pos + i;
+                break;
+            }
+            Block::Broken(n) => {
+                s.content(&text[pos + i..body_at + n]);
+                cur.after_call = false;
+                pos = body_at + n;
+            }
+            Block::Calls(calls, n) => {
+                for (name, args) in calls {
+                    s.call(name, args);
+                }
+                cur.after_call = true;
+                pos = body_at + n;
+            }
+        }
+        cur.at_start = false;
+        s.settled = pos;
+    }
+    s
+}
