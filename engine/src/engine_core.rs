@@ -100,6 +100,8 @@ pub struct EngineCore {
     /// done, and the others poll for that work while the step lasts
     /// ([`StepPool`]; BENCHMARKS.md, "Quantized").
     pool: StepPool,
+    /// The device's owner, kept to allocate the KV cache again after sleep mode.
+    runtime: Arc<dyn DeviceRuntime>,
 }
 
 impl EngineCore {
@@ -298,9 +300,42 @@ impl EngineCore {
                 prompt_logprobs: HashMap::new(),
                 newly_scheduled: Vec::new(),
                 pool,
+                runtime,
             },
             info,
         ))
+    }
+
+    /// Sleep level 1: forgets the prefix cache (publishing `AllBlocksCleared`) and
+    /// frees the KV cache's memory; the weights stay. Refused while requests hold
+    /// blocks, and on a device (its captured graphs hold the cache's addresses).
+    pub fn free_kv_cache(&mut self) -> Result<(), EngineError> {
+        if self.runtime.device() != Device::Cpu {
+            return Err(EngineError::SleepState {
+                message: format!(
+                    "sleep mode frees memory on the cpu device only for now, not on {}",
+                    self.runtime.device()
+                ),
+            });
+        }
+        self.scheduler
+            .reset_prefix_cache()
+            .map_err(|e| EngineError::SleepState {
+                message: format!("cannot sleep while requests run: {e}"),
+            })?;
+        self.runner.free_kv_cache();
+        release_freed_memory();
+        Ok(())
+    }
+
+    /// Undoes [`EngineCore::free_kv_cache`]: a zeroed cache of the same blocks.
+    pub fn restore_kv_cache(&mut self) -> Result<(), EngineError> {
+        self.runner
+            .restore_kv_cache(self.runtime.as_ref())
+            .map_err(|e| EngineError::Device {
+                device: self.runtime.device(),
+                message: format!("allocating the KV cache at wake-up: {e}"),
+            })
     }
 
     /// How many times the device forward's buffers were allocated (`None` on the

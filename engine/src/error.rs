@@ -36,6 +36,12 @@ pub enum EngineError {
     RequestFailed { request_id: String, message: String },
     #[error("the engine has shut down")]
     Shutdown,
+    /// Sleep mode (`POST /sleep`): nothing runs until `POST /wake_up`.
+    #[error("the engine is sleeping (level {level}): POST /wake_up first")]
+    Sleeping { level: u8 },
+    /// A sleep or wake-up that cannot be done in the engine's present state.
+    #[error("{message}")]
+    SleepState { message: String },
 }
 
 impl EngineError {

@@ -6,11 +6,12 @@
 //! before it finished aborts the request, so a client that disconnects frees its
 //! KV blocks at the next step.
 
+use crate::sleep::Sleeper;
 use crate::structured::{Grammar, SharedCompiler};
 use crate::{EngineError, EngineStats, LLMEngine, ModelInfo, PromptInput, RequestOutput};
 use pagoda_core::{CheckedParams, SamplingParams};
 use pagoda_models::{ChatTemplate, Tokenizer};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -58,6 +59,16 @@ enum Command {
         preempt_running: bool,
         reply: mpsc::Sender<bool>,
     },
+    /// Sleep mode (`crate::sleep`): release memory at `level` 1 or 2.
+    Sleep {
+        level: u8,
+        reply: mpsc::Sender<Result<(), EngineError>>,
+    },
+    WakeUp {
+        weights: bool,
+        kv_cache: bool,
+        reply: mpsc::Sender<Result<(), EngineError>>,
+    },
 }
 
 /// Where the engine loop hands the block pool's KV-cache events after each step
@@ -74,6 +85,8 @@ struct Shared {
     num_waiting: AtomicUsize,
     num_running: AtomicUsize,
     stopped: AtomicBool,
+    /// The sleep level (0: awake), for `/is_sleeping` and refusing new requests.
+    sleep_level: AtomicU8,
 }
 
 /// One engine core on its own thread: a data-parallel rank.
@@ -259,6 +272,10 @@ impl EngineHandle {
     /// Tokenizes and validates on the caller's thread, then queues the request.
     pub fn submit(&self, req: SubmitRequest) -> Result<RequestStream, EngineError> {
         self.health()?;
+        let level = self.sleep_level();
+        if level > 0 {
+            return Err(EngineError::Sleeping { level });
+        }
         let prompt_ids = match req.prompt {
             PromptInput::Tokens(ids) => ids,
             PromptInput::Text(t) => self.tokenizer.encode(&t, true)?,
@@ -342,6 +359,50 @@ impl EngineHandle {
         Ok(all)
     }
 
+    /// Sleep mode: every rank releases its KV cache (`level` 1) or its weights
+    /// too (2); refused while requests run ([`crate::sleep`]). With data parallel,
+    /// a refusal by one rank wakes those already asleep.
+    pub fn sleep(&self, level: u8) -> Result<(), EngineError> {
+        self.health()?;
+        for (i, r) in self.ranks.iter().enumerate() {
+            let done = r.call(|reply| Command::Sleep { level, reply });
+            if let Err(e) = done {
+                for woken in &self.ranks[..i] {
+                    // Best effort: the error to report is the refusal.
+                    let _ = woken.call(|reply| Command::WakeUp {
+                        weights: true,
+                        kv_cache: true,
+                        reply,
+                    });
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Wakes up the weights and/or the KV cache of every rank (vLLM's tags).
+    pub fn wake_up(&self, weights: bool, kv_cache: bool) -> Result<(), EngineError> {
+        self.health()?;
+        for r in self.ranks.iter() {
+            r.call(|reply| Command::WakeUp {
+                weights,
+                kv_cache,
+                reply,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The deepest sleep level of any rank (0: all awake).
+    pub fn sleep_level(&self) -> u8 {
+        self.ranks
+            .iter()
+            .map(|r| r.shared.sleep_level.load(Ordering::Acquire))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Stops the loop: with `abort_running` in-flight requests are aborted, otherwise
     /// they run to completion first. Blocks until the loop has exited.
     pub fn shutdown(&self, abort_running: bool) {
@@ -357,6 +418,18 @@ impl EngineHandle {
 }
 
 impl Rank {
+    /// Sends a command built around a reply channel and waits for the reply.
+    fn call(
+        &self,
+        cmd: impl FnOnce(mpsc::Sender<Result<(), EngineError>>) -> Command,
+    ) -> Result<(), EngineError> {
+        let (reply, done) = mpsc::channel();
+        self.tx
+            .send(cmd(reply))
+            .map_err(|_| EngineError::Shutdown)?;
+        done.recv().map_err(|_| EngineError::Shutdown)?
+    }
+
     /// Rank `index`'s engine loop on a thread of its own.
     fn start(index: usize, mut engine: LLMEngine, sink: Option<KvEventSink>) -> Rank {
         engine
@@ -371,6 +444,7 @@ impl Rank {
             num_waiting: AtomicUsize::new(0),
             num_running: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
+            sleep_level: AtomicU8::new(0),
         });
         let loop_shared = shared.clone();
         // Rank 0 keeps the single engine's thread name.
@@ -393,7 +467,9 @@ impl Rank {
 /// The engine thread's state: the engine, where each request's outputs go, and
 /// whether it is draining for shutdown.
 struct EngineLoop {
-    engine: LLMEngine,
+    /// `None` while asleep at level 2 (the weights are released).
+    engine: Option<LLMEngine>,
+    sleeper: Sleeper,
     shared: Arc<Shared>,
     senders: std::collections::HashMap<String, OutputSender>,
     draining: bool,
@@ -407,8 +483,10 @@ fn engine_loop(
     shared: Arc<Shared>,
     kv_events: Option<KvEventSink>,
 ) {
+    let sleeper = Sleeper::new(&engine, kv_events.is_some());
     let mut l = EngineLoop {
-        engine,
+        engine: Some(engine),
+        sleeper,
         shared,
         senders: Default::default(),
         draining: false,
@@ -417,7 +495,7 @@ fn engine_loop(
     };
     loop {
         // Block only when idle; otherwise take what has arrived and step.
-        let first = if l.engine.has_unfinished_requests() {
+        let first = if l.has_work() {
             rx.try_recv().ok()
         } else if l.draining {
             break;
@@ -431,7 +509,7 @@ fn engine_loop(
         for cmd in first.into_iter().chain(rx.try_iter()) {
             l.command(cmd);
         }
-        if l.engine.has_unfinished_requests() && !l.step() {
+        if l.has_work() && !l.step() {
             break;
         }
         l.publish_kv_events();
@@ -444,10 +522,16 @@ fn engine_loop(
 }
 
 impl EngineLoop {
+    fn has_work(&self) -> bool {
+        self.engine
+            .as_ref()
+            .is_some_and(|e| e.has_unfinished_requests())
+    }
+
     /// Hands what the block pool recorded since the last call to the sink.
     fn publish_kv_events(&mut self) {
-        if let Some(sink) = self.kv_events.as_mut() {
-            let events = self.engine.core_mut().scheduler_mut().take_kv_events();
+        if let (Some(sink), Some(engine)) = (self.kv_events.as_mut(), self.engine.as_mut()) {
+            let events = engine.core_mut().scheduler_mut().take_kv_events();
             if !events.is_empty() {
                 sink(events);
             }
@@ -470,7 +554,14 @@ impl EngineLoop {
                     let _ = tx.send(Err(EngineError::Shutdown));
                     return;
                 }
-                match self.engine.add_checked(
+                let released = self.sleeper.released();
+                let Some(engine) = self.engine.as_mut().filter(|_| !released.is_sleeping()) else {
+                    let _ = tx.send(Err(EngineError::Sleeping {
+                        level: released.level(),
+                    }));
+                    return;
+                };
+                match engine.add_checked(
                     request_id.clone(),
                     prompt_ids,
                     *params,
@@ -486,14 +577,40 @@ impl EngineLoop {
                 }
             }
             Command::Abort(id) => {
-                self.engine.abort_request(&id);
+                if let Some(e) = self.engine.as_mut() {
+                    e.abort_request(&id);
+                }
                 self.senders.remove(&id);
+            }
+            Command::Sleep { level, reply } => {
+                let done = self.sleeper.sleep(&mut self.engine, level);
+                let done = done.map(|events| {
+                    if let (Some(sink), false) = (self.kv_events.as_mut(), events.is_empty()) {
+                        sink(events);
+                    }
+                });
+                self.note_sleep_level();
+                let _ = reply.send(done);
+            }
+            Command::WakeUp {
+                weights,
+                kv_cache,
+                reply,
+            } => {
+                let done = self.sleeper.wake_up(&mut self.engine, weights, kv_cache);
+                self.note_sleep_level();
+                let _ = reply.send(done);
             }
             Command::ResetPrefixCache {
                 preempt_running,
                 reply,
             } => {
-                let sched = self.engine.core_mut().scheduler_mut();
+                let Some(engine) = self.engine.as_mut() else {
+                    // Asleep at level 2: there is no cache to forget.
+                    let _ = reply.send(true);
+                    return;
+                };
+                let sched = engine.core_mut().scheduler_mut();
                 let done = if preempt_running {
                     sched.reset_prefix_cache_and_preempt()
                 } else {
@@ -503,9 +620,9 @@ impl EngineLoop {
             }
             Command::Shutdown { abort_running } => {
                 self.draining = true;
-                if abort_running {
-                    for id in self.engine.unfinished_request_ids() {
-                        self.engine.abort_request(&id);
+                if let (true, Some(engine)) = (abort_running, self.engine.as_mut()) {
+                    for id in engine.unfinished_request_ids() {
+                        engine.abort_request(&id);
                         // Cut short by shutdown: an error (503), not a partial answer.
                         if let Some(tx) = self.senders.remove(&id) {
                             let _ = tx.send(Err(EngineError::Shutdown));
@@ -521,7 +638,9 @@ impl EngineLoop {
     fn step(&mut self) -> bool {
         // A panic inside a step (a kernel, the allocator) leaves the engine's state
         // unknown: it is an engine-wide fault, reported like any other.
-        let engine = &mut self.engine;
+        let Some(engine) = self.engine.as_mut() else {
+            return true;
+        };
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step()))
             .unwrap_or_else(|panic| {
                 Err(EngineError::Fault {
@@ -562,7 +681,9 @@ impl EngineLoop {
             self.senders.remove(&id);
         } else if gone {
             // The receiver is gone without a Drop-abort (e.g. runtime shut down).
-            self.engine.abort_request(&id);
+            if let Some(e) = self.engine.as_mut() {
+                e.abort_request(&id);
+            }
             self.senders.remove(&id);
         }
     }
@@ -583,9 +704,15 @@ impl EngineLoop {
         }
     }
 
+    /// Publishes the sleep level for the handles (`/is_sleeping`, new requests).
+    fn note_sleep_level(&self) {
+        let level = self.sleeper.released().level();
+        self.shared.sleep_level.store(level, Ordering::Release);
+    }
+
     /// Counters for the handles (queue length, `/metrics`) and the periodic log line.
     fn publish_stats(&mut self) {
-        let stats = self.engine.stats();
+        let stats = self.sleeper.stats(self.engine.as_ref());
         self.shared
             .num_waiting
             .store(stats.num_waiting, Ordering::Release);
@@ -595,7 +722,9 @@ impl EngineLoop {
         if self.last_log.elapsed() >= Duration::from_secs(5)
             && (stats.num_running + stats.num_waiting) > 0
         {
-            self.engine.log_stats(self.last_log.elapsed());
+            if let Some(e) = self.engine.as_mut() {
+                e.log_stats(self.last_log.elapsed());
+            }
             self.last_log = std::time::Instant::now();
         }
         if let Ok(mut s) = self.shared.stats.lock() {

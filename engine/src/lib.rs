@@ -16,6 +16,7 @@ pub mod prompt_logprobs;
 pub mod runner;
 pub mod runner_model;
 pub mod sampler;
+pub mod sleep;
 pub mod step_pool;
 pub mod structured;
 
@@ -29,4 +30,5 @@ pub use output::{
     ITERATION_TOKENS_BUCKETS,
 };
 pub use pagoda_scheduler::{KvCacheEvent, SchedulingPolicy};
+pub use sleep::Released;
 pub use step_pool::StepPool;

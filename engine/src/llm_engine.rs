@@ -76,6 +76,7 @@ pub struct LLMEngine {
     num_steps: u64,
     logged_generation_tokens: u64,
     logged_prompt_tokens: u64,
+    config: EngineConfig,
 }
 
 /// The one check of a request, where it enters the engine ([`crate::EngineHandle::submit`]
@@ -236,7 +237,13 @@ impl LLMEngine {
             num_steps: 0,
             logged_generation_tokens: 0,
             logged_prompt_tokens: 0,
+            config,
         })
+    }
+
+    /// The configuration it was built from (sleep level 2 rebuilds from it).
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
     }
 
     pub fn tokenizer(&self) -> Arc<Tokenizer> {

@@ -128,6 +128,17 @@ impl EngineStats {
         all
     }
 
+    /// This engine's counters added to those of the engines it replaced (sleep
+    /// level 2 rebuilds the engine core); the gauges are this engine's.
+    pub(crate) fn after(&self, earlier: &EngineStats) -> EngineStats {
+        EngineStats {
+            num_running: self.num_running,
+            num_waiting: self.num_waiting,
+            kv_cache_usage: self.kv_cache_usage,
+            ..earlier.add(self)
+        }
+    }
+
     /// Sums every field (the usage too: [`EngineStats::combine`] divides it).
     fn add(&self, other: &EngineStats) -> EngineStats {
         let mut it = self.iteration_tokens.clone();

@@ -126,6 +126,24 @@ pub struct ModelRunner {
 }
 
 impl ModelRunner {
+    /// Drops the KV cache's pools (sleep mode); the spec stays for
+    /// [`ModelRunner::restore_kv_cache`]. No step may run until then.
+    pub fn free_kv_cache(&mut self) {
+        self.kv.layers = Vec::new();
+    }
+
+    /// Allocates the pools again after [`ModelRunner::free_kv_cache`] (a no-op
+    /// when they are there).
+    pub fn restore_kv_cache(
+        &mut self,
+        runtime: &dyn pagoda_core::DeviceRuntime,
+    ) -> Result<(), pagoda_core::CoreError> {
+        if self.kv.layers.is_empty() {
+            self.kv = KvCache::allocate(self.kv.spec, runtime)?;
+        }
+        Ok(())
+    }
+
     pub fn new(
         model: RunnerModel,
         kv: KvCache,

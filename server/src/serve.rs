@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod protocol;
 pub mod reasoning;
 pub mod shape;
+pub mod sleep;
 pub mod stream;
 pub mod tools;
 
@@ -114,6 +115,8 @@ pub struct AppState {
     pub tokenizer_info: serde_json::Value,
     /// `VLLM_SERVER_DEV_MODE=1`: vLLM's development endpoints (`/reset_prefix_cache`).
     pub dev_endpoints: bool,
+    /// `--enable-sleep-mode`: `/sleep` and `/wake_up` act (under the dev endpoints).
+    pub sleep_mode: bool,
     /// `--enable-log-requests`.
     pub log_requests: bool,
     /// `--tool-call-parser`, with `--enable-auto-tool-choice` (what `tool_choice:
@@ -163,6 +166,7 @@ impl AppState {
             server_load: std::sync::atomic::AtomicUsize::new(0),
             tokenizer_info_endpoint: false,
             dev_endpoints: false,
+            sleep_mode: false,
             tokenizer_info: serde_json::Value::Null,
             log_requests: false,
             tool_parser: None,
@@ -251,7 +255,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         r = r.route("/tokenizer_info", get(frontend::tokenizer_info));
     }
     if state.dev_endpoints {
-        r = r.route("/reset_prefix_cache", post(kv_events::reset_prefix_cache));
+        r = r
+            .route("/reset_prefix_cache", post(kv_events::reset_prefix_cache))
+            .route("/sleep", post(sleep::sleep))
+            .route("/wake_up", post(sleep::wake_up))
+            .route("/is_sleeping", get(sleep::is_sleeping));
     }
     r.fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
@@ -487,6 +495,13 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     state.log_requests = args.log_requests();
     state.tokenizer_info_endpoint = args.enable_tokenizer_info_endpoint;
     state.dev_endpoints = std::env::var("VLLM_SERVER_DEV_MODE").is_ok_and(|v| v == "1");
+    state.sleep_mode = args.enable_sleep_mode;
+    if state.sleep_mode && !state.dev_endpoints {
+        tracing::warn!(
+            "--enable-sleep-mode: /sleep, /wake_up and /is_sleeping are served only \
+             with VLLM_SERVER_DEV_MODE=1, as in vLLM"
+        );
+    }
     state.tokenizer_info = frontend::tokenizer_info_json(&state, &model_path);
     state.max_seqs_per_request = args
         .max_seqs_per_request

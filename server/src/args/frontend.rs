@@ -125,6 +125,11 @@ pub struct ServeArgs {
     /// "replay_endpoint": "tcp://*:5558", "topic": "kv-events"}' (docs/distributed.md).
     #[arg(long, value_parser = crate::serve::kv_events::KvEventsConfig::parse, help_heading = "VllmConfig")]
     pub kv_events_config: Option<crate::serve::kv_events::KvEventsConfig>,
+    /// Sleep mode (vLLM's): with `VLLM_SERVER_DEV_MODE=1`, `POST /sleep?level=1`
+    /// frees the KV cache, `level=2` the weights too, `POST /wake_up` brings them
+    /// back (level 2 reads the model file again); requests while asleep get 503.
+    #[arg(long, help_heading = "ModelConfig")]
+    pub enable_sleep_mode: bool,
     /// Data-parallel engine cores (also `-dp`), each with its own model copy, KV
     /// cache (`--kv-cache-memory-mib` each) and share of the CPUs (a NUMA node each
     /// when there are that many nodes), behind this one API server, which sends each

@@ -140,7 +140,9 @@ impl From<EngineError> for ApiError {
                 message: e.to_string(),
                 param: None,
             },
-            EngineError::QueueFull { .. } | EngineError::Shutdown => ApiError::Unavailable {
+            EngineError::QueueFull { .. }
+            | EngineError::Shutdown
+            | EngineError::Sleeping { .. } => ApiError::Unavailable {
                 message: e.to_string(),
             },
             EngineError::Model { .. }
@@ -150,6 +152,7 @@ impl From<EngineError> for ApiError {
             | EngineError::RequestFailed { .. } => ApiError::Internal {
                 message: e.to_string(),
             },
+            EngineError::SleepState { message } => ApiError::Conflict { message },
         }
     }
 }
