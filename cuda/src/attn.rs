@@ -3,7 +3,9 @@
 //!
 //! * [`AttentionBackend::plan`] checks the batch against the kernel's role, copies its
 //!   metadata (offsets, lengths, block table) and picks `paged`'s split plan: once
-//!   per step, shared by every layer's `run`.
+//!   per step, shared by every layer's `run`. The plan is fixed 256-key partitions
+//!   ([`SplitPlan::fixed`]: `cuda-paged` is batch-invariant), or, opted into with
+//!   [`CudaAttention::with_adaptive_splits`], sized to the batch and the SMs.
 //! * [`AttentionBackend::run`] validates the layer's buffers
 //!   ([`LayerIo::validate_batch`]) and launches. One device code path for both devices
 //!   (`device.rs`): `plan` converts and uploads the metadata once, `run` packs the
@@ -38,6 +40,10 @@ pub enum Kernel {
     /// `flash.cu`: tensor-core prefill, bf16/f16.
     Flash,
 }
+
+/// The arithmetic `cuda-paged` declares ([`AttentionBackend::batch_invariant`]):
+/// `paged.cu` over partitions of [`SplitPlan::FIXED_PARTITION`] keys.
+pub const PAGED_FIXED_SPLITS: &str = "cuda-paged-split256";
 
 /// The SMs `paged`'s split plan assumes on the emulator: small, so that tests see
 /// several splits (and the merge kernel) on short contexts.
@@ -193,6 +199,9 @@ pub struct CudaAttention {
     graph_limits: Option<GraphLimits>,
     /// The device state: the step's buffers and the driver that launches.
     dev: Dev,
+    /// `paged` splits keys at fixed positions ([`SplitPlan::fixed`], batch-invariant,
+    /// the default) rather than by the batch and the SM count.
+    fixed_splits: bool,
 }
 
 fn failed(backend: &str, e: impl std::fmt::Display) -> CoreError {
@@ -250,7 +259,19 @@ impl CudaAttention {
             plan: None,
             graph_limits: None,
             dev,
+            fixed_splits: true,
         })
+    }
+
+    /// `paged` with the split plan sized to the batch and the SMs
+    /// ([`SplitPlan::choose`], [`SplitPlan::for_graph`]: partitions of at least 256
+    /// keys, as many as fill the device) instead of the fixed 256-key partitions: the
+    /// plan before batch invariance, kept for A/B measurements. A row's bits then
+    /// depend on the batch (its partitions do), and the backend declares no
+    /// invariance.
+    pub fn with_adaptive_splits(mut self) -> Self {
+        self.fixed_splits = false;
+        self
     }
 
     /// The SMs `paged`'s split plan spreads over: the device's, or [`EMU_SMS`].
@@ -265,8 +286,9 @@ impl CudaAttention {
     }
 
     /// The split plan of a decode batch of `num_reqs` requests over `max_seq_len` keys:
-    /// for this step's longest sequence (eager), or for a graph bucket covering the
-    /// limit ([`SplitPlan::for_graph`]: fine enough for short contexts).
+    /// fixed partitions covering it, or (adaptive) for this step's longest sequence
+    /// (eager) or a graph bucket covering the limit ([`SplitPlan::for_graph`]: fine
+    /// enough for short contexts).
     fn split_plan(&self, max_seq_len: usize, num_reqs: usize, graph: bool) -> SplitPlan {
         // Under a window a decode row attends to its last `w` keys only: the plan
         // covers those (the kernel starts the partitions at the window).
@@ -279,7 +301,9 @@ impl CudaAttention {
                         .gqa_ratio()
                         .div_ceil(pagoda_cuda_kernels::PAGED_MAX_GROUP);
                 let (bs, ctas, sms) = (self.cfg.block_size, num_reqs * groups, self.num_sms());
-                if graph {
+                if self.fixed_splits {
+                    SplitPlan::fixed(keys, bs)
+                } else if graph {
                     SplitPlan::for_graph(keys, bs, ctas, sms)
                 } else {
                     SplitPlan::choose(keys, bs, ctas, sms)
@@ -312,6 +336,14 @@ impl AttentionBackend for CudaAttention {
             .check_batch(self.name, &self.cfg, batch)?;
         let split = self.split_plan(batch.max_seq_len(), batch.num_reqs(), false);
         self.plan_with(batch, split)
+    }
+
+    /// `cuda-paged` with fixed splits: a decode row's partitions and merge order
+    /// depend on its position only ([`SplitPlan::fixed`]), and a CTA's arithmetic on
+    /// its own keys. The other kernels claim nothing yet: `flash.cu` tiles a prompt
+    /// differently from `paged.cu`'s decode row, and `naive.cu` is untested for it.
+    fn batch_invariant(&self) -> Option<&'static str> {
+        (self.kernel == Kernel::Paged && self.fixed_splits).then_some(PAGED_FIXED_SPLITS)
     }
 
     fn graph_support(&self) -> GraphSupport {

@@ -208,25 +208,56 @@ fn graph_padding_rows_reach_the_kernels_and_replay() {
 
 #[test]
 fn a_graph_plan_covers_the_limit_in_short_partitions() {
-    let mut b = backend(Kernel::Paged);
     let limits = GraphLimits {
         max_seq_len: 4096,
         max_num_reqs: 4,
         max_num_tokens: 4,
         max_blocks_per_seq: 4096 / BS,
     };
-    let mut padded = two_decodes();
-    padded.pad_decode(2, limits.max_blocks_per_seq).unwrap();
-    b.plan_graph(&padded, &limits).unwrap();
-    let graph = b.planned_split().unwrap();
-    assert!(graph.num_splits * graph.partition_size >= 4096, "{graph:?}");
+    // The fixed plan (the default) and the adaptive one's graph plan.
+    for mut b in [
+        backend(Kernel::Paged),
+        backend(Kernel::Paged).with_adaptive_splits(),
+    ] {
+        let mut padded = two_decodes();
+        padded.pad_decode(2, limits.max_blocks_per_seq).unwrap();
+        b.plan_graph(&padded, &limits).unwrap();
+        let graph = b.planned_split().unwrap();
+        assert!(graph.num_splits * graph.partition_size >= 4096, "{graph:?}");
+        assert_eq!(graph.partition_size, 256, "{graph:?}");
+    }
     // The plan chosen for the limit (what graphs used before) is one partition of all
     // 4096 keys on the emulator's 2 SMs (2 requests x 2 KV heads already make 2 CTAs
-    // per SM), so a short context ran on 4 CTAs whatever its length; the graph plan
-    // keeps partitions at the minimum.
+    // per SM), so a short context ran on 4 CTAs whatever its length; both graph plans
+    // keep partitions at the minimum.
     let at_limit = pagoda_cuda_kernels::SplitPlan::choose(4096, BS, 2 * KV_HEADS, 2);
     assert_eq!(at_limit.num_splits, 1, "{at_limit:?}");
-    assert_eq!(graph.partition_size, 256, "{graph:?}");
+}
+
+#[test]
+fn paged_cuts_fixed_partitions_and_declares_invariance_unless_adaptive() {
+    let mut b = backend(Kernel::Paged);
+    assert_eq!(
+        b.batch_invariant(),
+        Some(pagoda_cuda::attn::PAGED_FIXED_SPLITS)
+    );
+    // 600 keys: three partitions of 256 whatever the batch (one request or three).
+    for lens in [&[600usize][..], &[600, 3, 40]] {
+        let tables: Vec<Vec<u32>> = lens
+            .iter()
+            .map(|&l| (0..l.div_ceil(BS) as u32).collect())
+            .collect();
+        let refs: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
+        let batch = BatchDescriptor::new(BS, &vec![1; lens.len()], lens, &refs).unwrap();
+        b.plan(&batch).unwrap();
+        let p = b.planned_split().unwrap();
+        assert_eq!((p.num_splits, p.partition_size), (3, 256), "{lens:?}");
+    }
+    let a = backend(Kernel::Paged).with_adaptive_splits();
+    assert_eq!(a.batch_invariant(), None);
+    for k in [Kernel::Naive, Kernel::Flash] {
+        assert_eq!(backend(k).batch_invariant(), None, "{k:?}");
+    }
 }
 
 #[test]
@@ -263,4 +294,53 @@ fn the_kernels_no_block_value_is_what_padding_becomes() {
             2
         ]
     );
+}
+
+/// Issue 27: a 600-key decode row (three fixed partitions) gives the same bits alone,
+/// beside a longer row (more partitions in the step: its own extra ones are empty
+/// and merge as exact zeros), beside a 3-key row (one partition) and in either order;
+/// and it is still right against the f64 reference.
+#[test]
+fn a_long_decode_row_has_the_same_bits_in_any_batch() {
+    const LONG_BLOCKS: usize = 400;
+    let n = LONG_BLOCKS * BS * KV_HEADS * D;
+    let p = Pools {
+        k: values(n, 11),
+        v: values(n, 12),
+    };
+    let a_table: Vec<u32> = (0..150).map(|i| (i * 7 % 150) as u32).collect();
+    let b_table: Vec<u32> = (150..400).collect();
+    let c_table: Vec<u32> = vec![399];
+    let qa = values(HEADS * D, 13);
+    let qb = values(HEADS * D, 14);
+    let qc = values(HEADS * D, 15);
+    let run = |lens: &[usize], tables: &[&[u32]], qs: &[&[bf16]]| -> Vec<bf16> {
+        let batch = BatchDescriptor::new(BS, &vec![1; lens.len()], lens, tables).unwrap();
+        let q: Vec<bf16> = qs.concat();
+        let mut out = vec![bf16::ZERO; q.len()];
+        let mut b = backend(Kernel::Paged);
+        b.plan(&batch).unwrap();
+        b.run(io(&q, &p, &mut out)).unwrap();
+        if lens == [600] {
+            assert_close("600 keys alone", &out, &reference(&batch, &q, &p));
+        }
+        out
+    };
+    let row = HEADS * D;
+    let alone = run(&[600], &[&a_table], &[&qa]);
+    let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let with_long = run(&[1000, 600], &[&b_table, &a_table], &[&qb, &qa]);
+    assert_eq!(
+        bits(&with_long[row..]),
+        bits(&alone),
+        "beside a 1000-key row"
+    );
+    let first = run(&[600, 1000], &[&a_table, &b_table], &[&qa, &qb]);
+    assert_eq!(
+        bits(&first[..row]),
+        bits(&alone),
+        "first, beside a 1000-key row"
+    );
+    let with_short = run(&[3, 600], &[&c_table, &a_table], &[&qc, &qa]);
+    assert_eq!(bits(&with_short[row..]), bits(&alone), "beside a 3-key row");
 }

@@ -1,6 +1,10 @@
 //! `cuda-paged`: split-KV paged decode attention on CUDA (paged.cu): f32 (head dims 64, 128), bf16/f16 (64, 128, 256), decode only, sliding window and logit soft-capping.
 //!
-//! Decode rows only. `plan` picks the split plan (flash-decoding) once per step. Valid on the `cuda` and `emu` devices; on `emu` the kernel runs on host
+//! Decode rows only. `plan` picks the split plan (flash-decoding) once per step:
+//! partitions of 256 keys cut from each row's first key (`SplitPlan::fixed` in
+//! `pagoda-cuda-kernels`), so a row's bits do not depend on the batch and the
+//! backend declares `batch_invariant` (checked by the kit's `Check::BatchInvariance`
+//! on `emu`). Valid on the `cuda` and `emu` devices; on `emu` the kernel runs on host
 //! buffers through the SIMT emulator. The backend is [`pagoda_cuda::attn::CudaAttention`]
 //! with [`Kernel::Paged`]; the runtime reasons (q and KV dtypes equal, the head dims of
 //! the dtype, a usable CUDA device, a window of at least one key, a positive soft cap)

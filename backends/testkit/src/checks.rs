@@ -133,7 +133,7 @@ pub fn naive(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, KitErro
 }
 
 /// The subject's backend for `cfg`, or `None` when it refuses the rows (runtime reasons).
-fn subject_for(
+pub(crate) fn subject_for(
     subject: &Subject,
     cfg: &AttentionConfig,
     query_lens: &[usize],

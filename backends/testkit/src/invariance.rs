@@ -68,7 +68,10 @@ pub(crate) fn batch_invariance(subject: &Subject, spec: &CaseSpec) -> Result<Out
     let cfg = spec.config(subject);
     let case = Case::from_spec(spec, cfg.clone(), 1)?;
     let caps = &subject.capabilities;
-    let mut be = subject.create(&cfg)?;
+    // A configuration the subject cannot serve (e.g. a head dim of one dtype only).
+    let Some(mut be) = crate::checks::subject_for(subject, &cfg, &case.query_lens)? else {
+        return Ok(Outcome::NotApplicable);
+    };
     if be.batch_invariant().is_none() {
         return Ok(Outcome::NotApplicable);
     }

@@ -90,16 +90,25 @@ pub fn try_run_check(
     let mut runner = TestRunner::new(config);
     let strategy = case_spec(&shapes, check.min_group());
     if check == Check::BatchInvariance {
-        // Only a backend that declares it is checked: ask one instance.
-        let spec = strategy
-            .new_tree(&mut TestRunner::deterministic())
-            .map_err(|e| e.to_string())?
-            .current();
-        let declared = subject
-            .create(&spec.config(subject))
-            .map(|b| b.batch_invariant())
-            .map_err(|e| e.to_string())?;
-        if declared.is_none() {
+        // Only a backend that declares it is checked: ask one instance, of the
+        // first drawn configuration it can serve (its capabilities may accept a
+        // head dim that only some dtypes have).
+        let mut gen = TestRunner::deterministic();
+        let mut declared = Err(String::from("no case drawn"));
+        for _ in 0..64 {
+            let spec = strategy
+                .new_tree(&mut gen)
+                .map_err(|e| e.to_string())?
+                .current();
+            declared = subject
+                .create(&spec.config(subject))
+                .map(|b| b.batch_invariant())
+                .map_err(|e| e.to_string());
+            if declared.is_ok() {
+                break;
+            }
+        }
+        if declared?.is_none() {
             eprintln!(
                 "{check:?}: skipped, `{}` declares no batch invariance",
                 subject.name

@@ -201,6 +201,28 @@ impl SplitPlan {
     /// Shortest partition worth a CTA: below this the merge costs more than it saves.
     pub const MIN_PARTITION: usize = 256;
 
+    /// Keys per partition of the batch-invariant plan ([`SplitPlan::fixed`]).
+    pub const FIXED_PARTITION: usize = 256;
+
+    /// The batch-invariant plan: partitions of [`Self::FIXED_PARTITION`] keys (rounded
+    /// up to the block size), as many as `max_seq_len` needs. The partition size
+    /// depends on the configuration only, so a decode row's partitions (from its
+    /// window's first key, every `partition_size` keys) are a function of its own
+    /// position: whatever the batch, its CTAs run the same keys in the same order,
+    /// and the merge folds the same partials in partition order (the partitions past
+    /// its end, there for a longer row of the batch, are empty: lse -inf, weight
+    /// exactly 0, an exact `+ 0.0` in the weight sum). One partition is written by
+    /// the CTA directly and equals what the merge would make of it (weight
+    /// `exp(0) = 1`, `o / 1`, `lse + log(1)`).
+    pub fn fixed(max_seq_len: usize, block_size: usize) -> Self {
+        let bs = block_size.max(1);
+        let partition = Self::FIXED_PARTITION.div_ceil(bs) * bs;
+        SplitPlan {
+            num_splits: max_seq_len.max(1).div_ceil(partition),
+            partition_size: partition,
+        }
+    }
+
     /// One partition covering `max_seq_len` keys (no merge pass).
     pub fn single(max_seq_len: usize, block_size: usize) -> Self {
         let bs = block_size.max(1);
