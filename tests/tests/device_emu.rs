@@ -169,6 +169,9 @@ fn emu_batching_chunked_prefill_preemption_and_prefix_hits() {
 /// prompt runs as one prefill step in both, with the other prompt beside it in
 /// the batch; `cuda-flash` declares no invariance, so what this shows of prefill
 /// is only that its rows did not move here.
+/// One generated token: its id and the top 5 (id, logprob bits).
+type DecodeStep = (u32, Vec<(u32, u32)>);
+
 /// Tokens per request (the emulator is slow).
 const DECODE_STEPS: usize = 4;
 
@@ -183,7 +186,7 @@ fn emu_decode_logprobs_are_the_same_bits_alone_and_batched() {
     let mut c = emu_config();
     c.enable_prefix_caching = false;
     let mut e = engine(c);
-    let run = |e: &mut LLMEngine, which: &[usize]| -> Vec<Vec<(u32, Vec<(u32, u32)>)>> {
+    let run = |e: &mut LLMEngine, which: &[usize]| -> Vec<Vec<DecodeStep>> {
         for &i in which {
             let prompt = PromptInput::Text(cases[i].prompt.clone());
             e.add_request(format!("r{i}"), prompt, params.clone(), None)
