@@ -18,10 +18,14 @@ pub struct BackendsArgs {
     pub model: Option<PathBuf>,
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
-    /// Device to check the backends for: `cpu`, `emu`, `cuda`, `cuda:N` (queries and
-    /// KV cache in f32 on host devices, bf16 on CUDA).
+    /// Device to check the backends for: `cpu`, `emu`, `cuda`, `cuda:N`. The
+    /// queries' dtype is what `serve` would compute in there: f32 on the CPU, the
+    /// device forward's dtype for `--dtype` on `emu` and CUDA (bf16 by default).
     #[arg(long, default_value = "cpu")]
     pub device: Device,
+    /// As `serve --dtype` (on `emu` and CUDA it sets the queries' dtype).
+    #[arg(long, default_value = "auto", value_parser = crate::args::parse_dtype)]
+    pub dtype: pagoda_models::WeightDtype,
     /// KV cache dtype to check the backends for, as `serve --kv-cache-dtype`:
     /// `auto` (the queries' dtype), `bfloat16`/`bf16`, `float16`/`fp16`, `float32`.
     #[arg(long, default_value = "auto", value_parser = parse_kv)]
@@ -84,9 +88,11 @@ pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
     let mut attn_config = merge_attention_configs(&cfg.attention_configs(args.block_size));
     let features = cfg.arch.features();
     attn_config.device = args.device;
-    if !args.device.is_host() {
-        attn_config.q_dtype = DType::BF16;
-        attn_config.kv_dtype = DType::BF16;
+    // The engine's rule (`EngineCore`): the CPU computes in f32 whatever the weights;
+    // another device in `device_compute_dtype`'s dtype, so both commands agree.
+    if args.device != Device::Cpu {
+        attn_config.q_dtype = pagoda_engine::engine_core::device_compute_dtype(args.dtype)
+            .map_err(|e| anyhow::anyhow!("--dtype on {}: {e}", args.device))?;
     }
     attn_config.kv_dtype = args.kv_cache_dtype.resolve(attn_config.q_dtype);
     println!(

@@ -207,6 +207,28 @@ fn backends_command_shows_verdicts_and_choice() {
     assert!(s.contains("choice: decode=paged,prefill=flash"), "{s}");
 }
 
+/// `backends` reports the queries' dtype `serve` computes in (issue 23: they disagreed
+/// on `emu`, f32 against the device forward's bf16).
+#[test]
+fn backends_on_emu_report_the_device_forwards_dtype() {
+    let model = model_path();
+    let m = model.to_str().unwrap();
+    for (dtype, want) in [
+        ("auto", "q bf16, kv cache bf16"),
+        ("float32", "q f32, kv cache f32"),
+    ] {
+        let out = pagoda(&[
+            "backends", "--model", m, "--device", "emu", "--dtype", dtype,
+        ]);
+        let s = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{s}");
+        assert!(
+            s.contains(&format!("device emu, {want}")),
+            "--dtype {dtype}: {s}"
+        );
+    }
+}
+
 #[test]
 fn backends_on_cuda_say_not_compiled() {
     let model = model_path();
