@@ -5,7 +5,7 @@
 
 use anyhow::Context;
 use clap::Args;
-use pagoda_core::{device_unavailable, DType, Device, KvCacheDtype, Role};
+use pagoda_core::{device_unavailable, Device, KvCacheDtype, Role};
 use pagoda_models::merge_attention_configs;
 use pagoda_selector::{select, verdicts, BackendOverride};
 use std::path::PathBuf;
