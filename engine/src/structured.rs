@@ -27,6 +27,7 @@
 
 pub mod bounds;
 pub mod compile;
+mod gate;
 mod gbnf;
 pub mod masks;
 
@@ -34,6 +35,7 @@ pub use masks::{MaskRow, MaskStats, Masks, RowMask, MASK_WAIT_FRACTION, MIN_MASK
 
 use crate::EngineError;
 pub use compile::{CompileLimits, CompileStats, CompileTicket};
+pub use gate::ReasoningGate;
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::SimpleVob;
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
@@ -269,6 +271,10 @@ fn escape_regex(s: &str) -> String {
 pub struct Grammar {
     matcher: Matcher,
     num_consumed: usize,
+    /// Output tokens the matcher consumed (fewer than `num_consumed` after reasoning).
+    matcher_consumed: usize,
+    /// Reasoning ahead of the constrained answer ([`Grammar::after_reasoning`]).
+    gate: gate::Gate,
     /// The mask before any output token, computed on the compile pool; the
     /// first [`Grammar::compute_mask`] returns it.
     first_mask: Option<SimpleVob>,
@@ -278,6 +284,7 @@ impl std::fmt::Debug for Grammar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Grammar")
             .field("num_consumed", &self.num_consumed)
+            .field("gate", &self.gate)
             .field("stopped", &self.matcher.is_stopped())
             .finish_non_exhaustive()
     }
@@ -288,8 +295,18 @@ impl Grammar {
         Grammar {
             matcher,
             num_consumed: 0,
+            matcher_consumed: 0,
+            gate: gate::Gate::Open,
             first_mask: None,
         }
+    }
+
+    /// The constraint applies after the request's reasoning ([`ReasoningGate`]'s
+    /// markers; `prompt` says whether reasoning is open or closed already): until
+    /// then every token is allowed. For a fresh grammar (before any output).
+    pub fn after_reasoning(mut self, markers: &ReasoningGate, prompt: &[u32]) -> Grammar {
+        self.gate = gate::Gate::new(markers, prompt);
+        self
     }
 
     /// Computes the first mask now (where the compile runs): an error means the
@@ -302,9 +319,36 @@ impl Grammar {
 
     /// The tokens allowed next: EOS only once the grammar is complete.
     pub fn compute_mask(&mut self) -> Result<SimpleVob, String> {
-        if let Some(m) = self.first_mask.take() {
-            if self.num_consumed == 0 {
+        match self.gate {
+            gate::Gate::Open => {}
+            gate::Gate::Closed { .. } => {
+                let len = match &self.first_mask {
+                    Some(m) => m.len(),
+                    None => self.grammar_mask()?.len(),
+                };
+                return Ok(SimpleVob::alloc_ones(len));
+            }
+            gate::Gate::Undecided { start, .. } => {
+                let mut m = self.grammar_mask()?;
+                if (start as usize) < m.len() {
+                    m.allow_token(start);
+                }
                 return Ok(m);
+            }
+        }
+        if let Some(m) = self.first_mask.take() {
+            if self.matcher_consumed == 0 {
+                return Ok(m);
+            }
+        }
+        self.grammar_mask()
+    }
+
+    /// The matcher's mask now (the precomputed first one while it consumed nothing).
+    fn grammar_mask(&mut self) -> Result<SimpleVob, String> {
+        if self.matcher_consumed == 0 {
+            if let Some(m) = &self.first_mask {
+                return Ok(m.clone());
             }
         }
         self.matcher
@@ -316,6 +360,10 @@ impl Grammar {
     /// the EOS that ends a complete grammar).
     pub fn accept(&mut self, token: u32) -> Result<(), String> {
         self.num_consumed += 1;
+        if !self.gate.accept(token) {
+            return Ok(());
+        }
+        self.matcher_consumed += 1;
         self.first_mask = None;
         if self.matcher.is_stopped() {
             return Ok(());
@@ -333,7 +381,7 @@ impl Grammar {
 
     /// Whether the grammar is complete (only EOS may follow).
     pub fn is_stopped(&self) -> bool {
-        self.matcher.is_stopped()
+        self.gate == gate::Gate::Open && self.matcher.is_stopped()
     }
 }
 

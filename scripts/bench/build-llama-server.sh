@@ -8,7 +8,9 @@
 # ~/.cache/pagoda/llama.cpp). Re-running skips the steps already done.
 #
 # Env: PAGODA_CACHE, PAGODA_MODEL (the Q4_1 GGUF), JOBS (default 2),
-#      LLAMA_CPP_PYTHON_VERSION (default: latest on PyPI).
+#      LLAMA_CPP_PYTHON_VERSION (default: latest on PyPI),
+#      NO_AVX512=1: build for AVX2 only (no -march=native: AVX, AVX2, FMA, F16C, no
+#      AVX-512), into bin-avx2/, the peer of `PAGODA_DISABLE_AVX512=1 pagoda serve`.
 set -euo pipefail
 
 CACHE="${PAGODA_CACHE:-$HOME/.cache/pagoda}"
@@ -34,7 +36,15 @@ if ! command -v cmake >/dev/null; then
 fi
 cmake --version | head -1 >&2
 
-BIN="$DIR/bin"
+# The AVX2-only build sits beside the native one.
+SUFFIX=""
+ISA_FLAGS=(-DGGML_NATIVE=ON)
+if [ "${NO_AVX512:-0}" = 1 ]; then
+    SUFFIX="-avx2"
+    ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+        -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF)
+fi
+BIN="$DIR/bin$SUFFIX"
 if [ ! -x "$BIN/llama-server" ] || [ ! -x "$BIN/llama-quantize" ] || [ ! -x "$BIN/llama-perplexity" ]; then
     # 1. The sdist (no binary wheels: we want the vendored C++ sources).
     SDIST_DIR="$DIR/sdist"
@@ -57,14 +67,14 @@ if [ ! -x "$BIN/llama-server" ] || [ ! -x "$BIN/llama-quantize" ] || [ ! -x "$BI
     fi
     # 2. CPU-only Release build of the three targets (llama-perplexity: for
     #    scripts/bench/perplexity.sh).
-    cmake -S "$SRC/vendor/llama.cpp" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
+    cmake -S "$SRC/vendor/llama.cpp" -B "$DIR/build$SUFFIX" -DCMAKE_BUILD_TYPE=Release \
+        "${ISA_FLAGS[@]}" -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF >&2
-    cmake --build "$DIR/build" --config Release -j "$JOBS" --target llama-server llama-quantize llama-perplexity >&2
+    cmake --build "$DIR/build$SUFFIX" --config Release -j "$JOBS" --target llama-server llama-quantize llama-perplexity >&2
     mkdir -p "$BIN"
     for t in llama-server llama-quantize llama-perplexity; do
-        cp "$(find "$DIR/build" -type f -name "$t" -perm -u+x | head -1)" "$BIN/$t"
+        cp "$(find "$DIR/build$SUFFIX" -type f -name "$t" -perm -u+x | head -1)" "$BIN/$t"
     done
 fi
 "$BIN/llama-server" --version >&2 2>&1 || true

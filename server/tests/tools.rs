@@ -462,3 +462,66 @@ fn bad_parser_flags_fail_at_start() {
         "{e}"
     );
 }
+
+/// A constraint applies to the answer, not to the reasoning before it (vLLM's rule;
+/// `pagoda_engine::structured::ReasoningGate`). `deepseek_r1` reads the output as
+/// reasoning from its first token: under `choice`, the free-running reasoning runs
+/// to `max_tokens` (SmolLM2 never writes `</think>`) instead of being forced into a
+/// choice; a prompt that closed its think block already (the assistant's own
+/// message continued) has no reasoning to come, and the choice applies at once.
+#[test]
+fn structured_outputs_constrain_the_answer_after_the_reasoning() {
+    let tmpl = template_file();
+    let s = Server::start(&[
+        "--kv-cache-memory-mib",
+        "64",
+        "--reasoning-parser",
+        "deepseek_r1",
+        "--chat-template",
+        tmpl.path().to_str().unwrap(),
+    ]);
+    let choice = json!({"choice": ["Yes.", "No."]});
+    let body = json!({
+        "messages": [{"role": "user", "content": "Is 7 prime?"}],
+        "structured_outputs": choice,
+        "max_tokens": 8,
+        "temperature": 0,
+    });
+    let v = s.post_ok("/v1/chat/completions", &body);
+    let c = &v["choices"][0];
+    assert_eq!(
+        c["finish_reason"], "length",
+        "reasoning is not constrained: {v}"
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 8, "{v}");
+    let reasoning = c["message"]["reasoning"].as_str().unwrap_or("");
+    assert!(!reasoning.is_empty(), "{v}");
+    assert!(!["Yes.", "No."].contains(&reasoning), "{v}");
+    // Streamed: the same.
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let (_, streamed, _, finish) = fold_stream(&s.stream("/v1/chat/completions", &sb));
+    assert_eq!((streamed.as_str(), finish.as_str()), (reasoning, "length"));
+
+    // The think block closed in the prompt: the choice applies from the first token.
+    let closed = json!({
+        "messages": [{"role": "user", "content": "Is 7 prime?"},
+                     {"role": "assistant", "content": "<think>Seven has no divisors.</think>"}],
+        "continue_final_message": true,
+        "add_generation_prompt": false,
+        "structured_outputs": choice,
+        "max_tokens": 8,
+        "temperature": 0,
+    });
+    let v = s.post_ok("/v1/chat/completions", &closed);
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "stop", "{v}");
+    // (deepseek_r1 reads an output without markers as reasoning.)
+    let m = &c["message"];
+    let text = format!(
+        "{}{}",
+        m["reasoning"].as_str().unwrap_or(""),
+        m["content"].as_str().unwrap_or("")
+    );
+    assert!(["Yes.", "No."].contains(&text.as_str()), "{v}");
+}

@@ -223,6 +223,24 @@ impl AppState {
         Ok(out)
     }
 
+    /// A reasoning format's markers as this model's token ids.
+    fn reasoning_gate(
+        &self,
+        m: super::reasoning::Markers,
+    ) -> Result<pagoda_engine::structured::ReasoningGate, ApiError> {
+        let tok = self.engine.tokenizer();
+        let ids = |s: &str| {
+            tok.encode(s, false).map_err(|e| ApiError::Internal {
+                message: format!("tokenizing the reasoning marker {s:?}: {e}"),
+            })
+        };
+        Ok(pagoda_engine::structured::ReasoningGate {
+            start: ids(m.start)?,
+            end: ids(m.end)?,
+            starts_in_reasoning: m.starts_in_reasoning,
+        })
+    }
+
     fn check_ids(&self, param: &str, ids: &[u32]) -> Result<(), ApiError> {
         let vocab = self.engine.model_info().vocab_size;
         match ids.iter().find(|&&t| t as usize >= vocab) {
@@ -249,6 +267,11 @@ impl AppState {
         let grammar = match grammar {
             Some(g) => Some(g.wait().await?),
             None => None,
+        };
+        // With a reasoning parser the constraint applies to the answer only.
+        let gate = match (&grammar, ctx.shaping.as_ref().and_then(|s| s.reasoning)) {
+            (Some(_), Some(parser)) => Some(self.reasoning_gate(parser.markers())?),
+            _ => None,
         };
         let max_len = self.engine.model_info().max_model_len;
         let mut prompts = prompts;
@@ -292,6 +315,10 @@ impl AppState {
             // vLLM observes `n` once per prompt (its parent request).
             self.metrics.observe_n(n);
             let echo = echo.map(|t| (t, ids.clone()));
+            let grammar = match (&grammar, &gate) {
+                (Some(g), Some(gate)) => Some(g.clone().after_reasoning(gate, &ids)),
+                (g, _) => g.clone(),
+            };
             for i in 0..n {
                 let index = p * n + i;
                 // On failure the samples already submitted drop here, which aborts them.

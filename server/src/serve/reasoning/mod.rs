@@ -34,6 +34,19 @@ pub trait ReasoningParser: Send + Sync {
     /// Settles what it can of `text` (with `is_final`, all of it). Must be
     /// prefix-stable, as [`crate::serve::tools::ToolParser::step`].
     fn step(&self, text: &str, phase: &mut Phase, is_final: bool) -> RStep;
+
+    /// Its start and end markers, and whether the output is reasoning from its
+    /// first token: a structured-output constraint applies after the reasoning
+    /// (`pagoda_engine::structured::ReasoningGate`).
+    fn markers(&self) -> Markers;
+}
+
+/// A reasoning format's markers (text, tokenized by the server).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Markers {
+    pub start: &'static str,
+    pub end: &'static str,
+    pub starts_in_reasoning: bool,
 }
 
 /// A registered parser (`--reasoning-parser NAME`).

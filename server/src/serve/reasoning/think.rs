@@ -6,7 +6,7 @@
 //! think block in the prompt, gives plain content); an unclosed block at the end
 //! (cut by `max_tokens`) is reasoning.
 
-use super::{Phase, RStep, ReasoningParser, ReasoningParserEntry};
+use super::{Markers, Phase, RStep, ReasoningParser, ReasoningParserEntry};
 use crate::serve::tools::scan::partial_suffix;
 
 const START: &str = "<think>";
@@ -29,6 +29,14 @@ inventory::submit! { ReasoningParserEntry { name: "deepseek_r1", parser: &DEEPSE
 inventory::submit! { ReasoningParserEntry { name: "qwen3", parser: &QWEN3 } }
 
 impl ReasoningParser for Think {
+    fn markers(&self) -> Markers {
+        Markers {
+            start: START,
+            end: END,
+            starts_in_reasoning: self.starts_in_reasoning,
+        }
+    }
+
     fn step(&self, text: &str, phase: &mut Phase, fin: bool) -> RStep {
         let mut s = RStep::default();
         match *phase {
