@@ -3,6 +3,7 @@ tests (tests/entrypoints/openai/), re-aimed at `pagoda serve` with the official
 `openai` client. Only what Pagoda implements so far; the rest is refused by name."""
 
 import json
+import urllib.error
 import urllib.request
 
 import openai
@@ -128,6 +129,48 @@ def test_continuous_usage_stats(client, model):
     done = [c.usage.completion_tokens for c in with_usage]
     assert done == sorted(done) and done[-1] == 5
     assert chunks[-1].usage.completion_tokens == 5
+
+
+def test_continuous_usage_is_on_every_chat_chunk_the_role_chunk_too(client, model):
+    chunks = list(client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Count:"}], max_tokens=4, stream=True,
+        extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    with_choices = [c for c in chunks if c.choices]
+    assert with_choices[0].choices[0].delta.role == "assistant"
+    assert all(c.usage is not None for c in with_choices), chunks
+    first = with_choices[0].usage
+    assert first.completion_tokens == 0 and first.total_tokens == first.prompt_tokens > 0
+    assert [c.usage.completion_tokens for c in with_choices][-1] == 4
+
+
+def _raw(server, path, body):
+    req = urllib.request.Request(
+        server + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_booleans_sent_as_strings_are_read_as_vllm_reads_them(server, model):
+    # pydantic's lax booleans: "true"/"false" (and 0/1, "yes"/"no") are booleans.
+    status, body = _raw(server, "/v1/completions", {
+        "model": model, "prompt": "Hi", "max_tokens": 3, "stream": "true", "ignore_eos": "True",
+        "stream_options": {"include_usage": "true"}})
+    assert status == 200, body
+    assert body.rstrip().endswith("data: [DONE]"), body
+    assert '"completion_tokens":3' in body.replace(" ", ""), body
+    status, body = _raw(server, "/v1/completions", {
+        "model": model, "prompt": "Hi there", "max_tokens": 3, "echo": "true"})
+    assert status == 200 and json.loads(body)["choices"][0]["text"].startswith("Hi there"), body
+    status, body = _raw(server, "/v1/completions", {
+        "model": model, "prompt": "Hi", "max_tokens": 3, "stream": "maybe"})
+    assert status == 400, body
 
 
 def test_return_token_ids(client, model, server):

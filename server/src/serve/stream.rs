@@ -127,6 +127,11 @@ impl SseState {
                                 if ctx.return_token_ids {
                                     add_token_ids(ctx, &mut chunk, st, &[], true);
                                 }
+                                // vLLM's role chunk carries the usage too: the
+                                // prompt, no completion tokens yet.
+                                if ctx.continuous_usage {
+                                    chunk["usage"] = choice_usage(st);
+                                }
                                 out.push_str(&sse_event(&chunk));
                                 st.started = true;
                                 if echo.is_some() {

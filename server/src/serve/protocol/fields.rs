@@ -114,6 +114,69 @@ fn note_ignored(field: &str) {
     }
 }
 
+/// Boolean fields of the generation requests (`logprobs` is one in chat only).
+const BOOLS: &[&str] = &[
+    "stream",
+    "echo",
+    "ignore_eos",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "return_tokens_as_token_ids",
+    "add_special_tokens",
+    "return_token_ids",
+    "add_generation_prompt",
+    "continue_final_message",
+    "parallel_tool_calls",
+    "include_reasoning",
+    "use_beam_search",
+];
+
+/// pydantic's lax boolean (what vLLM's request models accept): `true`/`false`,
+/// the strings it reads as booleans (case-insensitive `1`/`0`, `true`/`false`,
+/// `t`/`f`, `yes`/`no`, `y`/`n`, `on`/`off`) and the numbers 0 and 1. Anything
+/// else stays as it is, for the typed parse to refuse.
+fn lax_bool(v: &Value) -> Option<bool> {
+    match v {
+        Value::String(s) => match s.to_ascii_lowercase().as_str() {
+            "1" | "true" | "t" | "yes" | "y" | "on" => Some(true),
+            "0" | "false" | "f" | "no" | "n" | "off" => Some(false),
+            _ => None,
+        },
+        Value::Number(n) => match n.as_f64() {
+            Some(x) if x == 1.0 => Some(true),
+            Some(x) if x == 0.0 => Some(false),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Rewrites the boolean fields sent as strings or 0/1 to JSON booleans, as
+/// vLLM's pydantic models read them (so `"stream": "true"` streams).
+pub fn coerce_bools(body: &mut Value, chat: bool) {
+    let Some(obj) = body.as_object_mut() else {
+        return;
+    };
+    let chat_only: &[&str] = if chat { &["logprobs"] } else { &[] };
+    for k in BOOLS.iter().chain(chat_only) {
+        if let Some(v) = obj.get_mut(*k) {
+            if let Some(b) = lax_bool(v) {
+                *v = Value::Bool(b);
+            }
+        }
+    }
+    if let Some(Value::Object(so)) = obj.get_mut("stream_options") {
+        for k in ["include_usage", "continuous_usage_stats"] {
+            if let Some(v) = so.get_mut(k) {
+                if let Some(b) = lax_bool(v) {
+                    *v = Value::Bool(b);
+                }
+            }
+        }
+    }
+}
+
 /// Checks a generation request's top-level fields (`chat` selects the endpoint;
 /// `strict`: unknown fields are a 400 instead of ignored).
 pub fn check_fields(body: &Value, chat: bool, strict: bool) -> Result<(), ApiError> {
@@ -248,6 +311,28 @@ mod tests {
             .as_deref(),
             Some("continue_final_message")
         );
+    }
+
+    /// Booleans as pydantic reads them: strings and 0/1 become booleans, other
+    /// values are left for the typed parse to refuse; completions' `logprobs` is
+    /// a number and stays one.
+    #[test]
+    fn booleans_sent_as_strings_are_read_as_vllm_reads_them() {
+        let mut v = json!({"stream": "true", "echo": "False", "ignore_eos": 1,
+                           "skip_special_tokens": "off", "add_special_tokens": "maybe",
+                           "logprobs": 1, "stream_options": {"include_usage": "yes",
+                           "continuous_usage_stats": "0"}});
+        coerce_bools(&mut v, false);
+        assert_eq!(
+            v,
+            json!({"stream": true, "echo": false, "ignore_eos": true,
+                   "skip_special_tokens": false, "add_special_tokens": "maybe",
+                   "logprobs": 1, "stream_options": {"include_usage": true,
+                   "continuous_usage_stats": false}})
+        );
+        let mut c = json!({"logprobs": "true", "stream": 2});
+        coerce_bools(&mut c, true);
+        assert_eq!(c, json!({"logprobs": true, "stream": 2}));
     }
 
     /// vLLM's treatment of unknown fields (what routers rely on): ignored unless
