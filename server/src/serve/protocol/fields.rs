@@ -144,8 +144,8 @@ fn lax_bool(v: &Value) -> Option<bool> {
             _ => None,
         },
         Value::Number(n) => match n.as_f64() {
-            Some(x) if x == 1.0 => Some(true),
-            Some(x) if x == 0.0 => Some(false),
+            Some(1.0) => Some(true),
+            Some(0.0) => Some(false),
             _ => None,
         },
         _ => None,
