@@ -242,11 +242,12 @@ impl AppState {
     }
 
     fn check_ids(&self, param: &str, ids: &[u32]) -> Result<(), ApiError> {
+        // vLLM's words for a prompt: the largest id is named.
         let vocab = self.engine.model_info().vocab_size;
-        match ids.iter().find(|&&t| t as usize >= vocab) {
+        match ids.iter().copied().filter(|&t| t as usize >= vocab).max() {
             Some(t) => Err(ApiError::bad(
                 param,
-                format!("token id {t} is outside the vocabulary ({vocab})"),
+                format!("Token id {t} is out of vocabulary (vocabulary size {vocab})"),
             )),
             None => Ok(()),
         }

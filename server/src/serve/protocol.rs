@@ -416,6 +416,33 @@ pub fn chat_mode(
     }
 }
 
+/// vLLM's refusal of out-of-vocabulary ids in a sampling field, naming every one:
+/// "token_id(s) [49152, 50000] in logit_bias contain out-of-vocab token ids.
+/// Vocabulary size: 49152".
+pub fn out_of_vocab(
+    param: &str,
+    ids: impl IntoIterator<Item = u32>,
+    vocab_size: usize,
+) -> Result<(), ApiError> {
+    let mut bad: Vec<u32> = ids
+        .into_iter()
+        .filter(|&t| t as usize >= vocab_size)
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    bad.sort_unstable();
+    bad.dedup();
+    let list: Vec<String> = bad.iter().map(u32::to_string).collect();
+    Err(ApiError::bad(
+        param,
+        format!(
+            "token_id(s) [{}] in {param} contain out-of-vocab token ids. Vocabulary size: {vocab_size}",
+            list.join(", ")
+        ),
+    ))
+}
+
 /// Parses a JSON body; any mismatch is a 400.
 pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
@@ -511,21 +538,11 @@ pub fn sampling_params(
     }
     .into();
     if let Some(ids) = &c.stop_token_ids {
-        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(ApiError::bad(
-                "stop_token_ids",
-                format!("token id {bad} is outside the vocabulary ({vocab_size})"),
-            ));
-        }
+        out_of_vocab("stop_token_ids", ids.iter().copied(), vocab_size)?;
         p.stop_token_ids = ids.as_slice().into();
     }
     if let Some(ids) = &c.allowed_token_ids {
-        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(ApiError::bad(
-                "allowed_token_ids",
-                format!("token id {bad} is outside the vocabulary ({vocab_size})"),
-            ));
-        }
+        out_of_vocab("allowed_token_ids", ids.iter().copied(), vocab_size)?;
         p.allowed_token_ids = Some(ids.as_slice().into());
     }
     p.ignore_eos = c.ignore_eos.unwrap_or(false);
@@ -539,20 +556,31 @@ pub fn sampling_params(
         p.min_tokens = m as usize;
     }
     if let Some(bias) = &c.logit_bias {
+        // Every bad key is named at once, as every out-of-vocabulary id is.
+        let mut not_ids: Vec<&str> = bias
+            .keys()
+            .map(String::as_str)
+            .filter(|k| k.trim().parse::<u32>().is_err())
+            .collect();
+        if !not_ids.is_empty() {
+            not_ids.sort_unstable();
+            return Err(ApiError::bad(
+                "logit_bias",
+                format!(
+                    "logit_bias keys must be token ids (integers); not: {}",
+                    not_ids
+                        .iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let ids = bias.keys().filter_map(|k| k.trim().parse::<u32>().ok());
+        out_of_vocab("logit_bias", ids, vocab_size)?;
         let mut v = Vec::with_capacity(bias.len());
         for (k, &b) in bias {
-            let id: u32 = k.trim().parse().map_err(|_| {
-                ApiError::bad(
-                    "logit_bias",
-                    format!("logit_bias key `{k}` is not a token id"),
-                )
-            })?;
-            if id as usize >= vocab_size {
-                return Err(ApiError::bad(
-                    "logit_bias",
-                    format!("token id {id} is outside the vocabulary ({vocab_size})"),
-                ));
-            }
+            let id: u32 = k.trim().parse().expect("checked above");
             if !(-100.0..=100.0).contains(&b) {
                 return Err(ApiError::bad(
                     "logit_bias",
@@ -569,12 +597,7 @@ pub fn sampling_params(
     p.logprobs = logprobs;
     p.prompt_logprobs = c.prompt_logprobs()?;
     if let Some(ids) = &c.logprob_token_ids {
-        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(ApiError::bad(
-                "logprob_token_ids",
-                format!("token id {bad} is outside the vocabulary ({vocab_size})"),
-            ));
-        }
+        out_of_vocab("logprob_token_ids", ids.iter().copied(), vocab_size)?;
         p.logprob_token_ids = Some(ids.as_slice().into());
     }
     p.structured_outputs =

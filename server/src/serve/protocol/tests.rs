@@ -175,3 +175,24 @@ fn prompt_length_checks() {
     assert!(check_prompt_len(90, Some(10), 100).is_ok());
     assert!(check_prompt_len(90, Some(11), 100).is_err());
 }
+
+/// vLLM's out-of-vocabulary refusals name the field and every bad id (or key).
+#[test]
+fn out_of_vocabulary_errors_name_the_field_and_every_bad_id() {
+    let msg = |json: &str| params(json).unwrap_err().to_string();
+    assert_eq!(
+        msg(r#"{"logit_bias":{"5000":1,"7":1,"1000":2}}"#),
+        "token_id(s) [1000, 5000] in logit_bias contain out-of-vocab token ids. Vocabulary size: 1000"
+    );
+    let m = msg(r#"{"logit_bias":{"abc":1,"7":1,"x y":2}}"#);
+    assert!(m.contains("`abc`") && m.contains("`x y`"), "{m}");
+    for field in ["allowed_token_ids", "stop_token_ids", "logprob_token_ids"] {
+        let m = msg(&format!(r#"{{"{field}":[3,1001,2000]}}"#));
+        assert!(
+            m.starts_with(&format!(
+                "token_id(s) [1001, 2000] in {field} contain out-of-vocab"
+            )),
+            "{m}"
+        );
+    }
+}
