@@ -202,6 +202,44 @@ pub struct CudaAttention {
     /// `paged` splits keys at fixed positions ([`SplitPlan::fixed`], batch-invariant,
     /// the default) rather than by the batch and the SM count.
     fixed_splits: bool,
+    /// `flash` runs each prefill token as a decode row of `paged.cu` with fixed
+    /// splits, so that a query row has one arithmetic whether it comes in a
+    /// prompt chunk, after a prefix hit, or as a decode row
+    /// ([`CudaAttention::with_paged_rows`], `VLLM_BATCH_INVARIANT=1`).
+    paged_rows: bool,
+}
+
+/// vLLM's switch for batch-invariant kernels: with `VLLM_BATCH_INVARIANT=1`
+/// `cuda-flash` serves prefill rows with `cuda-paged`'s arithmetic.
+pub const BATCH_INVARIANT_ENV: &str = "VLLM_BATCH_INVARIANT";
+
+/// Whether [`BATCH_INVARIANT_ENV`] is set to `1`.
+pub fn batch_invariant_env() -> bool {
+    std::env::var(BATCH_INVARIANT_ENV).is_ok_and(|v| v == "1")
+}
+
+/// The decode rows of `batch`'s query tokens: token `t` of a request with `q`
+/// query tokens over `s` keys is a row over its first `s - q + t + 1` keys, with
+/// the request's block table (causal attention, one row per token, in order).
+pub fn as_decode_rows(batch: &BatchDescriptor) -> Result<BatchDescriptor, CoreError> {
+    let (qsl, seq, stride) = (
+        batch.query_start_loc(),
+        batch.seq_lens(),
+        batch.block_table_stride(),
+    );
+    let bs = batch.block_size();
+    let (mut lens, mut rows): (Vec<usize>, Vec<&[u32]>) = (Vec::new(), Vec::new());
+    for r in 0..batch.num_reqs() {
+        let q = (qsl[r + 1] - qsl[r]) as usize;
+        let s = seq[r] as usize;
+        let table = &batch.block_table()[r * stride..(r + 1) * stride];
+        for t in 0..q {
+            let keys = s - q + t + 1;
+            lens.push(keys);
+            rows.push(&table[..keys.div_ceil(bs)]);
+        }
+    }
+    BatchDescriptor::new(bs, &vec![1; lens.len()], &lens, &rows)
 }
 
 fn failed(backend: &str, e: impl std::fmt::Display) -> CoreError {
@@ -260,7 +298,26 @@ impl CudaAttention {
             graph_limits: None,
             dev,
             fixed_splits: true,
+            paged_rows: kernel == Kernel::Flash && batch_invariant_env(),
         })
+    }
+
+    /// `flash` that runs each prefill token as a fixed-split `paged.cu` decode row
+    /// (what `VLLM_BATCH_INVARIANT=1` selects): the same bits as `cuda-paged` for
+    /// the same query row, so it declares `cuda-paged`'s arithmetic. Slower for long
+    /// prompts (every token reads its keys again instead of sharing a tile's).
+    pub fn with_paged_rows(mut self) -> Self {
+        self.paged_rows = self.kernel == Kernel::Flash;
+        self
+    }
+
+    /// The kernel `run` launches: `paged` for `flash` with paged rows.
+    fn launched(&self) -> Kernel {
+        if self.paged_rows {
+            Kernel::Paged
+        } else {
+            self.kernel
+        }
     }
 
     /// `paged` with the split plan sized to the batch and the SMs
@@ -293,7 +350,7 @@ impl CudaAttention {
         // Under a window a decode row attends to its last `w` keys only: the plan
         // covers those (the kernel starts the partitions at the window).
         let keys = SplitPlan::keys(max_seq_len, self.cfg.sliding_window);
-        match self.kernel {
+        match self.launched() {
             Kernel::Paged => {
                 let groups = self.cfg.num_kv_heads
                     * self
@@ -334,6 +391,11 @@ impl AttentionBackend for CudaAttention {
         self.kernel
             .capabilities()
             .check_batch(self.name, &self.cfg, batch)?;
+        if self.paged_rows {
+            let rows = as_decode_rows(batch)?;
+            let split = self.split_plan(rows.max_seq_len(), rows.num_reqs(), false);
+            return self.plan_with(&rows, split);
+        }
         let split = self.split_plan(batch.max_seq_len(), batch.num_reqs(), false);
         self.plan_with(batch, split)
     }
@@ -343,7 +405,7 @@ impl AttentionBackend for CudaAttention {
     /// its own keys. The other kernels claim nothing yet: `flash.cu` tiles a prompt
     /// differently from `paged.cu`'s decode row, and `naive.cu` is untested for it.
     fn batch_invariant(&self) -> Option<&'static str> {
-        (self.kernel == Kernel::Paged && self.fixed_splits).then_some(PAGED_FIXED_SPLITS)
+        (self.launched() == Kernel::Paged && self.fixed_splits).then_some(PAGED_FIXED_SPLITS)
     }
 
     fn graph_support(&self) -> GraphSupport {
@@ -409,7 +471,7 @@ impl AttentionBackend for CudaAttention {
         })?;
         io.validate_batch(&p.batch, &self.cfg)?;
         let dtype = kernel_dtype(self.cfg.q_dtype)?;
-        let (kernel, cfg) = (self.kernel, &self.cfg);
+        let (kernel, cfg) = (self.launched(), &self.cfg);
         on_dev!(&self.dev, d => d.run(kernel, cfg, &p.batch, dtype, io))
             .map_err(|e| failed(self.name, e))
     }

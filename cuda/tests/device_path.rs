@@ -344,3 +344,35 @@ fn a_long_decode_row_has_the_same_bits_in_any_batch() {
     let with_short = run(&[3, 600], &[&c_table, &a_table], &[&qc, &qa]);
     assert_eq!(bits(&with_short[row..]), bits(&alone), "beside a 3-key row");
 }
+
+/// Issue 27: with paged rows (`VLLM_BATCH_INVARIANT=1`), `cuda-flash` computes a
+/// prompt chunk's rows with `cuda-paged`'s arithmetic: two prefill chunks (5 new
+/// tokens over 7 keys, 2 over 14, in permuted blocks) give, row for row, the bits
+/// of the same query rows run as decode rows by `cuda-paged`, close to the f64
+/// reference; it declares `cuda-paged`'s invariance, plain `cuda-flash` none.
+#[test]
+fn flash_with_paged_rows_gives_a_decode_rows_bits() {
+    let p = pools();
+    let prefill = BatchDescriptor::new(BS, &[5, 2], &[7, 14], &[&[3, 7], &[0, 4, 1, 6]]).unwrap();
+    let q = values(prefill.num_tokens() * HEADS * D, 21);
+    let mut flash = backend(Kernel::Flash).with_paged_rows();
+    assert_eq!(
+        flash.batch_invariant(),
+        Some(pagoda_cuda::attn::PAGED_FIXED_SPLITS)
+    );
+    assert_eq!(backend(Kernel::Flash).batch_invariant(), None);
+    let mut out = vec![bf16::ZERO; q.len()];
+    flash.plan(&prefill).unwrap();
+    flash.run(io(&q, &p, &mut out)).unwrap();
+    assert_close("flash, paged rows", &out, &reference(&prefill, &q, &p));
+    // The same rows as decode rows of cuda-paged: keys 3..=7 of the first request,
+    // 13..=14 of the second.
+    let rows = pagoda_cuda::attn::as_decode_rows(&prefill).unwrap();
+    assert_eq!(rows.seq_lens(), &[3, 4, 5, 6, 7, 13, 14]);
+    let mut paged = backend(Kernel::Paged);
+    let mut want = vec![bf16::ZERO; q.len()];
+    paged.plan(&rows).unwrap();
+    paged.run(io(&q, &p, &mut want)).unwrap();
+    let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&out), bits(&want));
+}

@@ -1,6 +1,8 @@
 //! `cuda-flash`: flash prefill attention on CUDA tensor cores (flash.cu): bf16/f16, head dims 64 and 128, prefill only, sliding window and logit soft-capping.
 //!
-//! Prefill rows only (query length >= 2). Valid on the `cuda` and `emu` devices; on `emu` the kernel runs on host
+//! Prefill rows only (query length >= 2). Under `VLLM_BATCH_INVARIANT=1` each prompt
+//! token runs as a fixed-split `paged.cu` decode row instead (batch-invariant, the bits of
+//! `cuda-paged`; `CudaAttention::with_paged_rows`). Valid on the `cuda` and `emu` devices; on `emu` the kernel runs on host
 //! buffers through the SIMT emulator. The backend is [`pagoda_cuda::attn::CudaAttention`]
 //! with [`Kernel::Flash`]; the runtime reasons (q and KV dtypes equal, the head dims of
 //! the dtype, a usable CUDA device, a window of at least one key, a positive soft cap)
