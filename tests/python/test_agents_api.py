@@ -3,7 +3,8 @@ official clients: `openai`'s `client.responses` (text, streamed events, a forced
 function call and its `function_call_output` round trip through
 `previous_response_id`, `retrieve`, errors) and `anthropic`'s
 `messages.create` / `messages.stream` (text, a forced `tool_use` and its
-`tool_result`, `count_tokens`, the `x-api-key` it sends, errors)."""
+`tool_result`, `count_tokens`, the `x-api-key` it sends, errors). The
+`anthropic` 2.x client has no `temperature` argument: it goes in `extra_body`."""
 
 import json
 
@@ -115,7 +116,7 @@ def test_responses_errors(oai, model):
 
 
 def test_messages_text_and_stream(claude, model):
-    kw = dict(model=model, max_tokens=16, temperature=0, system="Be brief.",
+    kw = dict(model=model, max_tokens=16, extra_body={"temperature": 0}, system="Be brief.",
               messages=[{"role": "user", "content": "Say hello."}])
     m = claude.messages.create(**kw)
     assert m.type == "message" and m.role == "assistant"
@@ -133,7 +134,7 @@ def test_messages_text_and_stream(claude, model):
 
 
 def test_messages_tool_use_round_trip(claude, model):
-    kw = dict(model=model, max_tokens=60, temperature=0, tools=ANTHROPIC_TOOLS,
+    kw = dict(model=model, max_tokens=60, extra_body={"temperature": 0}, tools=ANTHROPIC_TOOLS,
               tool_choice={"type": "tool", "name": "get_weather"},
               messages=[{"role": "user", "content": "Weather in Paris?"}])
     m = claude.messages.create(**kw)
@@ -146,7 +147,7 @@ def test_messages_tool_use_round_trip(claude, model):
     assert [b.input for b in final.content if b.type == "tool_use"] == [uses[0].input]
     assert final.stop_reason == "tool_use"
     follow = claude.messages.create(
-        model=model, max_tokens=8, temperature=0, tools=ANTHROPIC_TOOLS,
+        model=model, max_tokens=8, extra_body={"temperature": 0}, tools=ANTHROPIC_TOOLS,
         tool_choice={"type": "none"},
         messages=[kw["messages"][0],
                   {"role": "assistant", "content": [b.model_dump() for b in m.content]},
