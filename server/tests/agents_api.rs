@@ -1,5 +1,6 @@
 //! Issue 25 items 4 and 5: `/v1/responses` and `/v1/messages` through `pagoda
-//! serve` on the real model.
+//! serve` on the real model (and two of item 6's gaps: continuous usage on
+//! every chunk, string booleans).
 //!
 //! - Responses: text in and out, streamed events (`sequence_number` in order,
 //!   deltas adding up to the non-streamed text), `GET` of a stored response,
@@ -562,4 +563,86 @@ fn reasoning_and_auto_tool_calls_in_both_apis() {
         m["content"][2]["input"]
     );
     assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+}
+
+/// Every chunk of a stream with choices carries usage (the role chunk with no
+/// completion tokens yet), counts never go down, and the usage chunk ends it.
+fn assert_usage_everywhere(events: &[Value], max_tokens: u64) {
+    let mut last = 0;
+    let with_choices: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["choices"] != json!([]))
+        .collect();
+    assert!(with_choices.len() >= 2, "{events:?}");
+    assert_eq!(with_choices[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(
+        with_choices[0]["usage"]["completion_tokens"], 0,
+        "{}",
+        with_choices[0]
+    );
+    for e in &with_choices {
+        let u = &e["usage"];
+        let done = u["completion_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no usage: {e}"));
+        assert!(done >= last, "{e}");
+        assert!(u["prompt_tokens"].as_u64().unwrap() > 0);
+        assert_eq!(
+            u["total_tokens"],
+            u["prompt_tokens"].as_u64().unwrap() + done
+        );
+        last = done;
+    }
+    let end = events.last().unwrap();
+    assert_eq!(end["choices"], json!([]), "{end}");
+    assert_eq!(end["usage"]["completion_tokens"], max_tokens);
+}
+
+#[test]
+fn continuous_usage_and_string_booleans() {
+    let chat = |opts: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Count to ten."}],
+                           "max_tokens": 4, "ignore_eos": "true", "stream": "true"});
+        if !opts.is_null() {
+            b["stream_options"] = opts;
+        }
+        b
+    };
+    let s = Server::start(&["--kv-cache-memory-mib", "64"]);
+    // String booleans, as vLLM's pydantic models take them.
+    let events = s.stream(
+        "/v1/chat/completions",
+        &chat(json!({"include_usage": "true", "continuous_usage_stats": "True"})),
+    );
+    assert_usage_everywhere(&events, 4);
+    let v = s.post_ok(
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 2, "echo": "false", "skip_special_tokens": "0"}),
+    );
+    assert!(
+        !v["choices"][0]["text"].as_str().unwrap().starts_with("Hi"),
+        "{v}"
+    );
+    let (status, text) = s.post_raw(
+        "/v1/completions",
+        br#"{"prompt": "Hi", "max_tokens": 2, "echo": "perhaps"}"#,
+    );
+    common::assert_error(status, &text, 400, "echo: perhaps");
+    drop(s);
+    // --enable-force-include-usage: every stream ends with usage; asked for,
+    // continuous usage without `include_usage` (vLLM's should_include_usage).
+    let f = Server::start(&[
+        "--kv-cache-memory-mib",
+        "64",
+        "--enable-force-include-usage",
+    ]);
+    let events = f.stream(
+        "/v1/chat/completions",
+        &chat(json!({"continuous_usage_stats": true})),
+    );
+    assert_usage_everywhere(&events, 4);
+    let events = f.stream("/v1/chat/completions", &chat(Value::Null));
+    let (end, rest) = events.split_last().unwrap();
+    assert_eq!(end["usage"]["completion_tokens"], 4, "{end}");
+    assert!(rest.iter().all(|e| e["usage"].is_null()), "{rest:?}");
 }

@@ -389,6 +389,7 @@ pub fn parse_generation<T: serde::de::DeserializeOwned>(
     strict_fields: bool,
 ) -> Result<T, ApiError> {
     let mut v: serde_json::Value = parse_body(body)?;
+    fields::coerce_bools(&mut v, chat);
     fields::check_fields(&v, chat, strict_fields)?;
     if let Some(m) = v.get_mut("model") {
         if m.as_str() == Some("") {

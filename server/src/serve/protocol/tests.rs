@@ -175,3 +175,37 @@ fn prompt_length_checks() {
     assert!(check_prompt_len(90, Some(10), 100).is_ok());
     assert!(check_prompt_len(90, Some(11), 100).is_err());
 }
+
+/// Booleans as strings (and 0/1) are read as vLLM's pydantic models read them;
+/// anything else stays a 400.
+#[test]
+fn lax_booleans_are_accepted() {
+    let completion = |j: &str| parse_generation::<CompletionRequest>(j.as_bytes(), false, false);
+    let r = completion(
+        r#"{"prompt": "x", "stream": "true", "echo": "False", "ignore_eos": 1,
+            "stream_options": {"include_usage": "yes", "continuous_usage_stats": "0"}}"#,
+    )
+    .unwrap();
+    assert_eq!(r.common.stream, Some(true));
+    assert_eq!(r.echo, Some(false));
+    assert_eq!(r.common.ignore_eos, Some(true));
+    let o = r.common.stream_options.unwrap();
+    assert_eq!(
+        (o.include_usage, o.continuous_usage_stats),
+        (Some(true), Some(false))
+    );
+    let chat: ChatRequest = parse_generation(
+        br#"{"messages": [], "logprobs": "true", "use_beam_search": "false"}"#,
+        true,
+        false,
+    )
+    .unwrap();
+    assert_eq!(chat.logprobs, Some(true));
+    // Completions' `logprobs` is a number: "true" is not coerced there.
+    assert!(completion(r#"{"prompt": "x", "logprobs": "true"}"#).is_err());
+    for bad in [r#""maybe""#, "2", "[]"] {
+        let body = format!(r#"{{"prompt": "x", "stream": {bad}}}"#);
+        assert!(completion(&body).is_err(), "{body}");
+    }
+    assert_eq!(fields::lax_bool(&serde_json::json!("OFF")), Some(false));
+}
