@@ -73,8 +73,10 @@ pub struct Turn {
     pub created: u64,
     /// The chat completions body.
     pub chat: Value,
-    /// The conversation as chat messages, without `instructions`.
-    pub history: Vec<Value>,
+    /// The stored conversation this turn continues (`previous_response_id`).
+    pub parent: Option<Arc<store::History>>,
+    /// This turn's input as chat messages.
+    pub input: Vec<Value>,
     /// The request fields that the response object repeats.
     pub echo: Map<String, Value>,
     pub store: bool,
@@ -288,7 +290,7 @@ pub fn translate(st: &AppState, bytes: &[u8]) -> Result<Turn, ApiError> {
     }
     let stream = bool_field(&req, "stream", false)?;
     let store = bool_field(&req, "store", true)? && st.responses_store.enabled();
-    let mut history = Vec::new();
+    let mut parent = None;
     if let Some(prev) = given(&req, "previous_response_id") {
         let id = prev
             .as_str()
@@ -299,19 +301,23 @@ pub fn translate(st: &AppState, bytes: &[u8]) -> Result<Turn, ApiError> {
             .ok_or_else(|| ApiError::NotFound {
                 message: format!("Response with id '{id}' not found."),
             })?;
-        history.extend(stored.history.iter().cloned());
+        parent = Some(stored.history.clone());
     }
     let input =
         given(&req, "input").ok_or_else(|| ApiError::bad("input", "`input` is required"))?;
-    input_messages(input, &mut history)?;
-    let mut messages = Vec::with_capacity(history.len() + 1);
+    let mut own = Vec::new();
+    input_messages(input, &mut own)?;
+    let mut messages = Vec::new();
     if let Some(i) = given(&req, "instructions") {
         let text = i
             .as_str()
             .ok_or_else(|| ApiError::bad("instructions", "`instructions` must be a string"))?;
         messages.push(json!({"role": "system", "content": text}));
     }
-    messages.extend(history.iter().cloned());
+    if let Some(p) = &parent {
+        messages.extend(p.messages());
+    }
+    messages.extend(own.iter().cloned());
     let mut chat = json!({"messages": messages});
     bridge::copy_fields(&req, &mut chat, PASSTHROUGH);
     if let Some(m) = given(&req, "max_output_tokens") {
@@ -353,7 +359,8 @@ pub fn translate(st: &AppState, bytes: &[u8]) -> Result<Turn, ApiError> {
         id: random_id("resp_"),
         created: unix_now(),
         chat,
-        history,
+        parent,
+        input: own,
         echo,
         store,
         stream,
@@ -396,15 +403,15 @@ impl Turn {
         if !self.store {
             return;
         }
-        let mut history = self.history.clone();
-        history.extend(output_messages(
+        let mut turn = self.input.clone();
+        turn.extend(output_messages(
             response["output"].as_array().map_or(&[], |v| v),
         ));
         st.responses_store.put(
             self.id.clone(),
             Stored {
                 response: response.clone(),
-                history,
+                history: store::History::new(self.parent.clone(), turn),
             },
         );
     }
@@ -525,8 +532,10 @@ pub async fn create(State(st): State<Arc<AppState>>, body: Body) -> Response {
         async {
             let bytes = st.read_body(body)?;
             let st2 = st.clone();
-            let turn = st.offload(move || translate(&st2, &bytes)).await?;
-            let run = st.start_chat(turn.chat.clone(), arrival).await?;
+            let mut turn = st.offload(move || translate(&st2, &bytes)).await?;
+            let run = st
+                .start_chat(std::mem::take(&mut turn.chat), arrival)
+                .await?;
             if turn.stream {
                 return Ok(bridge::sse(stream::ResponseEvents::new(
                     st.clone(),

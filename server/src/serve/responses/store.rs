@@ -15,9 +15,52 @@ pub const DEFAULT_SIZE: usize = 4096;
 pub struct Stored {
     /// The response object, as `GET` returns it.
     pub response: Value,
-    /// The conversation up to and including this response's output, as chat
-    /// messages (without `instructions`, which a follow-up does not inherit).
-    pub history: Vec<Value>,
+    /// The conversation up to and including this response's output.
+    pub history: Arc<History>,
+}
+
+/// A conversation as chat messages (without `instructions`, which a
+/// follow-up does not inherit): the turns of `previous_response_id` shared,
+/// not copied, so a long chain of stored responses costs its messages once
+/// (a follow-up keeps the turns it builds on alive, even once evicted).
+#[derive(Debug, Default)]
+pub struct History {
+    parent: Option<Arc<History>>,
+    /// This turn's input and output messages.
+    messages: Vec<Value>,
+}
+
+impl History {
+    pub fn new(parent: Option<Arc<History>>, messages: Vec<Value>) -> Arc<History> {
+        Arc::new(History { parent, messages })
+    }
+
+    /// Every message, oldest first.
+    pub fn messages(&self) -> Vec<Value> {
+        let mut chain = vec![self];
+        while let Some(p) = chain.last().and_then(|h| h.parent.as_deref()) {
+            chain.push(p);
+        }
+        chain
+            .iter()
+            .rev()
+            .flat_map(|h| h.messages.iter().cloned())
+            .collect()
+    }
+}
+
+impl Drop for History {
+    /// Unlinks the chain iteratively: dropping a conversation of many turns
+    /// must not recurse once per turn.
+    fn drop(&mut self) {
+        let mut next = self.parent.take();
+        while let Some(p) = next {
+            next = match Arc::try_unwrap(p) {
+                Ok(mut h) => h.parent.take(),
+                Err(_) => None,
+            };
+        }
+    }
 }
 
 /// A bounded LRU map from response id to [`Stored`].
@@ -108,7 +151,7 @@ mod tests {
     fn entry(n: u64) -> Stored {
         Stored {
             response: Value::from(n),
-            history: Vec::new(),
+            history: Arc::default(),
         }
     }
 
@@ -154,6 +197,22 @@ mod tests {
                 prop_assert_eq!(store.len(), reference.0.len());
             }
         }
+    }
+
+    /// Turns share their history; a chain far longer than the stack unwinds
+    /// without recursion.
+    #[test]
+    fn histories_chain_and_drop_iteratively() {
+        let a = History::new(None, vec![Value::from(1), Value::from(2)]);
+        let b = History::new(Some(a.clone()), vec![Value::from(3)]);
+        assert_eq!(b.messages(), [1, 2, 3].map(Value::from));
+        assert_eq!(a.messages().len(), 2);
+        let mut h = History::new(None, vec![]);
+        for i in 0..200_000 {
+            h = History::new(Some(h), vec![Value::from(i)]);
+        }
+        assert_eq!(h.messages().len(), 200_000);
+        drop(h);
     }
 
     #[test]
