@@ -74,8 +74,15 @@ def test_responses_text_streamed_and_retrieved(oai, model):
                          "response.output_item.added", "response.content_part.added"], types
     assert {"response.output_text.done", "response.content_part.done",
             "response.output_item.done"} <= set(types), types
-    assert types[-1] in ("response.completed", "response.incomplete")
+    assert types[-1] == "response.completed"
     assert text == r.output_text == last.response.output_text
+    assert last.response.status == r.status
+    # The client's stream helper (it needs `response.completed`, also when incomplete).
+    with oai.responses.stream(**kw) as s:
+        for _ in s:
+            pass
+        final = s.get_final_response()
+    assert final.output_text == r.output_text and final.status == r.status
     got = oai.responses.retrieve(r.id)
     assert got.id == r.id and got.output_text == r.output_text
 

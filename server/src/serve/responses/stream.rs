@@ -3,8 +3,9 @@
 //! its deltas (`response.output_text.delta` inside a content part,
 //! `response.reasoning_text.delta`, `response.function_call_arguments.delta`),
 //! its `.done` events and `response.output_item.done`; at the end
-//! `response.completed` (`response.incomplete` when `max_output_tokens` cut
-//! it) with the same response object a non-streamed request gets. Every event
+//! `response.completed` (also when `max_output_tokens` cut it: then its
+//! `status` is `incomplete`, as vLLM) with the same response object a
+//! non-streamed request gets. Every event
 //! carries `sequence_number`, counting from 0.
 
 use super::{call_item, message_item, reasoning_item, text_part, usage, Turn};
@@ -233,7 +234,10 @@ impl ResponseEvents {
             usage(f.prompt_tokens, f.cached_tokens, f.output_tokens),
         );
         self.turn.keep(&self.st, &r);
-        self.emit(&format!("response.{status}"), json!({"response": r}));
+        // `response.completed` even when `max_output_tokens` cut it (its
+        // `status` says `incomplete`), as vLLM sends it: the `openai` client's
+        // `responses.stream()` waits for this event and fails on any other.
+        self.emit("response.completed", json!({"response": r}));
     }
 
     fn failed(&mut self, e: crate::serve::error::ApiError) {
