@@ -1,6 +1,6 @@
 //! Issue 25 items 4 and 5: `/v1/responses` and `/v1/messages` through `pagoda
-//! serve` on the real model (and two of item 6's gaps: continuous usage on
-//! every chunk, string booleans).
+//! serve` on the real model (and item 6's gaps: continuous usage on every
+//! chunk, string booleans, out-of-vocabulary and `logit_bias` messages).
 //!
 //! - Responses: text in and out, streamed events (`sequence_number` in order,
 //!   deltas adding up to the non-streamed text), `GET` of a stored response,
@@ -626,6 +626,24 @@ fn continuous_usage_and_string_booleans() {
         br#"{"prompt": "Hi", "max_tokens": 2, "echo": "perhaps"}"#,
     );
     common::assert_error(status, &text, 400, "echo: perhaps");
+    // Out-of-vocabulary ids in vLLM's words; every bad logit_bias key named.
+    let (status, text) = s.post_raw(
+        "/v1/completions",
+        br#"{"prompt": [1, 999999], "max_tokens": 1}"#,
+    );
+    common::assert_error(status, &text, 400, "prompt id out of vocabulary");
+    assert!(
+        text.contains("token id 999999 is out of vocabulary"),
+        "{text}"
+    );
+    let (status, text) = s.post_raw(
+        "/v1/completions",
+        br#"{"prompt": "Hi", "logit_bias": {"x": 1, "999999": 1, "7": 500}}"#,
+    );
+    common::assert_error(status, &text, 400, "logit_bias");
+    for want in ["`x`", "999999", "7 (500)", "\"param\":\"logit_bias\""] {
+        assert!(text.contains(want), "{text} lacks {want}");
+    }
     drop(s);
     // --enable-force-include-usage: every stream ends with usage; asked for,
     // continuous usage without `include_usage` (vLLM's should_include_usage).

@@ -224,14 +224,7 @@ impl AppState {
     }
 
     fn check_ids(&self, param: &str, ids: &[u32]) -> Result<(), ApiError> {
-        let vocab = self.engine.model_info().vocab_size;
-        match ids.iter().find(|&&t| t as usize >= vocab) {
-            Some(t) => Err(ApiError::bad(
-                param,
-                format!("token id {t} is outside the vocabulary ({vocab})"),
-            )),
-            None => Ok(()),
-        }
+        super::protocol::check_in_vocab(param, ids, self.engine.model_info().vocab_size)
     }
 
     /// Submits `n` samples per prompt (seeds offset per sample) and answers.

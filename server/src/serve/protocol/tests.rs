@@ -209,3 +209,30 @@ fn lax_booleans_are_accepted() {
     }
     assert_eq!(fields::lax_bool(&serde_json::json!("OFF")), Some(false));
 }
+
+/// Every bad `logit_bias` key is named in one 400; out-of-vocabulary ids in
+/// any field say "out of vocabulary" (vLLM's words) and list each id.
+#[test]
+fn bad_ids_are_all_named() {
+    let e = params(r#"{"logit_bias": {"abc": 1, "5000": 1, "7000": 2, "5": 101, "6": 1}}"#)
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "`abc`",
+        "5000, 7000",
+        "out of vocabulary",
+        "5 (101)",
+        "logit_bias",
+    ] {
+        assert!(e.contains(want), "{e} lacks {want}");
+    }
+    for field in ["stop_token_ids", "allowed_token_ids", "logprob_token_ids"] {
+        let r = params(&format!(r#"{{"{field}": [1, 4000, 2000, 4000]}}"#));
+        let e = r.as_ref().unwrap_err().to_string();
+        assert!(
+            e.contains("token id 2000, 4000 is out of vocabulary"),
+            "{e}"
+        );
+        assert_eq!(bad_param(r), field);
+    }
+}
