@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/check.sh
 scripts/fetch-model.sh
-python3 -m pip install --quiet --disable-pip-version-check openai==1.* pytest requests pyzmq msgspec
+python3 -m pip install --quiet --disable-pip-version-check openai==1.* "anthropic>=2,<3" pytest requests pyzmq msgspec
 # The real router for tests/python/test_router.py (which skips, saying why, without it).
 python3 -m pip install --quiet --disable-pip-version-check vllm-router==0.1.17 ||
   echo "test.sh: vllm-router==0.1.17 could not be installed; the router tests will skip" >&2

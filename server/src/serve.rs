@@ -15,6 +15,7 @@
 //! and tokenize on a bounded blocking pool ([`AppState::offload`]), never on the
 //! async worker threads that also answer `/health`.
 
+pub mod bridge;
 pub mod chat;
 pub mod conn;
 pub mod error;
@@ -23,9 +24,11 @@ pub mod frontend;
 pub mod handlers;
 pub mod kv_events;
 pub mod limits;
+pub mod messages;
 pub mod metrics;
 pub mod protocol;
 pub mod reasoning;
+pub mod responses;
 pub mod shape;
 pub mod sleep;
 pub mod stream;
@@ -124,6 +127,8 @@ pub struct AppState {
     pub tool_parser: Option<&'static dyn tools::ToolParser>,
     /// `--reasoning-parser`.
     pub reasoning_parser: Option<&'static dyn reasoning::ReasoningParser>,
+    /// `/v1/responses`' stored responses (`--responses-store-size`).
+    pub responses_store: responses::store::ResponseStore,
 }
 
 /// Bodies at least this large mark the heap for trimming once the server is idle.
@@ -171,6 +176,7 @@ impl AppState {
             log_requests: false,
             tool_parser: None,
             reasoning_parser: None,
+            responses_store: responses::store::ResponseStore::new(responses::store::DEFAULT_SIZE),
         }
     }
 
@@ -238,6 +244,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     let mut r = Router::new()
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat_completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve))
+        .route("/v1/messages", post(messages::create))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route(
             "/v1/chat/completions/batch",
             post(frontend::batch_chat_completions),
@@ -309,13 +319,16 @@ fn keys_match(given: &str, expected: &str) -> bool {
 async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.api_key {
         if !is_open_path(req.uri().path()) {
-            let given = req
-                .headers()
-                .get(AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
+            let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+            let bearer = header(AUTHORIZATION.as_str())
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .map(str::trim);
+            // Anthropic's clients send `x-api-key` (accepted on every route, as vLLM).
+            let given = bearer.or(header("x-api-key").map(str::trim));
             if !given.is_some_and(|g| keys_match(g, key)) {
+                if req.uri().path().starts_with("/v1/messages") {
+                    return messages::error_response(&ApiError::Unauthorized);
+                }
                 return ApiError::Unauthorized.into_response();
             }
         }
@@ -477,6 +490,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     state.generation_defaults = generation_defaults;
     state.tool_parser = tool_parser;
     state.reasoning_parser = reasoning_parser;
+    state.responses_store = responses::store::ResponseStore::new(args.responses_store_size);
     state.max_logprobs = args.max_logprobs;
     state.strict_request_fields = args.strict_request_fields;
     state.request_limits = limits::RequestLimits {

@@ -87,6 +87,11 @@ pub struct ServeArgs {
     /// `stream_options.include_usage`.
     #[arg(long, help_heading = "Frontend")]
     pub enable_force_include_usage: bool,
+    /// Most responses kept for `GET /v1/responses/{id}` and
+    /// `previous_response_id` (`store: true`, the default), least recently used
+    /// evicted first; 0 stores none. In memory only.
+    #[arg(long, default_value_t = crate::serve::responses::store::DEFAULT_SIZE, help_heading = "Frontend")]
+    pub responses_store_size: usize,
     /// Echo the request's `X-Request-Id` header on the response (or a fresh one
     /// when it has none).
     #[arg(long, help_heading = "Frontend")]

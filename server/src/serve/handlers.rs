@@ -28,7 +28,7 @@ use std::time::Instant;
 /// Group ids for the sequences of one API request (the scheduler's seat share).
 static NEXT_GROUP: AtomicU64 = AtomicU64::new(1);
 
-type Body = Result<Bytes, BytesRejection>;
+pub(super) type Body = Result<Bytes, BytesRejection>;
 
 /// A tokenized prompt, with its text when `echo` shows it.
 pub(super) type Prompt = (Vec<u32>, Option<String>);
@@ -106,7 +106,7 @@ impl AppState {
         }
     }
 
-    fn read_body(&self, body: Body) -> Result<Bytes, ApiError> {
+    pub(super) fn read_body(&self, body: Body) -> Result<Bytes, ApiError> {
         body.map_err(|r| ApiError::from_body_rejection(r, self.max_body_bytes))
     }
 
@@ -242,19 +242,37 @@ impl AppState {
     }
 
     fn check_ids(&self, param: &str, ids: &[u32]) -> Result<(), ApiError> {
-        // vLLM's words for a prompt: the largest id is named.
-        let vocab = self.engine.model_info().vocab_size;
-        match ids.iter().copied().filter(|&t| t as usize >= vocab).max() {
-            Some(t) => Err(ApiError::bad(
-                param,
-                format!("Token id {t} is out of vocabulary (vocabulary size {vocab})"),
-            )),
-            None => Ok(()),
-        }
+        super::protocol::check_in_vocab(param, ids, self.engine.model_info().vocab_size)
     }
 
     /// Submits `n` samples per prompt (seeds offset per sample) and answers.
     pub(super) async fn run(&self, prep: Prepared, arrival: Instant) -> Result<Response, ApiError> {
+        let (ctx, samples, stream) = self.submit(prep, arrival).await?;
+        if stream {
+            Ok(sse_response(Arc::new(ctx), samples))
+        } else {
+            let states = collect(&ctx, samples).await?;
+            let body =
+                serde_json::to_vec(&ctx.response(&states)).map_err(|e| ApiError::Internal {
+                    message: format!("cannot serialize the response: {e}"),
+                })?;
+            if body.len() >= crate::serve::TRIM_AFTER_BODY_BYTES {
+                // A large answer (prompt logprobs, many samples) leaves freed heap
+                // pages behind: returned to the OS once the server is idle.
+                self.needs_trim
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+            Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+        }
+    }
+
+    /// Checks a prepared request against the limits and submits its samples;
+    /// returns them with whether the client asked for a stream.
+    pub(super) async fn submit(
+        &self,
+        prep: Prepared,
+        arrival: Instant,
+    ) -> Result<(Ctx, Vec<Sample>, bool), ApiError> {
         let Prepared {
             ctx,
             prompts,
@@ -342,22 +360,7 @@ impl AppState {
                 });
             }
         }
-        if c.stream() {
-            Ok(sse_response(Arc::new(ctx), samples))
-        } else {
-            let states = collect(&ctx, samples).await?;
-            let body =
-                serde_json::to_vec(&ctx.response(&states)).map_err(|e| ApiError::Internal {
-                    message: format!("cannot serialize the response: {e}"),
-                })?;
-            if body.len() >= crate::serve::TRIM_AFTER_BODY_BYTES {
-                // A large answer (prompt logprobs, many samples) leaves freed heap
-                // pages behind: returned to the OS once the server is idle.
-                self.needs_trim
-                    .store(true, std::sync::atomic::Ordering::Release);
-            }
-            Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
-        }
+        Ok((ctx, samples, c.stream()))
     }
 }
 

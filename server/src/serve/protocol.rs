@@ -126,6 +126,68 @@ impl CommonFields {
     }
 }
 
+/// Token ids a field names must be in the vocabulary: a 400 naming the field
+/// and every id outside it ("out of vocabulary", vLLM's words).
+pub fn check_in_vocab(field: &str, ids: &[u32], vocab_size: usize) -> Result<(), ApiError> {
+    let mut bad: Vec<u32> = ids
+        .iter()
+        .copied()
+        .filter(|&t| t as usize >= vocab_size)
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    bad.sort_unstable();
+    bad.dedup();
+    let list: Vec<String> = bad.iter().map(u32::to_string).collect();
+    Err(ApiError::bad(
+        field,
+        format!(
+            "{field}: token id {} is out of vocabulary (vocabulary size {vocab_size})",
+            list.join(", ")
+        ),
+    ))
+}
+
+/// `logit_bias` checked as a whole: one 400 naming the field and every bad
+/// key (not a token id, out of vocabulary, or a bias outside [-100, 100]).
+fn logit_bias(bias: &HashMap<String, f64>, vocab_size: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let (mut not_ids, mut oov, mut range) = (Vec::new(), Vec::new(), Vec::new());
+    let mut v = Vec::with_capacity(bias.len());
+    for (k, &b) in bias {
+        match k.trim().parse::<u32>() {
+            Err(_) => not_ids.push(format!("`{k}`")),
+            Ok(id) if id as usize >= vocab_size => oov.push(id.to_string()),
+            Ok(id) if !(-100.0..=100.0).contains(&b) => range.push(format!("{id} ({b})")),
+            Ok(id) => v.push((id, b as f32)),
+        }
+    }
+    let mut problems = Vec::new();
+    for (list, what) in [
+        (&mut not_ids, "are not token ids"),
+        (
+            &mut oov,
+            "are out of vocabulary (vocabulary size {vocab_size})",
+        ),
+        (&mut range, "have a bias outside [-100, 100]"),
+    ] {
+        if !list.is_empty() {
+            // HashMap order is random: sorted, so the message is stable.
+            list.sort();
+            let what = what.replace("{vocab_size}", &vocab_size.to_string());
+            problems.push(format!("keys {} {what}", list.join(", ")));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(ApiError::bad(
+            "logit_bias",
+            format!("logit_bias: {}", problems.join("; ")),
+        ));
+    }
+    v.sort_by_key(|&(id, _)| id);
+    Ok(v)
+}
+
 /// Keeps `k` tokens of `ids`: the last ones when `left` (the start is dropped).
 pub fn truncate_ids(ids: &mut Vec<u32>, k: usize, left: bool) {
     if ids.len() > k {
@@ -416,33 +478,6 @@ pub fn chat_mode(
     }
 }
 
-/// vLLM's refusal of out-of-vocabulary ids in a sampling field, naming every one:
-/// "token_id(s) [49152, 50000] in logit_bias contain out-of-vocab token ids.
-/// Vocabulary size: 49152".
-pub fn out_of_vocab(
-    param: &str,
-    ids: impl IntoIterator<Item = u32>,
-    vocab_size: usize,
-) -> Result<(), ApiError> {
-    let mut bad: Vec<u32> = ids
-        .into_iter()
-        .filter(|&t| t as usize >= vocab_size)
-        .collect();
-    if bad.is_empty() {
-        return Ok(());
-    }
-    bad.sort_unstable();
-    bad.dedup();
-    let list: Vec<String> = bad.iter().map(u32::to_string).collect();
-    Err(ApiError::bad(
-        param,
-        format!(
-            "token_id(s) [{}] in {param} contain out-of-vocab token ids. Vocabulary size: {vocab_size}",
-            list.join(", ")
-        ),
-    ))
-}
-
 /// Parses a JSON body; any mismatch is a 400.
 pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
@@ -538,11 +573,11 @@ pub fn sampling_params(
     }
     .into();
     if let Some(ids) = &c.stop_token_ids {
-        out_of_vocab("stop_token_ids", ids.iter().copied(), vocab_size)?;
+        check_in_vocab("stop_token_ids", ids, vocab_size)?;
         p.stop_token_ids = ids.as_slice().into();
     }
     if let Some(ids) = &c.allowed_token_ids {
-        out_of_vocab("allowed_token_ids", ids.iter().copied(), vocab_size)?;
+        check_in_vocab("allowed_token_ids", ids, vocab_size)?;
         p.allowed_token_ids = Some(ids.as_slice().into());
     }
     p.ignore_eos = c.ignore_eos.unwrap_or(false);
@@ -556,48 +591,14 @@ pub fn sampling_params(
         p.min_tokens = m as usize;
     }
     if let Some(bias) = &c.logit_bias {
-        // Every bad key is named at once, as every out-of-vocabulary id is.
-        let mut not_ids: Vec<&str> = bias
-            .keys()
-            .map(String::as_str)
-            .filter(|k| k.trim().parse::<u32>().is_err())
-            .collect();
-        if !not_ids.is_empty() {
-            not_ids.sort_unstable();
-            return Err(ApiError::bad(
-                "logit_bias",
-                format!(
-                    "logit_bias keys must be token ids (integers); not: {}",
-                    not_ids
-                        .iter()
-                        .map(|k| format!("`{k}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
-        }
-        let ids = bias.keys().filter_map(|k| k.trim().parse::<u32>().ok());
-        out_of_vocab("logit_bias", ids, vocab_size)?;
-        let mut v = Vec::with_capacity(bias.len());
-        for (k, &b) in bias {
-            let id: u32 = k.trim().parse().expect("checked above");
-            if !(-100.0..=100.0).contains(&b) {
-                return Err(ApiError::bad(
-                    "logit_bias",
-                    format!("bias {b} for token {id} is outside [-100, 100]"),
-                ));
-            }
-            v.push((id, b as f32));
-        }
-        v.sort_by_key(|&(id, _)| id);
-        p.logit_bias = v.into();
+        p.logit_bias = logit_bias(bias, vocab_size)?.into();
     }
     p.include_stop_str_in_output = c.include_stop_str_in_output.unwrap_or(false);
     p.skip_special_tokens = c.skip_special_tokens.unwrap_or(true);
     p.logprobs = logprobs;
     p.prompt_logprobs = c.prompt_logprobs()?;
     if let Some(ids) = &c.logprob_token_ids {
-        out_of_vocab("logprob_token_ids", ids.iter().copied(), vocab_size)?;
+        check_in_vocab("logprob_token_ids", ids, vocab_size)?;
         p.logprob_token_ids = Some(ids.as_slice().into());
     }
     p.structured_outputs =

@@ -81,6 +81,11 @@ impl Delta {
 
 /// A tool call id as vLLM makes them: `chatcmpl-tool-` and 32 hex digits.
 pub fn tool_call_id() -> String {
+    random_id("chatcmpl-tool-")
+}
+
+/// `prefix` and 32 unpredictable hex digits.
+pub fn random_id(prefix: &str) -> String {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -92,7 +97,7 @@ pub fn tool_call_id() -> String {
         h.write_u64(n);
         h.finish()
     };
-    format!("chatcmpl-tool-{:016x}{:016x}", half(), half())
+    format!("{prefix}{:016x}{:016x}", half(), half())
 }
 
 impl Shaper {

@@ -127,8 +127,8 @@ impl SseState {
                                 if ctx.return_token_ids {
                                     add_token_ids(ctx, &mut chunk, st, &[], true);
                                 }
-                                // vLLM's role chunk carries the usage too: the
-                                // prompt, no completion tokens yet.
+                                // vLLM's continuous usage covers the role chunk too
+                                // (no completion tokens yet).
                                 if ctx.continuous_usage {
                                     chunk["usage"] = choice_usage(st);
                                 }
@@ -136,14 +136,18 @@ impl SseState {
                                 st.started = true;
                                 if echo.is_some() {
                                     apply_echo(ctx, st, echo);
-                                    out.push_str(&sse_event(&ctx.chunk(
+                                    let mut chunk = ctx.chunk(
                                         st.index,
                                         &st.text,
                                         None,
                                         None,
                                         serde_json::Value::Null,
                                         false,
-                                    )));
+                                    );
+                                    if ctx.continuous_usage {
+                                        chunk["usage"] = choice_usage(st);
+                                    }
+                                    out.push_str(&sse_event(&chunk));
                                 }
                             }
                             super::format::Api::Completion => {
@@ -237,14 +241,18 @@ impl SseState {
                             st.finish_reason = Some(pagoda_core::FinishReason::Abort);
                             let first = !st.started;
                             st.started = true;
-                            return Some(sse_event(&ctx.chunk(
+                            let mut chunk = ctx.chunk(
                                 st.index,
                                 "",
                                 None,
                                 st.finish_reason,
                                 serde_json::Value::Null,
                                 first && ctx.api == super::format::Api::Chat,
-                            )));
+                            );
+                            if ctx.continuous_usage {
+                                chunk["usage"] = choice_usage(st);
+                            }
+                            return Some(sse_event(&chunk));
                         }
                         Ok(Some((_, Err(e)))) => {
                             if let EngineError::RequestFailed { .. } = e {

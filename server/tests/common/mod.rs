@@ -237,6 +237,18 @@ impl Server {
         events
     }
 
+    /// Streams a request whose body ends without `[DONE]` (Responses,
+    /// Messages): every JSON event up to the end of the body.
+    pub fn stream_typed(&self, path: &str, body: &Value) -> Vec<Value> {
+        let mut r = self.open_stream(path, body);
+        let mut events = Vec::new();
+        while let Some(e) = r.next_event() {
+            events.push(e);
+        }
+        assert!(!r.done, "typed streams send no [DONE]");
+        events
+    }
+
     /// Polls `/metrics` until `pred` holds for it (bounded), returning the last text.
     pub fn wait_metrics(&self, pred: impl Fn(&str) -> bool) -> String {
         let mut text = String::new();
@@ -292,8 +304,9 @@ impl SseReader {
                 return None;
             }
             let l = line.trim_end_matches(['\r', '\n']);
-            // Blank lines end events; `:` lines are comments (keep-alives).
-            if l.is_empty() || l.starts_with(':') {
+            // Blank lines end events; `:` lines are comments (keep-alives);
+            // `event:` names a typed event (Responses, Messages), whose data has a `type`.
+            if l.is_empty() || l.starts_with(':') || l.starts_with("event: ") {
                 continue;
             }
             let data = l

@@ -114,69 +114,6 @@ fn note_ignored(field: &str) {
     }
 }
 
-/// Boolean fields of the generation requests (`logprobs` is one in chat only).
-const BOOLS: &[&str] = &[
-    "stream",
-    "echo",
-    "ignore_eos",
-    "include_stop_str_in_output",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "return_tokens_as_token_ids",
-    "add_special_tokens",
-    "return_token_ids",
-    "add_generation_prompt",
-    "continue_final_message",
-    "parallel_tool_calls",
-    "include_reasoning",
-    "use_beam_search",
-];
-
-/// pydantic's lax boolean (what vLLM's request models accept): `true`/`false`,
-/// the strings it reads as booleans (case-insensitive `1`/`0`, `true`/`false`,
-/// `t`/`f`, `yes`/`no`, `y`/`n`, `on`/`off`) and the numbers 0 and 1. Anything
-/// else stays as it is, for the typed parse to refuse.
-fn lax_bool(v: &Value) -> Option<bool> {
-    match v {
-        Value::String(s) => match s.to_ascii_lowercase().as_str() {
-            "1" | "true" | "t" | "yes" | "y" | "on" => Some(true),
-            "0" | "false" | "f" | "no" | "n" | "off" => Some(false),
-            _ => None,
-        },
-        Value::Number(n) => match n.as_f64() {
-            Some(1.0) => Some(true),
-            Some(0.0) => Some(false),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-/// Rewrites the boolean fields sent as strings or 0/1 to JSON booleans, as
-/// vLLM's pydantic models read them (so `"stream": "true"` streams).
-pub fn coerce_bools(body: &mut Value, chat: bool) {
-    let Some(obj) = body.as_object_mut() else {
-        return;
-    };
-    let chat_only: &[&str] = if chat { &["logprobs"] } else { &[] };
-    for k in BOOLS.iter().chain(chat_only) {
-        if let Some(v) = obj.get_mut(*k) {
-            if let Some(b) = lax_bool(v) {
-                *v = Value::Bool(b);
-            }
-        }
-    }
-    if let Some(Value::Object(so)) = obj.get_mut("stream_options") {
-        for k in ["include_usage", "continuous_usage_stats"] {
-            if let Some(v) = so.get_mut(k) {
-                if let Some(b) = lax_bool(v) {
-                    *v = Value::Bool(b);
-                }
-            }
-        }
-    }
-}
-
 /// Checks a generation request's top-level fields (`chat` selects the endpoint;
 /// `strict`: unknown fields are a 400 instead of ignored).
 pub fn check_fields(body: &Value, chat: bool, strict: bool) -> Result<(), ApiError> {
@@ -254,6 +191,68 @@ pub fn check_fields(body: &Value, chat: bool, strict: bool) -> Result<(), ApiErr
         ));
     }
     Ok(())
+}
+
+/// Boolean fields of both generation endpoints (chat's `logprobs` too; on
+/// completions it is a number).
+const BOOLS: &[&str] = &[
+    "ignore_eos",
+    "stream",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "return_tokens_as_token_ids",
+    "add_special_tokens",
+    "return_token_ids",
+    "echo",
+    "add_generation_prompt",
+    "continue_final_message",
+    "parallel_tool_calls",
+    "include_reasoning",
+    "use_beam_search",
+    "spaces_between_special_tokens",
+];
+
+/// A boolean as pydantic's lax mode reads one (vLLM's request models): the
+/// strings `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`, `t`/`f`, `y`/`n`
+/// (any case) and the numbers 0 and 1. None for anything else.
+pub fn lax_bool(v: &Value) -> Option<bool> {
+    match v {
+        Value::Bool(b) => Some(*b),
+        Value::String(s) => match s.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" | "t" | "y" => Some(true),
+            "false" | "0" | "no" | "off" | "f" | "n" => Some(false),
+            _ => None,
+        },
+        Value::Number(n) if n.as_f64() == Some(1.0) => Some(true),
+        Value::Number(n) if n.as_f64() == Some(0.0) => Some(false),
+        _ => None,
+    }
+}
+
+/// Rewrites the boolean fields given as pydantic accepts them (`"true"`, `1`,
+/// ...) to JSON booleans, so that a body vLLM takes is taken; other values are
+/// left for the typed parse to refuse.
+pub fn coerce_bools(body: &mut Value, chat: bool) {
+    let Some(obj) = body.as_object_mut() else {
+        return;
+    };
+    let chat_only: &[&str] = if chat { &["logprobs"] } else { &[] };
+    for k in BOOLS.iter().chain(chat_only) {
+        if let Some(v) = obj.get_mut(*k) {
+            if let Some(b) = lax_bool(v) {
+                *v = Value::Bool(b);
+            }
+        }
+    }
+    if let Some(o) = obj.get_mut("stream_options").and_then(Value::as_object_mut) {
+        for k in ["include_usage", "continuous_usage_stats"] {
+            if let Some(v) = o.get_mut(k) {
+                if let Some(b) = lax_bool(v) {
+                    *v = Value::Bool(b);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -176,23 +176,63 @@ fn prompt_length_checks() {
     assert!(check_prompt_len(90, Some(11), 100).is_err());
 }
 
-/// vLLM's out-of-vocabulary refusals name the field and every bad id (or key).
+/// Booleans as strings (and 0/1) are read as vLLM's pydantic models read them;
+/// anything else stays a 400.
 #[test]
-fn out_of_vocabulary_errors_name_the_field_and_every_bad_id() {
-    let msg = |json: &str| params(json).unwrap_err().to_string();
+fn lax_booleans_are_accepted() {
+    let completion = |j: &str| parse_generation::<CompletionRequest>(j.as_bytes(), false, false);
+    let r = completion(
+        r#"{"prompt": "x", "stream": "true", "echo": "False", "ignore_eos": 1,
+            "stream_options": {"include_usage": "yes", "continuous_usage_stats": "0"}}"#,
+    )
+    .unwrap();
+    assert_eq!(r.common.stream, Some(true));
+    assert_eq!(r.echo, Some(false));
+    assert_eq!(r.common.ignore_eos, Some(true));
+    let o = r.common.stream_options.unwrap();
     assert_eq!(
-        msg(r#"{"logit_bias":{"5000":1,"7":1,"1000":2}}"#),
-        "token_id(s) [1000, 5000] in logit_bias contain out-of-vocab token ids. Vocabulary size: 1000"
+        (o.include_usage, o.continuous_usage_stats),
+        (Some(true), Some(false))
     );
-    let m = msg(r#"{"logit_bias":{"abc":1,"7":1,"x y":2}}"#);
-    assert!(m.contains("`abc`") && m.contains("`x y`"), "{m}");
-    for field in ["allowed_token_ids", "stop_token_ids", "logprob_token_ids"] {
-        let m = msg(&format!(r#"{{"{field}":[3,1001,2000]}}"#));
+    let chat: ChatRequest = parse_generation(
+        br#"{"messages": [], "logprobs": "true", "use_beam_search": "false"}"#,
+        true,
+        false,
+    )
+    .unwrap();
+    assert_eq!(chat.logprobs, Some(true));
+    // Completions' `logprobs` is a number: "true" is not coerced there.
+    assert!(completion(r#"{"prompt": "x", "logprobs": "true"}"#).is_err());
+    for bad in [r#""maybe""#, "2", "[]"] {
+        let body = format!(r#"{{"prompt": "x", "stream": {bad}}}"#);
+        assert!(completion(&body).is_err(), "{body}");
+    }
+    assert_eq!(fields::lax_bool(&serde_json::json!("OFF")), Some(false));
+}
+
+/// Every bad `logit_bias` key is named in one 400; out-of-vocabulary ids in
+/// any field say "out of vocabulary" (vLLM's words) and list each id.
+#[test]
+fn bad_ids_are_all_named() {
+    let e = params(r#"{"logit_bias": {"abc": 1, "5000": 1, "7000": 2, "5": 101, "6": 1}}"#)
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "`abc`",
+        "5000, 7000",
+        "out of vocabulary",
+        "5 (101)",
+        "logit_bias",
+    ] {
+        assert!(e.contains(want), "{e} lacks {want}");
+    }
+    for field in ["stop_token_ids", "allowed_token_ids", "logprob_token_ids"] {
+        let r = params(&format!(r#"{{"{field}": [1, 4000, 2000, 4000]}}"#));
+        let e = r.as_ref().unwrap_err().to_string();
         assert!(
-            m.starts_with(&format!(
-                "token_id(s) [1001, 2000] in {field} contain out-of-vocab"
-            )),
-            "{m}"
+            e.contains("token id 2000, 4000 is out of vocabulary"),
+            "{e}"
         );
+        assert_eq!(bad_param(r), field);
     }
 }
