@@ -100,18 +100,20 @@ impl CudaDriver {
         })
     }
 
-    /// With the linear layers' GEMMs: cuBLAS, and with `PAGODA_GEMM=cutlass` the
-    /// CUTLASS kernel wherever it applies (bf16/f16 in and out).
+    /// With the linear layers' GEMMs: cuBLAS, and with `PAGODA_GEMM=cutlass` (or
+    /// vLLM's `VLLM_BATCH_INVARIANT=1`) the CUTLASS kernel wherever it applies
+    /// (bf16/f16 in and out): one fixed 128x128x64 tile without split-K, so a row's
+    /// sums do not depend on m, where cuBLAS picks its algorithm by shape.
     pub(crate) fn with_gemm(mut self) -> Result<Self, String> {
         let Device::Cuda(ordinal) = self.device else {
             unreachable!("a CUDA driver serves a cuda device")
         };
         let blas = DeviceGemm::new(ordinal, GemmImpl::Cublas).map_err(|e| e.to_string())?;
-        let cutlass = match std::env::var("PAGODA_GEMM").as_deref() {
-            Ok("cutlass") => {
-                Some(DeviceGemm::new(ordinal, GemmImpl::Cutlass).map_err(|e| e.to_string())?)
-            }
-            _ => None,
+        let want_cutlass = std::env::var("PAGODA_GEMM").as_deref() == Ok("cutlass")
+            || crate::attn::batch_invariant_env();
+        let cutlass = match want_cutlass {
+            true => Some(DeviceGemm::new(ordinal, GemmImpl::Cutlass).map_err(|e| e.to_string())?),
+            false => None,
         };
         self.gemm = Some((blas, cutlass));
         Ok(self)
