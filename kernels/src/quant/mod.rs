@@ -109,10 +109,13 @@ pub enum Storage {
     K6,
 }
 
-/// Where things sit in a panel: first the *meta* (scales) of every unit, each
-/// `meta_bytes`, the area padded to 64; then the integers of every unit, each
-/// `quant_bytes`, 64-aligned. In a unit's meta every field is a 16-lane vector (one
-/// value per row of the panel); see [`Storage`] and `pack.rs` for the fields.
+/// Where things sit in a panel: units in groups of [`Layout::group`] (1 or 2, so a
+/// group is a multiple of 64 bytes), each group the *meta* (scale fields) of its
+/// units, padded to 64, then their integers. One sequential stream per panel (a
+/// separate meta area read beside the integers measured up to 2x slower), no
+/// vector load splitting a cache line, and no byte of padding beyond the group's
+/// meta. In a unit's meta every field is a 16-lane vector (one value per row of
+/// the panel); see [`Storage`] and `pack.rs` for the fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Layout {
     pub storage: Storage,
@@ -154,19 +157,53 @@ impl Layout {
         }
     }
 
-    /// Integer bytes per unit.
+    /// Integer bytes per unit (a multiple of 64).
     pub(crate) const fn quant_bytes(self) -> usize {
         self.unit() / QB * self.block_quant_bytes()
     }
 
-    /// Bytes of the meta area of a panel of `units` units (a multiple of 64).
-    pub(crate) const fn meta_area(self, units: usize) -> usize {
-        (units * self.meta_bytes()).next_multiple_of(64)
+    /// Units per group: 2 where one unit's meta is not a multiple of 64 bytes
+    /// (32 for Q4_0 and a file's Q8_0, 288 for Q6_K), else 1.
+    pub(crate) const fn group(self) -> usize {
+        if self.meta_bytes().is_multiple_of(64) {
+            1
+        } else {
+            2
+        }
     }
 
-    /// Bytes of a panel of `units` units (a multiple of 64).
+    /// Bytes of a group's meta, padded to 64.
+    const fn group_meta(self) -> usize {
+        (self.group() * self.meta_bytes()).next_multiple_of(64)
+    }
+
+    /// Bytes of a full group.
+    const fn group_bytes(self) -> usize {
+        self.group_meta() + self.group() * self.quant_bytes()
+    }
+
+    /// Where unit `u`'s meta starts in its panel.
+    pub(crate) const fn meta_offset(self, u: usize) -> usize {
+        u / self.group() * self.group_bytes() + u % self.group() * self.meta_bytes()
+    }
+
+    /// Where unit `u`'s integers start in its panel (64-aligned).
+    pub(crate) const fn quant_offset(self, u: usize) -> usize {
+        u / self.group() * self.group_bytes()
+            + self.group_meta()
+            + u % self.group() * self.quant_bytes()
+    }
+
+    /// Bytes of a panel of `units` units (a multiple of 64): a last group with
+    /// fewer units holds only those.
     pub(crate) const fn panel_bytes(self, units: usize) -> usize {
-        self.meta_area(units) + units * self.quant_bytes()
+        let rest = units % self.group();
+        units / self.group() * self.group_bytes()
+            + if rest > 0 {
+                self.group_meta() + rest * self.quant_bytes()
+            } else {
+                0
+            }
     }
 }
 
@@ -251,7 +288,7 @@ impl QuantMatrix {
         let (panel, lane) = (self.panel(r / QP), r % QP);
         let per_unit = self.layout.unit() / QB;
         for (b, out) in dst.chunks_exact_mut(QB).enumerate() {
-            let (meta, quant) = pack::block_parts(self.layout, panel, self.units(), b);
+            let (meta, quant) = pack::block_parts(self.layout, panel, b);
             pack::decode_lane(self.layout, meta, quant, b % per_unit, lane, out);
         }
         Ok(())

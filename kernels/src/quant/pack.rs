@@ -126,15 +126,16 @@ pub(crate) fn lane_scales(
     }
 }
 
-/// Block `b` (of 32 elements) of a panel of `units` units: its unit's meta and
-/// its own integers.
-pub(crate) fn block_parts(layout: Layout, panel: &[u8], units: usize, b: usize) -> (&[u8], &[u8]) {
+/// Block `b` (of 32 elements) of a panel: its unit's meta and its own integers.
+pub(crate) fn block_parts(layout: Layout, panel: &[u8], b: usize) -> (&[u8], &[u8]) {
     let per_unit = layout.unit() / QB;
     let (unit, j) = (b / per_unit, b % per_unit);
-    let mb = layout.meta_bytes();
-    let meta = &panel[unit * mb..(unit + 1) * mb];
-    let q0 = layout.meta_area(units) + unit * layout.quant_bytes() + j * layout.block_quant_bytes();
-    (meta, &panel[q0..q0 + layout.block_quant_bytes()])
+    let mo = layout.meta_offset(unit);
+    let q0 = layout.quant_offset(unit) + j * layout.block_quant_bytes();
+    (
+        &panel[mo..mo + layout.meta_bytes()],
+        &panel[q0..q0 + layout.block_quant_bytes()],
+    )
 }
 
 /// Lane `lane` of block `j` of a unit, dequantized (`u·s + mn`, rounded once per
@@ -291,11 +292,7 @@ impl QuantMatrix {
     ) -> Self {
         let units = k / layout.unit();
         let pb = layout.panel_bytes(units);
-        let (mb, qb, area) = (
-            layout.meta_bytes(),
-            layout.quant_bytes(),
-            layout.meta_area(units),
-        );
+        let (mb, qb) = (layout.meta_bytes(), layout.quant_bytes());
         let mut data = vec![Chunk([0; 64]); n.div_ceil(QP) * pb / 64];
         if units > 0 {
             data.par_chunks_mut(pb / 64)
@@ -309,15 +306,18 @@ impl QuantMatrix {
                             chunks.len() * 64,
                         )
                     };
-                    let (metas, quants) = bytes.split_at_mut(area);
                     for lane in 0..QP.min(n - p * QP) {
-                        for (unit, (meta, quant)) in metas
-                            .chunks_exact_mut(mb)
-                            .zip(quants.chunks_exact_mut(qb))
-                            .enumerate()
-                            .take(units)
-                        {
-                            put(p * QP + lane, unit, meta, quant, lane);
+                        for unit in 0..units {
+                            // A unit's meta precedes its integers in its group.
+                            let (mo, qo) = (layout.meta_offset(unit), layout.quant_offset(unit));
+                            let (head, tail) = bytes.split_at_mut(qo);
+                            put(
+                                p * QP + lane,
+                                unit,
+                                &mut head[mo..mo + mb],
+                                &mut tail[..qb],
+                                lane,
+                            );
                         }
                     }
                 });

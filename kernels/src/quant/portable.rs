@@ -21,13 +21,13 @@ pub(super) unsafe fn tile(
     ldo: usize,
     cols: usize,
 ) {
-    let (storage, units) = (layout.storage, acts.k() / layout.unit());
+    let storage = layout.storage;
     let per_unit = layout.unit() / QB;
     for i in 0..h {
         let (a, blocks) = (acts.row(r0 + i), acts.row_blocks(r0 + i));
         let mut acc = [0.0f32; QP];
         for (b, ab) in blocks.iter().enumerate() {
-            let (meta, q) = block_parts(layout, recs, units, b);
+            let (meta, q) = block_parts(layout, recs, b);
             let aq = &a[b * QB..(b + 1) * QB];
             for (lane, acc) in acc.iter_mut().enumerate() {
                 let mut isum = [0i32; 2];

@@ -112,10 +112,7 @@ fn rows<const H: usize>(acts: &QuantActs, r0: usize, kb: usize) -> Rows<'_, H> {
 struct Geom {
     units: usize,
     per_unit: usize,
-    meta_bytes: usize,
-    quant_bytes: usize,
     block_quant_bytes: usize,
-    area: usize,
 }
 
 fn geom(lay: Layout, recs: &[u8], k: usize) -> Geom {
@@ -124,10 +121,7 @@ fn geom(lay: Layout, recs: &[u8], k: usize) -> Geom {
     Geom {
         units,
         per_unit: lay.unit() / QB,
-        meta_bytes: lay.meta_bytes(),
-        quant_bytes: lay.quant_bytes(),
         block_quant_bytes: lay.block_quant_bytes(),
-        area: lay.meta_area(units),
     }
 }
 
@@ -156,10 +150,10 @@ unsafe fn vnni<const S: u8, const F: bool, const H: usize>(
     let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
     let sign = _mm512_set1_epi32(i32::MIN);
     for u in 0..g.units {
-        // SAFETY: unit u's meta lies inside the panel's meta area (checked in
-        // `geom`); every field read below is a 16-lane vector inside its
-        // `meta_bytes` (the offsets of `pack.rs`).
-        let meta = unsafe { recs.as_ptr().add(u * g.meta_bytes) };
+        // SAFETY: u < units: unit u's meta lies inside the panel (its length is
+        // checked in `geom`); every field read below is a 16-lane vector inside
+        // its `meta_bytes` (the offsets of `pack.rs`).
+        let meta = unsafe { recs.as_ptr().add(lay.meta_offset(u)) };
         // SAFETY: 16 f16 (32 bytes) at `o` inside the meta, as above.
         let ldh = |o: usize| unsafe {
             _mm512_cvtph_ps(_mm256_loadu_si256(meta.add(o) as *const __m256i))
@@ -200,11 +194,11 @@ unsafe fn vnni<const S: u8, const F: bool, const H: usize>(
                     ([s0, s1], [_mm512_mul_ps(m32, s0), _mm512_mul_ps(m32, s1)])
                 }
             };
-            // SAFETY: block b's integers lie inside the panel: the quant area
-            // after `area`, unit u, block j, `block_quant_bytes` long.
+            // SAFETY: block j of unit u's integers, `block_quant_bytes` long,
+            // lies inside the panel (checked in `geom`).
             let q = unsafe {
                 recs.as_ptr()
-                    .add(g.area + u * g.quant_bytes + j * g.block_quant_bytes)
+                    .add(lay.quant_offset(u) + j * g.block_quant_bytes)
             };
             // SAFETY: `o` + 64 <= block_quant_bytes: inside block b's integers.
             let ld = |o: usize| unsafe { _mm512_loadu_si512(q.add(o) as *const __m512i) };
@@ -308,7 +302,7 @@ unsafe fn avx2<const S: u8, const F: bool, const H: usize>(
         let mut acc = [_mm256_setzero_ps(); H];
         for u in 0..g.units {
             // SAFETY: as in `vnni`; this half reads lanes 8·half.. of each field.
-            let meta = unsafe { recs.as_ptr().add(u * g.meta_bytes) };
+            let meta = unsafe { recs.as_ptr().add(lay.meta_offset(u)) };
             // SAFETY: 8 f16 (16 bytes) of a 16-lane field at `o` inside the meta.
             let ldh = |o: usize| unsafe {
                 _mm256_cvtph_ps(_mm_loadu_si128(meta.add(o + 16 * half) as *const __m128i))
@@ -335,7 +329,7 @@ unsafe fn avx2<const S: u8, const F: bool, const H: usize>(
                 // SAFETY: as in `vnni`: block b's integers inside the panel.
                 let q = unsafe {
                     recs.as_ptr()
-                        .add(g.area + u * g.quant_bytes + j * g.block_quant_bytes + 32 * half)
+                        .add(lay.quant_offset(u) + j * g.block_quant_bytes + 32 * half)
                 };
                 let w = weights_avx2::<S>(q);
                 for i in 0..H {
