@@ -112,6 +112,74 @@ fn element(fmt: QuantFormat, b: &[u8], i: usize) -> (f32, f32) {
     }
 }
 
+/// Element `i` of one block as the kernels' decomposition `(u, s, mn)`, each by
+/// the f32 operations of the GGUF dequantizer (`w = s·u + mn`).
+fn canon(fmt: QuantFormat, b: &[u8], i: usize) -> (u8, f32, f32) {
+    let nib16 = |qs: &[u8]| (qs[i % 16] >> (4 * (i / 16))) & 0xF;
+    match fmt {
+        QuantFormat::Q4_0 => (nib16(&b[2..]), h(b, 0), -8.0 * h(b, 0)),
+        QuantFormat::Q4_1 => (nib16(&b[4..]), h(b, 0), h(b, 2)),
+        QuantFormat::Q8_0 => (
+            (b[2 + i] as i8 as i16 + 128) as u8,
+            h(b, 0),
+            -128.0 * h(b, 0),
+        ),
+        QuantFormat::Q4K => {
+            let sb = i / 32;
+            let s = &b[4..16];
+            let (sc, mi) = if sb < 4 {
+                (s[sb] & 63, s[sb + 4] & 63)
+            } else {
+                (
+                    (s[sb + 4] & 0xF) | ((s[sb - 4] >> 6) << 4),
+                    (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4),
+                )
+            };
+            let q = (b[16 + 32 * (sb / 2) + i % 32] >> (4 * (sb % 2))) & 0xF;
+            (q, h(b, 0) * sc as f32, -(h(b, 2) * mi as f32))
+        }
+        QuantFormat::Q6K => {
+            let (half, r) = (i / 128, i % 128);
+            let (quarter, l) = (r / 32, r % 32);
+            let lo = (b[64 * half + l + 32 * (quarter % 2)] >> (4 * (quarter / 2))) & 0xF;
+            let hi = (b[128 + 32 * half + l] >> (2 * quarter)) & 3;
+            let s = h(b, 208) * (b[192 + i / 16] as i8) as f32;
+            (lo | (hi << 4), s, -32.0 * s)
+        }
+    }
+}
+
+/// The quantized matmul as the kernels define it, straight from the GGUF blocks:
+/// per block of 32 (per 16 for Q6_K) `acc = fma(Σu·a, s·d, acc)` then
+/// `acc = fma(mn, d·Σa, acc)`, in block order. Every kernel must give these bits
+/// (the layout in memory is free; this arithmetic is fixed).
+fn reference(fmt: QuantFormat, data: &[u8], n: usize, k: usize, acts: &QuantActs) -> Vec<f32> {
+    let (be, bb) = fmt.block_layout();
+    let sub = if fmt == QuantFormat::Q6K { 16 } else { 32 };
+    let mut out = vec![0.0f32; acts.m() * n];
+    for i in 0..acts.m() {
+        let (a, ds): (&[i8], Vec<f32>) = (acts.row(i), acts.scales(i).collect());
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            for e0 in (0..k).step_by(sub) {
+                let blk = &data[(j * k + e0) / be * bb..][..bb];
+                let d = ds[e0 / QB];
+                let (mut isum, mut asum) = (0i32, 0i32);
+                let (_, s, mn) = canon(fmt, blk, e0 % be);
+                for (e, &av) in a.iter().enumerate().skip(e0).take(sub) {
+                    let (u, _, _) = canon(fmt, blk, e % be);
+                    isum += u as i32 * av as i32;
+                    asum += av as i32;
+                }
+                acc = (isum as f32).mul_add(s * d, acc);
+                acc = mn.mul_add(d * asum as f32, acc);
+            }
+            out[i * n + j] = acc;
+        }
+    }
+    out
+}
+
 /// `(values, mags)` of `n` rows of `k`, row-major.
 fn decode(fmt: QuantFormat, data: &[u8], n: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
     let (be, bb) = fmt.block_layout();
@@ -177,6 +245,19 @@ fn check(fmt: QuantFormat, n: usize, kb: usize, m: usize, seed: u64) -> Result<(
         matmul_quant_acts(&acts, &w, &mut out, n, kernel).unwrap();
         outs.push((kernel, out));
     }
+    let want_bits = reference(fmt, &data, n, k, &acts);
+    for (kernel, o) in &outs {
+        for (a, b) in o.iter().zip(&want_bits) {
+            prop_assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{:?} vs the reference: {} vs {}",
+                kernel,
+                a,
+                b
+            );
+        }
+    }
     let (_, out) = &outs[0];
     for (kernel, o) in &outs[1..] {
         for (a, b) in o.iter().zip(out) {
@@ -231,7 +312,8 @@ proptest! {
     #[test]
     fn quant_matmul_matches_reference(fmt in format(), n in 1usize..40, kb in 1usize..4, m in 1usize..7, seed in any::<u64>()) {
         // K formats have 256-element blocks: fewer of them keep cases fast.
-        let kb = if fmt.block_layout().0 == 256 { kb.min(2) } else { 2 * kb };
+        // Odd counts too: Q4_0, Q8_0 and Q6_K pack units in pairs.
+        let kb = if fmt.block_layout().0 == 256 { kb } else { 2 * kb - (seed % 2) as usize };
         check(fmt, n, kb, m, seed)?;
     }
 
@@ -286,28 +368,52 @@ fn bad_shapes_are_refused() {
     assert!(matmul_quant(&[0.0; 31], &w, &mut out[..2], 1).is_err());
 }
 
+/// Bits per weight held, against the file's: the repacking never widens.
 #[test]
-fn scales_are_held_as_f16_exactly_when_every_one_is_an_f16() {
-    // Q4_1's d and m are f16 in the file: f16 records, 5 bits a weight.
+fn matrices_are_held_at_their_files_bits_per_weight() {
     let mut rng = Rng(11);
-    let (n, k) = (32, 64);
-    let mut data = blocks(QuantFormat::Q4_1, n, k, &mut rng);
-    let w = QuantMatrix::from_gguf(QuantFormat::Q4_1, &data, n, k).unwrap();
-    assert!(w.f16_scales());
-    assert_eq!(w.num_bytes(), n / QP * k / QB * (64 + 256));
-    // Q4_0 with d = 65504: its offset -8·d is no f16, so the whole matrix keeps f32.
-    data = blocks(QuantFormat::Q4_0, n, k, &mut rng);
+    let (n, k) = (64, 2048);
+    // (format, held bits per weight): the file's, except Q4_K's 6-bit sub-block
+    // scales and mins held as bytes (4.625 against 4.5).
+    for (fmt, bits) in [
+        (QuantFormat::Q4_0, 4.5),
+        (QuantFormat::Q4_1, 5.0),
+        (QuantFormat::Q8_0, 8.5),
+        (QuantFormat::Q4K, 4.625),
+        (QuantFormat::Q6K, 6.5625),
+    ] {
+        let (be, bb) = fmt.block_layout();
+        let file = (bb * 8) as f64 / be as f64;
+        let data = blocks(fmt, n, k, &mut rng);
+        let w = QuantMatrix::from_gguf(fmt, &data, n, k).unwrap();
+        let held = (w.num_bytes() * 8) as f64 / (n * k) as f64;
+        // Up to 63 bytes of padding per panel.
+        let pad = (63 * 8) as f64 / (QP * k) as f64;
+        assert!(
+            held >= bits && held <= bits + pad,
+            "{}: {held} bits",
+            fmt.name()
+        );
+        assert!(
+            held <= file * 1.05,
+            "{}: {held} vs the file's {file}",
+            fmt.name()
+        );
+    }
+    // Q4_0 with d = 65504: its offset -8·d is no f16, and needs none (it is derived).
+    let mut data = blocks(QuantFormat::Q4_0, QP, 64, &mut rng);
     data[0..2].copy_from_slice(&f16::from_f32(65504.0).to_le_bytes());
-    let big = QuantMatrix::from_gguf(QuantFormat::Q4_0, &data, n, k).unwrap();
-    assert!(!big.f16_scales());
-    assert_eq!(big.num_bytes(), n / QP * k / QB * (128 + 256));
+    let big = QuantMatrix::from_gguf(QuantFormat::Q4_0, &data, QP, 64).unwrap();
+    assert_eq!(big.num_bytes(), 2 * (32 + 256));
     assert_eq!(
         big.dequantize()[0],
         65504.0 * (data[2] & 0xF) as f32 - 8.0 * 65504.0
     );
-    // Q4_K's scales are d·sc products: rarely f16s, so f32 records.
-    data = blocks(QuantFormat::Q4K, n, 256, &mut rng);
-    assert!(!QuantMatrix::from_gguf(QuantFormat::Q4K, &data, n, 256)
+    // Q8_0 quantized at load keeps f32 scales unless each is an f16 exactly.
+    let w: Vec<f32> = (0..QP * 64).map(|_| rng.f32()).collect();
+    assert!(!QuantMatrix::quantize_q8_0(&w, QP, 64).unwrap().f16_scales());
+    let ones = vec![127.0f32; QP * 64];
+    assert!(QuantMatrix::quantize_q8_0(&ones, QP, 64)
         .unwrap()
         .f16_scales());
 }

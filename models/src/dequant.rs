@@ -113,6 +113,19 @@ impl GgmlType {
     }
 }
 
+/// The raw GGML type id of a quantized kernel's format (the inverse of
+/// [`GgmlType::quant_format`]).
+pub fn ggml_type_of(fmt: pagoda_kernels::QuantFormat) -> u32 {
+    use pagoda_kernels::QuantFormat as Q;
+    match fmt {
+        Q::Q4_0 => 2,
+        Q::Q4_1 => 3,
+        Q::Q8_0 => 8,
+        Q::Q4K => 12,
+        Q::Q6K => 14,
+    }
+}
+
 /// A printable name for a raw type id (known name, or `type id N`).
 pub fn type_name(id: u32) -> String {
     match GgmlType::from_id(id) {

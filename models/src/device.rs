@@ -80,7 +80,7 @@ fn stack(rt: &dyn DeviceRuntime, dtype: DType, mats: &[&Mat]) -> Result<Storage,
     let rows: usize = mats.iter().map(|m| m.rows).sum();
     let mut data = Vec::with_capacity(rows * cols);
     for m in mats {
-        data.extend_from_slice(&m.data);
+        data.extend_from_slice(&m.values()?);
     }
     upload(rt, dtype, &[rows, cols], &data)
 }
@@ -213,10 +213,10 @@ impl DeviceLlama {
                 attn_norm: count(upload(rt, DType::F32, &[hidden], &l.attn_norm)?),
                 wqkv: count(stack(rt, dtype, &[&l.wq, &l.wk, &l.wv])?),
                 qkv_bias,
-                wo: count(upload(rt, dtype, &[hidden, q_dim], &l.wo.data)?),
+                wo: count(upload(rt, dtype, &[hidden, q_dim], &l.wo.values()?)?),
                 ffn_norm: count(upload(rt, DType::F32, &[hidden], &l.ffn_norm)?),
                 w_gate_up: count(stack(rt, dtype, &[&l.w_gate, &l.w_up])?),
-                w_down: count(upload(rt, dtype, &[hidden, inter], &l.w_down.data)?),
+                w_down: count(upload(rt, dtype, &[hidden, inter], &l.w_down.values()?)?),
             });
             progress(i + 1, c.num_layers);
         }
@@ -224,12 +224,17 @@ impl DeviceLlama {
             rt,
             dtype,
             &[c.vocab_size, hidden],
-            &weights.embed.data,
+            &weights.embed.values()?,
         )?);
         let lm_head = match &weights.lm_head {
             Some(h) => {
                 check_mat("lm_head".into(), h, c.vocab_size, hidden)?;
-                Some(count(upload(rt, dtype, &[c.vocab_size, hidden], &h.data)?))
+                Some(count(upload(
+                    rt,
+                    dtype,
+                    &[c.vocab_size, hidden],
+                    &h.values()?,
+                )?))
             }
             None => None,
         };

@@ -292,6 +292,30 @@ impl GgufFile {
         &self.mmap[start..start + t.n_bytes.unwrap_or(0) as usize]
     }
 
+    /// Hands the pages of `t`'s bytes back to the page cache (they leave this
+    /// process's resident set; a later read maps them in again from the file), so
+    /// reading a large file tensor by tensor keeps at most one tensor resident.
+    pub fn release(&self, t: &GgufTensorInfo) {
+        let len = t.n_bytes.unwrap_or(0) as usize;
+        if len == 0 {
+            return;
+        }
+        #[cfg(unix)]
+        // SAFETY: the map is a read-only shared mapping of a file (`Mmap::map` of a
+        // file opened read-only): MADV_DONTNEED only drops pages, which the next
+        // access reads again from the file, so every slice into the map keeps its
+        // contents (memmap2's warning is about private or written mappings, whose
+        // pages would come back zeroed or as the file's). It is advice: a failure
+        // changes nothing.
+        let _ = unsafe {
+            self.mmap.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                t.offset as usize,
+                len,
+            )
+        };
+    }
+
     /// Dequantizes a tensor to f32 (row-major, innermost dim fastest).
     pub fn dequantize(&self, t: &GgufTensorInfo) -> Result<Vec<f32>, ModelError> {
         if t.n_bytes.is_none() {

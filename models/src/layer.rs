@@ -45,7 +45,7 @@ pub(crate) struct FusedLayer {
 }
 
 pub(crate) fn check_mat(name: String, m: &Mat, rows: usize, cols: usize) -> Result<(), ModelError> {
-    if m.rows != rows || m.cols != cols || m.data.len() != rows * cols {
+    if !m.has_shape(rows, cols) {
         return Err(ModelError::TensorShape {
             name,
             expected: vec![rows, cols],

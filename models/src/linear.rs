@@ -64,12 +64,12 @@ impl Linear {
     ) -> Result<Self, ModelError> {
         let n: usize = parts.iter().map(|p| p.rows).sum();
         let quantized = parts.iter().all(|p| p.quant.is_some());
-        let concat = |parts: Vec<Mat>| -> Vec<f32> {
+        let concat = |parts: Vec<Mat>| -> Result<Vec<f32>, ModelError> {
             let mut data = Vec::with_capacity(n * k);
             for p in parts {
-                data.extend_from_slice(&p.data);
+                data.extend_from_slice(&p.values()?);
             }
-            data
+            Ok(data)
         };
         Ok(match dtype {
             WeightDtype::Native if quantized => {
@@ -102,13 +102,13 @@ impl Linear {
             }
             WeightDtype::Q8_0 if k.is_multiple_of(pagoda_kernels::quant::QB) => {
                 Linear::Quant(vec![
-                    QuantMatrix::quantize_q8_0(&concat(parts), n, k).map_err(pack_err(name))?
+                    QuantMatrix::quantize_q8_0(&concat(parts)?, n, k).map_err(pack_err(name))?
                 ])
             }
             WeightDtype::Bf16 => {
-                Linear::Bf16(PackedMatrixBf16::pack(&concat(parts), n, k).map_err(pack_err(name))?)
+                Linear::Bf16(PackedMatrixBf16::pack(&concat(parts)?, n, k).map_err(pack_err(name))?)
             }
-            _ => Linear::F32(PackedMatrix::pack(&concat(parts), n, k).map_err(pack_err(name))?),
+            _ => Linear::F32(PackedMatrix::pack(&concat(parts)?, n, k).map_err(pack_err(name))?),
         })
     }
 

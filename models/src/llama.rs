@@ -239,7 +239,11 @@ impl Llama {
         .map_err(|e| config_err(format!("rope: {e}")))?;
         let (embed, lm_head) = match weights.lm_head {
             Some(head) => (
-                Embedding::Table(weights.embed),
+                Embedding::Table({
+                    let mut e = weights.embed;
+                    e.materialize()?;
+                    e
+                }),
                 Some(Linear::from_parts("lm_head", vec![head], hidden, dtype)?),
             ),
             None => (

@@ -102,6 +102,8 @@ fn reorder_rows(
         });
     }
     let hd = m.rows / n_heads;
+    // Blocks-only matrices (`Mat::quantized`) have no f32 rows to move.
+    let has_data = !m.data.is_empty();
     let mut out = vec![0f32; m.data.len()];
     // The GGUF blocks move with their rows (each row is whole blocks).
     let mut quant = m.quant.clone();
@@ -109,8 +111,10 @@ fn reorder_rows(
         for r in 0..hd {
             let (dst, src) = map(hd, r);
             let (dst, src) = (h * hd + dst, h * hd + src);
-            out[dst * m.cols..(dst + 1) * m.cols]
-                .copy_from_slice(&m.data[src * m.cols..(src + 1) * m.cols]);
+            if has_data {
+                out[dst * m.cols..(dst + 1) * m.cols]
+                    .copy_from_slice(&m.data[src * m.cols..(src + 1) * m.cols]);
+            }
             if let (Some(q), Some(from)) = (&mut quant, &m.quant) {
                 let rb = from.bytes.len() / m.rows;
                 q.bytes[dst * rb..(dst + 1) * rb]
@@ -118,7 +122,12 @@ fn reorder_rows(
             }
         }
     }
-    Ok(Mat::new(m.rows, m.cols, out).with_quant(quant))
+    Ok(Mat {
+        rows: m.rows,
+        cols: m.cols,
+        data: out,
+        quant,
+    })
 }
 
 fn meta_err(key: &str, reason: &str) -> ModelError {
@@ -318,13 +327,12 @@ fn gguf_arch(
     Ok(a)
 }
 
-/// Dequantizes `name`, checking its GGUF dims equal `shape` (outermost first).
-fn gguf_tensor(
-    f: &GgufFile,
+/// `name`'s tensor info, its GGUF dims checked to equal `shape` (outermost first).
+fn gguf_info<'f>(
+    f: &'f GgufFile,
     name: &str,
     shape: &[usize],
-    progress: &mut Progress,
-) -> Result<Vec<f32>, ModelError> {
+) -> Result<&'f crate::gguf::GgufTensorInfo, ModelError> {
     let t = f.tensor(name).ok_or_else(|| ModelError::MissingTensor {
         name: name.to_string(),
     })?;
@@ -336,13 +344,27 @@ fn gguf_tensor(
             actual,
         });
     }
+    Ok(t)
+}
+
+/// Dequantizes `name`, checking its GGUF dims equal `shape` (outermost first).
+fn gguf_tensor(
+    f: &GgufFile,
+    name: &str,
+    shape: &[usize],
+    progress: &mut Progress,
+) -> Result<Vec<f32>, ModelError> {
+    let t = gguf_info(f, name, shape)?;
     let data = f.dequantize(t)?;
+    f.release(t);
     progress.tick();
     Ok(data)
 }
 
-/// A matrix: dequantized, and with its blocks as stored when a quantized kernel
-/// runs their format (see [`Mat::quant`]).
+/// A matrix: its blocks as stored when a quantized kernel runs their format (no
+/// f32 copy, see [`Mat::quantized`]), else dequantized. Either way the file's
+/// pages it read are handed back (`GgufFile::release`), so the mapped file never
+/// adds to the resident memory beyond the tensor being read.
 fn gguf_mat(
     f: &GgufFile,
     name: &str,
@@ -350,15 +372,19 @@ fn gguf_mat(
     cols: usize,
     p: &mut Progress,
 ) -> Result<Mat, ModelError> {
-    let data = gguf_tensor(f, name, &[rows, cols], p)?;
-    let quant = f.tensor(name).and_then(|t| {
-        let format = crate::dequant::GgmlType::from_id(t.ggml_type)?.quant_format()?;
-        Some(QuantBlocks {
-            format,
-            bytes: f.tensor_data(t).to_vec(),
-        })
-    });
-    Ok(Mat::new(rows, cols, data).with_quant(quant))
+    let t = gguf_info(f, name, &[rows, cols])?;
+    let format = crate::dequant::GgmlType::from_id(t.ggml_type).and_then(|g| g.quant_format());
+    let Some(format) = format else {
+        return Ok(Mat::new(
+            rows,
+            cols,
+            gguf_tensor(f, name, &[rows, cols], p)?,
+        ));
+    };
+    let bytes = f.tensor_data(t).to_vec();
+    f.release(t);
+    p.tick();
+    Ok(Mat::quantized(rows, cols, QuantBlocks { format, bytes }))
 }
 
 /// Loads all weights of a GGUF Llama model into f32.

@@ -4,8 +4,11 @@
 //! row-major, so `y = x · Wᵀ`. Q and K rows are in HF's rotate-half order (GGUF
 //! loaders undo llama.cpp's permutation).
 
-/// A row-major f32 matrix, with the GGUF blocks it was dequantized from when
-/// their format has a quantized kernel (so `--dtype auto` can keep them).
+/// A row-major f32 matrix, or (from a GGUF file, when a quantized kernel runs the
+/// tensor's format) only its GGUF blocks: `data` is then empty and [`Mat::values`]
+/// dequantizes on demand, so loading a quantized model never holds an f32 copy of
+/// its weights (`--dtype auto` keeps the blocks; other dtypes dequantize one
+/// matrix at a time while packing).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mat {
     pub rows: usize,
@@ -50,6 +53,47 @@ impl Mat {
     pub fn with_quant(mut self, quant: Option<QuantBlocks>) -> Self {
         self.quant = quant;
         self
+    }
+
+    /// Only the GGUF blocks `quant` (whole blocks per row), no f32 values.
+    pub fn quantized(rows: usize, cols: usize, quant: QuantBlocks) -> Self {
+        Mat {
+            rows,
+            cols,
+            data: Vec::new(),
+            quant: Some(quant),
+        }
+    }
+
+    /// Whether it holds `rows x cols` values, as f32 or as blocks only.
+    pub fn has_shape(&self, rows: usize, cols: usize) -> bool {
+        let blocks_only = self.data.is_empty()
+            && self.quant.as_ref().is_some_and(|q| {
+                let (be, bb) = q.format.block_layout();
+                cols.is_multiple_of(be) && q.bytes.len() == rows * cols / be * bb
+            });
+        self.rows == rows && self.cols == cols && (self.data.len() == rows * cols || blocks_only)
+    }
+
+    /// The f32 values: `data`, or the blocks dequantized (as the GGUF loader
+    /// would have, bit for bit) when only they are held.
+    pub fn values(&self) -> Result<std::borrow::Cow<'_, [f32]>, crate::ModelError> {
+        match &self.quant {
+            Some(q) if self.data.is_empty() && self.rows * self.cols > 0 => {
+                let ty = crate::dequant::ggml_type_of(q.format);
+                let v = crate::dequant::dequantize("matrix", ty, &q.bytes, self.rows * self.cols)?;
+                Ok(std::borrow::Cow::Owned(v))
+            }
+            _ => Ok(std::borrow::Cow::Borrowed(&self.data)),
+        }
+    }
+
+    /// Makes `data` hold the values (dequantizing blocks-only matrices once).
+    pub fn materialize(&mut self) -> Result<(), crate::ModelError> {
+        if self.data.is_empty() {
+            self.data = self.values()?.into_owned();
+        }
+        Ok(())
     }
 
     pub fn row(&self, r: usize) -> &[f32] {

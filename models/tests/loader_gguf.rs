@@ -103,9 +103,13 @@ fn weights_are_dense_and_finite() {
         (576, 576, 1536, 1536)
     );
     for mat in [&w.embed, &l.wq, &l.wk, &l.w_down] {
-        assert!(mat.data.iter().all(|x| x.is_finite()));
-        assert!(mat.data.iter().any(|&x| x != 0.0));
+        let v = mat.values().unwrap();
+        assert_eq!(v.len(), mat.rows * mat.cols);
+        assert!(v.iter().all(|x| x.is_finite()));
+        assert!(v.iter().any(|&x| x != 0.0));
     }
+    // Quantized matrices are held as their blocks only: no f32 copy at load.
+    assert!(l.wq.data.is_empty() && l.wq.quant.is_some());
     assert!(w.norm.iter().all(|x| x.is_finite()) && w.norm.len() == 576);
 }
 
@@ -119,16 +123,22 @@ fn qk_rows_are_unpermuted() {
         format: pagoda_kernels::QuantFormat::Q4_1,
         bytes: f.tensor_data(t).to_vec(),
     };
-    let raw = pagoda_models::Mat::new(192, 576, f.dequantize(t).unwrap()).with_quant(Some(blocks));
+    let raw = pagoda_models::Mat::quantized(192, 576, blocks.clone());
     let k = &model().weights.layers[0].wk;
     assert_eq!(k, &unpermute_qk(&raw, 3).unwrap());
     let q = k.quant.as_ref().unwrap();
     let packed = pagoda_kernels::QuantMatrix::from_gguf(q.format, &q.bytes, 192, 576).unwrap();
-    assert_eq!(packed.dequantize(), k.data);
+    let kv = k.values().unwrap();
+    assert_eq!(packed.dequantize(), *kv);
+    // With f32 rows too, both move together.
+    let dense =
+        pagoda_models::Mat::new(192, 576, f.dequantize(t).unwrap()).with_quant(Some(blocks));
+    let moved = unpermute_qk(&dense, 3).unwrap();
+    assert_eq!(moved.data, *kv);
     // Head 1, HF row 1 (first half, i=1) came from GGUF row 2 (i=1, p=0); HF row 33
     // (second half, i=1) from GGUF row 3.
-    assert_eq!(k.row(64 + 1), raw.row(64 + 2));
-    assert_eq!(k.row(64 + 33), raw.row(64 + 3));
+    assert_eq!(moved.row(64 + 1), dense.row(64 + 2));
+    assert_eq!(moved.row(64 + 33), dense.row(64 + 3));
 }
 
 #[test]

@@ -4,7 +4,9 @@
 # optional binary serves that configuration instead of $PAGODA: an A/B of two
 # builds; the load generator is always $PAGODA); every round
 # restarts the server for each, warms it up, and runs `pagoda bench serve` at each
-# concurrency. Prints one line per (round, configuration, concurrency).
+# concurrency. Prints one line per (round, configuration, concurrency), then per
+# (round, configuration) the server's peak resident memory (VmHWM, the "Maximum
+# resident set size" of `/usr/bin/time -v`) and its start log's held weight sizes.
 #
 #   printf '%s\n' 'spin|PAGODA_STEP_SPIN=1|' 'no-spin|PAGODA_STEP_SPIN=0|' \
 #       | ROUNDS=2 CONCURRENCY=1,32 scripts/bench/serve-ab.sh
@@ -54,6 +56,10 @@ print(f"{rnd:<6} {label:<20} {c:>5} {m['output_throughput']:>10.1f} "
 PY
             rm -f "$json"
         done
+        hwm="$(awk '/^VmHWM/ {printf "%.0f", $2 / 1024}' "/proc/$SERVER/status" 2>/dev/null || true)"
+        held="$(grep -o 'linear-layer weights: [^,]*, [0-9.]* MiB' "/tmp/serve-ab-$PORT.log" |
+            sed 's/linear-layer weights: //' | paste -sd ';' - || true)"
+        echo "#      $label: peak RSS ${hwm:-?} MiB; held: ${held:-?}"
         kill "$SERVER" 2>/dev/null || true
         wait "$SERVER" 2>/dev/null || true
         SERVER=""

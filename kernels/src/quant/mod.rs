@@ -1,15 +1,17 @@
-//! Quantized linear layers: `out = x · wᵀ` with `w` kept at (about) the bits of its
-//! GGUF file and `x` quantized to int8 per block of 32 on the fly.
+//! Quantized linear layers: `out = x · wᵀ` with `w` kept at the bits of its GGUF
+//! file and `x` quantized to int8 per block of 32 on the fly.
 //!
 //! **Storage.** Every supported GGUF format (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K; see
-//! [`QuantFormat`]) is repacked at load, bit for bit, into one of three
-//! [`Storage`] kinds sharing one formula: each weight is an unsigned integer `u`
-//! (4 or 8 bits) with a per-sub-block scale `s` and offset `mn`, `w = s·u + mn`
-//! (Q4_0: `mn = -8s`; Q8_0: `u = q + 128`, `mn = -128s`; Q6_K: its raw 6-bit `u`,
-//! `mn = -32s`, sub-blocks of 16). Rows are grouped into panels of [`QP`] = 16
-//! (one 16-lane vector of outputs); per block of 32 elements a panel holds its
-//! scales and offsets as 16-lane vectors (f16 where every value is an f16 exactly,
-//! as a Q4_0/Q4_1/Q8_0 file's are, else f32), then the integers in groups of 4
+//! [`QuantFormat`]) is repacked at load, bit for bit and without widening, into its
+//! [`Storage`] kind. All share one formula: each weight is an unsigned integer `u`
+//! (4, 6 or 8 bits) with a per-sub-block scale `s` and offset `mn`, `w = s·u + mn`
+//! (Q4_0: `mn = -8s`; Q8_0: `u = q + 128`, `mn = -128s`; Q4_K: `s = d·sc`,
+//! `mn = -(dmin·m)`; Q6_K: its raw 6-bit `u`, `s = d·sc`, `mn = -32s`, sub-blocks
+//! of 16). The kernels derive `s` and `mn` from the stored fields (f16 super-block
+//! scales, 6-bit sub-block scales as u8) with the same f32 operations the GGUF
+//! dequantizer uses, so the values are those of the file exactly. Rows are grouped
+//! into panels of [`QP`] = 16 (one 16-lane vector of outputs); a panel holds the
+//! scale fields of every unit as 16-lane vectors, then the integers in groups of 4
 //! elements per lane (`vpdpbusd`'s shape): the broadcast form of `crate::packed`,
 //! with no horizontal sums.
 //!
@@ -78,95 +80,134 @@ impl QuantFormat {
     /// The storage kind it repacks into.
     pub fn storage(self) -> Storage {
         match self {
-            Self::Q4_0 | Self::Q4_1 | Self::Q4K => Storage::Nibbles,
+            Self::Q4_0 => Storage::Nibbles0,
+            Self::Q4_1 => Storage::Nibbles,
             Self::Q8_0 => Storage::Bytes,
-            Self::Q6K => Storage::Bytes16,
+            Self::Q4K => Storage::K4,
+            Self::Q6K => Storage::K6,
         }
     }
 }
 
-/// How a [`QuantMatrix`] holds its integers.
+/// How a [`QuantMatrix`] holds its integers and scales, per panel of [`QP`] rows and
+/// one *unit* (a block of 32, or a K format's super-block of 256). None widens the
+/// file's integers; the bits per weight are the file's except where noted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Storage {
-    /// 4-bit `u`, one (scale, offset) per 32 elements: 5 bits per weight with f16
-    /// scales, 6 with f32 (see `Layout`).
+    /// Q4_0: 4-bit `u`, an f16 scale per 32, offset `-8·s` (4.5 bits a weight).
+    Nibbles0,
+    /// Q4_1: 4-bit `u`, an f16 scale and an f16 offset per 32 (5 bits).
     Nibbles,
-    /// 8-bit `u`, one (scale, offset) per 32 elements: 9 (f16) or 10 bits per weight.
+    /// Q8_0: 8-bit `u = q + 128`, a scale per 32 (f16 from a file: 8.5 bits; f32 when
+    /// quantized at load: 9), offset `-128·s`.
     Bytes,
-    /// 8-bit `u`, one (scale, offset) per 16 elements: 10 (f16) or 12 bits per weight.
-    Bytes16,
+    /// Q4_K: per 256, f16 `d` and `dmin`; per 32, the 6-bit scale and min as u8
+    /// (`s = d·sc`, `mn = -(dmin·m)`); 4-bit `u` (4.625 bits against the file's 4.5).
+    K4,
+    /// Q6_K: per 256, an f16 `d`; per 16, an i8 scale (`s = d·sc`, `mn = -32·s`);
+    /// 6-bit `u` as a 4-bit plane and a 2-bit plane (6.5625 bits, the file's).
+    K6,
 }
 
-impl Storage {
-    /// Scale sub-blocks per block of 32.
-    pub(crate) const fn subs(self) -> usize {
-        match self {
-            Self::Bytes16 => 2,
-            _ => 1,
-        }
-    }
-
-    const fn per_byte(self) -> usize {
-        match self {
-            Self::Nibbles => 2,
-            _ => 1,
-        }
-    }
-}
-
-/// Where things sit in a (panel, block) record: per scale sub-block `h`, a 16-lane
-/// vector of scales then one of offsets, as f32, or as f16 when every value of the
-/// matrix is an f16 exactly (Q4_0, Q4_1 and Q8_0 files store theirs as f16: half
-/// the scale bytes, 6 -> 5 bits a weight for nibbles, and the same results bit for
-/// bit); then the integers.
+/// Where things sit in a panel: units in groups of [`Layout::group`] (1 or 2, so a
+/// group is a multiple of 64 bytes), each group the *meta* (scale fields) of its
+/// units, padded to 64, then their integers. One sequential stream per panel (a
+/// separate meta area read beside the integers measured up to 2x slower), no
+/// vector load splitting a cache line, and no byte of padding beyond the group's
+/// meta. In a unit's meta every field is a 16-lane vector (one value per row of
+/// the panel); see [`Storage`] and `pack.rs` for the fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Layout {
     pub storage: Storage,
-    /// Scales and offsets as f16.
+    /// [`Storage::Bytes`] only: scales as f16 (every one is an f16 exactly, as a
+    /// Q8_0 file's are), else f32. Every other kind is f16 (K: plus integers).
     pub half: bool,
 }
 
 impl Layout {
-    /// Bytes of one scale (or offset).
-    pub(crate) const fn scale_bytes(self) -> usize {
-        if self.half {
+    /// Elements per unit.
+    pub(crate) const fn unit(self) -> usize {
+        match self.storage {
+            Storage::K4 | Storage::K6 => 256,
+            _ => QB,
+        }
+    }
+
+    /// Meta bytes per unit.
+    pub(crate) const fn meta_bytes(self) -> usize {
+        match self.storage {
+            Storage::Nibbles0 => 2 * QP,
+            Storage::Nibbles => 4 * QP,
+            Storage::Bytes if self.half => 2 * QP,
+            Storage::Bytes => 4 * QP,
+            // d, dmin; 8 scales, 8 mins.
+            Storage::K4 => 4 * QP + 16 * QP,
+            // d; 16 scales.
+            Storage::K6 => 2 * QP + 16 * QP,
+        }
+    }
+
+    /// Integer bytes per block of 32 (a unit holds `unit / 32` of them in order).
+    pub(crate) const fn block_quant_bytes(self) -> usize {
+        match self.storage {
+            Storage::Bytes => QP * QB,
+            // The 4-bit plane, then the 2-bit plane.
+            Storage::K6 => QP * QB / 2 + QP * QB / 4,
+            _ => QP * QB / 2,
+        }
+    }
+
+    /// Integer bytes per unit (a multiple of 64).
+    pub(crate) const fn quant_bytes(self) -> usize {
+        self.unit() / QB * self.block_quant_bytes()
+    }
+
+    /// Units per group: 2 where one unit's meta is not a multiple of 64 bytes
+    /// (32 for Q4_0 and a file's Q8_0, 288 for Q6_K), else 1.
+    pub(crate) const fn group(self) -> usize {
+        if self.meta_bytes().is_multiple_of(64) {
+            1
+        } else {
             2
-        } else {
-            4
         }
     }
 
-    /// Where sub-block `h`'s vector of scales starts; its offsets follow it.
-    pub(crate) const fn scale_offset(self, h: usize) -> usize {
-        2 * h * QP * self.scale_bytes()
+    /// Bytes of a group's meta, padded to 64.
+    const fn group_meta(self) -> usize {
+        (self.group() * self.meta_bytes()).next_multiple_of(64)
     }
 
-    /// Where sub-block `h`'s vector of offsets starts.
-    pub(crate) const fn min_offset(self, h: usize) -> usize {
-        self.scale_offset(h) + QP * self.scale_bytes()
+    /// Bytes of a full group.
+    const fn group_bytes(self) -> usize {
+        self.group_meta() + self.group() * self.quant_bytes()
     }
 
-    /// Where the integers start (after `subs` scale/offset vector pairs).
-    pub(crate) const fn quant_offset(self) -> usize {
-        self.scale_offset(self.storage.subs())
+    /// Where unit `u`'s meta starts in its panel.
+    pub(crate) const fn meta_offset(self, u: usize) -> usize {
+        u / self.group() * self.group_bytes() + u % self.group() * self.meta_bytes()
     }
 
-    /// Bytes per record: a multiple of 64 in every layout.
-    pub(crate) const fn record_bytes(self) -> usize {
-        self.quant_offset() + QP * QB / self.storage.per_byte()
+    /// Where unit `u`'s integers start in its panel (64-aligned).
+    pub(crate) const fn quant_offset(self, u: usize) -> usize {
+        u / self.group() * self.group_bytes()
+            + self.group_meta()
+            + u % self.group() * self.quant_bytes()
     }
 
-    /// Lane `lane`'s value in the scale (or offset) vector at byte `o` of `rec`.
-    pub(crate) fn value(self, rec: &[u8], o: usize, lane: usize) -> f32 {
-        if self.half {
-            half::f16::from_le_bytes([rec[o + 2 * lane], rec[o + 2 * lane + 1]]).to_f32()
-        } else {
-            pack::f32_at(rec, o + 4 * lane)
-        }
+    /// Bytes of a panel of `units` units (a multiple of 64): a last group with
+    /// fewer units holds only those.
+    pub(crate) const fn panel_bytes(self, units: usize) -> usize {
+        let rest = units % self.group();
+        units / self.group() * self.group_bytes()
+            + if rest > 0 {
+                self.group_meta() + rest * self.quant_bytes()
+            } else {
+                0
+            }
     }
 }
 
-/// One 64-byte piece of a record, so vector loads never split a cache line.
+/// One 64-byte piece of a panel, so vector loads never split a cache line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 pub(crate) struct Chunk(pub(crate) [u8; 64]);
@@ -180,7 +221,7 @@ pub struct QuantMatrix {
     layout: Layout,
     /// The format it came from (`Q4_1`, ...; `Q8_0` when quantized at load).
     format_name: &'static str,
-    /// `n.div_ceil(QP) * k / QB` records of `layout.record_bytes()`.
+    /// `n.div_ceil(QP)` panels of `layout.panel_bytes(units)`.
     data: Vec<Chunk>,
 }
 
@@ -210,8 +251,8 @@ impl QuantMatrix {
         self.layout.storage
     }
 
-    /// Whether scales and offsets are held as f16 (every one of them is an f16
-    /// exactly; see `Layout`), else f32.
+    /// Whether the scale fields are f16: always for a GGUF file's blocks; for Q8_0
+    /// quantized at load, when every scale is an f16 exactly (else f32).
     pub fn f16_scales(&self) -> bool {
         self.layout.half
     }
@@ -226,14 +267,15 @@ impl QuantMatrix {
         self.data.len() * 64
     }
 
-    fn blocks(&self) -> usize {
-        self.k / QB
+    /// Units (blocks of 32, or super-blocks of 256) per row.
+    fn units(&self) -> usize {
+        self.k / self.layout.unit()
     }
 
-    /// The records of panel `p`.
+    /// Panel `p`'s bytes.
     fn panel(&self, p: usize) -> &[u8] {
-        let rb = self.layout.record_bytes() / 64;
-        let chunks = &self.data[p * self.blocks() * rb..(p + 1) * self.blocks() * rb];
+        let pc = self.layout.panel_bytes(self.units()) / 64;
+        let chunks = &self.data[p * pc..(p + 1) * pc];
         // SAFETY: `Chunk` is 64 plain bytes with no padding; the slice covers
         // exactly those chunks.
         unsafe { std::slice::from_raw_parts(chunks.as_ptr() as *const u8, chunks.len() * 64) }
@@ -244,9 +286,10 @@ impl QuantMatrix {
     pub fn row_into(&self, r: usize, dst: &mut [f32]) -> Result<(), KernelError> {
         crate::packed::check_row(r, self.n, self.k, dst)?;
         let (panel, lane) = (self.panel(r / QP), r % QP);
-        let rb = self.layout.record_bytes();
+        let per_unit = self.layout.unit() / QB;
         for (b, out) in dst.chunks_exact_mut(QB).enumerate() {
-            pack::decode_lane(self.layout, &panel[b * rb..(b + 1) * rb], lane, out);
+            let (meta, quant) = pack::block_parts(self.layout, panel, b);
+            pack::decode_lane(self.layout, meta, quant, b % per_unit, lane, out);
         }
         Ok(())
     }
@@ -415,7 +458,8 @@ pub fn matmul_quant_acts(
                 // inside `out` (checked above); tasks write disjoint panels.
                 let o = unsafe { out_ptr.get().add(r0 * ldo + p * QP) };
                 // SAFETY: `kernel` is available (checked above); `recs` is the
-                // panel's `k / QB` records; `o` is valid for h rows of `cols` at `ldo`.
+                // panel of `w.layout` for `k` columns; `o` is valid for h rows of
+                // `cols` at `ldo`.
                 unsafe { run_tile(kernel, w.layout, recs, acts, r0, h, o, ldo, cols) };
                 r0 += h;
             }
@@ -434,8 +478,8 @@ pub fn matmul_quant_acts(
 /// `h <= MR` rows of `acts` from `r0` times one panel.
 ///
 /// # Safety
-/// `kernel` is available; `recs` holds the panel's records; `out` is valid for `h`
-/// rows of `cols` elements at stride `ldo`.
+/// `kernel` is available; `recs` is one panel of `layout` for `acts.k()` columns;
+/// `out` is valid for `h` rows of `cols` elements at stride `ldo`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn run_tile(
     kernel: QuantKernel,

@@ -3,10 +3,10 @@
 //! results are bit-identical to theirs (and it is their executable spec).
 
 use super::act::QuantActs;
-use super::pack::lane_u;
+use super::pack::{block_parts, lane_scales, lane_u};
 use super::{Layout, Storage, QB, QP};
 
-/// `h` rows of `acts` from `r0` times one panel (`recs`, `k / QB` records).
+/// `h` rows of `acts` from `r0` times one panel (`recs`, of `acts.k()` columns).
 ///
 /// # Safety
 /// `out` is valid for `h` rows of `cols <= QP` elements at stride `ldo`.
@@ -21,27 +21,28 @@ pub(super) unsafe fn tile(
     ldo: usize,
     cols: usize,
 ) {
-    let (storage, rb) = (layout.storage, layout.record_bytes());
+    let storage = layout.storage;
+    let per_unit = layout.unit() / QB;
     for i in 0..h {
         let (a, blocks) = (acts.row(r0 + i), acts.row_blocks(r0 + i));
         let mut acc = [0.0f32; QP];
-        for (b, (rec, ab)) in recs.chunks_exact(rb).zip(blocks).enumerate() {
+        for (b, ab) in blocks.iter().enumerate() {
+            let (meta, q) = block_parts(layout, recs, b);
             let aq = &a[b * QB..(b + 1) * QB];
             for (lane, acc) in acc.iter_mut().enumerate() {
                 let mut isum = [0i32; 2];
                 for (e, &av) in aq.iter().enumerate() {
-                    isum[e / 16] += lane_u(layout, rec, lane, e) as i32 * av as i32;
+                    isum[e / 16] += lane_u(storage, q, lane, e) as i32 * av as i32;
                 }
-                let s = |h: usize| layout.value(rec, layout.scale_offset(h), lane);
-                let mn = |h: usize| layout.value(rec, layout.min_offset(h), lane);
-                if storage == Storage::Bytes16 {
+                let (s, mn) = lane_scales(layout, meta, b % per_unit, lane);
+                if storage == Storage::K6 {
                     for (hh, &is) in isum.iter().enumerate() {
-                        *acc = (is as f32).mul_add(s(hh) * ab.d, *acc);
-                        *acc = mn(hh).mul_add(ab.a16[hh], *acc);
+                        *acc = (is as f32).mul_add(s[hh] * ab.d, *acc);
+                        *acc = mn[hh].mul_add(ab.a16[hh], *acc);
                     }
                 } else {
-                    *acc = ((isum[0] + isum[1]) as f32).mul_add(s(0) * ab.d, *acc);
-                    *acc = mn(0).mul_add(ab.a32, *acc);
+                    *acc = ((isum[0] + isum[1]) as f32).mul_add(s[0] * ab.d, *acc);
+                    *acc = mn[0].mul_add(ab.a32, *acc);
                 }
             }
         }

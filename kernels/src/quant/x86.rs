@@ -1,27 +1,35 @@
 //! The x86 quantized kernels: AVX-512 VNNI (`vpdpbusd`, 16 rows of `w` per vector)
 //! and AVX2 (`vpmaddubsw` + `vpmaddwd`, 8 rows per vector, the panel in two
 //! halves). Both compute the same exact integer sums as `portable.rs` and then
-//! the same fused multiply-adds, so the three agree bit for bit.
+//! the same fused multiply-adds, so the three agree bit for bit. The scales come
+//! from the stored fields by the f32 operations of `pack::lane_scales`, once per
+//! block of 32 for the whole panel (shared by the `H` activation rows).
 //!
 //! AVX2's `vpmaddubsw` adds two u8·i8 products into a saturating i16. With nibbles
 //! (u <= 15) even eight groups summed in i16 stay below 2^15 (8 · 2 · 15 · 127 =
 //! 30480). With bytes (u up to 255) a pair could reach 64770, so the kernel
 //! multiplies `q = u - 128` instead, as `|q|` times `a` carrying `q`'s sign (each
-//! pair then stays within 2 · 128 · 127), and adds `128·Σa` back.
+//! pair then stays within 2 · 128 · 127), and adds `128·Σa` back. Q6_K's 6-bit `u`
+//! (<= 63) reaches 2 · 2 · 63 · 127 = 32004 over two groups, so it widens to i32
+//! every two groups.
 
 use super::act::{ActBlock, QuantActs};
 use super::{Layout, Storage, QB, QP};
 use std::arch::x86_64::*;
 
-const NIB: u8 = 0;
-const BYT: u8 = 1;
-const B16: u8 = 2;
+const N0: u8 = 0;
+const N1: u8 = 1;
+const BY: u8 = 2;
+const K4: u8 = 3;
+const K6: u8 = 4;
 
 const fn storage_of(s: u8) -> Storage {
     match s {
-        NIB => Storage::Nibbles,
-        BYT => Storage::Bytes,
-        _ => Storage::Bytes16,
+        N0 => Storage::Nibbles0,
+        N1 => Storage::Nibbles,
+        BY => Storage::Bytes,
+        K4 => Storage::K4,
+        _ => Storage::K6,
     }
 }
 
@@ -40,12 +48,12 @@ macro_rules! dispatch {
             };
         }
         match (l.storage, l.half) {
-            (Storage::Nibbles, false) => by_h!(NIB, false),
-            (Storage::Nibbles, true) => by_h!(NIB, true),
-            (Storage::Bytes, false) => by_h!(BYT, false),
-            (Storage::Bytes, true) => by_h!(BYT, true),
-            (Storage::Bytes16, false) => by_h!(B16, false),
-            (Storage::Bytes16, true) => by_h!(B16, true),
+            (Storage::Nibbles0, _) => by_h!(N0, true),
+            (Storage::Nibbles, _) => by_h!(N1, true),
+            (Storage::Bytes, false) => by_h!(BY, false),
+            (Storage::Bytes, true) => by_h!(BY, true),
+            (Storage::K4, _) => by_h!(K4, true),
+            (Storage::K6, _) => by_h!(K6, true),
         }
     }};
 }
@@ -53,8 +61,8 @@ macro_rules! dispatch {
 /// `h` (1..=4) rows of `acts` from `r0` times one panel, on AVX-512 VNNI.
 ///
 /// # Safety
-/// AVX-512 F/BW/VNNI available; `recs` holds the panel's `k / QB` records;
-/// `out` is valid for `h` rows of `cols <= QP` at stride `ldo`.
+/// AVX-512 F/BW/VNNI available; `recs` is one panel of `layout` for `acts.k()`
+/// columns; `out` is valid for `h` rows of `cols <= QP` at stride `ldo`.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn tile_vnni(
     layout: Layout,
@@ -91,8 +99,30 @@ pub(super) unsafe fn tile_avx2(
 
 type Rows<'a, const H: usize> = [(&'a [i8], &'a [ActBlock]); H];
 
-fn rows<const H: usize>(acts: &QuantActs, r0: usize) -> Rows<'_, H> {
-    std::array::from_fn(|i| (acts.row(r0 + i), acts.row_blocks(r0 + i)))
+/// The activation rows `r0..r0 + H`, each checked to hold `kb` blocks.
+fn rows<const H: usize>(acts: &QuantActs, r0: usize, kb: usize) -> Rows<'_, H> {
+    let rows: Rows<'_, H> = std::array::from_fn(|i| (acts.row(r0 + i), acts.row_blocks(r0 + i)));
+    for (a, blocks) in &rows {
+        assert!(a.len() >= kb * QB && blocks.len() >= kb);
+    }
+    rows
+}
+
+/// The panel's geometry for `k` columns, checked against its length once.
+struct Geom {
+    units: usize,
+    per_unit: usize,
+    block_quant_bytes: usize,
+}
+
+fn geom(lay: Layout, recs: &[u8], k: usize) -> Geom {
+    let units = k / lay.unit();
+    assert!(recs.len() >= lay.panel_bytes(units));
+    Geom {
+        units,
+        per_unit: lay.unit() / QB,
+        block_quant_bytes: lay.block_quant_bytes(),
+    }
 }
 
 /// # Safety
@@ -114,71 +144,128 @@ unsafe fn vnni<const S: u8, const F: bool, const H: usize>(
         storage: storage_of(S),
         half: F,
     };
-    let (rb, qo) = (lay.record_bytes(), lay.quant_offset());
-    let kb = recs.len() / rb;
-    let rows = rows::<H>(acts, r0);
-    // Every row has kb blocks of QB int8 (QuantActs' layout), checked once here.
-    for (a, blocks) in &rows {
-        assert!(a.len() >= kb * QB && blocks.len() >= kb);
-    }
+    let g = geom(lay, recs, acts.k());
+    let rows = rows::<H>(acts, r0, g.units * g.per_unit);
     let mut acc = [_mm512_setzero_ps(); H];
-    let m4 = _mm512_set1_epi8(0x0F);
-    for b in 0..kb {
-        // SAFETY: record b of kb lies inside `recs`; every offset below (scale and
-        // offset vectors at `lay`'s offsets, 16 lanes of 2 or 4 bytes; integers at
-        // qo + 64·g, 64 bytes) stays inside its `rb` bytes.
-        let r = unsafe { recs.as_ptr().add(b * rb) };
-        // SAFETY: `o` is one of the offsets above: 64 bytes inside the record.
-        let ld = |o: usize| unsafe { _mm512_loadu_si512(r.add(o) as *const __m512i) };
-        // SAFETY: as for `ld`: 16 f16 (32 bytes) or 16 f32 (64 bytes).
-        let ldf = |o: usize| unsafe {
-            if F {
-                _mm512_cvtph_ps(_mm256_loadu_si256(r.add(o) as *const __m256i))
-            } else {
-                _mm512_loadu_ps(r.add(o) as *const f32)
-            }
+    let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    let sign = _mm512_set1_epi32(i32::MIN);
+    for u in 0..g.units {
+        // SAFETY: u < units: unit u's meta lies inside the panel (its length is
+        // checked in `geom`); every field read below is a 16-lane vector inside
+        // its `meta_bytes` (the offsets of `pack.rs`).
+        let meta = unsafe { recs.as_ptr().add(lay.meta_offset(u)) };
+        // SAFETY: 16 f16 (32 bytes) at `o` inside the meta, as above.
+        let ldh = |o: usize| unsafe {
+            _mm512_cvtph_ps(_mm256_loadu_si256(meta.add(o) as *const __m256i))
         };
-        let mut w = [_mm512_setzero_si512(); 8];
-        if S == NIB {
-            for t in 0..4 {
-                let c = ld(qo + 64 * t);
-                w[t] = _mm512_and_si512(c, m4);
-                w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
-            }
+        // SAFETY: 16 bytes at `o` inside the meta: u8 (or i8) values as f32.
+        let ldb = |o: usize, signed: bool| unsafe {
+            let v = _mm_loadu_si128(meta.add(o) as *const __m128i);
+            _mm512_cvtepi32_ps(if signed {
+                _mm512_cvtepi8_epi32(v)
+            } else {
+                _mm512_cvtepu8_epi32(v)
+            })
+        };
+        let d = if S == BY && !F {
+            // SAFETY: 16 f32 at the start of the meta.
+            unsafe { _mm512_loadu_ps(meta as *const f32) }
         } else {
-            for g in 0..8 {
-                w[g] = ld(qo + 64 * g);
-            }
-        }
-        for i in 0..H {
-            // SAFETY: b < kb, checked against both row buffers above.
-            let (ab, ap) = unsafe {
-                (
-                    &*rows[i].1.as_ptr().add(b),
-                    rows[i].0.as_ptr().add(b * QB) as *const i32,
-                )
+            ldh(0)
+        };
+        let second = if S == N1 || S == K4 { ldh(32) } else { d };
+        for j in 0..g.per_unit {
+            let b = u * g.per_unit + j;
+            // (s, mn) per sub-block of 16: `pack::lane_scales`' operations.
+            let (s, mn) = match S {
+                N0 => ([d; 2], [_mm512_mul_ps(_mm512_set1_ps(-8.0), d); 2]),
+                N1 => ([d; 2], [second; 2]),
+                BY => ([d; 2], [_mm512_mul_ps(_mm512_set1_ps(-128.0), d); 2]),
+                K4 => {
+                    let s = _mm512_mul_ps(d, ldb(64 + 16 * j, false));
+                    let m = _mm512_mul_ps(second, ldb(192 + 16 * j, false));
+                    let mn = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), sign));
+                    ([s; 2], [mn; 2])
+                }
+                _ => {
+                    let s = |h: usize| _mm512_mul_ps(d, ldb(32 + 16 * (2 * j + h), true));
+                    let (s0, s1) = (s(0), s(1));
+                    let m32 = _mm512_set1_ps(-32.0);
+                    ([s0, s1], [_mm512_mul_ps(m32, s0), _mm512_mul_ps(m32, s1)])
+                }
             };
-            // SAFETY: group g (< 8) of the block: 4 bytes inside its 32.
-            let av = |g: usize| _mm512_set1_epi32(unsafe { ap.add(g).read_unaligned() });
-            let d = _mm512_set1_ps(ab.d);
-            if S == B16 {
-                for hh in 0..2 {
-                    let mut s = _mm512_setzero_si512();
-                    for g in 4 * hh..4 * hh + 4 {
-                        s = _mm512_dpbusd_epi32(s, w[g], av(g));
-                    }
-                    let (sc, mn) = (ldf(lay.scale_offset(hh)), ldf(lay.min_offset(hh)));
-                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sc, d), acc[i]);
-                    acc[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ab.a16[hh]), acc[i]);
+            // SAFETY: block j of unit u's integers, `block_quant_bytes` long,
+            // lies inside the panel (checked in `geom`).
+            let q = unsafe {
+                recs.as_ptr()
+                    .add(lay.quant_offset(u) + j * g.block_quant_bytes)
+            };
+            // SAFETY: `o` + 64 <= block_quant_bytes: inside block b's integers.
+            let ld = |o: usize| unsafe { _mm512_loadu_si512(q.add(o) as *const __m512i) };
+            let mut w = [_mm512_setzero_si512(); 8];
+            if S == BY {
+                for g in 0..8 {
+                    w[g] = ld(64 * g);
                 }
             } else {
-                let mut s = _mm512_setzero_si512();
-                for g in 0..8 {
-                    s = _mm512_dpbusd_epi32(s, w[g], av(g));
+                for t in 0..4 {
+                    let c = ld(64 * t);
+                    w[t] = _mm512_and_si512(c, m4);
+                    w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
                 }
-                let (sc, mn) = (ldf(lay.scale_offset(0)), ldf(lay.min_offset(0)));
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sc, d), acc[i]);
-                acc[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ab.a32), acc[i]);
+            }
+            if S == K6 {
+                for c in 0..2 {
+                    let hv = ld(256 + 64 * c);
+                    // Bits 2s..2s+2 of each byte to bits 4..6 (the mask drops what
+                    // the 16-bit shifts carry in from the neighbouring byte).
+                    let hs = [
+                        _mm512_slli_epi16(hv, 4),
+                        _mm512_slli_epi16(hv, 2),
+                        hv,
+                        _mm512_srli_epi16(hv, 2),
+                    ];
+                    for (sh, v) in hs.into_iter().enumerate() {
+                        w[4 * c + sh] = _mm512_or_si512(w[4 * c + sh], _mm512_and_si512(v, m30));
+                    }
+                }
+            }
+            for i in 0..H {
+                // SAFETY: b < kb, checked against both row buffers in `rows`.
+                let (ab, ap) = unsafe {
+                    (
+                        &*rows[i].1.as_ptr().add(b),
+                        rows[i].0.as_ptr().add(b * QB) as *const i32,
+                    )
+                };
+                // SAFETY: group g (< 8) of the block: 4 bytes inside its 32.
+                let av = |g: usize| _mm512_set1_epi32(unsafe { ap.add(g).read_unaligned() });
+                let da = _mm512_set1_ps(ab.d);
+                // Exact Σ u·a over groups g0..g1 in two independent chains (the
+                // integer sum is the same; a decode step waits on vpdpbusd's latency,
+                // so one chain of 8 ran up to 1.7x slower).
+                let isum = |g0: usize, g1: usize| {
+                    let (mut p0, mut p1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                    let mid = (g0 + g1) / 2;
+                    for (g, h) in (g0..mid).zip(mid..g1) {
+                        p0 = _mm512_dpbusd_epi32(p0, w[g], av(g));
+                        p1 = _mm512_dpbusd_epi32(p1, w[h], av(h));
+                    }
+                    _mm512_add_epi32(p0, p1)
+                };
+                if S == K6 {
+                    for hh in 0..2 {
+                        let p = isum(4 * hh, 4 * hh + 4);
+                        let sd = _mm512_mul_ps(s[hh], da);
+                        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sd, acc[i]);
+                        acc[i] = _mm512_fmadd_ps(mn[hh], _mm512_set1_ps(ab.a16[hh]), acc[i]);
+                    }
+                } else {
+                    let p = isum(0, 8);
+                    let sd = _mm512_mul_ps(s[0], da);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sd, acc[i]);
+                    acc[i] = _mm512_fmadd_ps(mn[0], _mm512_set1_ps(ab.a32), acc[i]);
+                }
             }
         }
     }
@@ -212,96 +299,71 @@ unsafe fn avx2<const S: u8, const F: bool, const H: usize>(
         storage: storage_of(S),
         half: F,
     };
-    let (rb, qo) = (lay.record_bytes(), lay.quant_offset());
-    let kb = recs.len() / rb;
-    let rows = rows::<H>(acts, r0);
-    // Every row has kb blocks of QB int8 (QuantActs' layout), checked once here.
-    for (a, blocks) in &rows {
-        assert!(a.len() >= kb * QB && blocks.len() >= kb);
-    }
-    let m4 = _mm256_set1_epi8(0x0F);
-    let flip = _mm256_set1_epi8(-128);
-    let ones = _mm256_set1_epi16(1);
+    let g = geom(lay, recs, acts.k());
+    let rows = rows::<H>(acts, r0, g.units * g.per_unit);
     for half in 0..2 {
-        let lo = 32 * half;
         if 8 * half >= cols {
             break;
         }
         let mut acc = [_mm256_setzero_ps(); H];
-        for b in 0..kb {
-            // SAFETY: record b of kb lies inside `recs`; every offset below (lanes
-            // 8·half.. of the scale and offset vectors at `lay`'s offsets, 8 lanes
-            // of 2 or 4 bytes; integers at qo + 64·g + lo, 32 bytes) stays inside
-            // its `rb` bytes.
-            let r = unsafe { recs.as_ptr().add(b * rb) };
-            // SAFETY: `o` is one of the offsets above: 32 bytes inside the record.
-            let ld = |o: usize| unsafe { _mm256_loadu_si256(r.add(o) as *const __m256i) };
-            // SAFETY: as for `ld`: 8 f16 (16 bytes) or 8 f32 (32 bytes) from `o`,
-            // this half's lanes of the vector.
-            let ldf = |o: usize| unsafe {
-                let o = o + 8 * half * lay.scale_bytes();
-                if F {
-                    _mm256_cvtph_ps(_mm_loadu_si128(r.add(o) as *const __m128i))
-                } else {
-                    _mm256_loadu_ps(r.add(o) as *const f32)
-                }
+        for u in 0..g.units {
+            // SAFETY: as in `vnni`; this half reads lanes 8·half.. of each field.
+            let meta = unsafe { recs.as_ptr().add(lay.meta_offset(u)) };
+            // SAFETY: 8 f16 (16 bytes) of a 16-lane field at `o` inside the meta.
+            let ldh = |o: usize| unsafe {
+                _mm256_cvtph_ps(_mm_loadu_si128(meta.add(o + 16 * half) as *const __m128i))
             };
-            let mut w = [_mm256_setzero_si256(); 8];
-            let mut wa = [_mm256_setzero_si256(); 8];
-            if S == NIB {
-                for t in 0..4 {
-                    let c = ld(qo + 64 * t + lo);
-                    w[t] = _mm256_and_si256(c, m4);
-                    w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
-                }
-            } else {
-                for g in 0..8 {
-                    w[g] = _mm256_xor_si256(ld(qo + 64 * g + lo), flip); // q = u - 128
-                    wa[g] = _mm256_abs_epi8(w[g]);
-                }
-            }
-            for i in 0..H {
-                // SAFETY: b < kb, checked against both row buffers above.
-                let (ab, ap) = unsafe {
-                    (
-                        &*rows[i].1.as_ptr().add(b),
-                        rows[i].0.as_ptr().add(b * QB) as *const i32,
-                    )
-                };
-                // SAFETY: group g (< 8) of the block: 4 bytes inside its 32.
-                let av = |g: usize| _mm256_set1_epi32(unsafe { ap.add(g).read_unaligned() });
-                let d = _mm256_set1_ps(ab.d);
-                // Exact Σ u·a over groups g0..g1 as 8 i32 lanes.
-                let isum = |g0: usize, g1: usize, s: i32| {
-                    if S == NIB {
-                        let mut p = _mm256_maddubs_epi16(w[g0], av(g0));
-                        for g in g0 + 1..g1 {
-                            p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[g], av(g)));
-                        }
-                        _mm256_madd_epi16(p, ones)
-                    } else {
-                        let mut p = _mm256_set1_epi32(128 * s);
-                        for g in g0..g1 {
-                            let sa = _mm256_sign_epi8(av(g), w[g]);
-                            let pg = _mm256_madd_epi16(_mm256_maddubs_epi16(wa[g], sa), ones);
-                            p = _mm256_add_epi32(p, pg);
-                        }
-                        p
-                    }
-                };
-                if S == B16 {
-                    for hh in 0..2 {
-                        let s = isum(4 * hh, 4 * hh + 4, ab.s16[hh]);
-                        let (sc, mn) = (ldf(lay.scale_offset(hh)), ldf(lay.min_offset(hh)));
-                        acc[i] =
-                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sc, d), acc[i]);
-                        acc[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ab.a16[hh]), acc[i]);
-                    }
+            // SAFETY: 8 bytes of a 16-lane u8 (or i8) field at `o` inside the meta.
+            let ldb = |o: usize, signed: bool| unsafe {
+                let v = _mm_loadl_epi64(meta.add(o + 8 * half) as *const __m128i);
+                _mm256_cvtepi32_ps(if signed {
+                    _mm256_cvtepi8_epi32(v)
                 } else {
-                    let s = isum(0, 8, ab.s16[0] + ab.s16[1]);
-                    let (sc, mn) = (ldf(lay.scale_offset(0)), ldf(lay.min_offset(0)));
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sc, d), acc[i]);
-                    acc[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ab.a32), acc[i]);
+                    _mm256_cvtepu8_epi32(v)
+                })
+            };
+            let d = if S == BY && !F {
+                // SAFETY: 8 of the 16 f32 at the start of the meta.
+                unsafe { _mm256_loadu_ps((meta as *const f32).add(8 * half)) }
+            } else {
+                ldh(0)
+            };
+            let second = if S == N1 || S == K4 { ldh(32) } else { d };
+            for j in 0..g.per_unit {
+                let b = u * g.per_unit + j;
+                let (s, mn) = scales_avx2::<S>(d, second, j, ldb);
+                // SAFETY: as in `vnni`: block b's integers inside the panel.
+                let q = unsafe {
+                    recs.as_ptr()
+                        .add(lay.quant_offset(u) + j * g.block_quant_bytes + 32 * half)
+                };
+                let w = weights_avx2::<S>(q);
+                for i in 0..H {
+                    // SAFETY: b < kb, checked against both row buffers in `rows`.
+                    let (ab, ap) = unsafe {
+                        (
+                            &*rows[i].1.as_ptr().add(b),
+                            rows[i].0.as_ptr().add(b * QB) as *const i32,
+                        )
+                    };
+                    // SAFETY: b < kb: the block's 32 bytes lie inside the row.
+                    let isum = |g0: usize, g1: usize, sa: i32| unsafe {
+                        isum_avx2::<S>(&w, ap, g0, g1, sa)
+                    };
+                    let da = _mm256_set1_ps(ab.d);
+                    if S == K6 {
+                        for hh in 0..2 {
+                            let p = isum(4 * hh, 4 * hh + 4, ab.s16[hh]);
+                            let sd = _mm256_mul_ps(s[hh], da);
+                            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sd, acc[i]);
+                            acc[i] = _mm256_fmadd_ps(mn[hh], _mm256_set1_ps(ab.a16[hh]), acc[i]);
+                        }
+                    } else {
+                        let p = isum(0, 8, ab.s16[0] + ab.s16[1]);
+                        let sd = _mm256_mul_ps(s[0], da);
+                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sd, acc[i]);
+                        acc[i] = _mm256_fmadd_ps(mn[0], _mm256_set1_ps(ab.a32), acc[i]);
+                    }
                 }
             }
         }
@@ -312,6 +374,123 @@ unsafe fn avx2<const S: u8, const F: bool, const H: usize>(
             // SAFETY: row i of `out` has `cols` valid elements (caller's contract),
             // of which this half writes `n` from column 8 * half.
             unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr(), out.add(i * ldo + 8 * half), n) };
+        }
+    }
+}
+
+/// Block `j`'s `(s, mn)` per sub-block of 16 for 8 lanes: `pack::lane_scales`'
+/// operations. `d` is the unit's first scale field, `second` its second (Q4_1's
+/// `m`, Q4_K's `dmin`); `ldb(o, signed)` reads 8 lanes of a byte field.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scales_avx2<const S: u8>(
+    d: __m256,
+    second: __m256,
+    j: usize,
+    ldb: impl Fn(usize, bool) -> __m256,
+) -> ([__m256; 2], [__m256; 2]) {
+    match S {
+        N0 => ([d; 2], [_mm256_mul_ps(_mm256_set1_ps(-8.0), d); 2]),
+        N1 => ([d; 2], [second; 2]),
+        BY => ([d; 2], [_mm256_mul_ps(_mm256_set1_ps(-128.0), d); 2]),
+        K4 => {
+            let s = _mm256_mul_ps(d, ldb(64 + 16 * j, false));
+            let m = _mm256_mul_ps(second, ldb(192 + 16 * j, false));
+            ([s; 2], [_mm256_xor_ps(m, _mm256_set1_ps(-0.0)); 2])
+        }
+        _ => {
+            let s = |h: usize| _mm256_mul_ps(d, ldb(32 + 16 * (2 * j + h), true));
+            let (s0, s1) = (s(0), s(1));
+            let m32 = _mm256_set1_ps(-32.0);
+            ([s0, s1], [_mm256_mul_ps(m32, s0), _mm256_mul_ps(m32, s1)])
+        }
+    }
+}
+
+/// The 8 groups of one block's integers for 8 lanes, from `q` (the block's start
+/// plus this half's 32 bytes): `u`, except bytes as `q = u - 128`.
+///
+/// # Safety
+/// AVX2 available; `q` is inside a block of `S`'s integers as said.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn weights_avx2<const S: u8>(q: *const u8) -> [__m256i; 8] {
+    // SAFETY: `o` + 32 bytes inside the block (the caller's contract).
+    let ld = |o: usize| unsafe { _mm256_loadu_si256(q.add(o) as *const __m256i) };
+    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let mut w = [_mm256_setzero_si256(); 8];
+    if S == BY {
+        for g in 0..8 {
+            w[g] = _mm256_xor_si256(ld(64 * g), _mm256_set1_epi8(-128));
+        }
+        return w;
+    }
+    for t in 0..4 {
+        let c = ld(64 * t);
+        w[t] = _mm256_and_si256(c, m4);
+        w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+    }
+    if S == K6 {
+        for c in 0..2 {
+            let hv = ld(256 + 64 * c);
+            let hs = [
+                _mm256_slli_epi16(hv, 4),
+                _mm256_slli_epi16(hv, 2),
+                hv,
+                _mm256_srli_epi16(hv, 2),
+            ];
+            for (sh, v) in hs.into_iter().enumerate() {
+                w[4 * c + sh] = _mm256_or_si256(w[4 * c + sh], _mm256_and_si256(v, m30));
+            }
+        }
+    }
+    w
+}
+
+/// Exact `Σ u·a` over groups `g0..g1` as 8 i32 lanes; `sa` is `Σa` over them (the
+/// bytes' correction).
+///
+/// # Safety
+/// AVX2 available; `ap` points at a block of 32 int8 activations.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn isum_avx2<const S: u8>(
+    w: &[__m256i; 8],
+    ap: *const i32,
+    g0: usize,
+    g1: usize,
+    sa: i32,
+) -> __m256i {
+    // SAFETY: group g (< 8) of the block: 4 bytes inside its 32.
+    let av = |g: usize| _mm256_set1_epi32(unsafe { ap.add(g).read_unaligned() });
+    let ones = _mm256_set1_epi16(1);
+    match S {
+        BY => {
+            let mut p = _mm256_set1_epi32(128 * sa);
+            for g in g0..g1 {
+                let wa = _mm256_abs_epi8(w[g]);
+                let s = _mm256_sign_epi8(av(g), w[g]);
+                p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_maddubs_epi16(wa, s), ones));
+            }
+            p
+        }
+        K6 => {
+            // Two groups per i16 sum (see the module doc).
+            let mut p = _mm256_setzero_si256();
+            for g in (g0..g1).step_by(2) {
+                let s = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(w[g], av(g)),
+                    _mm256_maddubs_epi16(w[g + 1], av(g + 1)),
+                );
+                p = _mm256_add_epi32(p, _mm256_madd_epi16(s, ones));
+            }
+            p
+        }
+        _ => {
+            let mut p = _mm256_maddubs_epi16(w[g0], av(g0));
+            for g in g0 + 1..g1 {
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[g], av(g)));
+            }
+            _mm256_madd_epi16(p, ones)
         }
     }
 }
