@@ -16,6 +16,7 @@ pub mod prompt_logprobs;
 pub mod runner;
 pub mod runner_model;
 pub mod sampler;
+pub mod spec;
 pub mod step_pool;
 pub mod structured;
 

@@ -76,6 +76,8 @@ pub struct LLMEngine {
     num_steps: u64,
     logged_generation_tokens: u64,
     logged_prompt_tokens: u64,
+    /// Spec-decode counters at the previous log line.
+    logged_spec: pagoda_scheduler::SpecDecodingStats,
 }
 
 /// The one check of a request, where it enters the engine ([`crate::EngineHandle::submit`]
@@ -236,6 +238,7 @@ impl LLMEngine {
             num_steps: 0,
             logged_generation_tokens: 0,
             logged_prompt_tokens: 0,
+            logged_spec: Default::default(),
         })
     }
 
@@ -603,6 +606,10 @@ impl LLMEngine {
             100.0 * s.kv_cache_usage,
             s.num_preemptions
         );
+        if let Some(line) = crate::spec::log_line(&s.spec_decoding, &self.logged_spec) {
+            tracing::info!("{line}");
+        }
+        self.logged_spec = s.spec_decoding;
     }
 }
 
