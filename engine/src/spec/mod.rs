@@ -196,7 +196,7 @@ mod tests {
                 r#"{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":4,"prompt_lookup_max":2}"#,
                 "must not exceed",
             ),
-            ("not json", "speculative_config"),
+            ("not json", "expected"),
         ] {
             let e = SpeculativeConfig::parse(json).unwrap_err().to_string();
             assert!(e.contains(needle), "{json}: {e}");
