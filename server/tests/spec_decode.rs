@@ -60,6 +60,19 @@ fn greedy_answers_are_identical_and_metrics_move() {
         assert_eq!(&ask(&s, p), want, "answer to {p:?}");
         assert_eq!(ask_streamed(&s, p), want.0, "streamed answer to {p:?}");
     }
+    // A seeded sampled request speculates too and is reproducible (its acceptance
+    // tests and draws are counter-based, keyed by the seed and the output index).
+    let sampled = |seed: u64| {
+        let v = s.post_ok(
+            "/v1/chat/completions",
+            &json!({
+                "messages": [{"role": "user", "content": prompts()[0]}],
+                "max_tokens": 32, "temperature": 0.7, "seed": seed,
+            }),
+        );
+        v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+    };
+    assert_eq!(sampled(5), sampled(5), "a seeded request replays");
     let m = s.get("/metrics").1;
     let drafts = metric(&m, "vllm:spec_decode_num_drafts_total").unwrap();
     let drafted = metric(&m, "vllm:spec_decode_num_draft_tokens_total").unwrap();
