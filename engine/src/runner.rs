@@ -461,16 +461,28 @@ impl ModelRunner {
             }
             self.input_ids.extend_from_slice(&st.token_ids[start..end]);
             self.positions.extend((start..end).map(|p| p as u32));
-            self.query_lens.push(n);
-            self.seq_lens.push(end);
-            if st.num_drafts > 0 && end == st.token_ids.len() {
-                // A verify row: logits at its last known token and every draft.
+            let verify = st.num_drafts > 0 && end == st.token_ids.len();
+            if verify {
+                // A verify row: logits at its last known token and every draft. The
+                // attention sees it as one decode row per token (causal: token j sees
+                // the positions up to its own), which `paged` serves with a plain decode
+                // row's arithmetic; the tokens, positions and slots are the same.
                 self.spec_rows.push(spec_rows::SpecRow {
                     sched_index: i,
                     base: self.input_ids.len() - st.num_drafts - 1,
                     num_drafts: st.num_drafts,
                 });
-            } else if end == st.token_ids.len() {
+                for p in start..end {
+                    self.query_lens.push(1);
+                    self.seq_lens.push(p + 1);
+                    rows.push(&st.block_ids);
+                }
+            } else {
+                self.query_lens.push(n);
+                self.seq_lens.push(end);
+                rows.push(&st.block_ids);
+            }
+            if !verify && end == st.token_ids.len() {
                 // Reached the end of the known tokens: this row yields a new token.
                 self.logits_rows.push(self.input_ids.len() - 1);
                 self.sample_rows.push(i);
@@ -489,7 +501,6 @@ impl ModelRunner {
                     });
                 }
             }
-            rows.push(&st.block_ids);
         }
         // Prompt-logprob rows come after the sampled rows in the logits buffer.
         let num_sample_rows = self.logits_rows.len();

@@ -9,8 +9,10 @@
 //! lowest-priority, latest one (priority); waiting requests never preempt anyone.
 //!
 //! Batch order: in `SchedulerOutput::num_scheduled_tokens`, rows with exactly one
-//! token (decodes, including new requests left with one token) come first, then
-//! the rest; running before new within each group. The model runner can rely on it.
+//! token (decodes, including new requests left with one token) and verify rows
+//! (a last token plus drafts, which the runner turns into one decode row per token)
+//! come first, then the rest; running before new within each group. The model
+//! runner can rely on it.
 //!
 //! Prefix hits may point at blocks that another row of the *same* step is filling
 //! (blocks are cached when allocated, as in vLLM), so the runner must write the
@@ -572,7 +574,8 @@ impl Scheduler {
         out.num_scheduled_tokens.reserve_exact(rows);
         for decode_pass in [true, false] {
             for row in plan.running.iter().chain(plan.new.iter()) {
-                if (row.num_tokens == 1) == decode_pass {
+                // A verify row (drafts) is decode rows to the runner: one per token.
+                if (row.num_tokens == 1 || !row.spec.is_empty()) == decode_pass {
                     out.num_scheduled_tokens
                         .push((self.handle(row.idx), row.num_tokens));
                 }

@@ -28,7 +28,11 @@ PASSAGE = (
     "The city council met on Tuesday evening to discuss the new library. After a long "
     "debate, the members approved the budget for the building, but they postponed the "
     "decision about the park until the next meeting. The mayor said that the library "
-    "would open in the spring and that the park would be discussed again in March."
+    "would open in the spring and that the park would be discussed again in March. "
+    "Several residents spoke during the public comment period. One teacher asked for "
+    "longer opening hours on weekends, and a local business owner offered to donate "
+    "books for the children's section. The council thanked everyone for coming and "
+    "closed the meeting at nine o'clock."
 )
 CODE = """def total_price(items, tax_rate):
     subtotal = 0
@@ -86,18 +90,51 @@ def start(binary, model, port, extra, log):
     sys.exit(f"server on {port} did not start; see {log}")
 
 
+def stream(base, body):
+    """One streamed chat completion: (completion tokens, text, t_first, t_last, t_start)."""
+    body = dict(body, stream=True, stream_options={"include_usage": True})
+    req = urllib.request.Request(
+        base + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    t0 = time.perf_counter()
+    first = last = None
+    text, tokens = [], 0
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                tokens = ev["usage"]["completion_tokens"]
+            for c in ev.get("choices", []):
+                piece = c.get("delta", {}).get("content")
+                if piece:
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    text.append(piece)
+    return tokens, "".join(text), first or t0, last or t0, t0
+
+
 def run_round(base, max_tokens):
-    tokens, texts = 0, []
+    """Every prompt once, one at a time: (tokens, wall seconds, decode seconds, texts).
+    Decode seconds run from each answer's first streamed text to its last, so prefill
+    (the same work with or without speculation) is left out of the decode rate."""
+    tokens, decode, texts = 0, 0.0, []
     t0 = time.perf_counter()
     for prompt in PROMPTS:
-        v = post(base, {
+        n, text, first, last, _ = stream(base, {
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens,
             "temperature": 0,
         })
-        tokens += v["usage"]["completion_tokens"]
-        texts.append(v["choices"][0]["message"]["content"])
-    return tokens, time.perf_counter() - t0, texts
+        tokens += n
+        decode += last - first
+        texts.append(text)
+    return tokens, time.perf_counter() - t0, decode, texts
 
 
 def spec_metrics(base):
@@ -110,8 +147,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--spec", default='{"method": "ngram", "num_speculative_tokens": 4, '
                     '"prompt_lookup_min": 2, "prompt_lookup_max": 4}')
     ap.add_argument("--extra", default="--max-model-len 2048")
@@ -125,22 +162,27 @@ def main():
         run_round(base_a, 8)  # warm-up, untimed
         run_round(base_b, 8)
         results = {"A": [], "B": []}
+        decode_rates = {"A": [], "B": []}
         answers = {}
         for r in range(a.rounds):
             for label, base in (("A", base_a), ("B", base_b)):
-                tok, secs, texts = run_round(base, a.max_tokens)
+                tok, secs, dec, texts = run_round(base, a.max_tokens)
                 results[label].append(tok / secs)
+                # Decode tokens: all but each answer's first (it comes with the prefill).
+                decode_rates[label].append((tok - len(PROMPTS)) / dec)
                 answers.setdefault(label, texts)
                 print(f"round {r + 1} {label}: {tok} tokens in {secs:.2f} s = "
-                      f"{tok / secs:.2f} tok/s", flush=True)
+                      f"{tok / secs:.2f} tok/s end to end, "
+                      f"{decode_rates[label][-1]:.2f} tok/s decoding", flush=True)
         same = answers["A"] == answers["B"]
         print(f"identical answers A vs B: {same}")
         for label in "AB":
-            v = results[label]
-            print(f"{label}: mean {sum(v) / len(v):.2f} tok/s over {len(v)} rounds {['%.2f' % x for x in v]}")
-        ma = sum(results["A"]) / len(results["A"])
-        mb = sum(results["B"]) / len(results["B"])
-        print(f"speed-up B / A: {mb / ma:.2f}x")
+            v, d = results[label], decode_rates[label]
+            print(f"{label}: mean {sum(v) / len(v):.2f} tok/s end to end, "
+                  f"{sum(d) / len(d):.2f} tok/s decoding, over {len(v)} rounds")
+        mean = lambda x: sum(x) / len(x)
+        print(f"speed-up B / A: {mean(results['B']) / mean(results['A']):.2f}x end to end, "
+              f"{mean(decode_rates['B']) / mean(decode_rates['A']):.2f}x decoding")
         for l in spec_metrics(base_b):
             print(l)
         if not same:

@@ -63,12 +63,13 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
-    /// Speculative decoding's verify rows: `k + 1` causal query tokens (k = 1..=8
-    /// drafts) over a long cached context, beside plain decode rows. The protocol has
-    /// no separate kind for them: a row of query length > 1 is a prefill row, so the
-    /// automatic selection sends them to `flash` (whose per-row arithmetic is
-    /// `paged`'s, so their bits are a decode row's, as the invariance check below
-    /// shows) and the decode rows to `paged`.
+    /// Speculative decoding's verify rows as one row of `k + 1` causal query tokens
+    /// (k = 1..=8 drafts) over a long cached context, beside plain decode rows: a row
+    /// of query length > 1 is a prefill row, so the automatic selection sends it to
+    /// `flash` (whose per-row arithmetic is `paged`'s, as the invariance check below
+    /// shows). The engine's runner instead hands the backends one decode row per
+    /// verified token (`paged`, 3x cheaper than `flash` for such short rows here);
+    /// this is the route any other caller of the protocol gets.
     #[test]
     fn verify_rows_match_reference(
         shape in 0usize..HEAD_SHAPES.len(),

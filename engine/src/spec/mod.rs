@@ -7,9 +7,9 @@
 //!   followed the longest earlier occurrence of the sequence's suffix;
 //! - the scheduler (pagoda-scheduler's `scheduler/spec.rs`) schedules the drafts
 //!   after the last known token, counting them in the budget and giving them KV slots;
-//! - the runner appends them to the row's input ids and asks for logits at all
-//!   `k + 1` positions (a verify row is a prefill-shaped row over a cached context:
-//!   the attention backends' chunked-prefill path serves it);
+//! - the runner appends them to the row's input ids, asks for logits at all `k + 1`
+//!   positions, and hands the attention backends one decode row per token (causal by
+//!   construction, served by `paged` with a decode row's arithmetic);
 //! - [`verify`]: vLLM's rejection sampler, exact for greedy and sampled requests;
 //! - the scheduler rolls `num_computed_tokens` back over the rejected drafts and
 //!   appends the kept tokens one stop check at a time.

@@ -147,10 +147,12 @@ impl FakeRunner {
             if *n == 0 {
                 return Err(format!("{id}: zero tokens scheduled"));
             }
-            if *n == 1 && seen_prefill {
+            // A verify row (with drafts) is decode rows to a real runner.
+            let decode = *n == 1 || !out.spec_tokens_of(*h).is_empty();
+            if decode && seen_prefill {
                 return Err(format!("{id}: decode row after a prefill row"));
             }
-            seen_prefill |= *n > 1;
+            seen_prefill |= !decode;
             let r = self.reqs.get(h).ok_or(format!("scheduled {id} unknown"))?;
             let (start, end) = (r.num_computed, r.num_computed + n);
             if end > r.tokens.len() {
