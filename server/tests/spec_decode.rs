@@ -8,7 +8,8 @@ mod common;
 use common::{metric, Server};
 use serde_json::{json, Value};
 
-const SPEC: &str = r#"{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":2,"prompt_lookup_max":4}"#;
+const SPEC: &str =
+    r#"{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_min":2,"prompt_lookup_max":4}"#;
 
 fn prompts() -> Vec<String> {
     let text = "The quick brown fox jumps over the lazy dog near the river bank, \
@@ -29,7 +30,10 @@ fn ask(s: &Server, prompt: &str) -> (String, u64) {
             "temperature": 0,
         }),
     );
-    let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
     (text, v["usage"]["completion_tokens"].as_u64().unwrap())
 }
 
@@ -70,7 +74,10 @@ fn greedy_answers_are_identical_and_metrics_move() {
                 "max_tokens": 32, "temperature": 0.7, "seed": seed,
             }),
         );
-        v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
     };
     assert_eq!(sampled(5), sampled(5), "a seeded request replays");
     let m = s.get("/metrics").1;
@@ -87,17 +94,31 @@ fn greedy_answers_are_identical_and_metrics_move() {
 #[test]
 fn a_bad_config_is_refused_at_start() {
     for (config, needle) in [
-        (r#"{"method":"eagle","num_speculative_tokens":3}"#, "not supported"),
-        (r#"{"method":"ngram","num_speculative_tokens":3,"draft_model":"x"}"#, "unknown field"),
+        (
+            r#"{"method":"eagle","num_speculative_tokens":3}"#,
+            "not supported",
+        ),
+        (
+            r#"{"method":"ngram","num_speculative_tokens":3,"draft_model":"x"}"#,
+            "unknown field",
+        ),
         (r#"{"method":"ngram"}"#, "num_speculative_tokens"),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_pagoda"))
             .args(["serve", "--host", "127.0.0.1", "--port", "18999"])
-            .args(["--model", "/nonexistent.gguf", "--speculative-config", config])
+            .args([
+                "--model",
+                "/nonexistent.gguf",
+                "--speculative-config",
+                config,
+            ])
             .output()
             .expect("running pagoda");
         assert!(!out.status.success(), "{config} was accepted");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("--speculative-config") && err.contains(needle), "{config}: {err}");
+        assert!(
+            err.contains("--speculative-config") && err.contains(needle),
+            "{config}: {err}"
+        );
     }
 }

@@ -21,7 +21,11 @@ fn prompts() -> Vec<PromptInput> {
     .into_iter()
     .map(PromptInput::Text)
     .collect();
-    p.extend(reference_cases().into_iter().map(|c| PromptInput::Text(c.prompt)));
+    p.extend(
+        reference_cases()
+            .into_iter()
+            .map(|c| PromptInput::Text(c.prompt)),
+    );
     p
 }
 
@@ -32,7 +36,11 @@ fn spec(k: usize) -> SpeculativeConfig {
     .expect("valid config")
 }
 
-fn run(mut config: EngineConfig, spec_config: Option<SpeculativeConfig>, params: &SamplingParams) -> (Vec<GenerateOutput>, LLMEngine) {
+fn run(
+    mut config: EngineConfig,
+    spec_config: Option<SpeculativeConfig>,
+    params: &SamplingParams,
+) -> (Vec<GenerateOutput>, LLMEngine) {
     config.speculative_config = spec_config;
     let mut e = engine(config);
     let outs = e.generate(&prompts(), params).expect("generate");
@@ -44,9 +52,17 @@ fn run(mut config: EngineConfig, spec_config: Option<SpeculativeConfig>, params:
 
 fn assert_same(a: &[GenerateOutput], b: &[GenerateOutput], label: &str) {
     for (x, y) in a.iter().zip(b) {
-        assert_eq!(x.token_ids, y.token_ids, "[{label}] tokens of {:?}", x.prompt);
+        assert_eq!(
+            x.token_ids, y.token_ids,
+            "[{label}] tokens of {:?}",
+            x.prompt
+        );
         assert_eq!(x.text, y.text, "[{label}] text of {:?}", x.prompt);
-        assert_eq!(x.finish_reason, y.finish_reason, "[{label}] finish of {:?}", x.prompt);
+        assert_eq!(
+            x.finish_reason, y.finish_reason,
+            "[{label}] finish of {:?}",
+            x.prompt
+        );
     }
 }
 
@@ -78,7 +94,10 @@ fn greedy_is_identical_under_preemption_and_chunking() {
     c.block_size = 4;
     let (sped, e) = run(c, Some(spec(3)), &params);
     assert_same(&plain, &sped, "preemption");
-    assert!(e.stats().num_preemptions > 0, "40 blocks of 4 should force preemption");
+    assert!(
+        e.stats().num_preemptions > 0,
+        "40 blocks of 4 should force preemption"
+    );
     let mut c = test_config();
     c.max_num_batched_tokens = 6;
     let (sped, _) = run(c, Some(spec(5)), &params);
@@ -124,8 +143,13 @@ fn collect(
     ids: Vec<u32>,
     params: &SamplingParams,
 ) -> (Vec<u32>, Vec<pagoda_core::TokenLogprobs>) {
-    e.add_request("r".to_string(), PromptInput::Tokens(ids), params.clone(), None)
-        .expect("add");
+    e.add_request(
+        "r".to_string(),
+        PromptInput::Tokens(ids),
+        params.clone(),
+        None,
+    )
+    .expect("add");
     let (mut toks, mut lps) = (Vec::new(), Vec::new());
     while e.has_unfinished_requests() {
         for o in e.step().expect("step") {

@@ -95,8 +95,8 @@ impl ModelRunner {
             return; // the fault hooks see plain rows only
         }
         for (i, &(h, _)) in sched_out.num_scheduled_tokens.iter().enumerate() {
-            let produced = out.sampled_token_ids[i].is_some()
-                || out.spec_rows.iter().any(|r| r.handle == h);
+            let produced =
+                out.sampled_token_ids[i].is_some() || out.spec_rows.iter().any(|r| r.handle == h);
             if !produced {
                 continue;
             }
@@ -107,7 +107,11 @@ impl ModelRunner {
             // Drafts past `max_tokens` could never be kept: the step after a full
             // acceptance emits one token more than it drafted.
             let outputs = st.token_ids.len() - st.num_prompt_tokens;
-            let left = st.params.max_tokens.unwrap_or(usize::MAX).saturating_sub(outputs);
+            let left = st
+                .params
+                .max_tokens
+                .unwrap_or(usize::MAX)
+                .saturating_sub(outputs);
             let drafts = spec.propose(&st.token_ids, left.saturating_sub(1));
             if !drafts.is_empty() {
                 out.spec_token_ids.push((h, drafts));

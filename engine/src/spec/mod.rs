@@ -91,7 +91,9 @@ impl SpeculativeConfig {
             (Some(a), Some(b)) => (a, b),
         };
         if min == 0 || max == 0 {
-            return Err(bad("prompt_lookup_min and prompt_lookup_max must be at least 1".into()));
+            return Err(bad(
+                "prompt_lookup_min and prompt_lookup_max must be at least 1".into(),
+            ));
         }
         if min > max {
             return Err(bad(format!(
@@ -148,7 +150,11 @@ pub fn log_line(now: &SpecDecodingStats, prev: &SpecDecodingStats) -> Option<Str
         .iter()
         .enumerate()
         .map(|(i, &c)| {
-            let before = prev.num_accepted_tokens_per_pos.get(i).copied().unwrap_or(0);
+            let before = prev
+                .num_accepted_tokens_per_pos
+                .get(i)
+                .copied()
+                .unwrap_or(0);
             format!("{:.3}", (c - before) as f64 / drafts as f64)
         })
         .collect();
@@ -173,25 +179,41 @@ mod tests {
 
     #[test]
     fn vllm_defaults_and_errors() {
-        let c = SpeculativeConfig::parse(r#"{"method":"ngram","num_speculative_tokens":3}"#)
-            .unwrap();
+        let c =
+            SpeculativeConfig::parse(r#"{"method":"ngram","num_speculative_tokens":3}"#).unwrap();
         assert_eq!((c.prompt_lookup_min, c.prompt_lookup_max), (5, 5));
         let c = SpeculativeConfig::parse(
             r#"{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":3}"#,
         )
         .unwrap();
-        assert_eq!((c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max), (4, 3, 3));
+        assert_eq!(
+            (
+                c.num_speculative_tokens,
+                c.prompt_lookup_min,
+                c.prompt_lookup_max
+            ),
+            (4, 3, 3)
+        );
         let c = SpeculativeConfig::parse(
             r#"{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_min":2,"prompt_lookup_max":4}"#,
         )
         .unwrap();
         assert_eq!((c.prompt_lookup_min, c.prompt_lookup_max), (2, 4));
         for (json, needle) in [
-            (r#"{"method":"eagle","num_speculative_tokens":3}"#, "not supported"),
+            (
+                r#"{"method":"eagle","num_speculative_tokens":3}"#,
+                "not supported",
+            ),
             (r#"{"num_speculative_tokens":3}"#, "\"method\" is required"),
             (r#"{"method":"ngram"}"#, "num_speculative_tokens"),
-            (r#"{"method":"ngram","num_speculative_tokens":0}"#, "at least 1"),
-            (r#"{"method":"ngram","num_speculative_tokens":3,"model":"x"}"#, "unknown field `model`"),
+            (
+                r#"{"method":"ngram","num_speculative_tokens":0}"#,
+                "at least 1",
+            ),
+            (
+                r#"{"method":"ngram","num_speculative_tokens":3,"model":"x"}"#,
+                "unknown field `model`",
+            ),
             (
                 r#"{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":4,"prompt_lookup_max":2}"#,
                 "must not exceed",

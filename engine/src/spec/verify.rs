@@ -21,7 +21,9 @@
 //! mixed with [`ACCEPT_KEY`], the draws the sampler's own stream.
 
 use super::probs::{draw, target_weights};
-use crate::sampler::{counter_uniform, draw_filtered, row_logprobs, SampleInput, Sampler, SamplerError};
+use crate::sampler::{
+    counter_uniform, draw_filtered, row_logprobs, SampleInput, Sampler, SamplerError,
+};
 use pagoda_core::{CheckedParams, TokenLogprobs};
 
 /// Mixed into a request's seed for the acceptance tests' uniform numbers, so they are
@@ -93,7 +95,10 @@ fn choose(
         return (argmax, draft == Some(argmax));
     }
     let Some(d) = draft else {
-        return (draw_filtered(row, max, p, counter_uniform(input.seed, index)), false);
+        return (
+            draw_filtered(row, max, p, counter_uniform(input.seed, index)),
+            false,
+        );
     };
     let mut w = target_weights(row, max, p);
     let total: f64 = w.iter().sum();

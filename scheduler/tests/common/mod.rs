@@ -121,10 +121,17 @@ impl FakeRunner {
             r.blocks.extend_from_slice(&c.new_block_ids);
         }
         for (h, d) in &out.scheduled_spec_decode_tokens {
-            let r = self.reqs.get_mut(h).ok_or(format!("drafts for unknown {h:?}"))?;
-            let n = out.num_scheduled_tokens_of(*h).ok_or("drafts for an unscheduled row")?;
+            let r = self
+                .reqs
+                .get_mut(h)
+                .ok_or(format!("drafts for unknown {h:?}"))?;
+            let n = out
+                .num_scheduled_tokens_of(*h)
+                .ok_or("drafts for an unscheduled row")?;
             if d.is_empty() || r.num_drafts != 0 || r.num_computed + n != r.tokens.len() + d.len() {
-                return Err(format!("{h:?}: drafts {d:?} do not end its {n} scheduled tokens"));
+                return Err(format!(
+                    "{h:?}: drafts {d:?} do not end its {n} scheduled tokens"
+                ));
             }
             r.tokens.extend_from_slice(d);
             r.num_drafts = d.len();

@@ -502,18 +502,33 @@ fn render_engines(out: &mut String, ranks: &[EngineStats], model: &str) {
 /// vLLM's speculative-decoding counters (zero without `--speculative-config`), the
 /// per-position acceptances labelled `position` (0-based, as vLLM's).
 fn render_spec_decode(out: &mut String, ranks: &[EngineStats], model: &str) {
-    type Counter = ((&'static str, &'static str, &'static str), fn(&EngineStats) -> String);
+    type Counter = (
+        (&'static str, &'static str, &'static str),
+        fn(&EngineStats) -> String,
+    );
     let counters: [Counter; 3] = [
         (
-            ("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts."),
+            (
+                "vllm:spec_decode_num_drafts",
+                "counter",
+                "Number of spec decoding drafts.",
+            ),
             |s| s.spec_decoding.num_drafts.to_string(),
         ),
         (
-            ("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens."),
+            (
+                "vllm:spec_decode_num_draft_tokens",
+                "counter",
+                "Number of draft tokens.",
+            ),
             |s| s.spec_decoding.num_draft_tokens.to_string(),
         ),
         (
-            ("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens."),
+            (
+                "vllm:spec_decode_num_accepted_tokens",
+                "counter",
+                "Number of accepted tokens.",
+            ),
             |s| s.spec_decoding.num_accepted_tokens.to_string(),
         ),
     ];
@@ -524,7 +539,12 @@ fn render_spec_decode(out: &mut String, ranks: &[EngineStats], model: &str) {
     let _ = writeln!(out, "# HELP {name} Accepted tokens per draft position.");
     let _ = writeln!(out, "# TYPE {name} counter");
     for (rank, stats) in ranks.iter().enumerate() {
-        for (pos, c) in stats.spec_decoding.num_accepted_tokens_per_pos.iter().enumerate() {
+        for (pos, c) in stats
+            .spec_decoding
+            .num_accepted_tokens_per_pos
+            .iter()
+            .enumerate()
+        {
             let _ = writeln!(
                 out,
                 "{name}_total{{model_name=\"{model}\",engine=\"{rank}\",position=\"{pos}\"}} {c}"

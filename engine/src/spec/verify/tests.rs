@@ -90,14 +90,24 @@ fn sampled_tokens_follow_the_target_distribution() {
     }
     let c0 = chi_square(&first, &p0);
     let c1 = chi_square(&second, &p1);
-    assert!(c0 < CHI2_5DOF_BOUND, "first token: chi2 {c0}, counts {first:?}, p {p0:?}");
-    assert!(c1 < CHI2_5DOF_BOUND, "second token: chi2 {c1}, counts {second:?}, p {p1:?}");
+    assert!(
+        c0 < CHI2_5DOF_BOUND,
+        "first token: chi2 {c0}, counts {first:?}, p {p0:?}"
+    );
+    assert!(
+        c1 < CHI2_5DOF_BOUND,
+        "second token: chi2 {c1}, counts {second:?}, p {p1:?}"
+    );
     // The test has power: always accepting the draft, or the residual alone, is far off.
     let mut residual = p0.clone();
     residual[5] = 0.0;
     let s: f64 = residual.iter().sum();
     residual.iter_mut().for_each(|x| *x /= s);
-    let smeared: Vec<f64> = p0.iter().zip(&residual).map(|(a, b)| 0.9 * a + 0.1 * b).collect();
+    let smeared: Vec<f64> = p0
+        .iter()
+        .zip(&residual)
+        .map(|(a, b)| 0.9 * a + 0.1 * b)
+        .collect();
     assert!(chi_square(&first, &smeared) > CHI2_5DOF_BOUND);
 }
 
