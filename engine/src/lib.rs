@@ -29,5 +29,5 @@ pub use output::{
     EngineStats, IterationTokens, PromptInput, RequestMetrics, RequestOutput,
     ITERATION_TOKENS_BUCKETS,
 };
-pub use pagoda_scheduler::{KvCacheEvent, SchedulingPolicy};
+pub use pagoda_scheduler::{KvCacheEvent, SchedulingPolicy, SpecDecodingStats};
 pub use step_pool::StepPool;

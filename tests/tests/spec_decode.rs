@@ -16,7 +16,7 @@ fn prompts() -> Vec<PromptInput> {
                    new library was approved, and the budget for the park was postponed.";
     let mut p: Vec<PromptInput> = [
         format!("Repeat the following text exactly.\nText: {passage}\nRepeated text: {passage}\nRepeated text again:"),
-        format!("fn add(a: i32, b: i32) -> i32 {{ a + b }}\nfn sub(a: i32, b: i32) -> i32 {{ a - b }}\nfn mul(a: i32, b: i32) -> i32 {{"),
+        "fn add(a: i32, b: i32) -> i32 { a + b }\nfn sub(a: i32, b: i32) -> i32 { a - b }\nfn mul(a: i32, b: i32) -> i32 {".to_string(),
     ]
     .into_iter()
     .map(PromptInput::Text)

@@ -229,13 +229,21 @@ fn verify(r: &mut RunnerReq, vocab: u32, h: ReqHandle) -> pagoda_core::SpecDecod
     let drafts = r.tokens[known..].to_vec();
     r.tokens.truncate(known);
     let mut emitted = Vec::new();
-    for j in 0..=k {
+    let mut all_accepted = true;
+    for &d in &drafts {
         let t = sample(&r.tokens, vocab);
         r.tokens.push(t);
         emitted.push(t);
-        if j == k || t != drafts[j] {
+        if t != d {
+            all_accepted = false;
             break;
         }
+    }
+    if all_accepted {
+        // The bonus token after the last draft.
+        let t = sample(&r.tokens, vocab);
+        r.tokens.push(t);
+        emitted.push(t);
     }
     r.num_computed -= k - (emitted.len() - 1);
     r.num_drafts = 0;

@@ -616,6 +616,12 @@ mod tests {
             generation_tokens: 50,
             num_steps: 7,
             iteration_tokens: Default::default(),
+            spec_decoding: pagoda_engine::SpecDecodingStats {
+                num_drafts: 3,
+                num_draft_tokens: 9,
+                num_accepted_tokens: 5,
+                num_accepted_tokens_per_pos: vec![3, 2, 0],
+            },
         };
         let text = m.render(std::slice::from_ref(&stats), "smol\"lm");
         for line in [
@@ -631,6 +637,10 @@ mod tests {
             "vllm:gpu_prefix_cache_queries_total{model_name=\"smol\\\"lm\",engine=\"0\"} 10",
             "vllm:prompt_tokens_total{model_name=\"smol\\\"lm\",engine=\"0\"} 100",
             "vllm:generation_tokens_total{model_name=\"smol\\\"lm\",engine=\"0\"} 50",
+            "vllm:spec_decode_num_drafts_total{model_name=\"smol\\\"lm\",engine=\"0\"} 3",
+            "vllm:spec_decode_num_draft_tokens_total{model_name=\"smol\\\"lm\",engine=\"0\"} 9",
+            "vllm:spec_decode_num_accepted_tokens_total{model_name=\"smol\\\"lm\",engine=\"0\"} 5",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"smol\\\"lm\",engine=\"0\",position=\"1\"} 2",
             "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",engine=\"0\",le=\"0.02\"} 0",
             "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",engine=\"0\",le=\"0.04\"} 1",
             "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",engine=\"0\",le=\"+Inf\"} 1",
