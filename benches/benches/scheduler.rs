@@ -26,6 +26,7 @@ fn fake_output(s: &Scheduler, out: &SchedulerOutput) -> ModelRunnerOutput {
         failed: Vec::new(),
         prompt_logprobs: Vec::new(),
         deferred: Vec::new(),
+        ..Default::default()
     };
     for &(h, _) in &out.num_scheduled_tokens {
         let r = s.request_at(h).expect("scheduled");

@@ -54,7 +54,7 @@ pub use request::{
 };
 pub use sched::{
     CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, PromptLogprob,
-    PromptLogprobsChunk, ReqHandle, SchedulerOutput, TokenLogprobs,
+    PromptLogprobsChunk, ReqHandle, SchedulerOutput, SpecDecodeRow, TokenLogprobs,
 };
 pub use stop::{StopAutomaton, StopStrings};
 pub use structured::{Constraint, StructuredOutputs};

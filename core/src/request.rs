@@ -488,6 +488,10 @@ pub struct Request {
     /// Hashes of the full blocks of `all_token_ids`, maintained by the KV cache manager.
     pub block_hashes: Vec<BlockHash>,
     pub stop_reason: Option<StopReason>,
+    /// Draft tokens proposed for the next step (speculative decoding, vLLM's
+    /// `spec_token_ids`): not part of `all_token_ids`; the scheduler schedules them
+    /// after the last known token and drops them once scheduled or on preemption.
+    pub spec_token_ids: Vec<u32>,
 }
 
 impl Request {
@@ -514,6 +518,7 @@ impl Request {
             group: None,
             block_hashes: Vec::new(),
             stop_reason: None,
+            spec_token_ids: Vec::new(),
         }
     }
 

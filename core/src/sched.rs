@@ -60,11 +60,23 @@ pub struct SchedulerOutput {
     pub finished_reqs: Vec<ReqHandle>,
     /// Requests preempted in this step; their runner state must be dropped.
     pub preempted_reqs: Vec<ReqHandle>,
+    /// Draft tokens scheduled this step after each listed request's last known token
+    /// (vLLM's `scheduled_spec_decode_tokens`): such a row's scheduled tokens are
+    /// that last token plus these drafts, and its logits are needed at all of them.
+    pub scheduled_spec_decode_tokens: Vec<(ReqHandle, Vec<u32>)>,
 }
 
 impl SchedulerOutput {
     pub fn is_empty(&self) -> bool {
         self.total_num_scheduled_tokens == 0
+    }
+
+    /// The drafts scheduled for `handle` this step (empty: none).
+    pub fn spec_tokens_of(&self, handle: ReqHandle) -> &[u32] {
+        self.scheduled_spec_decode_tokens
+            .iter()
+            .find(|(h, _)| *h == handle)
+            .map_or(&[], |(_, d)| d.as_slice())
     }
 
     pub fn num_scheduled_tokens_of(&self, handle: ReqHandle) -> Option<usize> {
@@ -123,6 +135,34 @@ pub struct ModelRunnerOutput {
     /// structured-output mask that was late): the scheduler steps each back one
     /// token, so the next step computes that token again and samples it.
     pub deferred: Vec<ReqHandle>,
+    /// Rows that verified draft tokens (speculative decoding): their tokens are here,
+    /// not in `sampled_token_ids` (which is `None` for them).
+    pub spec_rows: Vec<SpecDecodeRow>,
+    /// Drafts proposed for each listed request's next step (vLLM's `spec_token_ids`).
+    pub spec_token_ids: Vec<(ReqHandle, Vec<u32>)>,
+}
+
+/// One verified row of a speculative step: of `num_draft_tokens` drafts, the first
+/// `token_ids.len() - 1` were accepted, and the last token is the target model's own
+/// (the correction at the first rejected position, or the bonus token after all).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecDecodeRow {
+    pub handle: ReqHandle,
+    pub num_draft_tokens: usize,
+    /// Accepted drafts then the target's token: never empty.
+    pub token_ids: Vec<u32>,
+    /// One entry per token of `token_ids` when the request asked for logprobs.
+    pub logprobs: Vec<TokenLogprobs>,
+}
+
+impl SpecDecodeRow {
+    pub fn num_accepted(&self) -> usize {
+        self.token_ids.len().saturating_sub(1)
+    }
+    /// Drafts whose KV slots hold rejected tokens (rolled back by the scheduler).
+    pub fn num_rejected(&self) -> usize {
+        self.num_draft_tokens - self.num_accepted().min(self.num_draft_tokens)
+    }
 }
 
 /// What the scheduler reports per request after a step: new tokens and, if it

@@ -58,6 +58,8 @@ pub struct EngineConfig {
     pub enforce_eager: bool,
     /// Bounds of structured-output compilation (the `--structured-outputs-*` flags).
     pub structured_limits: crate::structured::CompileLimits,
+    /// vLLM's `--speculative-config` (n-gram proposals): none, no speculation.
+    pub speculative_config: Option<crate::spec::SpeculativeConfig>,
 }
 
 /// Prompts that trigger the runner's test-only faults (see
@@ -96,6 +98,7 @@ impl EngineConfig {
             device: pagoda_core::Device::Cpu,
             enforce_eager: false,
             structured_limits: Default::default(),
+            speculative_config: None,
         }
     }
 }

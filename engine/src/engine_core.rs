@@ -267,6 +267,8 @@ impl EngineCore {
             message: format!("allocating the KV cache: {e}"),
         })?;
         let mut runner = ModelRunner::new(model, kv, attn, eos_token_ids);
+        crate::spec::log_config(config.speculative_config.as_ref());
+        runner.set_speculative_config(config.speculative_config.clone());
         if on_device {
             capture_graphs(config, &runtime, &mut runner, max_model_len)?;
         }
@@ -504,6 +506,7 @@ impl EngineCore {
             prefix_cache_queries: pc.queries,
             prefix_cache_hits: pc.hits,
             num_preemptions: s.num_preemptions(),
+            spec_decoding: s.spec_decoding_stats().clone(),
             ..Default::default()
         }
     }

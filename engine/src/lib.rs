@@ -17,6 +17,7 @@ pub mod runner;
 pub mod runner_model;
 pub mod sampler;
 pub mod sleep;
+pub mod spec;
 pub mod step_pool;
 pub mod structured;
 
@@ -29,6 +30,7 @@ pub use output::{
     EngineStats, IterationTokens, PromptInput, RequestMetrics, RequestOutput,
     ITERATION_TOKENS_BUCKETS,
 };
-pub use pagoda_scheduler::{KvCacheEvent, SchedulingPolicy};
+
+pub use pagoda_scheduler::{KvCacheEvent, SchedulingPolicy, SpecDecodingStats};
 pub use sleep::Released;
 pub use step_pool::StepPool;

@@ -77,6 +77,8 @@ pub struct LLMEngine {
     logged_generation_tokens: u64,
     logged_prompt_tokens: u64,
     config: EngineConfig,
+    /// Spec-decode counters at the previous log line.
+    logged_spec: pagoda_scheduler::SpecDecodingStats,
 }
 
 /// The one check of a request, where it enters the engine ([`crate::EngineHandle::submit`]
@@ -238,6 +240,7 @@ impl LLMEngine {
             logged_generation_tokens: 0,
             logged_prompt_tokens: 0,
             config,
+            logged_spec: Default::default(),
         })
     }
 
@@ -610,6 +613,10 @@ impl LLMEngine {
             100.0 * s.kv_cache_usage,
             s.num_preemptions
         );
+        if let Some(line) = crate::spec::log_line(&s.spec_decoding, &self.logged_spec) {
+            tracing::info!("{line}");
+        }
+        self.logged_spec = s.spec_decoding;
     }
 }
 

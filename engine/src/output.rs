@@ -114,6 +114,8 @@ pub struct EngineStats {
     pub generation_tokens: u64,
     pub num_steps: u64,
     pub iteration_tokens: IterationTokens,
+    /// Speculative decoding's counters (`vllm:spec_decode_*`).
+    pub spec_decoding: pagoda_scheduler::SpecDecodingStats,
 }
 
 impl EngineStats {
@@ -147,6 +149,8 @@ impl EngineStats {
         }
         it.sum += other.iteration_tokens.sum;
         it.count += other.iteration_tokens.count;
+        let mut spec_decoding = self.spec_decoding.clone();
+        spec_decoding.add(&other.spec_decoding);
         EngineStats {
             num_running: self.num_running + other.num_running,
             num_waiting: self.num_waiting + other.num_waiting,
@@ -158,6 +162,7 @@ impl EngineStats {
             generation_tokens: self.generation_tokens + other.generation_tokens,
             num_steps: self.num_steps + other.num_steps,
             iteration_tokens: it,
+            spec_decoding,
         }
     }
 }

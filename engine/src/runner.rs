@@ -30,6 +30,8 @@ use pagoda_core::{
 };
 use std::time::{Duration, Instant};
 
+mod spec_rows;
+
 /// Test-only fault injection, armed by `pagoda serve --debug-inject-fault` in
 /// debug builds: a request whose prompt starts with one of these token sequences
 /// has its row fail in the sampler (a per-request fault) or makes the runner panic
@@ -75,6 +77,8 @@ struct ReqState {
     /// `prompt_logprobs` still to compute: set for a request that asked and has no
     /// output yet (one resumed after preemption delivered them already).
     prompt_logprobs: Option<usize>,
+    /// Drafts at the end of `token_ids` during a step that verifies them.
+    num_drafts: usize,
 }
 
 /// The prompt rows of one request whose logits the step computes for prompt
@@ -123,6 +127,10 @@ pub struct ModelRunner {
     grammar_errors: Vec<Option<String>>,
     /// Per sampled row: deferred to a later step (its mask was late).
     deferred: Vec<bool>,
+    /// `--speculative-config`: drafts are proposed after each step when set.
+    spec: Option<crate::spec::SpeculativeConfig>,
+    /// This step's verify rows (a reused buffer).
+    spec_rows: Vec<spec_rows::SpecRow>,
 }
 
 impl ModelRunner {
@@ -173,7 +181,14 @@ impl ModelRunner {
             mask_rows: Vec::new(),
             grammar_errors: Vec::new(),
             deferred: Vec::new(),
+            spec: None,
+            spec_rows: Vec::new(),
         }
+    }
+
+    /// Turns speculative decoding on (or off) for the steps to come.
+    pub fn set_speculative_config(&mut self, spec: Option<crate::spec::SpeculativeConfig>) {
+        self.spec = spec;
     }
 
     /// Attaches a compiled grammar to a request (before it is first scheduled); it
@@ -286,6 +301,7 @@ impl ModelRunner {
                     .sampling_params
                     .prompt_logprobs
                     .filter(|_| r.token_ids.len() == r.num_prompt_tokens),
+                num_drafts: 0,
             });
         }
         for r in &sched_out.scheduled_cached_reqs {
@@ -424,6 +440,8 @@ impl ModelRunner {
         sched_out: &SchedulerOutput,
     ) -> Result<ModelRunnerOutput, EngineError> {
         self.update_states(sched_out)?;
+        self.add_drafts(sched_out);
+        self.spec_rows.clear();
         let mut out = ModelRunnerOutput::default();
         if sched_out.num_scheduled_tokens.is_empty() {
             return Ok(out);
@@ -461,9 +479,28 @@ impl ModelRunner {
             }
             self.input_ids.extend_from_slice(&st.token_ids[start..end]);
             self.positions.extend((start..end).map(|p| p as u32));
-            self.query_lens.push(n);
-            self.seq_lens.push(end);
-            if end == st.token_ids.len() {
+            let verify = st.num_drafts > 0 && end == st.token_ids.len();
+            if verify {
+                // A verify row: logits at its last known token and every draft. The
+                // attention sees it as one decode row per token (causal: token j sees
+                // the positions up to its own), which `paged` serves with a plain decode
+                // row's arithmetic; the tokens, positions and slots are the same.
+                self.spec_rows.push(spec_rows::SpecRow {
+                    sched_index: i,
+                    base: self.input_ids.len() - st.num_drafts - 1,
+                    num_drafts: st.num_drafts,
+                });
+                for p in start..end {
+                    self.query_lens.push(1);
+                    self.seq_lens.push(p + 1);
+                    rows.push(&st.block_ids);
+                }
+            } else {
+                self.query_lens.push(n);
+                self.seq_lens.push(end);
+                rows.push(&st.block_ids);
+            }
+            if !verify && end == st.token_ids.len() {
                 // Reached the end of the known tokens: this row yields a new token.
                 self.logits_rows.push(self.input_ids.len() - 1);
                 self.sample_rows.push(i);
@@ -482,12 +519,16 @@ impl ModelRunner {
                     });
                 }
             }
-            rows.push(&st.block_ids);
         }
         // Prompt-logprob rows come after the sampled rows in the logits buffer.
         let num_sample_rows = self.logits_rows.len();
         for pr in &self.prompt_rows {
             self.logits_rows.extend(pr.base..pr.base + pr.count);
+        }
+        // Verify rows come last.
+        let spec_offset = self.logits_rows.len() * self.model.config().vocab_size;
+        for r in &self.spec_rows {
+            self.logits_rows.extend(r.base..r.base + r.num_drafts + 1);
         }
         self.batch
             .rebuild(
@@ -500,7 +541,8 @@ impl ModelRunner {
         drop(rows);
         // Grammar masks are computed on the mask threads while the model runs.
         self.start_masks(sched_out)?;
-        let greedy = self.model.is_device() && self.all_plain_greedy(sched_out);
+        let greedy =
+            self.model.is_device() && self.spec_rows.is_empty() && self.all_plain_greedy(sched_out);
         let t_forward = Instant::now();
         let forward = self.forward(greedy);
         let forward_time = forward.is_ok().then(|| t_forward.elapsed());
@@ -580,11 +622,13 @@ impl ModelRunner {
                 }
             }
         }
+        self.verify_spec_rows(sched_out, spec_offset, &mut out);
         for &(h, n) in &sched_out.num_scheduled_tokens {
             if let Some(Some(st)) = self.requests.get_mut(h.index as usize) {
                 st.num_computed_tokens += n;
             }
         }
+        self.finish_spec(sched_out, &mut out);
         // A deferred row's last token is scheduled again (the scheduler rolls back too).
         for &h in &out.deferred {
             if let Some(Some(st)) = self.requests.get_mut(h.index as usize) {

@@ -283,6 +283,60 @@ fn sample_row(
     input: &SampleInput<'_>,
     scratch: &mut Scratch,
 ) -> Result<(u32, Option<TokenLogprobs>), SamplerError> {
+    let (argmax, max) = prepare_row(row, logits, input, scratch)?;
+    let p = input.params;
+    let token = if p.is_greedy() {
+        argmax
+    } else {
+        let u = counter_uniform(input.seed, input.output_ids.len() as u64);
+        sample_filtered(logits, max, p, u, scratch)
+    };
+    Ok((token, row_logprobs(logits, max, token, p)))
+}
+
+/// The log-probabilities a row reports for `token` (module doc, step 5), if asked for;
+/// `logits` are the processed ones and `max` their maximum.
+pub(crate) fn row_logprobs(
+    logits: &[f32],
+    max: f32,
+    token: u32,
+    p: &SamplingParams,
+) -> Option<TokenLogprobs> {
+    match &p.logprob_token_ids {
+        Some(ids) => Some(logprobs_of(logits, max, token, ids)),
+        None => p.logprobs.map(|n| compute_logprobs(logits, max, token, n)),
+    }
+}
+
+impl Sampler {
+    /// Checks one row and applies steps 0-4 of the module doc in place; returns the
+    /// processed row's argmax (ties to the lowest id) and maximum. What
+    /// [`Sampler::sample_batch`] does to a row before it draws, for callers that
+    /// draw differently (speculative decoding's verification).
+    pub(crate) fn prepare(
+        &self,
+        row: usize,
+        logits: &mut [f32],
+        input: &SampleInput<'_>,
+    ) -> Result<(u32, f32), SamplerError> {
+        let mut scratch = PooledScratch::take(&self.pool);
+        prepare_row(row, logits, input, scratch.get())
+    }
+}
+
+/// The sampler's temperature/top-k/top-p/min-p draw of one processed row (`max` its
+/// maximum) with the uniform number `u`: what [`Sampler::sample_batch`] draws.
+pub(crate) fn draw_filtered(logits: &[f32], max: f32, p: &SamplingParams, u: f64) -> u32 {
+    sample_filtered(logits, max, p, u, &mut Scratch::default())
+}
+
+/// Steps 0-4 with the checks around them; the processed row's argmax and max.
+fn prepare_row(
+    row: usize,
+    logits: &mut [f32],
+    input: &SampleInput<'_>,
+    scratch: &mut Scratch,
+) -> Result<(u32, f32), SamplerError> {
     let vocab = logits.len();
     let p = input.params;
     // Every id the parameters name is below the vocabulary they were checked for.
@@ -312,17 +366,7 @@ fn sample_row(
     if max == f32::NEG_INFINITY {
         return Err(SamplerError::AllMasked { row });
     }
-    let token = if p.is_greedy() {
-        argmax
-    } else {
-        let u = counter_uniform(input.seed, input.output_ids.len() as u64);
-        sample_filtered(logits, max, p, u, scratch)
-    };
-    let logprobs = match &p.logprob_token_ids {
-        Some(ids) => Some(logprobs_of(logits, max, token, ids)),
-        None => p.logprobs.map(|n| compute_logprobs(logits, max, token, n)),
-    };
-    Ok((token, logprobs))
+    Ok((argmax, max))
 }
 
 /// Steps 1-4 of the module doc, in place.

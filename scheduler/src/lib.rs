@@ -24,4 +24,6 @@ pub use error::SchedulerError;
 pub use hashing::{block_hashes_of, hash_block, update_block_hashes};
 pub use kv_cache_manager::{KvCacheManager, KvHandle, PrefixCacheMetrics, PrefixCacheStats};
 pub use kv_events::{KvCacheEvent, KvEventBuffer};
-pub use scheduler::{Scheduler, SchedulerConfig, SchedulerStats, SchedulingPolicy};
+pub use scheduler::{
+    Scheduler, SchedulerConfig, SchedulerStats, SchedulingPolicy, SpecDecodingStats,
+};

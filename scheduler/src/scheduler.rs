@@ -9,8 +9,10 @@
 //! lowest-priority, latest one (priority); waiting requests never preempt anyone.
 //!
 //! Batch order: in `SchedulerOutput::num_scheduled_tokens`, rows with exactly one
-//! token (decodes, including new requests left with one token) come first, then
-//! the rest; running before new within each group. The model runner can rely on it.
+//! token (decodes, including new requests left with one token) and verify rows
+//! (a last token plus drafts, which the runner turns into one decode row per token)
+//! come first, then the rest; running before new within each group. The model
+//! runner can rely on it.
 //!
 //! Prefix hits may point at blocks that another row of the *same* step is filling
 //! (blocks are cached when allocated, as in vLLM), so the runner must write the
@@ -31,6 +33,9 @@ use pagoda_core::{
 use std::collections::VecDeque;
 
 mod seats;
+mod spec;
+
+pub use spec::SpecDecodingStats;
 
 /// Order in which waiting requests are admitted and running ones preempted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -98,6 +103,8 @@ struct Row {
     idx: u32,
     num_tokens: usize,
     new_blocks: Vec<u32>,
+    /// Draft tokens scheduled after the last known token (speculative decoding).
+    spec: Vec<u32>,
 }
 
 /// The scheduler. Requests live in a slab of entries; queues hold entry indices,
@@ -124,6 +131,7 @@ pub struct Scheduler {
     pending_preempted: Vec<ReqHandle>,
     next_arrival: u64,
     num_preemptions: u64,
+    spec_stats: SpecDecodingStats,
     // Scratch reused every step so the hot path only allocates output vectors.
     sched_running: Vec<Row>,
     sched_new: Vec<Row>,
@@ -189,6 +197,7 @@ impl Scheduler {
             pending_preempted: Vec::new(),
             next_arrival: 0,
             num_preemptions: 0,
+            spec_stats: SpecDecodingStats::default(),
             sched_running: Vec::new(),
             sched_new: Vec::new(),
             finished_scratch: Vec::new(),
@@ -254,6 +263,10 @@ impl Scheduler {
     }
     pub fn num_preemptions(&self) -> u64 {
         self.num_preemptions
+    }
+    /// Speculative decoding's counters (all zero without drafts).
+    pub fn spec_decoding_stats(&self) -> &SpecDecodingStats {
+        &self.spec_stats
     }
     pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
         self.kv.stats()
@@ -374,6 +387,7 @@ impl Scheduler {
         self.kv_handles[idx as usize] = None;
         r.status = RequestStatus::Preempted;
         r.num_computed_tokens = 0;
+        r.spec_token_ids.clear();
         r.num_preemptions += 1;
         self.num_preemptions += 1;
         self.enqueue_waiting(idx, true);
@@ -422,7 +436,9 @@ impl Scheduler {
             let idx = self.running[i];
             let max_len = self.max_len;
             let req = self.req_mut(idx);
-            let mut n = req.num_tokens() - req.num_computed_tokens;
+            // Drafts ride after the last known token (vLLM's lookahead slots).
+            let known = req.num_tokens() - req.num_computed_tokens;
+            let mut n = known + req.spec_token_ids.len();
             if plan.threshold > 0 {
                 n = n.min(plan.threshold);
             }
@@ -460,10 +476,14 @@ impl Scheduler {
                 }
             }
             let Some(new_blocks) = blocks else { break };
+            let req = self.req_mut(idx);
+            let mut spec = std::mem::take(&mut req.spec_token_ids);
+            spec.truncate(n.saturating_sub(known));
             plan.running.push(Row {
                 idx,
                 num_tokens: n,
                 new_blocks,
+                spec,
             });
             plan.budget -= n;
             i += 1;
@@ -536,6 +556,7 @@ impl Scheduler {
             idx,
             num_tokens: n,
             new_blocks,
+            spec: Vec::new(),
         });
         plan.budget -= n;
         true
@@ -553,15 +574,20 @@ impl Scheduler {
         out.num_scheduled_tokens.reserve_exact(rows);
         for decode_pass in [true, false] {
             for row in plan.running.iter().chain(plan.new.iter()) {
-                if (row.num_tokens == 1) == decode_pass {
+                // A verify row (drafts) is decode rows to the runner: one per token.
+                if (row.num_tokens == 1 || !row.spec.is_empty()) == decode_pass {
                     out.num_scheduled_tokens
                         .push((self.handle(row.idx), row.num_tokens));
                 }
             }
         }
         out.scheduled_cached_reqs.reserve_exact(plan.running.len());
-        for row in plan.running.drain(..) {
+        for mut row in plan.running.drain(..) {
             let handle = self.handle(row.idx);
+            if !row.spec.is_empty() {
+                out.scheduled_spec_decode_tokens
+                    .push((handle, std::mem::take(&mut row.spec)));
+            }
             let req = self.entries[row.idx as usize].as_mut().expect("live");
             out.scheduled_cached_reqs.push(CachedRequestData {
                 handle,
@@ -624,25 +650,34 @@ impl Scheduler {
                 }
             };
             let req = self.entries[idx as usize].as_mut().expect("live");
+            let spec_row = runner.spec_rows.iter().find(|r| r.handle == h);
+            if let (Some(row), RequestStatus::Running) = (spec_row, req.status) {
+                spec::roll_back(req, row, &mut self.spec_stats);
+            }
             if req.status != RequestStatus::Running || req.num_computed_tokens < req.num_tokens() {
                 continue;
             }
-            let Some(tok) = runner.sampled_token_ids.get(j).copied().flatten() else {
-                continue;
+            let one;
+            let (tokens, logprobs) = match spec_row {
+                Some(row) => (&row.token_ids[..], &row.logprobs[..]),
+                None => {
+                    let Some(tok) = runner.sampled_token_ids.get(j).copied().flatten() else {
+                        continue;
+                    };
+                    one = (
+                        [tok],
+                        runner.logprobs.get(j).cloned().flatten().map(|lp| [lp]),
+                    );
+                    (&one.0[..], one.1.as_ref().map_or(&[][..], |l| &l[..]))
+                }
             };
-            req.append_output_token(tok);
-            if caching && req.num_tokens() / bs > req.block_hashes.len() {
-                update_block_hashes(req, bs);
-            }
-            let finished = check_stop(req, self.max_len);
-            let new_logprobs = match runner.logprobs.get(j) {
-                Some(Some(lp)) => vec![lp.clone()],
-                _ => Vec::new(),
-            };
+            let caching = caching.then_some(bs);
+            let kept = spec::append_tokens(req, tokens, logprobs, self.max_len, caching);
+            let finished = kept.finished;
             outputs.push(EngineCoreOutput {
                 handle: h,
-                new_token_ids: vec![tok],
-                new_logprobs,
+                new_token_ids: kept.token_ids,
+                new_logprobs: kept.logprobs,
                 finish_reason: req.status.finish_reason(),
                 stop_reason: if finished {
                     req.stop_reason.clone()
@@ -656,6 +691,13 @@ impl Scheduler {
             });
             if finished {
                 self.finished_scratch.push(idx);
+            }
+        }
+        for (h, drafts) in &runner.spec_token_ids {
+            let Some(idx) = self.live(*h) else { continue };
+            let req = self.entries[idx as usize].as_mut().expect("live");
+            if req.status == RequestStatus::Running {
+                req.spec_token_ids.clone_from(drafts);
             }
         }
         for (h, message) in &runner.failed {

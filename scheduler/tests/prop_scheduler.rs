@@ -176,12 +176,17 @@ proptest! {
         cfg in config(),
         specs in prop::collection::vec(spec(), 1..14),
         defer_every in prop::sample::select(vec![0usize, 0, 2, 3]),
+        spec_k in prop::sample::select(vec![0usize, 2, 4]),
     ) {
         let mut s = Scheduler::new(cfg.clone()).unwrap();
         let mut runner = FakeRunner::new(cfg.block_size, VOCAB);
         // Rows deferred by the runner (late grammar masks) change when tokens come,
         // never which: the outputs below must still equal the reference.
         runner.defer_every = defer_every;
+        // Speculation (drafts verified in one step, rejected ones rolled back) must
+        // not change the outputs either. The real runner never defers a row that
+        // speculates (grammars disable speculation), so neither is combined here.
+        runner.spec_k = if defer_every == 0 { spec_k } else { 0 };
         let mut outputs: HashMap<String, Vec<u32>> = HashMap::new();
         let mut finished: HashMap<String, bool> = HashMap::new();
         let mut accepted: Vec<(String, Vec<u32>, SamplingParams)> = Vec::new();

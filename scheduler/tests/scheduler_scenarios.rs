@@ -61,6 +61,7 @@ fn one_token(s: &Scheduler, id: &str, tok: u32) -> ModelRunnerOutput {
         failed: Vec::new(),
         prompt_logprobs: Vec::new(),
         deferred: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -359,6 +360,7 @@ fn growing_request_preempts_the_latest() {
         failed: Vec::new(),
         prompt_logprobs: Vec::new(),
         deferred: Vec::new(),
+        ..Default::default()
     };
     let res = s.update_from_output(&out, &stale);
     assert_eq!(res.len(), 1);

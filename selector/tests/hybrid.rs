@@ -61,6 +61,31 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+    /// Speculative decoding's verify rows as one row of `k + 1` causal query tokens
+    /// (k = 1..=8 drafts) over a long cached context, beside plain decode rows: a row
+    /// of query length > 1 is a prefill row, so the automatic selection sends it to
+    /// `flash` (whose per-row arithmetic is `paged`'s, as the invariance check below
+    /// shows). The engine's runner instead hands the backends one decode row per
+    /// verified token (`paged`, 3x cheaper than `flash` for such short rows here);
+    /// this is the route any other caller of the protocol gets.
+    #[test]
+    fn verify_rows_match_reference(
+        shape in 0usize..HEAD_SHAPES.len(),
+        bs in prop::sample::select(vec![4usize, 16]),
+        decodes in prop::collection::vec(1usize..600, 0..3),
+        verifies in prop::collection::vec((1usize..=8, 1usize..600), 1..4),
+        seed in any::<u64>(),
+        threads in 1usize..4,
+    ) {
+        let (nh, nkv, hd) = HEAD_SHAPES[shape];
+        let mut rows: Vec<(usize, usize)> = decodes.iter().map(|&s| (1, s)).collect();
+        rows.extend(verifies.iter().map(|&(k, ctx)| (k + 1, k + 1 + ctx)));
+        check(AttentionConfig::cpu_f32(nh, nkv, hd, bs), &rows, seed, threads);
+    }
+}
+
 #[test]
 fn long_mixed_batch_matches_reference() {
     check(

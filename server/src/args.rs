@@ -133,6 +133,15 @@ pub struct EngineArgs {
     /// Not supported: chunked prefill cannot be turned off; the flag is ignored with a warning.
     #[arg(long, action = ArgAction::SetTrue, overrides_with = "enable_chunked_prefill", help_heading = "SchedulerConfig")]
     pub no_enable_chunked_prefill: bool,
+    /// Speculative decoding, as vLLM's JSON: `{"method": "ngram",
+    /// "num_speculative_tokens": K, "prompt_lookup_min": MIN, "prompt_lookup_max":
+    /// MAX}` (the lookup bounds default to 5, or to each other when one is given).
+    /// Each step verifies up to K tokens copied from the request's own prompt and
+    /// output after the longest recurring suffix; greedy output is unchanged, sampled
+    /// output keeps its distribution. Requests with stop strings or structured
+    /// outputs do not speculate. Other methods and fields are an error.
+    #[arg(long, value_parser = parse_speculative_config, help_heading = "SpeculativeConfig")]
+    pub speculative_config: Option<pagoda_engine::spec::SpeculativeConfig>,
     /// Tensor-parallel workers (also `-tp`): 1 (one engine, one device); any other
     /// value is an error.
     #[arg(long, default_value_t = 1, value_parser = parse_tensor_parallel_size, help_heading = "ParallelConfig")]
@@ -242,6 +251,10 @@ fn parse_kv_cache_dtype(s: &str) -> Result<pagoda_core::KvCacheDtype, String> {
     s.parse().map_err(|e: pagoda_core::CoreError| e.to_string())
 }
 
+fn parse_speculative_config(s: &str) -> Result<pagoda_engine::spec::SpeculativeConfig, String> {
+    pagoda_engine::spec::SpeculativeConfig::parse(s).map_err(|e| e.to_string())
+}
+
 fn parse_device(s: &str) -> Result<pagoda_core::Device, String> {
     if s.eq_ignore_ascii_case("auto") {
         return Ok(pagoda_core::Device::Cpu);
@@ -331,6 +344,7 @@ impl EngineArgs {
         c.device = self.device;
         c.enforce_eager = self.enforce_eager;
         c.kv_cache_dtype = self.kv_cache_dtype;
+        c.speculative_config = self.speculative_config.clone();
         c.structured_limits = pagoda_engine::structured::CompileLimits {
             threads: self.structured_outputs_compile_threads.map_or_else(
                 || std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),

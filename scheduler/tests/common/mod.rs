@@ -48,6 +48,8 @@ struct RunnerReq {
     num_computed: usize,
     /// Rows of this request that reached its last token (sampled or deferred).
     attempts: usize,
+    /// Drafts at the end of `tokens` during a verify step.
+    num_drafts: usize,
 }
 
 /// A model runner stand-in. `execute` fails (Err) on any inconsistency.
@@ -62,6 +64,10 @@ pub struct FakeRunner {
     /// With `k > 0`, every `k`-th row of a request that reaches its last token is
     /// deferred instead of sampled (as a late grammar mask does in the real runner).
     pub defer_every: usize,
+    /// With `k > 0`, proposes up to `k` drafts after every produced token (a
+    /// pseudo-random number of them right, then wrong ones) and verifies scheduled
+    /// drafts against the fake model, as the real runner's greedy verification does.
+    pub spec_k: usize,
 }
 
 impl FakeRunner {
@@ -73,6 +79,7 @@ impl FakeRunner {
             kv: HashMap::new(),
             check_kv: true,
             defer_every: 0,
+            spec_k: 0,
         }
     }
 
@@ -96,6 +103,7 @@ impl FakeRunner {
                 blocks: n.block_ids.clone(),
                 num_computed: n.num_computed_tokens,
                 attempts: 0,
+                num_drafts: 0,
             };
             self.reqs.insert(n.handle, r);
         }
@@ -111,6 +119,22 @@ impl FakeRunner {
                 ));
             }
             r.blocks.extend_from_slice(&c.new_block_ids);
+        }
+        for (h, d) in &out.scheduled_spec_decode_tokens {
+            let r = self
+                .reqs
+                .get_mut(h)
+                .ok_or(format!("drafts for unknown {h:?}"))?;
+            let n = out
+                .num_scheduled_tokens_of(*h)
+                .ok_or("drafts for an unscheduled row")?;
+            if d.is_empty() || r.num_drafts != 0 || r.num_computed + n != r.tokens.len() + d.len() {
+                return Err(format!(
+                    "{h:?}: drafts {d:?} do not end its {n} scheduled tokens"
+                ));
+            }
+            r.tokens.extend_from_slice(d);
+            r.num_drafts = d.len();
         }
         let rows = out.num_scheduled_tokens.len();
         if rows != out.scheduled_new_reqs.len() + out.scheduled_cached_reqs.len() {
@@ -130,10 +154,12 @@ impl FakeRunner {
             if *n == 0 {
                 return Err(format!("{id}: zero tokens scheduled"));
             }
-            if *n == 1 && seen_prefill {
+            // A verify row (with drafts) is decode rows to a real runner.
+            let decode = *n == 1 || !out.spec_tokens_of(*h).is_empty();
+            if decode && seen_prefill {
                 return Err(format!("{id}: decode row after a prefill row"));
             }
-            seen_prefill |= *n > 1;
+            seen_prefill |= !decode;
             let r = self.reqs.get(h).ok_or(format!("scheduled {id} unknown"))?;
             let (start, end) = (r.num_computed, r.num_computed + n);
             if end > r.tokens.len() {
@@ -163,6 +189,15 @@ impl FakeRunner {
                 }
             }
             r.num_computed = end;
+            if r.num_drafts > 0 {
+                let row = verify(r, self.vocab, *h);
+                propose(r, self.spec_k, self.vocab, *h, &mut res);
+                res.spec_rows.push(row);
+                res.handles.push(*h);
+                res.sampled_token_ids.push(None);
+                res.logprobs.push(None);
+                continue;
+            }
             let mut tok = (end == r.tokens.len()).then(|| sample(&r.tokens, self.vocab));
             if tok.is_some() {
                 r.attempts += 1;
@@ -176,6 +211,7 @@ impl FakeRunner {
             }
             if let Some(t) = tok {
                 r.tokens.push(t);
+                propose(r, self.spec_k, self.vocab, *h, &mut res);
             }
             res.handles.push(*h);
             res.sampled_token_ids.push(tok);
@@ -183,6 +219,58 @@ impl FakeRunner {
         }
         Ok(res)
     }
+}
+
+/// Greedy verification against the fake model: drafts accepted while they equal its
+/// token, then its own token; the rejected drafts' computed count rolled back.
+fn verify(r: &mut RunnerReq, vocab: u32, h: ReqHandle) -> pagoda_core::SpecDecodeRow {
+    let k = r.num_drafts;
+    let known = r.tokens.len() - k;
+    let drafts = r.tokens[known..].to_vec();
+    r.tokens.truncate(known);
+    let mut emitted = Vec::new();
+    let mut all_accepted = true;
+    for &d in &drafts {
+        let t = sample(&r.tokens, vocab);
+        r.tokens.push(t);
+        emitted.push(t);
+        if t != d {
+            all_accepted = false;
+            break;
+        }
+    }
+    if all_accepted {
+        // The bonus token after the last draft.
+        let t = sample(&r.tokens, vocab);
+        r.tokens.push(t);
+        emitted.push(t);
+    }
+    r.num_computed -= k - (emitted.len() - 1);
+    r.num_drafts = 0;
+    pagoda_core::SpecDecodeRow {
+        handle: h,
+        num_draft_tokens: k,
+        token_ids: emitted,
+        logprobs: Vec::new(),
+    }
+}
+
+/// Up to `k` drafts: a pseudo-random number of true continuations, then wrong tokens.
+fn propose(r: &RunnerReq, k: usize, vocab: u32, h: ReqHandle, res: &mut ModelRunnerOutput) {
+    if k == 0 {
+        return;
+    }
+    let mut seq = r.tokens.clone();
+    let right = sample(&seq, 7) as usize % (k + 1);
+    let n = 1 + sample(&seq, 5) as usize % k;
+    let mut drafts = Vec::new();
+    for j in 0..n {
+        let t = sample(&seq, vocab);
+        let d = if j < right { t } else { (t + 1) % vocab };
+        drafts.push(d);
+        seq.push(d);
+    }
+    res.spec_token_ids.push((h, drafts));
 }
 
 pub fn greedy_req(id: &str, prompt: Vec<u32>, max_tokens: usize) -> Request {

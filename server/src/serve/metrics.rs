@@ -253,6 +253,7 @@ impl Metrics {
         let labels = format!("model_name=\"{model}\",engine=\"0\"");
         let mut out = String::with_capacity(8192);
         render_engines(&mut out, ranks, &model);
+        render_spec_decode(&mut out, ranks, &model);
         let finished = *self.finished.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(
             out,
@@ -498,6 +499,60 @@ fn render_engines(out: &mut String, ranks: &[EngineStats], model: &str) {
     }
 }
 
+/// vLLM's speculative-decoding counters (zero without `--speculative-config`), the
+/// per-position acceptances labelled `position` (0-based, as vLLM's).
+fn render_spec_decode(out: &mut String, ranks: &[EngineStats], model: &str) {
+    type Counter = (
+        (&'static str, &'static str, &'static str),
+        fn(&EngineStats) -> String,
+    );
+    let counters: [Counter; 3] = [
+        (
+            (
+                "vllm:spec_decode_num_drafts",
+                "counter",
+                "Number of spec decoding drafts.",
+            ),
+            |s| s.spec_decoding.num_drafts.to_string(),
+        ),
+        (
+            (
+                "vllm:spec_decode_num_draft_tokens",
+                "counter",
+                "Number of draft tokens.",
+            ),
+            |s| s.spec_decoding.num_draft_tokens.to_string(),
+        ),
+        (
+            (
+                "vllm:spec_decode_num_accepted_tokens",
+                "counter",
+                "Number of accepted tokens.",
+            ),
+            |s| s.spec_decoding.num_accepted_tokens.to_string(),
+        ),
+    ];
+    for (head, value) in counters {
+        per_rank(out, head, ranks, model, value);
+    }
+    let name = "vllm:spec_decode_num_accepted_tokens_per_pos";
+    let _ = writeln!(out, "# HELP {name} Accepted tokens per draft position.");
+    let _ = writeln!(out, "# TYPE {name} counter");
+    for (rank, stats) in ranks.iter().enumerate() {
+        for (pos, c) in stats
+            .spec_decoding
+            .num_accepted_tokens_per_pos
+            .iter()
+            .enumerate()
+        {
+            let _ = writeln!(
+                out,
+                "{name}_total{{model_name=\"{model}\",engine=\"{rank}\",position=\"{pos}\"}} {c}"
+            );
+        }
+    }
+}
+
 /// `vllm:iteration_tokens_total`, one histogram per rank under one header.
 fn render_iteration_tokens(out: &mut String, ranks: &[EngineStats], model: &str) {
     let name = "vllm:iteration_tokens_total";
@@ -561,6 +616,12 @@ mod tests {
             generation_tokens: 50,
             num_steps: 7,
             iteration_tokens: Default::default(),
+            spec_decoding: pagoda_engine::SpecDecodingStats {
+                num_drafts: 3,
+                num_draft_tokens: 9,
+                num_accepted_tokens: 5,
+                num_accepted_tokens_per_pos: vec![3, 2, 0],
+            },
         };
         let text = m.render(std::slice::from_ref(&stats), "smol\"lm");
         for line in [
@@ -576,6 +637,10 @@ mod tests {
             "vllm:gpu_prefix_cache_queries_total{model_name=\"smol\\\"lm\",engine=\"0\"} 10",
             "vllm:prompt_tokens_total{model_name=\"smol\\\"lm\",engine=\"0\"} 100",
             "vllm:generation_tokens_total{model_name=\"smol\\\"lm\",engine=\"0\"} 50",
+            "vllm:spec_decode_num_drafts_total{model_name=\"smol\\\"lm\",engine=\"0\"} 3",
+            "vllm:spec_decode_num_draft_tokens_total{model_name=\"smol\\\"lm\",engine=\"0\"} 9",
+            "vllm:spec_decode_num_accepted_tokens_total{model_name=\"smol\\\"lm\",engine=\"0\"} 5",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"smol\\\"lm\",engine=\"0\",position=\"1\"} 2",
             "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",engine=\"0\",le=\"0.02\"} 0",
             "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",engine=\"0\",le=\"0.04\"} 1",
             "vllm:time_to_first_token_seconds_bucket{model_name=\"smol\\\"lm\",engine=\"0\",le=\"+Inf\"} 1",
