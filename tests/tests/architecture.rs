@@ -1,6 +1,7 @@
 //! ARCHITECTURE.md's checkable invariants, run as a test so that they cannot go
-//! stale: which crate may depend on which (over the resolved graph of normal
-//! dependencies, default features, as `cargo metadata` gives it offline), core free
+//! stale: which crate may depend on which (the manifests' normal dependencies,
+//! closed over the workspace's crates, as `cargo metadata --no-deps` gives them
+//! without a registry), core free
 //! of CUDA, no backend depending on another, no library outside `backends/` naming
 //! a backend, the engine free of HTTP, and the HTTP layer reaching the engine only
 //! through its handle. Each assertion names the ARCHITECTURE.md paragraph it checks.
@@ -23,51 +24,38 @@ struct Graph {
 }
 
 impl Graph {
+    /// The workspace's manifests (`cargo metadata --no-deps`: no registry, no
+    /// network): each crate's normal, non-optional dependencies (what the default
+    /// build links; the `cuda` features' optional crates are left out).
     fn load() -> Graph {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let run = |offline: bool| {
-            let mut c = Command::new(&cargo);
-            c.args(["metadata", "--format-version", "1"]);
-            if offline {
-                c.arg("--offline");
-            }
-            c.current_dir(root())
-                .output()
-                .expect("running cargo metadata")
-        };
-        // Offline first (everything is fetched once the tests are built).
-        let out = Some(run(true))
-            .filter(|o| o.status.success())
-            .unwrap_or_else(|| run(false));
+        let out = Command::new(&cargo)
+            .args([
+                "metadata",
+                "--no-deps",
+                "--offline",
+                "--format-version",
+                "1",
+            ])
+            .current_dir(root())
+            .output()
+            .expect("running cargo metadata");
         assert!(
             out.status.success(),
             "cargo metadata: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let m: Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
-        let name_of: HashMap<&str, &str> = m["packages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
-            .collect();
         let mut deps = HashMap::new();
-        for node in m["resolve"]["nodes"].as_array().unwrap() {
-            let name = name_of[node["id"].as_str().unwrap()].to_string();
-            let normal: BTreeSet<String> = node["deps"]
+        for p in m["packages"].as_array().unwrap() {
+            let normal: BTreeSet<String> = p["dependencies"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .filter(|d| {
-                    d["dep_kinds"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .any(|k| k["kind"].is_null())
-                })
-                .map(|d| name_of[d["pkg"].as_str().unwrap()].to_string())
+                .filter(|d| d["kind"].is_null() && d["optional"] != Value::Bool(true))
+                .map(|d| d["name"].as_str().unwrap().to_string())
                 .collect();
-            deps.insert(name, normal);
+            deps.insert(p["name"].as_str().unwrap().to_string(), normal);
         }
         Graph { deps }
     }
