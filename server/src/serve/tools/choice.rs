@@ -4,8 +4,7 @@
 //! JSON schema built from the tools' parameters, as vLLM builds it), so the
 //! arguments always validate, and read it with the parsers below.
 
-use super::scan::{json_value, Scan};
-use super::{call_from_object, Cursor, Mode, Step, ToolParser};
+use super::{json_call, Cursor, JsonCall, Mode, Step, ToolParser};
 use crate::serve::error::ApiError;
 use serde_json::{json, Value};
 
@@ -171,16 +170,10 @@ impl ToolParser for RequiredParser {
             if t.is_empty() {
                 break;
             }
-            match json_value(t) {
-                Scan::Complete(v, n) => match call_from_object(&v) {
-                    Some((name, args)) => {
-                        s.call(name, args);
-                        pos += n;
-                    }
-                    None => cur.mode = Mode::Content,
-                },
-                Scan::Incomplete if !fin => break,
-                _ => cur.mode = Mode::Content,
+            match json_call(t, fin, &mut s) {
+                JsonCall::Call(n) => pos += n,
+                JsonCall::Wait => break,
+                JsonCall::NotACall => cur.mode = Mode::Content,
             }
         }
         s.settled = pos;

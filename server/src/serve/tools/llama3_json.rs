@@ -4,8 +4,7 @@
 //! start that way is content; so is whatever follows the last call that is not
 //! one.
 
-use super::scan::{json_value, Scan};
-use super::{call_from_object, Cursor, Mode, Step, ToolParser, ToolParserEntry};
+use super::{json_call, Cursor, JsonCall, Mode, Step, ToolParser, ToolParserEntry};
 
 const TAG: &str = "<|python_tag|>";
 
@@ -46,16 +45,10 @@ impl ToolParser for Llama3Json {
                     if t.is_empty() {
                         break;
                     }
-                    match json_value(t) {
-                        Scan::Complete(v, n) => match call_from_object(&v) {
-                            Some((name, args)) => {
-                                s.call(name, args);
-                                pos += n;
-                            }
-                            None => cur.mode = Mode::Content,
-                        },
-                        Scan::Incomplete if !fin => break,
-                        _ => cur.mode = Mode::Content,
+                    match json_call(t, fin, &mut s) {
+                        JsonCall::Call(n) => pos += n,
+                        JsonCall::Wait => break,
+                        JsonCall::NotACall => cur.mode = Mode::Content,
                     }
                 }
             }

@@ -245,6 +245,32 @@ pub(crate) fn call_from_object(v: &serde_json::Value) -> Option<(String, String)
     Some((name, scan::arguments_string(args)?))
 }
 
+/// What [`json_call`] found at the start of a text.
+pub(crate) enum JsonCall {
+    /// A complete call object of this many bytes, handed to the step.
+    Call(usize),
+    /// The object is not complete yet: wait for the next delta.
+    Wait,
+    /// Not a call object: the rest is content.
+    NotACall,
+}
+
+/// Reads one `{"name", "arguments" | "parameters"}` object at the start of `t`
+/// into `s` (the JSON-list parsers' common step: `llama3_json`, `required`).
+pub(crate) fn json_call(t: &str, is_final: bool, s: &mut Step) -> JsonCall {
+    match scan::json_value(t) {
+        scan::Scan::Complete(v, n) => match call_from_object(&v) {
+            Some((name, args)) => {
+                s.call(name, args);
+                JsonCall::Call(n)
+            }
+            None => JsonCall::NotACall,
+        },
+        scan::Scan::Incomplete if !is_final => JsonCall::Wait,
+        _ => JsonCall::NotACall,
+    }
+}
+
 /// Whitespace where it is dropped (at the start, after a call) when a call or
 /// the end follows: how many bytes of `rest` to skip (0 when content follows,
 /// which keeps its whitespace), or `None` to wait for the next delta.
