@@ -92,24 +92,62 @@ impl StepPool {
         }
         self.pool.install(|| {
             let done = AtomicBool::new(false);
+            let started = AtomicBool::new(false);
+            let ready = AtomicUsize::new(0);
             let me = rayon::current_thread_index();
             rayon::scope(|s| {
                 // One poller in each worker's own broadcast queue (no other worker
                 // can take it, and pushing it wakes them all); this worker's returns
                 // at once whenever it gets to it.
                 s.spawn_broadcast(|_, ctx| {
-                    if Some(ctx.index()) != me {
-                        self.active.fetch_add(1, Ordering::Relaxed);
-                        poll_until(&done);
-                        self.active.fetch_sub(1, Ordering::Relaxed);
+                    if Some(ctx.index()) == me {
+                        return;
                     }
+                    // A worker that reaches its poller only after the step began may
+                    // be running it on top of a half of the step's loops that it
+                    // stole first; polling there until the step ends would wait on
+                    // the step while the step waits on that half (a deadlock, seen
+                    // with several pools on two cores). Before the step begins the
+                    // pool holds no other job, so a poller seen then sits at the
+                    // bottom of its worker's stack and may poll.
+                    if started.load(Ordering::Acquire) {
+                        return;
+                    }
+                    ready.fetch_add(1, Ordering::AcqRel);
+                    self.active.fetch_add(1, Ordering::Relaxed);
+                    poll_until(&done);
+                    self.active.fetch_sub(1, Ordering::Relaxed);
                 });
                 // Set on return and on unwind: a panicking step must not leave the
                 // scope waiting on pollers forever.
                 let _stop = Stop(&done);
+                wait_for_pollers(&ready, helpers);
+                started.store(true, Ordering::Release);
                 f()
             })
         })
+    }
+}
+
+/// How long a step waits for the other workers to take their pollers before it
+/// starts without the late ones (a parked worker wakes in tens of µs).
+const POLLER_WAIT: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// Spins until `helpers` pollers are ready or [`POLLER_WAIT`] has passed.
+fn wait_for_pollers(ready: &AtomicUsize, helpers: usize) {
+    let t = std::time::Instant::now();
+    let mut spins = 0u32;
+    while ready.load(Ordering::Acquire) < helpers {
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(16) {
+            if t.elapsed() >= POLLER_WAIT {
+                return;
+            }
+            // The core to a worker being woken, when there are more threads than cores.
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
     }
 }
 
@@ -230,20 +268,73 @@ mod tests {
     #[test]
     fn with_four_threads_the_three_others_poll() {
         let pool = StepPool::with_threads(4, true).unwrap();
+        // A worker woken too late for a step skips polling in it (see `install`), so
+        // on a loaded machine not every step sees all three: most must.
+        let mut all_three = 0;
         for _ in 0..20 {
             let t = std::time::Instant::now();
             let seen = pool.install(|| {
                 // Wait (a bounded while) for every other worker to be polling.
                 while pool.active.load(Ordering::Relaxed) < 3
-                    && t.elapsed() < std::time::Duration::from_secs(5)
+                    && t.elapsed() < std::time::Duration::from_millis(200)
                 {
                     std::hint::spin_loop();
                 }
                 pool.active.load(Ordering::Relaxed)
             });
-            assert_eq!(seen, 3);
+            all_three += usize::from(seen == 3);
         }
+        assert!(all_three >= 10, "3 pollers in only {all_three} of 20 steps");
         assert_eq!(pool.active.load(Ordering::Relaxed), 0, "pollers left");
+    }
+
+    /// A worker that takes a half of the step's first loop before its poller must not
+    /// run the poller on top of that half (it would wait for the step, and the step
+    /// for the half): back-to-back steps of nested loops, the window being a worker
+    /// still looking for work from the previous step when the next one starts.
+    /// (Seen once in ~100 runs of tests/tests/spec_decode.rs before the fix.)
+    #[test]
+    fn back_to_back_steps_of_nested_loops_never_deadlock() {
+        // Three pools on their own threads (three engines in one process, as the
+        // tests run them): more threads than cores, so a worker is often
+        // descheduled between looking for its poller and stealing.
+        let (tx, rx) = std::sync::mpsc::channel();
+        for seed in 1..=3u64 {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let pool = StepPool::with_threads(2, true).unwrap();
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed;
+                for i in 0..30_000u64 {
+                    // Between steps, 0-60 µs of the caller's own work (the scheduler's).
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let gap = std::time::Instant::now();
+                    while gap.elapsed().as_nanos() < u128::from(x % 60_000) {
+                        std::hint::spin_loop();
+                    }
+                    let s: u64 = pool.install(|| {
+                        (0..4u64)
+                            .into_par_iter()
+                            .map(|a| (0..4u64).into_par_iter().map(|b| a * b).sum::<u64>())
+                            .sum()
+                    });
+                    assert_eq!(s, 36);
+                    if i % 1_000 == 0 {
+                        let _ = tx.send(0);
+                    }
+                }
+                let _ = tx.send(1);
+            });
+        }
+        drop(tx);
+        let mut finished = 0;
+        while finished < 3 {
+            match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+                Ok(f) => finished += f,
+                Err(e) => panic!("a pool deadlocked (no progress for 60 s): {e}"),
+            }
+        }
     }
 
     #[test]
