@@ -4,13 +4,13 @@
 # whole CI budget, and says where it hung.
 #
 # Why: one CI run (stop 34) spent its 90 minutes inside tests/tests/spec_decode.rs,
-# a binary that takes 9 s here; the hang reproduced once in ~100 local runs of that
-# binary (three engines in one process) and not in 200 single-engine runs of the
-# same scenario. Until it is found, a binary still running after
-# PAGODA_TEST_BINARY_TIMEOUT seconds (default 480; the slowest binary takes ~200 s on
-# 2 cores) gets every thread's backtrace printed (gdb, when installed), is killed, and
-# is run once more; a second hang, or any failure, fails as before. The first hang is
-# printed loudly ("test-runner: HUNG"), never hidden.
+# a binary that takes 9 s here: a deadlock of the step pool with several engines in
+# one process (fixed in engine/src/step_pool.rs, with a test), seen once in ~100 local
+# runs. So that the next such bug costs minutes and leaves its evidence: a binary
+# still running after PAGODA_TEST_BINARY_TIMEOUT seconds (default 480; the slowest
+# takes ~200 s on 2 cores) gets every thread's backtrace printed (gdb, when
+# installed), is killed, and is run once more; a second hang, or any failure, fails
+# as before. The first hang is printed loudly ("test-runner: HUNG"), never hidden.
 set -uo pipefail
 limit="${PAGODA_TEST_BINARY_TIMEOUT:-480}"
 
