@@ -18,6 +18,11 @@
 #   bf16) and Pagoda runs with `--dtype bf16` (its bf16 GEMMs on vdpbf16ps).
 #   WEIGHTS=q4_1: both load the shipped Q4_1 GGUF as it is, each at its default (Pagoda's
 #   `--dtype auto` keeps the Q4_1/Q8_0 blocks: its int8 kernels).
+#   WEIGHTS=fixture FIXTURE=llama-1b.Q4_K_M: both load a real-size random-weight GGUF
+#   made by scripts/bench/make-fixture.sh ($PAGODA_CACHE/fixtures/$FIXTURE.gguf).
+#   AVX2=1: the AVX2-only case: Pagoda under PAGODA_DISABLE_AVX512=1 against the
+#   llama-server built by `NO_AVX512=1 build-llama-server.sh` (bin-avx2/).
+#   PREFIX_CONCURRENCY=0 skips the shared-prefix runs.
 #   CLIENT=python: the load comes from scripts/bench/py_client.py instead (text prompts
 #   of ~INPUT_LEN tokens, a Python asyncio streaming client as users run one), and
 #   nothing is niced (NICE=0): the client competes with the server for the cores, as
@@ -49,11 +54,16 @@ log() { echo "[side-by-side $(date -u +%H:%M:%S)] $*" >&2; }
 
 # --- binaries and weights -------------------------------------------------------
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    eval "$(scripts/bench/build-llama-server.sh)"
+    if [ "${AVX2:-0}" = 1 ]; then
+        eval "$(NO_AVX512=1 scripts/bench/build-llama-server.sh)"
+    else
+        eval "$(scripts/bench/build-llama-server.sh)"
+    fi
     cargo build --release -p pagoda-server --bin pagoda >&2
 else
     CACHE="${PAGODA_CACHE:-$HOME/.cache/pagoda}"
     LLAMA_SERVER="$CACHE/llama.cpp/bin/llama-server"
+    [ "${AVX2:-0}" = 1 ] && LLAMA_SERVER="$CACHE/llama.cpp/bin-avx2/llama-server"
     F32_MODEL="$CACHE/models/SmolLM2-135M-Instruct.F32.gguf"
     BF16_MODEL="$CACHE/models/SmolLM2-135M-Instruct.BF16.gguf"
 fi
@@ -69,8 +79,13 @@ q4_1)
     # (its default `--dtype auto`).
     MODEL="${PAGODA_MODEL:-${PAGODA_CACHE:-$HOME/.cache/pagoda}/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
     ;;
-*) log "WEIGHTS must be f32, bf16 or q4_1"; exit 1 ;;
+fixture)
+    MODEL="${PAGODA_CACHE:-$HOME/.cache/pagoda}/fixtures/${FIXTURE:?WEIGHTS=fixture needs FIXTURE, e.g. llama-1b.Q4_K_M}.gguf"
+    ;;
+*) log "WEIGHTS must be f32, bf16, q4_1 or fixture"; exit 1 ;;
 esac
+# The AVX2-only case: every AVX-512 path of Pagoda off (kernels/src/isa.rs).
+[ "${AVX2:-0}" = 1 ] && export PAGODA_DISABLE_AVX512=1
 PAGODA="${CARGO_TARGET_DIR:-$ROOT/target}/release/pagoda"
 for f in "$LLAMA_SERVER" "$MODEL" "$PAGODA"; do
     [ -e "$f" ] || { log "missing $f"; exit 1; }
@@ -89,7 +104,7 @@ PAGODA="$OUT/bin/pagoda"
     echo "pagoda: $(git rev-parse --short HEAD) $(git status --porcelain | grep -q . && echo '(dirty tree)')"
     echo "llama-server: $("$LLAMA_SERVER" --version 2>&1 | grep -m1 version)"
     echo "model: $MODEL ($(stat -c %s "$MODEL") bytes)"
-    echo "weights: $WEIGHTS; pagoda serve args: ${PAGODA_SERVE_ARGS:-}"
+    echo "weights: $WEIGHTS ${FIXTURE:-}; avx2-only: ${AVX2:-0}; pagoda serve args: ${PAGODA_SERVE_ARGS:-}"
     echo "workload: input=$INPUT_LEN output=$OUTPUT_LEN concurrency=$CONCURRENCY prefix=$PREFIX_LEN@$PREFIX_CONCURRENCY rounds=$ROUNDS threads=$THREADS nice=$NICE client=$CLIENT"
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt" >&2
@@ -169,8 +184,10 @@ for round in $(seq 1 "$ROUNDS"); do
         start_server "$name" "$OUT/$name-r$round.log"
         bench "$name" "$round" main --concurrency "$CONCURRENCY" --seed "$round" \
             --plot "$OUT/$name-main-r$round.png"
-        bench "$name" "$round" prefix --concurrency "$PREFIX_CONCURRENCY" \
-            --shared-prefix-len "$PREFIX_LEN" --seed $((round + 1000))
+        if [ "$PREFIX_CONCURRENCY" != 0 ]; then
+            bench "$name" "$round" prefix --concurrency "$PREFIX_CONCURRENCY" \
+                --shared-prefix-len "$PREFIX_LEN" --seed $((round + 1000))
+        fi
         # Peak resident set of the server over the whole round.
         grep -E '^Vm(HWM|RSS)' "/proc/$SERVER_PID/status" | tee "$OUT/$name-r$round.rss" >&2
         stop_server
