@@ -101,14 +101,15 @@ fn bench(c: &mut Criterion) {
                 ));
             }
         }
-        for m in [1usize, 4, 32, 256] {
+        // m = 5: one verify row of 4 drafts; m = 8: a decode batch of 8.
+        for m in [1usize, 4, 5, 8, 32, 256] {
             if name == "lm_head" && m > 32 {
                 continue;
             }
             let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.01 - 0.05).collect();
             let mut out = vec![0.0; m * n];
             let mut acts = QuantActs::default();
-            g.throughput(if m <= 4 {
+            g.throughput(if m <= 8 {
                 Throughput::Bytes((n * k * 4) as u64)
             } else {
                 Throughput::Elements((2 * m * n * k) as u64)

@@ -456,6 +456,7 @@ impl ModelRunner {
         self.sample_rows.clear();
         self.prompt_rows.clear();
         let mut rows: Vec<&[u32]> = Vec::with_capacity(sched_out.num_scheduled_tokens.len());
+        let mut verify_runs = Vec::new();
         for (i, &(_, n)) in sched_out.num_scheduled_tokens.iter().enumerate() {
             let h = sched_out.num_scheduled_tokens[i].0;
             let st = self
@@ -483,17 +484,22 @@ impl ModelRunner {
             if verify {
                 // A verify row: logits at its last known token and every draft. The
                 // attention sees it as one decode row per token (causal: token j sees
-                // the positions up to its own), which `paged` serves with a plain decode
-                // row's arithmetic; the tokens, positions and slots are the same.
+                // the positions up to its own), marked as one verify run: any decode
+                // backend serves the rows with a plain decode row's arithmetic, and
+                // one that serves runs (`paged`) reads their keys once.
                 self.spec_rows.push(spec_rows::SpecRow {
                     sched_index: i,
                     base: self.input_ids.len() - st.num_drafts - 1,
                     num_drafts: st.num_drafts,
                 });
+                let first = self.query_lens.len();
                 for p in start..end {
                     self.query_lens.push(1);
                     self.seq_lens.push(p + 1);
                     rows.push(&st.block_ids);
+                }
+                if end - start > 1 {
+                    verify_runs.push(first..self.query_lens.len());
                 }
             } else {
                 self.query_lens.push(n);
@@ -539,6 +545,11 @@ impl ModelRunner {
             )
             .map_err(EngineError::from)?;
         drop(rows);
+        // Each verify row's decode rows as one run: a backend that serves runs reads
+        // its keys once for all of them (the same bits as the rows alone).
+        for run in verify_runs {
+            self.batch.mark_verify_run(run).map_err(EngineError::from)?;
+        }
         // Grammar masks are computed on the mask threads while the model runs.
         self.start_masks(sched_out)?;
         let greedy =

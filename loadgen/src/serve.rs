@@ -65,6 +65,11 @@ pub struct ServeBenchArgs {
     /// Print only the summary table, not the per-level blocks.
     #[arg(long)]
     pub quiet: bool,
+    /// Sampling temperature of every request (0: greedy). Above 0 each request also
+    /// carries its own `seed` (`--seed` plus its index), so a run is reproducible:
+    /// the sampled workload where speculative drafts are rarely accepted.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
 }
 
 pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
@@ -89,17 +94,43 @@ pub fn run(a: ServeBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The request body for one prompt.
-pub fn completion_body(model: &str, prompt: &[u32], output_len: usize) -> Value {
-    json!({
+/// How every request of a run samples: greedy, or `temperature` with a seed per
+/// request (`seed` plus the request's index).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampling {
+    pub temperature: f64,
+    pub seed: u64,
+}
+
+impl Sampling {
+    /// Greedy decoding (the default workload).
+    pub const GREEDY: Sampling = Sampling {
+        temperature: 0.0,
+        seed: 0,
+    };
+}
+
+/// The request body for prompt number `index`.
+pub fn completion_body(
+    model: &str,
+    prompt: &[u32],
+    output_len: usize,
+    sampling: Sampling,
+    index: usize,
+) -> Value {
+    let mut body = json!({
         "model": model,
         "prompt": prompt,
         "max_tokens": output_len,
-        "temperature": 0.0,
+        "temperature": sampling.temperature,
         "ignore_eos": true,
         "stream": true,
         "stream_options": {"include_usage": true},
-    })
+    });
+    if sampling.temperature > 0.0 {
+        body["seed"] = json!(sampling.seed.wrapping_add(index as u64));
+    }
+    body
 }
 
 /// Runs every level and returns the report (also printing the tables).
@@ -136,6 +167,14 @@ pub async fn run_async(a: &ServeBenchArgs) -> anyhow::Result<BenchReport> {
                 .to_string()
         }
     };
+    anyhow::ensure!(
+        a.temperature >= 0.0 && a.temperature.is_finite(),
+        "--temperature must be a finite number >= 0"
+    );
+    let sampling = Sampling {
+        temperature: a.temperature,
+        seed: a.seed,
+    };
     let (lo, hi) = a.token_id_range;
     let mut gen = PromptGen::new(PromptSpec {
         input_len: a.input_len,
@@ -154,7 +193,10 @@ pub async fn run_async(a: &ServeBenchArgs) -> anyhow::Result<BenchReport> {
         let t = Instant::now();
         for p in gen.take(a.warmup)? {
             let r = client
-                .stream_completion(&completion_body(&model, &p, a.output_len.min(16)), t)
+                .stream_completion(
+                    &completion_body(&model, &p, a.output_len.min(16), sampling, 0),
+                    t,
+                )
                 .await;
             if let Some(e) = r.error {
                 anyhow::bail!("warm-up request failed: {e}");
@@ -170,7 +212,8 @@ pub async fn run_async(a: &ServeBenchArgs) -> anyhow::Result<BenchReport> {
     for &c in &a.concurrency {
         let n = a.num_prompts.unwrap_or((2 * c).max(8));
         let prompts = gen.take(n)?;
-        let (duration_s, reqs) = run_level(&client, &model, prompts, c, a.output_len).await;
+        let (duration_s, reqs) =
+            run_level(&client, &model, prompts, c, a.output_len, sampling).await;
         let summary = report::summarize(c, duration_s, prompt_len, &reqs);
         if !a.quiet {
             print!("{}", report::level_block(&summary));
@@ -207,12 +250,13 @@ async fn run_level(
     prompts: Vec<Vec<u32>>,
     c: usize,
     output_len: usize,
+    sampling: Sampling,
 ) -> (f64, Vec<RequestResult>) {
     let sem = Arc::new(tokio::sync::Semaphore::new(c));
     let start = Instant::now();
     let mut handles = Vec::with_capacity(prompts.len());
-    for p in prompts {
-        let body = completion_body(model, &p, output_len);
+    for (i, p) in prompts.into_iter().enumerate() {
+        let body = completion_body(model, &p, output_len, sampling, i);
         let client = client.clone();
         // Acquire before spawning so requests start in order as slots free up.
         let permit = sem

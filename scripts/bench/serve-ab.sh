@@ -13,7 +13,8 @@
 #
 # Env (defaults): ROUNDS=2 CONCURRENCY=1,32 NUM_PROMPTS (max(2 x concurrency, 8))
 #   INPUT_LEN=64 OUTPUT_LEN=128 PORT=18120 MODEL (the shipped Q4_1 GGUF)
-#   PAGODA (default target/release/pagoda).
+#   PAGODA (default target/release/pagoda) BENCH_EXTRA (more `pagoda bench serve`
+#   flags for the timed runs, e.g. "--temperature 1.0": a sampled workload).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 CACHE="${PAGODA_CACHE:-$HOME/.cache/pagoda}"
@@ -44,9 +45,10 @@ for round in $(seq 1 "$ROUNDS"); do
         for c in ${CONCURRENCY//,/ }; do
             n="${NUM_PROMPTS:-$((2 * c > 8 ? 2 * c : 8))}"
             json="$(mktemp)"
+            # shellcheck disable=SC2086
             "$PAGODA" bench serve --base-url "http://127.0.0.1:$PORT" --model m --quiet \
                 --concurrency "$c" --num-prompts "$n" --input-len "${INPUT_LEN:-64}" \
-                --output-len "${OUTPUT_LEN:-128}" --json "$json" >/dev/null 2>&1
+                --output-len "${OUTPUT_LEN:-128}" --json "$json" ${BENCH_EXTRA:-} >/dev/null 2>&1
             python3 - "$json" "$round" "$label" "$c" <<'PY'
 import json, sys
 path, rnd, label, c = sys.argv[1:]

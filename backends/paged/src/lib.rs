@@ -111,8 +111,13 @@ struct Plan {
     planned: bool,
     num_reqs: usize,
     blocks: StepBlocks,
+    /// In task order: a task's items are consecutive.
     items: Vec<WorkItem>,
-    /// Index of request `r`'s first item; its items are its splits in order.
+    /// `(first item, items)`: one item, or split `t` of every row of (a piece of) a
+    /// verify run that reaches it, served in one pass ([`kernel::attend_run`]).
+    tasks: Vec<(u32, u32)>,
+    /// Row `r`'s items are `row_items[first_item[r]..][..splits[r]]`, in split order.
+    row_items: Vec<u32>,
     first_item: Vec<usize>,
     splits: Vec<usize>,
     partial_o: Vec<f32>,
@@ -177,22 +182,37 @@ impl PagedBackend {
         // count, so a row's bits do not either (and `flash` cuts a prefill row's
         // keys at the same places).
         let window = self.cfg.sliding_window;
-        let keys = |s: usize| window.map_or(s, |w| s.min(w));
+        let lo = |r: usize| b.seq_len(r) - window.map_or(b.seq_len(r), |w| b.seq_len(r).min(w));
         p.items.clear();
+        p.tasks.clear();
+        p.row_items.clear();
         p.first_item.clear();
         p.splits.clear();
         for r in 0..n {
-            let s = b.seq_len(r);
-            let lo = s - keys(s);
-            p.first_item.push(p.items.len());
-            let before = p.items.len();
-            p.items
-                .extend(attn::splits(lo, s).map(|(start, end)| WorkItem {
-                    req: r as u32,
-                    start: start as u32,
-                    end: end as u32,
-                }));
-            p.splits.push(p.items.len() - before);
+            p.first_item.push(p.row_items.len());
+            let count = attn::splits(lo(r), b.seq_len(r)).count();
+            p.splits.push(count);
+            p.row_items.resize(p.row_items.len() + count, 0);
+        }
+        let threads = rayon::current_num_threads();
+        let mut runs = b.verify_runs().peekable();
+        let mut r = 0;
+        while r < n {
+            let run = match runs.next_if(|run| run.start == r) {
+                // One pass needs the same split starts: the same first key.
+                Some(run) if run.clone().all(|j| lo(j) == lo(r)) => run,
+                _ => r..r + 1,
+            };
+            // Pieces of the run, enough for every thread to have a task: a run that
+            // reaches few splits (a short context) would otherwise run on one
+            // thread. (How rows are grouped never changes a row's arithmetic.)
+            let splits = p.splits[run.end - 1];
+            let pieces = threads.div_ceil(splits).clamp(1, run.len());
+            let per = run.len().div_ceil(pieces).min(kernel::MAX_RUN);
+            for piece in run.clone().step_by(per) {
+                p.add_tasks(piece..(piece + per).min(run.end), lo(r), b);
+            }
+            r = run.end;
         }
         p.partial_o.resize(p.items.len() * nh * hd, 0.0);
         p.partial_lse.resize(p.items.len() * nh, 0.0);
@@ -251,7 +271,52 @@ impl PagedBackend {
     }
 }
 
-/// Every work item of the plan over pools of `E`, into the plan's partial outputs.
+impl Plan {
+    /// The tasks of rows `rows` (one row, or consecutive rows of a verify run, whose
+    /// key ranges all start at `lo`): for each split of the last (longest) row, one
+    /// task of the rows that reach it. Row `r`'s split `t` has the same start as
+    /// the last row's (cut at the same multiples from the same `lo`) and ends at
+    /// `min(seq_len(r), end)`.
+    fn add_tasks(&mut self, rows: std::ops::Range<usize>, lo: usize, b: &BatchDescriptor) {
+        let last = rows.end - 1;
+        for (t, (start, end)) in attn::splits(lo, b.seq_len(last)).enumerate() {
+            let first = self.items.len();
+            for r in rows.clone().filter(|&r| t < self.splits[r]) {
+                self.row_items[self.first_item[r] + t] = self.items.len() as u32;
+                self.items.push(WorkItem {
+                    req: r as u32,
+                    start: start as u32,
+                    // Split t of row r: the same start, its own end.
+                    end: b.seq_len(r).min(end) as u32,
+                });
+            }
+            self.tasks
+                .push((first as u32, (self.items.len() - first) as u32));
+        }
+    }
+}
+
+/// A plan's partial buffer, written by disjoint tasks in parallel.
+#[derive(Clone, Copy)]
+struct Partials(*mut f32);
+// SAFETY: made from a `&mut [f32]` borrowed for the whole parallel call; each task
+// writes only its own items' elements through it (tasks cover disjoint items).
+unsafe impl Send for Partials {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Partials {}
+impl Partials {
+    /// Items `items` of `per` elements each.
+    ///
+    /// # Safety
+    /// The buffer holds those items, and no other live slice covers them.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn items(&self, items: std::ops::Range<usize>, per: usize) -> &mut [f32] {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(items.start * per), items.len() * per) }
+    }
+}
+
+/// Every task of the plan over pools of `E`, into the plan's partial outputs.
 ///
 /// # Safety
 /// `isa` is available on this CPU; `q` holds the plan's `num_reqs` query rows, and
@@ -272,17 +337,20 @@ unsafe fn attend_items<E: KvElem>(
         cfg.block_size,
     );
     let (g, scale, soft_cap) = (cfg.gqa_ratio(), cfg.scale, cfg.logits_soft_cap);
-    let blocks = &p.blocks;
-    p.partial_o
-        .par_chunks_mut(nh * hd)
-        .zip(p.partial_lse.par_chunks_mut(nh))
-        .zip(p.partial_l.par_chunks_mut(nh))
-        .zip(p.items.par_iter())
+    let (blocks, items) = (&p.blocks, &p.items);
+    let po = Partials(p.partial_o.as_mut_ptr());
+    let plse = Partials(p.partial_lse.as_mut_ptr());
+    let pl = Partials(p.partial_l.as_mut_ptr());
+    let q_row = |r: usize| &q[r * nh * hd..(r + 1) * nh * hd];
+    p.tasks
+        .par_iter()
         .with_max_len(1)
-        .for_each(|(((o, lse), l), it)| {
+        .for_each(|&(first, count)| {
+            let range = first as usize..(first + count) as usize;
+            let it = items[range.end - 1];
             let r = it.req as usize;
             let args = kernel::ItemArgs {
-                q: &q[r * nh * hd..(r + 1) * nh * hd],
+                q: q_row(r),
                 k_cache: kc,
                 v_cache: vc,
                 blocks: blocks.blocks(r, bs),
@@ -295,10 +363,32 @@ unsafe fn attend_items<E: KvElem>(
                 start: it.start as usize,
                 end: it.end as usize,
             };
-            // SAFETY: `isa` is available and every block id in use is inside the
-            // pools (this function's contract); `blocks(r, bs)` covers the
-            // request's `seq_len >= end` positions.
-            unsafe { kernel::attend(isa, &args, o, lse, l) };
+            // SAFETY: the partial buffers hold every item (sized in `plan`) and tasks
+            // cover disjoint item ranges.
+            let (o, lse, l) = unsafe {
+                (
+                    po.items(range.clone(), nh * hd),
+                    plse.items(range.clone(), nh),
+                    pl.items(range.clone(), nh),
+                )
+            };
+            if count == 1 {
+                // SAFETY: `isa` is available and every block id in use is inside the
+                // pools (this function's contract); `blocks(r, bs)` covers the
+                // request's `seq_len >= end` positions.
+                unsafe { kernel::attend(isa, &args, o, lse, l) };
+                return;
+            }
+            // A verify run's rows (their blocks are the last row's, cut shorter).
+            let mut rows = [kernel::RunRow { q: &[], end: 0 }; kernel::MAX_RUN];
+            for (row, it) in rows.iter_mut().zip(&items[range]) {
+                *row = kernel::RunRow {
+                    q: q_row(it.req as usize),
+                    end: it.end as usize,
+                };
+            }
+            // SAFETY: as above; the last row's blocks cover every row's positions.
+            unsafe { kernel::attend_run(isa, &args, &rows[..count as usize], o, lse, l) };
         });
 }
 
@@ -324,7 +414,7 @@ fn merge_request(
         };
         g.reset();
         for k in 0..splits {
-            let i = (base + k) * nh + head;
+            let i = p.row_items[base + k] as usize * nh + head;
             g.add(p.partial_lse[i], &p.partial_o[i * hd..(i + 1) * hd]);
         }
         let x = g.finish(&mut out[head * hd..(head + 1) * hd]);
@@ -350,6 +440,12 @@ impl AttentionBackend for PagedBackend {
     /// `pagoda_kernels::attn`'s arithmetic, which `paged` and `flash` share.
     fn batch_invariant(&self) -> Option<&'static str> {
         Some(CPU_SPLIT_ARITHMETIC)
+    }
+
+    /// A verify run's rows take one pass per split ([`kernel::attend_run`]), each
+    /// with a plain decode row's chunk steps.
+    fn serves_verify_runs(&self) -> bool {
+        true
     }
 }
 

@@ -44,10 +44,14 @@ pub enum Check {
     /// of other thread counts give the same bits (the `invariance` module). Skipped for
     /// a backend that declares nothing.
     BatchInvariance,
+    /// Speculative verify rows: runs of `k + 1` decode rows of one request (random
+    /// `k`) match the reference, and bit for bit the same rows unmarked where the
+    /// backend declares `serves_verify_runs` (the `verify` module).
+    VerifyRuns,
 }
 
 impl Check {
-    pub const ALL: [Check; 9] = [
+    pub const ALL: [Check; 10] = [
         Check::RandomBatches,
         Check::BlockPermutation,
         Check::AloneEqualsInBatch,
@@ -57,6 +61,7 @@ impl Check {
         Check::LseMergeContextAndChunk,
         Check::BadBuffers,
         Check::BatchInvariance,
+        Check::VerifyRuns,
     ];
 
     /// Why the check does not apply to a backend with these capabilities at all
@@ -68,6 +73,7 @@ impl Check {
             }
             Check::LseMergeKvHalves if !caps.decode => Some("serves no decode rows"),
             Check::LseMergeContextAndChunk if !caps.prefill => Some("serves no prefill rows"),
+            Check::VerifyRuns if !caps.decode => Some("serves no decode rows"),
             _ => None,
         }
     }
@@ -77,7 +83,7 @@ impl Check {
         match self {
             Check::RandomBatches => 128,
             Check::BadBuffers => 1,
-            Check::BatchInvariance => 24,
+            Check::BatchInvariance | Check::VerifyRuns => 24,
             _ => 40,
         }
     }
@@ -108,6 +114,7 @@ impl Check {
             Check::LseMergeContextAndChunk => lse_merge_context_and_chunk(subject, spec, tol),
             Check::BadBuffers => bad_buffers(subject, spec),
             Check::BatchInvariance => crate::invariance::batch_invariance(subject, spec),
+            Check::VerifyRuns => crate::verify::verify_runs(subject, spec, tol),
         }
     }
 }
@@ -167,7 +174,7 @@ fn same_pools(check: &'static str, a: &HostKv, b: &HostKv) -> Result<(), KitErro
 }
 
 /// Compares outputs (and LSE where both have it) of every layer.
-fn compare_outputs(
+pub(crate) fn compare_outputs(
     check: &'static str,
     case: &Case,
     got: &Outputs,

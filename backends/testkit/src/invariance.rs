@@ -49,13 +49,26 @@ fn cut(q: usize, decode: bool, prefill: bool, rng: &mut Rng) -> Vec<(usize, usiz
 
 /// Compares `got` with `want` bit for bit; names the first difference.
 fn same_bits(buffer: &'static str, got: &[f32], want: &[f32], what: &str) -> Result<(), KitError> {
+    equal_bits("batch invariance", "as one batch", buffer, got, want, what)
+}
+
+/// Compares `got` with `want` (`want_is`: what the latter is) bit for bit for
+/// `check`; names the first difference.
+pub(crate) fn equal_bits(
+    check: &'static str,
+    want_is: &str,
+    buffer: &'static str,
+    got: &[f32],
+    want: &[f32],
+    what: &str,
+) -> Result<(), KitError> {
     if let Some(i) = (0..got.len().max(want.len()))
         .find(|&i| got.get(i).map(|x| x.to_bits()) != want.get(i).map(|x| x.to_bits()))
     {
         return Err(KitError::Protocol {
-            check: "batch invariance",
+            check,
             message: format!(
-                "{buffer} element {i} of {what}: {:?} vs {:?} as one batch (bits must be equal)",
+                "{buffer} element {i} of {what}: {:?} vs {:?} {want_is} (bits must be equal)",
                 got.get(i),
                 want.get(i)
             ),

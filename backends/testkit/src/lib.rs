@@ -32,6 +32,7 @@ pub mod gen;
 pub mod invariance;
 pub mod place;
 pub mod suite;
+pub mod verify;
 
 pub use checks::{Check, Outcome};
 pub use pagoda_core;
@@ -389,6 +390,7 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@one conformance_lse_merge_of_context_and_chunk_equals_whole, LseMergeContextAndChunk, $subject, $tol);
         $crate::conformance_suite!(@one conformance_bad_buffers_are_errors, BadBuffers, $subject, $tol);
         $crate::conformance_suite!(@one conformance_batch_invariant_bits, BatchInvariance, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_verify_runs_match_naive, VerifyRuns, $subject, $tol);
     };
     (@one $name:ident, $check:ident, $subject:expr, $tol:expr) => {
         #[test]

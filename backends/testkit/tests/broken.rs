@@ -32,6 +32,12 @@ enum Bug {
     /// tokens: accurate, but a row's bits depend on the batch (it still declares
     /// `batch_invariant`, as every mutant does).
     OrderDependsOnBatch,
+    /// Every row of a verify run sees the keys of the run's last row (the drafts
+    /// after its own position): a one-pass verify kernel without the causal cut.
+    RunRowsSeeTheWholeRun,
+    /// Adds up the keys of a verify run's rows in reverse order: accurate, but a
+    /// marked row's bits differ from the same row unmarked.
+    RunOrderDiffers,
 }
 
 struct Mutant {
@@ -100,8 +106,10 @@ impl AttentionBackend for Mutant {
         } else {
             h
         };
+        let run_of = |r: usize| b.verify_runs().find(|run| run.contains(&r));
         for r in 0..b.num_reqs() {
-            let blocks = b.blocks(r);
+            let in_run = run_of(r);
+            let blocks = b.blocks(in_run.clone().map_or(r, |run| run.end - 1));
             let ctx = if self.bug == Bug::IgnoresContextOffset {
                 0
             } else {
@@ -109,7 +117,12 @@ impl AttentionBackend for Mutant {
             };
             for i in 0..b.query_len(r) {
                 let tok = b.query_start_loc()[r] as usize + i;
+                let last = match (self.bug, &in_run) {
+                    (Bug::RunRowsSeeTheWholeRun, Some(run)) => b.seq_len(run.end - 1) - 1,
+                    _ => ctx + i,
+                };
                 let last = match self.bug {
+                    Bug::RunRowsSeeTheWholeRun => last,
                     Bug::IgnoresCausalMask => b.seq_lens()[r] as usize - 1,
                     Bug::OffByOneCausal => ctx + i + 1,
                     _ => ctx + i,
@@ -141,7 +154,8 @@ impl AttentionBackend for Mutant {
                     let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let mut sum = 0.0f32;
                     let mut acc = vec![0.0f32; d];
-                    let reversed = self.bug == Bug::OrderDependsOnBatch && t % 2 == 1;
+                    let reversed = (self.bug == Bug::OrderDependsOnBatch && t % 2 == 1)
+                        || (self.bug == Bug::RunOrderDiffers && in_run.is_some());
                     let order: Vec<usize> = match reversed {
                         true => (0..=last).rev().collect(),
                         false => (0..=last).collect(),
@@ -173,6 +187,12 @@ impl AttentionBackend for Mutant {
     /// so `Check::BatchInvariance` runs on every mutant.
     fn batch_invariant(&self) -> Option<&'static str> {
         Some("mutant-f32-loop")
+    }
+
+    /// Every mutant claims one-pass verify runs, so `Check::VerifyRuns` compares
+    /// marked and unmarked bits on each.
+    fn serves_verify_runs(&self) -> bool {
+        true
     }
 }
 
@@ -298,4 +318,16 @@ fn a_backend_missing_from_the_registry_is_a_clear_error() {
         err.to_string().contains("pagoda_backend_no_such_backend"),
         "{err}"
     );
+}
+
+#[test]
+fn verify_run_rows_seeing_later_drafts_fail() {
+    let report = fails(Bug::RunRowsSeeTheWholeRun, Check::VerifyRuns);
+    assert!(report.contains("verify runs"), "{report}");
+}
+
+#[test]
+fn verify_run_rows_with_other_bits_fail() {
+    let report = fails(Bug::RunOrderDiffers, Check::VerifyRuns);
+    assert!(report.contains("with the runs unmarked"), "{report}");
 }

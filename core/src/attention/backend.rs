@@ -55,6 +55,15 @@ pub trait AttentionBackend: Send {
         None
     }
 
+    /// Whether `run` serves a batch's verify runs
+    /// ([`BatchDescriptor::verify_runs`]) in one pass over each run's keys, all its
+    /// query tokens together, with each row's output bit-identical to the same row
+    /// unmarked (the conformance kit checks both). The default, `false`: the runs'
+    /// rows are served as the plain decode rows they are, which is always correct.
+    fn serves_verify_runs(&self) -> bool {
+        false
+    }
+
     /// Which steps this backend's `run` can be captured for in a CUDA graph
     /// (vLLM's `AttentionCGSupport`). The default: none.
     fn graph_support(&self) -> GraphSupport {

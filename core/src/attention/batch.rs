@@ -19,7 +19,11 @@ use std::ops::Range;
 ///   sequence: `ceil(seq_lens[r] / block_size) <= block_table_stride`;
 /// * `slot_mapping` has one entry per token, each `-1` (padding) or exactly the
 ///   slot its position maps to through the block table;
-/// * decode rows (query length 1) come before prefill rows (query length > 1).
+/// * decode rows (query length 1) come before prefill rows (query length > 1);
+/// * each *verify run* ([`BatchDescriptor::verify_runs`]) is two or more consecutive
+///   decode rows of one request: the same block row and sequence lengths `s, s + 1,
+///   ...` (a speculative verify row's last known token and its drafts, one causal
+///   decode row per query token).
 ///
 /// What it cannot know is checked where it is known: the configured block size in
 /// [`Capabilities::check_batch`](super::Capabilities::check_batch) (at `plan`), the
@@ -43,6 +47,8 @@ pub struct BatchDescriptor {
     max_seq_len: usize,
     /// The highest block id any request uses (`None` for the empty batch).
     max_block: Option<u32>,
+    /// Verify runs as `(first row, rows)`, in row order, disjoint.
+    verify_runs: Vec<(u32, u32)>,
 }
 
 fn invalid(message: String) -> CoreError {
@@ -130,6 +136,7 @@ impl BatchDescriptor {
         self.seq_lens.clear();
         self.block_table.clear();
         self.slot_mapping.clear();
+        self.verify_runs.clear();
         self.block_table_stride = block_rows.iter().map(|r| r.len()).max().unwrap_or(0).max(1);
         self.query_start_loc.push(0);
         for r in 0..n {
@@ -213,11 +220,13 @@ impl BatchDescriptor {
                 self.seq_lens.clear();
                 self.block_table.clear();
                 self.slot_mapping.clear();
+                self.verify_runs.clear();
                 *self = BatchDescriptor {
                     query_start_loc: std::mem::take(&mut self.query_start_loc),
                     seq_lens: std::mem::take(&mut self.seq_lens),
                     block_table: std::mem::take(&mut self.block_table),
                     slot_mapping: std::mem::take(&mut self.slot_mapping),
+                    verify_runs: std::mem::take(&mut self.verify_runs),
                     ..BatchDescriptor::default()
                 };
                 Err(e)
@@ -410,7 +419,16 @@ impl BatchDescriptor {
             .clone()
             .filter_map(|r| self.blocks(r).iter().copied().max())
             .max();
+        // Runs wholly inside the slice, renumbered (a run cut by the slice is plain
+        // decode rows there, which is what a run means to a backend that ignores it).
+        let verify_runs = self
+            .verify_runs
+            .iter()
+            .filter(|&&(f, n)| f as usize >= rows.start && (f + n) as usize <= rows.end)
+            .map(|&(f, n)| (f - rows.start as u32, n))
+            .collect();
         BatchDescriptor {
+            verify_runs,
             block_size: self.block_size,
             max_seq_len: seq_lens.iter().copied().max().unwrap_or(0) as usize,
             query_start_loc,
@@ -430,6 +448,49 @@ impl BatchDescriptor {
             self.slice_rows(0..self.num_decode_reqs),
             self.slice_rows(self.num_decode_reqs..self.num_reqs()),
         )
+    }
+
+    /// Marks decode rows `rows` as one verify run: a speculative verify row of
+    /// `rows.len() - 1` drafts, carried as one causal decode row per query token.
+    /// The rows must be at least two decode rows after every run marked so far, with
+    /// the same block row (over the blocks the last one uses) and sequence lengths
+    /// increasing by one. A backend that declares
+    /// [`AttentionBackend::serves_verify_runs`](super::AttentionBackend::serves_verify_runs)
+    /// may serve a run in one pass over its keys; any other serves its rows as the
+    /// plain decode rows they are, so marking never changes what a row means. On
+    /// error nothing is marked.
+    pub fn mark_verify_run(&mut self, rows: Range<usize>) -> Result<(), CoreError> {
+        let after = self
+            .verify_runs
+            .last()
+            .map_or(0, |&(f, n)| (f + n) as usize);
+        if rows.len() < 2 || rows.start < after || rows.end > self.num_decode_reqs {
+            return Err(invalid(format!(
+                "verify run {rows:?}: needs two or more decode rows (of {}) after row {after}",
+                self.num_decode_reqs
+            )));
+        }
+        let last = self.blocks(rows.end - 1);
+        for r in rows.start..rows.end - 1 {
+            let (s, next) = (self.seq_lens[r], self.seq_lens[r + 1]);
+            let blocks = self.blocks(r);
+            if next != s + 1 || last[..blocks.len()] != *blocks {
+                return Err(invalid(format!(
+                    "verify run {rows:?}: row {r} (sequence length {s}) is not the row before row {} (sequence length {next}) of one request",
+                    r + 1
+                )));
+            }
+        }
+        self.verify_runs
+            .push((rows.start as u32, (rows.end - rows.start) as u32));
+        Ok(())
+    }
+
+    /// The verify runs, in row order (see [`Self::mark_verify_run`]).
+    pub fn verify_runs(&self) -> impl ExactSizeIterator<Item = Range<usize>> + '_ {
+        self.verify_runs
+            .iter()
+            .map(|&(f, n)| f as usize..(f + n) as usize)
     }
 }
 
@@ -463,6 +524,51 @@ mod tests {
         let mut b = BatchDescriptor::new(4, &[1, 1], &[5, 2], &[&[7, 2], &[3]]).unwrap();
         assert!(b.clone().pad_decode(1, 3).is_err());
         assert!(b.pad_decode(2, 1).is_err());
+    }
+
+    #[test]
+    fn verify_runs_are_checked_and_sliced() {
+        // Row 0: another request; rows 1-3: one request at 5, 6, 7 tokens (a verify
+        // row of 2 drafts); row 4: a prefill row.
+        let b = BatchDescriptor::new(
+            4,
+            &[1, 1, 1, 1, 3],
+            &[3, 5, 6, 7, 3],
+            &[&[9], &[7, 2], &[7, 2], &[7, 2], &[4]],
+        )
+        .unwrap();
+        let mut m = b.clone();
+        m.mark_verify_run(1..4).unwrap();
+        assert_eq!(m.verify_runs().collect::<Vec<_>>(), vec![1..4]);
+        let (decode, prefill) = m.split_decode_prefill();
+        assert_eq!(decode.verify_runs().collect::<Vec<_>>(), vec![1..4]);
+        assert_eq!(prefill.verify_runs().len(), 0);
+        assert_eq!(
+            m.slice_rows(2..5).verify_runs().len(),
+            0,
+            "a cut run is dropped"
+        );
+        assert_eq!(
+            m.slice_rows(1..4).verify_runs().collect::<Vec<_>>(),
+            vec![0..3]
+        );
+        // Overlapping, too short, reaching a prefill row, other requests' rows, or
+        // not consecutive lengths: refused, nothing marked.
+        for bad in [1..4, 2..3, 3..5] {
+            assert!(m.clone().mark_verify_run(bad).is_err());
+        }
+        let mut c = b.clone();
+        assert!(
+            c.mark_verify_run(0..2).is_err(),
+            "different blocks and lengths"
+        );
+        assert_eq!(c.verify_runs().len(), 0);
+        let gap = BatchDescriptor::new(4, &[1, 1], &[5, 7], &[&[7, 2], &[7, 2]]).unwrap();
+        assert!(gap.clone().mark_verify_run(0..2).is_err());
+        // Rebuilding clears the runs.
+        let mut r = m.clone();
+        r.rebuild(4, &[1], &[3], &[&[9]]).unwrap();
+        assert_eq!(r.verify_runs().len(), 0);
     }
 
     #[test]

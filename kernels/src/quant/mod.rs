@@ -393,8 +393,18 @@ pub fn matmul_quant_fused(
     })
 }
 
-/// Rows of activations per micro-kernel call.
-const MR: usize = 4;
+/// Most rows of activations per micro-kernel call (each row's arithmetic is the
+/// same whatever the tile height, so this is a speed choice only); longer runs of
+/// rows go 4 at a time.
+fn tile_rows(kernel: QuantKernel) -> usize {
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        QuantKernel::Avx512Vnni => x86::MR_VNNI,
+        #[cfg(target_arch = "x86_64")]
+        QuantKernel::Avx2 => x86::MR_AVX2,
+        _ => 4,
+    }
+}
 
 /// Below this many multiply-adds a call runs on the calling thread only.
 const PARALLEL_MIN_MACS: usize = 1 << 16;
@@ -447,13 +457,15 @@ pub fn matmul_quant_acts(
         panels
     };
     let out_ptr = OutPtr(out.as_mut_ptr());
+    let mr = tile_rows(kernel);
     let task = |t: usize| {
         for p in t * per_task..((t + 1) * per_task).min(panels) {
             let cols = QP.min(n - p * QP);
             let recs = w.panel(p);
             let mut r0 = 0;
             while r0 < m {
-                let h = MR.min(m - r0);
+                // The rest in one call when it fits, else calls of 4 rows.
+                let h = if m - r0 <= mr { m - r0 } else { 4 };
                 // SAFETY: rows r0..r0+h < m and columns p*QP..p*QP+cols < n lie
                 // inside `out` (checked above); tasks write disjoint panels.
                 let o = unsafe { out_ptr.get().add(r0 * ldo + p * QP) };
@@ -475,7 +487,7 @@ pub fn matmul_quant_acts(
     Ok(())
 }
 
-/// `h <= MR` rows of `acts` from `r0` times one panel.
+/// `h <= tile_rows(kernel)` rows of `acts` from `r0` times one panel.
 ///
 /// # Safety
 /// `kernel` is available; `recs` is one panel of `layout` for `acts.k()` columns;
