@@ -34,7 +34,7 @@ const fn storage_of(s: u8) -> Storage {
 }
 
 /// Most rows of activations per call of the AVX-512 kernel: 5 rows (a verify row
-/// of 4 drafts) share one decoding of each weight block. Measured on Zen 4 (min of
+/// of 4 drafts) share one decoding of each weight block. Measured on this EPYC (min of
 /// 400 calls, A B A B, loaded machine): 5 rows in one call 1.2-1.4x faster than
 /// 4 + 1 for Q4_1 (SmolLM2's gate_up and LM head, the 1B gate_up), equal for Q8_0
 /// and Q4_K; 6 and 8 rows in one call were no faster than 4 + 2 and 4 + 4, and
