@@ -165,19 +165,22 @@ fn sum(c: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn sum512(c: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_setzero_ps(); 8];
-    let p = c.as_ptr();
-    let mut i = 0;
-    while i + 128 <= c.len() {
-        for (u, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_add_ps(*a, _mm512_loadu_ps(p.add(i + 16 * u)));
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut acc = [_mm512_setzero_ps(); 8];
+        let p = c.as_ptr();
+        let mut i = 0;
+        while i + 128 <= c.len() {
+            for (u, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_add_ps(*a, _mm512_loadu_ps(p.add(i + 16 * u)));
+            }
+            i += 128;
         }
-        i += 128;
+        let mut s = 0.0;
+        for a in acc {
+            s += _mm512_reduce_add_ps(a);
+        }
+        s + c[i..].iter().sum::<f32>()
     }
-    let mut s = 0.0;
-    for a in acc {
-        s += _mm512_reduce_add_ps(a);
-    }
-    s + c[i..].iter().sum::<f32>()
 }

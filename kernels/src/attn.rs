@@ -142,26 +142,29 @@ unsafe fn scores<S: Simd, E: KvElem, const NG: usize>(
     scale: f32,
     s: *mut f32,
 ) {
-    for &pj in pf {
-        let mut d = 0;
-        while d < hd {
-            S::prefetch(kp.add(pj + d) as *const f32);
-            d += per_line::<E>();
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        for &pj in pf {
+            let mut d = 0;
+            while d < hd {
+                S::prefetch(kp.add(pj + d) as *const f32);
+                d += per_line::<E>();
+            }
         }
-    }
-    let (n, jb) = (off.len(), block::<S>());
-    let mut j = 0;
-    while j + jb <= n {
-        if jb == 4 {
-            score_block::<S, E, NG, 4>(q, kp, &off[j..j + 4], hd, scale, s.add(j));
-        } else {
-            score_block::<S, E, NG, 2>(q, kp, &off[j..j + 2], hd, scale, s.add(j));
+        let (n, jb) = (off.len(), block::<S>());
+        let mut j = 0;
+        while j + jb <= n {
+            if jb == 4 {
+                score_block::<S, E, NG, 4>(q, kp, &off[j..j + 4], hd, scale, s.add(j));
+            } else {
+                score_block::<S, E, NG, 2>(q, kp, &off[j..j + 2], hd, scale, s.add(j));
+            }
+            j += jb;
         }
-        j += jb;
-    }
-    while j < n {
-        score_block::<S, E, NG, 1>(q, kp, &off[j..j + 1], hd, scale, s.add(j));
-        j += 1;
+        while j < n {
+            score_block::<S, E, NG, 1>(q, kp, &off[j..j + 1], hd, scale, s.add(j));
+            j += 1;
+        }
     }
 }
 
@@ -175,27 +178,30 @@ unsafe fn score_block<S: Simd, E: KvElem, const NG: usize, const J: usize>(
     scale: f32,
     s: *mut f32,
 ) {
-    let k: [*const E; J] = std::array::from_fn(|jj| kp.add(off[jj]));
-    let mut acc = [[S::zero(); J]; NG];
-    let mut d = 0;
-    while d < hd {
-        let kv: [S::V; J] = std::array::from_fn(|jj| E::load::<S>(k[jj].add(d)));
-        for (gi, a) in acc.iter_mut().enumerate() {
-            let qv = S::load(q.add(gi * hd + d));
-            for (x, &kx) in a.iter_mut().zip(kv.iter()) {
-                *x = S::fma(qv, kx, *x);
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        let k: [*const E; J] = std::array::from_fn(|jj| kp.add(off[jj]));
+        let mut acc = [[S::zero(); J]; NG];
+        let mut d = 0;
+        while d < hd {
+            let kv: [S::V; J] = std::array::from_fn(|jj| E::load::<S>(k[jj].add(d)));
+            for (gi, a) in acc.iter_mut().enumerate() {
+                let qv = S::load(q.add(gi * hd + d));
+                for (x, &kx) in a.iter_mut().zip(kv.iter()) {
+                    *x = S::fma(qv, kx, *x);
+                }
             }
+            d += S::LANES;
         }
-        d += S::LANES;
-    }
-    for (gi, a) in acc.iter().enumerate() {
-        let r: [f32; J] = match J {
-            4 => pad(S::reduce4([a[0], a[1], a[2], a[3]])),
-            2 => pad(S::reduce2([a[0], a[1]])),
-            _ => std::array::from_fn(|jj| S::reduce(a[jj])),
-        };
-        for (jj, x) in r.iter().enumerate() {
-            *s.add(gi * CHUNK + jj) = x * scale;
+        for (gi, a) in acc.iter().enumerate() {
+            let r: [f32; J] = match J {
+                4 => pad(S::reduce4([a[0], a[1], a[2], a[3]])),
+                2 => pad(S::reduce2([a[0], a[1]])),
+                _ => std::array::from_fn(|jj| S::reduce(a[jj])),
+            };
+            for (jj, x) in r.iter().enumerate() {
+                *s.add(gi * CHUNK + jj) = x * scale;
+            }
         }
     }
 }
@@ -220,23 +226,26 @@ unsafe fn accumulate<S: Simd, E: KvElem, const NG: usize>(
     hd: usize,
     p: *const f32,
 ) {
-    let db = block::<S>() * S::LANES;
-    let mut d = 0;
-    while d < hd {
-        let w = if d + db <= hd { db } else { S::LANES };
-        let mut x = d;
-        while x < d + w {
-            for &pj in pf {
-                S::prefetch(vp.add(pj + x) as *const f32);
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        let db = block::<S>() * S::LANES;
+        let mut d = 0;
+        while d < hd {
+            let w = if d + db <= hd { db } else { S::LANES };
+            let mut x = d;
+            while x < d + w {
+                for &pj in pf {
+                    S::prefetch(vp.add(pj + x) as *const f32);
+                }
+                x += per_line::<E>();
             }
-            x += per_line::<E>();
+            match w / S::LANES {
+                4 => accumulate_block::<S, E, NG, 4>(o.add(d), vp.add(d), off, hd, p),
+                2 => accumulate_block::<S, E, NG, 2>(o.add(d), vp.add(d), off, hd, p),
+                _ => accumulate_block::<S, E, NG, 1>(o.add(d), vp.add(d), off, hd, p),
+            }
+            d += w;
         }
-        match w / S::LANES {
-            4 => accumulate_block::<S, E, NG, 4>(o.add(d), vp.add(d), off, hd, p),
-            2 => accumulate_block::<S, E, NG, 2>(o.add(d), vp.add(d), off, hd, p),
-            _ => accumulate_block::<S, E, NG, 1>(o.add(d), vp.add(d), off, hd, p),
-        }
-        d += w;
     }
 }
 
@@ -249,20 +258,24 @@ unsafe fn accumulate_block<S: Simd, E: KvElem, const NG: usize, const DB: usize>
     hd: usize,
     p: *const f32,
 ) {
-    let mut acc: [[S::V; DB]; NG] =
-        std::array::from_fn(|gi| std::array::from_fn(|b| S::load(o.add(gi * hd + b * S::LANES))));
-    for (j, &oj) in off.iter().enumerate() {
-        let vv: [S::V; DB] = std::array::from_fn(|b| E::load::<S>(vp.add(oj + b * S::LANES)));
-        for (gi, a) in acc.iter_mut().enumerate() {
-            let pj = S::splat(*p.add(gi * CHUNK + j));
-            for (x, &v) in a.iter_mut().zip(vv.iter()) {
-                *x = S::fma(pj, v, *x);
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        let mut acc: [[S::V; DB]; NG] = std::array::from_fn(|gi| {
+            std::array::from_fn(|b| S::load(o.add(gi * hd + b * S::LANES)))
+        });
+        for (j, &oj) in off.iter().enumerate() {
+            let vv: [S::V; DB] = std::array::from_fn(|b| E::load::<S>(vp.add(oj + b * S::LANES)));
+            for (gi, a) in acc.iter_mut().enumerate() {
+                let pj = S::splat(*p.add(gi * CHUNK + j));
+                for (x, &v) in a.iter_mut().zip(vv.iter()) {
+                    *x = S::fma(pj, v, *x);
+                }
             }
         }
-    }
-    for (gi, a) in acc.iter().enumerate() {
-        for (b, x) in a.iter().enumerate() {
-            S::store(o.add(gi * hd + b * S::LANES), *x);
+        for (gi, a) in acc.iter().enumerate() {
+            for (b, x) in a.iter().enumerate() {
+                S::store(o.add(gi * hd + b * S::LANES), *x);
+            }
         }
     }
 }
@@ -307,61 +320,64 @@ pub unsafe fn chunk_step<S: Simd, E: KvElem>(
     st: &mut SplitState<'_>,
     s: &mut [f32; MAX_GROUP * CHUNK],
 ) {
-    let (g_n, hd, n) = (st.m.len(), p.head_dim, off.len());
-    debug_assert!(g_n <= MAX_GROUP && n <= CHUNK && st.o.len() == g_n * hd);
-    let mut g = 0;
-    while g < g_n {
-        let (qg, sg) = (q.add(g * hd), s.as_mut_ptr().add(g * CHUNK));
-        let pf: &[usize] = if g == 0 { pf } else { &[] };
-        match g_n - g {
-            1 => scores::<S, E, 1>(qg, k, off, pf, hd, p.scale, sg),
-            2 => scores::<S, E, 2>(qg, k, off, pf, hd, p.scale, sg),
-            3 => scores::<S, E, 3>(qg, k, off, pf, hd, p.scale, sg),
-            _ => scores::<S, E, 4>(qg, k, off, pf, hd, p.scale, sg),
-        }
-        g += 4;
-    }
-    // Online softmax: rescale each head's running output to its new maximum.
-    for gi in 0..g_n {
-        let row = &mut s[gi * CHUNK..(gi + 1) * CHUNK];
-        if let Some(c) = p.soft_cap {
-            for x in row[..n].iter_mut() {
-                *x = c * (*x / c).tanh();
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        let (g_n, hd, n) = (st.m.len(), p.head_dim, off.len());
+        debug_assert!(g_n <= MAX_GROUP && n <= CHUNK && st.o.len() == g_n * hd);
+        let mut g = 0;
+        while g < g_n {
+            let (qg, sg) = (q.add(g * hd), s.as_mut_ptr().add(g * CHUNK));
+            let pf: &[usize] = if g == 0 { pf } else { &[] };
+            match g_n - g {
+                1 => scores::<S, E, 1>(qg, k, off, pf, hd, p.scale, sg),
+                2 => scores::<S, E, 2>(qg, k, off, pf, hd, p.scale, sg),
+                3 => scores::<S, E, 3>(qg, k, off, pf, hd, p.scale, sg),
+                _ => scores::<S, E, 4>(qg, k, off, pf, hd, p.scale, sg),
             }
+            g += 4;
         }
-        row[n..].fill(f32::NEG_INFINITY);
-        let cm = S::max16(row.as_ptr());
-        let m_new = st.m[gi].max(cm);
-        if m_new > st.m[gi] {
-            let corr = exp_fast(st.m[gi] - m_new);
-            st.l[gi] *= corr;
-            let oo = st.o.as_mut_ptr().add(gi * hd);
-            let cv = S::splat(corr);
-            let mut d = 0;
-            while d < hd {
-                S::store(oo.add(d), S::mul(S::load(oo.add(d)), cv));
-                d += S::LANES;
+        // Online softmax: rescale each head's running output to its new maximum.
+        for gi in 0..g_n {
+            let row = &mut s[gi * CHUNK..(gi + 1) * CHUNK];
+            if let Some(c) = p.soft_cap {
+                for x in row[..n].iter_mut() {
+                    *x = c * (*x / c).tanh();
+                }
             }
-            st.m[gi] = m_new;
+            row[n..].fill(f32::NEG_INFINITY);
+            let cm = S::max16(row.as_ptr());
+            let m_new = st.m[gi].max(cm);
+            if m_new > st.m[gi] {
+                let corr = exp_fast(st.m[gi] - m_new);
+                st.l[gi] *= corr;
+                let oo = st.o.as_mut_ptr().add(gi * hd);
+                let cv = S::splat(corr);
+                let mut d = 0;
+                while d < hd {
+                    S::store(oo.add(d), S::mul(S::load(oo.add(d)), cv));
+                    d += S::LANES;
+                }
+                st.m[gi] = m_new;
+            }
+            // Whole-chunk loop so that it vectorises; lanes past n are zeroed after.
+            for x in row.iter_mut() {
+                *x = exp_fast(*x - m_new);
+            }
+            row[n..].fill(0.0);
+            st.l[gi] += S::sum16(row.as_ptr());
         }
-        // Whole-chunk loop so that it vectorises; lanes past n are zeroed after.
-        for x in row.iter_mut() {
-            *x = exp_fast(*x - m_new);
+        let mut g = 0;
+        while g < g_n {
+            let (og, pg) = (st.o.as_mut_ptr().add(g * hd), s.as_ptr().add(g * CHUNK));
+            let pf: &[usize] = if g == 0 { pf } else { &[] };
+            match g_n - g {
+                1 => accumulate::<S, E, 1>(og, v, off, pf, hd, pg),
+                2 => accumulate::<S, E, 2>(og, v, off, pf, hd, pg),
+                3 => accumulate::<S, E, 3>(og, v, off, pf, hd, pg),
+                _ => accumulate::<S, E, 4>(og, v, off, pf, hd, pg),
+            }
+            g += 4;
         }
-        row[n..].fill(0.0);
-        st.l[gi] += S::sum16(row.as_ptr());
-    }
-    let mut g = 0;
-    while g < g_n {
-        let (og, pg) = (st.o.as_mut_ptr().add(g * hd), s.as_ptr().add(g * CHUNK));
-        let pf: &[usize] = if g == 0 { pf } else { &[] };
-        match g_n - g {
-            1 => accumulate::<S, E, 1>(og, v, off, pf, hd, pg),
-            2 => accumulate::<S, E, 2>(og, v, off, pf, hd, pg),
-            3 => accumulate::<S, E, 3>(og, v, off, pf, hd, pg),
-            _ => accumulate::<S, E, 4>(og, v, off, pf, hd, pg),
-        }
-        g += 4;
     }
 }
 

@@ -38,7 +38,8 @@ mod sealed {
 impl KvElem for f32 {
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Self) -> S::V {
-        S::load(p)
+        // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+        unsafe { S::load(p) }
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -49,7 +50,8 @@ impl KvElem for f32 {
 impl KvElem for bf16 {
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Self) -> S::V {
-        S::load_bf16(p as *const u16)
+        // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+        unsafe { S::load_bf16(p as *const u16) }
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -60,7 +62,8 @@ impl KvElem for bf16 {
 impl KvElem for f16 {
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Self) -> S::V {
-        S::load_f16(p as *const u16)
+        // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+        unsafe { S::load_f16(p as *const u16) }
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -71,7 +74,8 @@ impl KvElem for f16 {
 impl KvElem for E4M3 {
     #[inline(always)]
     unsafe fn load<S: Simd>(p: *const Self) -> S::V {
-        S::load_e4m3(p as *const u8)
+        // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+        unsafe { S::load_e4m3(p as *const u8) }
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {

@@ -228,7 +228,9 @@ unsafe fn block_rows(avx512: bool, t: PanelTask<'_, Line>) {
         let mut i = 0;
         while i < t.rows {
             let h = MR.min(t.rows - i);
-            let (xp, o) = (t.x.as_ptr().add(i * k), t.out.add(i * ldo));
+            // SAFETY: i < rows: row i's k floats lie in `t.x`, and row i of `out` at
+            // `ldo` (the caller's contract).
+            let (xp, o) = unsafe { (t.x.as_ptr().add(i * k), t.out.add(i * ldo)) };
             let pf = Prefetch::share(t.next, i / MR, tiles);
             // SAFETY: AVX-512 F is available (the caller's contract for `avx512`);
             // `xp` has h <= rows - i rows of k floats in `t.x`; `lp` points at the
@@ -249,7 +251,8 @@ unsafe fn block_rows(avx512: bool, t: PanelTask<'_, Line>) {
         return;
     }
     let _ = avx512;
-    portable_rows(t);
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { portable_rows(t) };
 }
 
 /// Without AVX-512: the same loop order (one accumulator per output, summed over
@@ -260,9 +263,11 @@ unsafe fn block_rows(avx512: bool, t: PanelTask<'_, Line>) {
 unsafe fn portable_rows(t: PanelTask<'_, Line>) {
     #[cfg(target_arch = "x86_64")]
     if crate::Isa::detect().avx2_fma() {
-        return portable_rows_avx2(t);
+        // SAFETY: AVX2 + FMA detected just above; the rest is the caller's contract.
+        return unsafe { portable_rows_avx2(t) };
     }
-    portable_rows_generic::<false>(t)
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { portable_rows_generic::<false>(t) }
 }
 
 /// # Safety
@@ -270,7 +275,8 @@ unsafe fn portable_rows(t: PanelTask<'_, Line>) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn portable_rows_avx2(t: PanelTask<'_, Line>) {
-    portable_rows_generic::<true>(t)
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { portable_rows_generic::<true>(t) }
 }
 
 /// `FMA`: fused multiply-adds (only where the CPU has them: otherwise `mul_add`
@@ -288,7 +294,8 @@ unsafe fn portable_rows_generic<const FMA: bool>(t: PanelTask<'_, Line>) {
                 *s = if FMA { a.mul_add(b, *s) } else { *s + a * b };
             }
         }
-        std::ptr::copy_nonoverlapping(acc.as_ptr(), t.out.add(i * t.ldo), t.cols);
+        // SAFETY: row i of `out` has `cols` elements at `ldo` (the caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(acc.as_ptr(), t.out.add(i * t.ldo), t.cols) };
     }
 }
 
@@ -327,7 +334,9 @@ impl Prefetch {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
         let count = self.lines * PANEL * 4 / 64;
         while *issued < count && *issued * steps <= p * count {
-            _mm_prefetch::<_MM_HINT_T1>(self.ptr.add(*issued * 64) as *const i8);
+            // SAFETY: `issued < count`: the line lies inside the `lines` panel lines at
+            // `ptr` (this function's contract); a prefetch reads nothing.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.ptr.add(*issued * 64) as *const i8) };
             *issued += 1;
         }
     }
@@ -350,35 +359,39 @@ unsafe fn ukr<const H: usize>(
     cols: usize,
     pf: Prefetch,
 ) {
-    use std::arch::x86_64::*;
-    const NV: usize = PANEL / 16;
-    let k = ldx;
-    let mut acc = [[_mm512_setzero_ps(); NV]; H];
-    // The prefetch range's 64-byte lines, spread evenly over the k iterations.
-    let mut pf_issued = 0usize;
-    for p in 0..k {
-        pf.step(p, k, &mut pf_issued);
-        let line = lp.add(p * PANEL);
-        let mut b = [_mm512_setzero_ps(); NV];
-        for v in 0..NV {
-            b[v] = _mm512_load_ps(line.add(v * 16));
-        }
-        for i in 0..H {
-            let a = _mm512_set1_ps(*xp.add(i * ldx + p));
+    // SAFETY: every unsafe operation below is covered by this function's `# Safety`
+    // contract, which its callers uphold.
+    unsafe {
+        use std::arch::x86_64::*;
+        const NV: usize = PANEL / 16;
+        let k = ldx;
+        let mut acc = [[_mm512_setzero_ps(); NV]; H];
+        // The prefetch range's 64-byte lines, spread evenly over the k iterations.
+        let mut pf_issued = 0usize;
+        for p in 0..k {
+            pf.step(p, k, &mut pf_issued);
+            let line = lp.add(p * PANEL);
+            let mut b = [_mm512_setzero_ps(); NV];
             for v in 0..NV {
-                acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
+                b[v] = _mm512_load_ps(line.add(v * 16));
+            }
+            for i in 0..H {
+                let a = _mm512_set1_ps(*xp.add(i * ldx + p));
+                for v in 0..NV {
+                    acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
+                }
             }
         }
-    }
-    for i in 0..H {
-        let o = out.add(i * ldo);
-        for v in 0..NV {
-            let c0 = v * 16;
-            if c0 + 16 <= cols {
-                _mm512_storeu_ps(o.add(c0), acc[i][v]);
-            } else if c0 < cols {
-                let mask = ((1u32 << (cols - c0)) - 1) as u16;
-                _mm512_mask_storeu_ps(o.add(c0), mask, acc[i][v]);
+        for i in 0..H {
+            let o = out.add(i * ldo);
+            for v in 0..NV {
+                let c0 = v * 16;
+                if c0 + 16 <= cols {
+                    _mm512_storeu_ps(o.add(c0), acc[i][v]);
+                } else if c0 < cols {
+                    let mask = ((1u32 << (cols - c0)) - 1) as u16;
+                    _mm512_mask_storeu_ps(o.add(c0), mask, acc[i][v]);
+                }
             }
         }
     }

@@ -144,7 +144,8 @@ unsafe fn block_rows(path: crate::GemmPath, t: PanelTask<'_, Line>) {
         while i < rows {
             let h = MR.min(rows - i);
             let xr = &x[i * k..(i + h) * k];
-            let o = out.add(i * ldo);
+            // SAFETY: i < rows: row i of `out` at `ldo` (the caller's contract).
+            let o = unsafe { out.add(i * ldo) };
             let pf = Prefetch::share(next, i / MR, tiles);
             // SAFETY: AVX-512 F/BW/BF16 are available (the caller's contract for
             // `path`; F only for `ukr_widen`); `xr` holds h rows of k floats; `lp` points at the panel's
@@ -318,51 +319,56 @@ unsafe fn ukr<const H: usize>(
     cols: usize,
     pf: Prefetch,
 ) {
-    use std::arch::x86_64::*;
-    const NV: usize = PANEL / 16;
-    let pairs = k.div_ceil(2);
-    let mut pf_issued = 0usize;
-    let mut acc = [[_mm512_setzero_ps(); NV]; H];
-    // x rows as bf16 pairs (u32 lanes), a chunk at a time.
-    let mut xb = [[0u32; CHUNK_PAIRS]; H];
-    let mut q0 = 0;
-    while q0 < pairs {
-        let qn = CHUNK_PAIRS.min(pairs - q0);
-        for i in 0..H {
-            let row = &x[i * k..(i + 1) * k];
-            let (p0, p1) = (2 * q0, (2 * (q0 + qn)).min(k));
-            convert_pairs(&row[p0..p1], &mut xb[i][..qn]);
-        }
-        for q in 0..qn {
-            pf.step(q0 + q, pairs, &mut pf_issued);
-            let line = lp.add((q0 + q) * PANEL);
-            let mut b = [_mm512_setzero_si512(); NV];
-            for v in 0..NV {
-                b[v] = _mm512_load_si512(line.add(v * 16) as *const _);
-            }
+    // SAFETY: every unsafe operation below is covered by this function's `# Safety`
+    // contract, which its callers uphold.
+    unsafe {
+        use std::arch::x86_64::*;
+        const NV: usize = PANEL / 16;
+        let pairs = k.div_ceil(2);
+        let mut pf_issued = 0usize;
+        let mut acc = [[_mm512_setzero_ps(); NV]; H];
+        // x rows as bf16 pairs (u32 lanes), a chunk at a time.
+        let mut xb = [[0u32; CHUNK_PAIRS]; H];
+        let mut q0 = 0;
+        while q0 < pairs {
+            let qn = CHUNK_PAIRS.min(pairs - q0);
             for i in 0..H {
-                let a =
-                    std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(xb[i][q] as i32));
+                let row = &x[i * k..(i + 1) * k];
+                let (p0, p1) = (2 * q0, (2 * (q0 + qn)).min(k));
+                convert_pairs(&row[p0..p1], &mut xb[i][..qn]);
+            }
+            for q in 0..qn {
+                pf.step(q0 + q, pairs, &mut pf_issued);
+                let line = lp.add((q0 + q) * PANEL);
+                let mut b = [_mm512_setzero_si512(); NV];
                 for v in 0..NV {
-                    acc[i][v] = _mm512_dpbf16_ps(
-                        acc[i][v],
-                        a,
-                        std::mem::transmute::<__m512i, __m512bh>(b[v]),
-                    );
+                    b[v] = _mm512_load_si512(line.add(v * 16) as *const _);
+                }
+                for i in 0..H {
+                    let a = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(
+                        xb[i][q] as i32,
+                    ));
+                    for v in 0..NV {
+                        acc[i][v] = _mm512_dpbf16_ps(
+                            acc[i][v],
+                            a,
+                            std::mem::transmute::<__m512i, __m512bh>(b[v]),
+                        );
+                    }
                 }
             }
+            q0 += qn;
         }
-        q0 += qn;
-    }
-    for i in 0..H {
-        let o = out.add(i * ldo);
-        for v in 0..NV {
-            let c0 = v * 16;
-            if c0 + 16 <= cols {
-                _mm512_storeu_ps(o.add(c0), acc[i][v]);
-            } else if c0 < cols {
-                let mask = ((1u32 << (cols - c0)) - 1) as u16;
-                _mm512_mask_storeu_ps(o.add(c0), mask, acc[i][v]);
+        for i in 0..H {
+            let o = out.add(i * ldo);
+            for v in 0..NV {
+                let c0 = v * 16;
+                if c0 + 16 <= cols {
+                    _mm512_storeu_ps(o.add(c0), acc[i][v]);
+                } else if c0 < cols {
+                    let mask = ((1u32 << (cols - c0)) - 1) as u16;
+                    _mm512_mask_storeu_ps(o.add(c0), mask, acc[i][v]);
+                }
             }
         }
     }
@@ -373,22 +379,26 @@ unsafe fn ukr<const H: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn convert_pairs(src: &[f32], dst: &mut [u32]) {
-    use std::arch::x86_64::*;
-    let mut p = 0;
-    while p + 32 <= src.len() {
-        let lo = _mm512_loadu_ps(src.as_ptr().add(p));
-        let hi = _mm512_loadu_ps(src.as_ptr().add(p + 16));
-        // The second argument fills the low 16 bf16 lanes: pairs stay in order.
-        let v = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-        _mm512_storeu_si512(dst.as_mut_ptr().add(p / 2) as *mut _, v);
-        p += 32;
-    }
-    while p < src.len() {
-        let lo = half::bf16::from_f32(src[p]).to_bits() as u32;
-        let hi = src
-            .get(p + 1)
-            .map_or(0, |&v| half::bf16::from_f32(v).to_bits() as u32);
-        dst[p / 2] = lo | (hi << 16);
-        p += 2;
+    // SAFETY: every unsafe operation below is covered by this function's `# Safety`
+    // contract, which its callers uphold.
+    unsafe {
+        use std::arch::x86_64::*;
+        let mut p = 0;
+        while p + 32 <= src.len() {
+            let lo = _mm512_loadu_ps(src.as_ptr().add(p));
+            let hi = _mm512_loadu_ps(src.as_ptr().add(p + 16));
+            // The second argument fills the low 16 bf16 lanes: pairs stay in order.
+            let v = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+            _mm512_storeu_si512(dst.as_mut_ptr().add(p / 2) as *mut _, v);
+            p += 32;
+        }
+        while p < src.len() {
+            let lo = half::bf16::from_f32(src[p]).to_bits() as u32;
+            let hi = src
+                .get(p + 1)
+                .map_or(0, |&v| half::bf16::from_f32(v).to_bits() as u32);
+            dst[p / 2] = lo | (hi << 16);
+            p += 2;
+        }
     }
 }

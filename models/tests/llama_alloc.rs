@@ -22,19 +22,26 @@ static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 // SAFETY: forwards to the system allocator; only counts.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+        unsafe {
+            if ARMED.load(Ordering::Relaxed) {
+                ALLOCS.fetch_add(1, Ordering::Relaxed);
+            }
+            System.alloc(l)
         }
-        System.alloc(l)
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l)
+        // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+        unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+        unsafe {
+            if ARMED.load(Ordering::Relaxed) {
+                ALLOCS.fetch_add(1, Ordering::Relaxed);
+            }
+            System.realloc(p, l, new)
         }
-        System.realloc(p, l, new)
     }
 }
 

@@ -103,96 +103,108 @@ pub struct TileIo<'a, E> {
 /// `(q1 - q0) * group` rows of `head_dim`.
 #[inline(always)]
 pub unsafe fn tile<S: Simd, E: KvElem>(d: &Dims, t: &Tile, io: &TileIo<'_, E>, sc: &mut Scratch) {
-    let (g_n, hd, nh, nkv) = (d.group, d.head_dim, d.num_heads, d.num_kv_heads);
-    debug_assert!(g_n <= MAX_GROUP);
-    let tokens = t.q1 - t.q0;
-    let row_stride = nkv * hd;
-    let chunk = attn::chunk_keys::<E>(row_stride);
-    let kv = HeadKv {
-        k: io.k_cache.as_ptr().add(t.kv_head * hd),
-        v: io.v_cache.as_ptr().add(t.kv_head * hd),
-        blocks: io.blocks,
-        block_size: d.block_size,
-        row_stride,
-    };
-    let params = RowParams {
-        head_dim: hd,
-        scale: d.scale,
-        soft_cap: d.soft_cap,
-    };
-    // Local row i (position context + q0 + i) sees keys lo(i)..hi(i).
-    let hi = |i: usize| t.context + t.q0 + i + 1;
-    let lo = |i: usize| d.sliding_window.map_or(0, |w| hi(i).saturating_sub(w));
-    let q_row = |i: usize| {
-        io.q.as_ptr()
-            .add(((t.token0 + t.q0 + i) * nh + t.kv_head * g_n) * hd)
-    };
-    let rows = tokens * g_n;
-    let (sm, sl, so) = (&mut sc.m[..rows], &mut sc.l[..rows], &mut sc.o[..rows * hd]);
-    let (mm, ml, mo) = (
-        &mut sc.mm[..rows],
-        &mut sc.ml[..rows],
-        &mut sc.mo[..rows * hd],
-    );
-    mm.fill(f32::NEG_INFINITY);
-    ml.fill(0.0);
-    mo.fill(0.0);
-    let mut s = [0f32; MAX_GROUP * CHUNK];
-    let mut off = [0usize; CHUNK];
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        let (g_n, hd, nh, nkv) = (d.group, d.head_dim, d.num_heads, d.num_kv_heads);
+        debug_assert!(g_n <= MAX_GROUP);
+        let tokens = t.q1 - t.q0;
+        let row_stride = nkv * hd;
+        let chunk = attn::chunk_keys::<E>(row_stride);
+        let kv = HeadKv {
+            k: io.k_cache.as_ptr().add(t.kv_head * hd),
+            v: io.v_cache.as_ptr().add(t.kv_head * hd),
+            blocks: io.blocks,
+            block_size: d.block_size,
+            row_stride,
+        };
+        let params = RowParams {
+            head_dim: hd,
+            scale: d.scale,
+            soft_cap: d.soft_cap,
+        };
+        // Local row i (position context + q0 + i) sees keys lo(i)..hi(i).
+        let hi = |i: usize| t.context + t.q0 + i + 1;
+        let lo = |i: usize| d.sliding_window.map_or(0, |w| hi(i).saturating_sub(w));
+        let q_row = |i: usize| {
+            io.q.as_ptr()
+                .add(((t.token0 + t.q0 + i) * nh + t.kv_head * g_n) * hd)
+        };
+        let rows = tokens * g_n;
+        let (sm, sl, so) = (&mut sc.m[..rows], &mut sc.l[..rows], &mut sc.o[..rows * hd]);
+        let (mm, ml, mo) = (
+            &mut sc.mm[..rows],
+            &mut sc.ml[..rows],
+            &mut sc.mo[..rows * hd],
+        );
+        mm.fill(f32::NEG_INFINITY);
+        ml.fill(0.0);
+        mo.fill(0.0);
+        let mut s = [0f32; MAX_GROUP * CHUNK];
+        let mut off = [0usize; CHUNK];
 
-    // lo and hi grow with i: the first row sees the first key, the last the last.
-    for (s0, s1) in attn::splits(lo(0), hi(tokens - 1)) {
-        // The rows that see keys of this split.
-        let first = (0..tokens).find(|&i| hi(i) > s0).unwrap_or(tokens);
-        let last = (first..tokens).take_while(|&i| lo(i) < s1).count() + first;
-        for i in first..last {
-            split_state(sm, sl, so, i, g_n, hd).reset();
-        }
-        let mut pos = s0;
-        while pos < s1 {
-            let ce = attn::chunk_end(pos, chunk, s1);
-            kv.offsets(pos, &mut off[..ce - pos]);
+        // lo and hi grow with i: the first row sees the first key, the last the last.
+        for (s0, s1) in attn::splits(lo(0), hi(tokens - 1)) {
+            // The rows that see keys of this split.
+            let first = (0..tokens).find(|&i| hi(i) > s0).unwrap_or(tokens);
+            let last = (first..tokens).take_while(|&i| lo(i) < s1).count() + first;
             for i in first..last {
-                let (a, b) = (pos.max(lo(i)), ce.min(hi(i)));
-                if a >= b {
-                    continue;
-                }
-                let mut st = split_state(sm, sl, so, i, g_n, hd);
-                let keys = &off[a - pos..b - pos];
-                attn::chunk_step::<S, E>(&params, q_row(i), kv.k, kv.v, keys, &[], &mut st, &mut s);
+                split_state(sm, sl, so, i, g_n, hd).reset();
             }
-            pos = ce;
+            let mut pos = s0;
+            while pos < s1 {
+                let ce = attn::chunk_end(pos, chunk, s1);
+                kv.offsets(pos, &mut off[..ce - pos]);
+                for i in first..last {
+                    let (a, b) = (pos.max(lo(i)), ce.min(hi(i)));
+                    if a >= b {
+                        continue;
+                    }
+                    let mut st = split_state(sm, sl, so, i, g_n, hd);
+                    let keys = &off[a - pos..b - pos];
+                    attn::chunk_step::<S, E>(
+                        &params,
+                        q_row(i),
+                        kv.k,
+                        kv.v,
+                        keys,
+                        &[],
+                        &mut st,
+                        &mut s,
+                    );
+                }
+                pos = ce;
+            }
+            for i in first..last {
+                let mut st = split_state(sm, sl, so, i, g_n, hd);
+                attn::finish_split(&mut st, hd);
+                for gi in 0..g_n {
+                    let r = i * g_n + gi;
+                    let mut g = Merge {
+                        m: &mut mm[r],
+                        l: &mut ml[r],
+                        o: &mut mo[r * hd..(r + 1) * hd],
+                    };
+                    g.add(st.m[gi], &st.o[gi * hd..(gi + 1) * hd]);
+                }
+            }
         }
-        for i in first..last {
-            let mut st = split_state(sm, sl, so, i, g_n, hd);
-            attn::finish_split(&mut st, hd);
+
+        // Normalise and scatter the rows back to [token, head, dim].
+        for i in 0..tokens {
+            let tok = t.token0 + t.q0 + i;
             for gi in 0..g_n {
                 let r = i * g_n + gi;
-                let mut g = Merge {
+                let head = t.kv_head * g_n + gi;
+                let g = Merge {
                     m: &mut mm[r],
                     l: &mut ml[r],
                     o: &mut mo[r * hd..(r + 1) * hd],
                 };
-                g.add(st.m[gi], &st.o[gi * hd..(gi + 1) * hd]);
-            }
-        }
-    }
-
-    // Normalise and scatter the rows back to [token, head, dim].
-    for i in 0..tokens {
-        let tok = t.token0 + t.q0 + i;
-        for gi in 0..g_n {
-            let r = i * g_n + gi;
-            let head = t.kv_head * g_n + gi;
-            let g = Merge {
-                m: &mut mm[r],
-                l: &mut ml[r],
-                o: &mut mo[r * hd..(r + 1) * hd],
-            };
-            let dst = std::slice::from_raw_parts_mut(io.out.add((tok * nh + head) * hd), hd);
-            let x = g.finish(dst);
-            if !io.lse.is_null() {
-                *io.lse.add(tok * nh + head) = x;
+                let dst = std::slice::from_raw_parts_mut(io.out.add((tok * nh + head) * hd), hd);
+                let x = g.finish(dst);
+                if !io.lse.is_null() {
+                    *io.lse.add(tok * nh + head) = x;
+                }
             }
         }
     }

@@ -316,25 +316,30 @@ impl Run<'_> {
 /// # Safety
 /// `isa` is available on this CPU, and `io` meets [`kernel::tile`]'s contract.
 unsafe fn run_tile<E: KvElem>(isa: Isa, d: &Dims, t: &Tile, io: &TileIo<'_, E>, sc: &mut Scratch) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use pagoda_kernels::simd::{Avx2, Avx512};
-        #[target_feature(enable = "avx512f")]
-        unsafe fn avx512<E: KvElem>(d: &Dims, t: &Tile, io: &TileIo<'_, E>, sc: &mut Scratch) {
-            kernel::tile::<Avx512, E>(d, t, io, sc)
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use pagoda_kernels::simd::{Avx2, Avx512};
+            #[target_feature(enable = "avx512f")]
+            unsafe fn avx512<E: KvElem>(d: &Dims, t: &Tile, io: &TileIo<'_, E>, sc: &mut Scratch) {
+                // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+                unsafe { kernel::tile::<Avx512, E>(d, t, io, sc) }
+            }
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx2<E: KvElem>(d: &Dims, t: &Tile, io: &TileIo<'_, E>, sc: &mut Scratch) {
+                // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+                unsafe { kernel::tile::<Avx2, E>(d, t, io, sc) }
+            }
+            match isa {
+                Isa::Avx512 | Isa::Avx512Bf16 => return avx512(d, t, io, sc),
+                Isa::Avx2 => return avx2(d, t, io, sc),
+                Isa::Portable => {}
+            }
         }
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn avx2<E: KvElem>(d: &Dims, t: &Tile, io: &TileIo<'_, E>, sc: &mut Scratch) {
-            kernel::tile::<Avx2, E>(d, t, io, sc)
-        }
-        match isa {
-            Isa::Avx512 | Isa::Avx512Bf16 => return avx512(d, t, io, sc),
-            Isa::Avx2 => return avx2(d, t, io, sc),
-            Isa::Portable => {}
-        }
+        let _ = isa;
+        kernel::tile::<pagoda_kernels::simd::Portable, E>(d, t, io, sc)
     }
-    let _ = isa;
-    kernel::tile::<pagoda_kernels::simd::Portable, E>(d, t, io, sc)
 }
 
 impl AttentionBackend for FlashBackend {

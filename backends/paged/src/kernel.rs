@@ -137,7 +137,8 @@ unsafe fn run_avx512<E: KvElem>(
     lse: &mut [f32],
     l: &mut [f32],
 ) {
-    run_generic::<pagoda_kernels::simd::Avx512, E>(a, rows, o, lse, l)
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe { run_generic::<pagoda_kernels::simd::Avx512, E>(a, rows, o, lse, l) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -149,7 +150,8 @@ unsafe fn run_avx2<E: KvElem>(
     lse: &mut [f32],
     l: &mut [f32],
 ) {
-    run_generic::<pagoda_kernels::simd::Avx2, E>(a, rows, o, lse, l)
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe { run_generic::<pagoda_kernels::simd::Avx2, E>(a, rows, o, lse, l) }
 }
 
 /// `attend_generic` with the rows of a run inside the KV-head loop: each row's
@@ -162,76 +164,79 @@ unsafe fn run_generic<S: Simd, E: KvElem>(
     m: &mut [f32],
     l: &mut [f32],
 ) {
-    let (g_n, hd, nkv) = (a.group, a.head_dim, a.num_kv_heads);
-    let nh = nkv * g_n;
-    let row_stride = nkv * hd;
-    let chunk = attn::chunk_keys::<E>(row_stride);
-    let params = attn::RowParams {
-        head_dim: hd,
-        scale: a.scale,
-        soft_cap: a.soft_cap,
-    };
-    let mut s = [0f32; MAX_GROUP * CHUNK];
-    let mut off = [0usize; CHUNK];
-    let mut next = [0usize; CHUNK];
-    let (kp, vp) = (a.k_cache.as_ptr(), a.v_cache.as_ptr());
-    let kv = attn::HeadKv {
-        k: kp,
-        v: vp,
-        blocks: a.blocks,
-        block_size: a.block_size,
-        row_stride,
-    };
-    m.fill(f32::NEG_INFINITY);
-    l.fill(0.0);
-    o.fill(0.0);
-    let row_offsets = |pos: usize, out: &mut [usize; CHUNK]| {
-        let n = attn::chunk_end(pos, chunk, a.end).saturating_sub(pos);
-        kv.offsets(pos, &mut out[..n]);
-        n
-    };
-    let mut pos = a.start;
-    let mut n = row_offsets(pos, &mut off);
-    while pos < a.end {
-        let n_next = row_offsets(pos + n, &mut next);
-        for h in 0..nkv {
-            let head0 = h * g_n;
-            for (j, row) in rows.iter().enumerate() {
-                if row.end <= pos {
-                    continue;
-                }
-                // This row's chunk: the same start, cut at its own end (what
-                // `attend_generic` takes for it alone).
-                let nj = n.min(row.end - pos);
-                let (h0, h1) = (j * nh + head0, j * nh + head0 + g_n);
-                let mut hs = attn::SplitState {
-                    m: &mut m[h0..h1],
-                    l: &mut l[h0..h1],
-                    o: &mut o[h0 * hd..h1 * hd],
-                };
-                attn::chunk_step::<S, E>(
-                    &params,
-                    row.q.as_ptr().add(head0 * hd),
-                    kp.add(h * hd),
-                    vp.add(h * hd),
-                    &off[..nj],
-                    &next[..n_next],
-                    &mut hs,
-                    &mut s,
-                );
-            }
-        }
-        pos += n;
-        n = n_next;
-        off = next;
-    }
-    for j in 0..rows.len() {
-        let mut st = attn::SplitState {
-            m: &mut m[j * nh..(j + 1) * nh],
-            l: &mut l[j * nh..(j + 1) * nh],
-            o: &mut o[j * nh * hd..(j + 1) * nh * hd],
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        let (g_n, hd, nkv) = (a.group, a.head_dim, a.num_kv_heads);
+        let nh = nkv * g_n;
+        let row_stride = nkv * hd;
+        let chunk = attn::chunk_keys::<E>(row_stride);
+        let params = attn::RowParams {
+            head_dim: hd,
+            scale: a.scale,
+            soft_cap: a.soft_cap,
         };
-        attn::finish_split(&mut st, hd);
+        let mut s = [0f32; MAX_GROUP * CHUNK];
+        let mut off = [0usize; CHUNK];
+        let mut next = [0usize; CHUNK];
+        let (kp, vp) = (a.k_cache.as_ptr(), a.v_cache.as_ptr());
+        let kv = attn::HeadKv {
+            k: kp,
+            v: vp,
+            blocks: a.blocks,
+            block_size: a.block_size,
+            row_stride,
+        };
+        m.fill(f32::NEG_INFINITY);
+        l.fill(0.0);
+        o.fill(0.0);
+        let row_offsets = |pos: usize, out: &mut [usize; CHUNK]| {
+            let n = attn::chunk_end(pos, chunk, a.end).saturating_sub(pos);
+            kv.offsets(pos, &mut out[..n]);
+            n
+        };
+        let mut pos = a.start;
+        let mut n = row_offsets(pos, &mut off);
+        while pos < a.end {
+            let n_next = row_offsets(pos + n, &mut next);
+            for h in 0..nkv {
+                let head0 = h * g_n;
+                for (j, row) in rows.iter().enumerate() {
+                    if row.end <= pos {
+                        continue;
+                    }
+                    // This row's chunk: the same start, cut at its own end (what
+                    // `attend_generic` takes for it alone).
+                    let nj = n.min(row.end - pos);
+                    let (h0, h1) = (j * nh + head0, j * nh + head0 + g_n);
+                    let mut hs = attn::SplitState {
+                        m: &mut m[h0..h1],
+                        l: &mut l[h0..h1],
+                        o: &mut o[h0 * hd..h1 * hd],
+                    };
+                    attn::chunk_step::<S, E>(
+                        &params,
+                        row.q.as_ptr().add(head0 * hd),
+                        kp.add(h * hd),
+                        vp.add(h * hd),
+                        &off[..nj],
+                        &next[..n_next],
+                        &mut hs,
+                        &mut s,
+                    );
+                }
+            }
+            pos += n;
+            n = n_next;
+            off = next;
+        }
+        for j in 0..rows.len() {
+            let mut st = attn::SplitState {
+                m: &mut m[j * nh..(j + 1) * nh],
+                l: &mut l[j * nh..(j + 1) * nh],
+                o: &mut o[j * nh * hd..(j + 1) * nh * hd],
+            };
+            attn::finish_split(&mut st, hd);
+        }
     }
 }
 
@@ -243,7 +248,8 @@ unsafe fn attend_avx512<E: KvElem>(
     lse: &mut [f32],
     l: &mut [f32],
 ) {
-    attend_generic::<pagoda_kernels::simd::Avx512, E>(a, o, lse, l)
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe { attend_generic::<pagoda_kernels::simd::Avx512, E>(a, o, lse, l) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -254,7 +260,8 @@ unsafe fn attend_avx2<E: KvElem>(
     lse: &mut [f32],
     l: &mut [f32],
 ) {
-    attend_generic::<pagoda_kernels::simd::Avx2, E>(a, o, lse, l)
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe { attend_generic::<pagoda_kernels::simd::Avx2, E>(a, o, lse, l) }
 }
 
 #[inline(always)]
@@ -264,63 +271,66 @@ unsafe fn attend_generic<S: Simd, E: KvElem>(
     m: &mut [f32],
     l: &mut [f32],
 ) {
-    let (g_n, hd, nkv) = (a.group, a.head_dim, a.num_kv_heads);
-    let row_stride = nkv * hd;
-    // Chunks cut at multiples of `chunk` positions (`attn`'s scheme), so that a
-    // prefill row of `flash` over the same keys takes the same steps.
-    let chunk = attn::chunk_keys::<E>(row_stride);
-    let params = attn::RowParams {
-        head_dim: hd,
-        scale: a.scale,
-        soft_cap: a.soft_cap,
-    };
-    let mut s = [0f32; MAX_GROUP * CHUNK];
-    let mut off = [0usize; CHUNK];
-    let mut next = [0usize; CHUNK];
-    let (kp, vp) = (a.k_cache.as_ptr(), a.v_cache.as_ptr());
-    let kv = attn::HeadKv {
-        k: kp,
-        v: vp,
-        blocks: a.blocks,
-        block_size: a.block_size,
-        row_stride,
-    };
-    let mut st = attn::SplitState { m, l, o };
-    st.reset();
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        let (g_n, hd, nkv) = (a.group, a.head_dim, a.num_kv_heads);
+        let row_stride = nkv * hd;
+        // Chunks cut at multiples of `chunk` positions (`attn`'s scheme), so that a
+        // prefill row of `flash` over the same keys takes the same steps.
+        let chunk = attn::chunk_keys::<E>(row_stride);
+        let params = attn::RowParams {
+            head_dim: hd,
+            scale: a.scale,
+            soft_cap: a.soft_cap,
+        };
+        let mut s = [0f32; MAX_GROUP * CHUNK];
+        let mut off = [0usize; CHUNK];
+        let mut next = [0usize; CHUNK];
+        let (kp, vp) = (a.k_cache.as_ptr(), a.v_cache.as_ptr());
+        let kv = attn::HeadKv {
+            k: kp,
+            v: vp,
+            blocks: a.blocks,
+            block_size: a.block_size,
+            row_stride,
+        };
+        let mut st = attn::SplitState { m, l, o };
+        st.reset();
 
-    // Offsets of the next chunk's rows, whose K/V pieces are prefetched one KV head
-    // ahead of use: random block order defeats the hardware prefetchers at every
-    // block boundary, and one core alone cannot keep enough misses in flight.
-    let row_offsets = |pos: usize, out: &mut [usize; CHUNK]| {
-        let n = attn::chunk_end(pos, chunk, a.end).saturating_sub(pos);
-        kv.offsets(pos, &mut out[..n]);
-        n
-    };
-    let mut pos = a.start;
-    let mut n = row_offsets(pos, &mut off);
-    while pos < a.end {
-        let n_next = row_offsets(pos + n, &mut next);
-        for h in 0..nkv {
-            let head0 = h * g_n;
-            let mut hs = attn::SplitState {
-                m: &mut st.m[head0..head0 + g_n],
-                l: &mut st.l[head0..head0 + g_n],
-                o: &mut st.o[head0 * hd..(head0 + g_n) * hd],
-            };
-            attn::chunk_step::<S, E>(
-                &params,
-                a.q.as_ptr().add(head0 * hd),
-                kp.add(h * hd),
-                vp.add(h * hd),
-                &off[..n],
-                &next[..n_next],
-                &mut hs,
-                &mut s,
-            );
+        // Offsets of the next chunk's rows, whose K/V pieces are prefetched one KV head
+        // ahead of use: random block order defeats the hardware prefetchers at every
+        // block boundary, and one core alone cannot keep enough misses in flight.
+        let row_offsets = |pos: usize, out: &mut [usize; CHUNK]| {
+            let n = attn::chunk_end(pos, chunk, a.end).saturating_sub(pos);
+            kv.offsets(pos, &mut out[..n]);
+            n
+        };
+        let mut pos = a.start;
+        let mut n = row_offsets(pos, &mut off);
+        while pos < a.end {
+            let n_next = row_offsets(pos + n, &mut next);
+            for h in 0..nkv {
+                let head0 = h * g_n;
+                let mut hs = attn::SplitState {
+                    m: &mut st.m[head0..head0 + g_n],
+                    l: &mut st.l[head0..head0 + g_n],
+                    o: &mut st.o[head0 * hd..(head0 + g_n) * hd],
+                };
+                attn::chunk_step::<S, E>(
+                    &params,
+                    a.q.as_ptr().add(head0 * hd),
+                    kp.add(h * hd),
+                    vp.add(h * hd),
+                    &off[..n],
+                    &next[..n_next],
+                    &mut hs,
+                    &mut s,
+                );
+            }
+            pos += n;
+            n = n_next;
+            off = next;
         }
-        pos += n;
-        n = n_next;
-        off = next;
+        attn::finish_split(&mut st, hd);
     }
-    attn::finish_split(&mut st, hd);
 }

@@ -51,58 +51,61 @@ unsafe impl<T> Sync for Args<T> {}
 /// AVX-512 F available; `i0 + M <= m`, `j0 + R <= n` for the buffers behind `a`.
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn tile_f32<const M: usize, const R: usize>(a: Args<f32>, i0: usize, j0: usize) {
-    let k = a.k;
-    let xp = a.x.add(i0 * k);
-    let wp = a.w.add(j0 * k);
-    let mut acc = [[_mm512_setzero_ps(); R]; M];
-    // Peel up to 15 elements so the loads of w's first row are 64-byte aligned (so
-    // are the other rows' when k·4 is a multiple of 64, as in every model shape):
-    // a split load costs two cache-line reads, ~10% of the streaming rate.
-    let head = ((64 - (wp as usize & 63)) & 63) / 4;
-    if head > 0 && head < k {
-        let mask: __mmask16 = (1u32 << head) as u16 - 1;
-        let mut wv = [_mm512_setzero_ps(); R];
-        for r in 0..R {
-            wv[r] = _mm512_maskz_loadu_ps(mask, wp.add(r * k));
-        }
-        for i in 0..M {
-            let xv = _mm512_maskz_loadu_ps(mask, xp.add(i * k));
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        let k = a.k;
+        let xp = a.x.add(i0 * k);
+        let wp = a.w.add(j0 * k);
+        let mut acc = [[_mm512_setzero_ps(); R]; M];
+        // Peel up to 15 elements so the loads of w's first row are 64-byte aligned (so
+        // are the other rows' when k·4 is a multiple of 64, as in every model shape):
+        // a split load costs two cache-line reads, ~10% of the streaming rate.
+        let head = ((64 - (wp as usize & 63)) & 63) / 4;
+        if head > 0 && head < k {
+            let mask: __mmask16 = (1u32 << head) as u16 - 1;
+            let mut wv = [_mm512_setzero_ps(); R];
             for r in 0..R {
-                acc[i][r] = _mm512_fmadd_ps(xv, wv[r], acc[i][r]);
+                wv[r] = _mm512_maskz_loadu_ps(mask, wp.add(r * k));
+            }
+            for i in 0..M {
+                let xv = _mm512_maskz_loadu_ps(mask, xp.add(i * k));
+                for r in 0..R {
+                    acc[i][r] = _mm512_fmadd_ps(xv, wv[r], acc[i][r]);
+                }
             }
         }
-    }
-    let mut c = if head < k { head } else { 0 };
-    while c + 16 <= k {
-        let mut wv = [_mm512_setzero_ps(); R];
-        for r in 0..R {
-            wv[r] = _mm512_loadu_ps(wp.add(r * k + c));
-        }
-        for i in 0..M {
-            let xv = _mm512_loadu_ps(xp.add(i * k + c));
+        let mut c = if head < k { head } else { 0 };
+        while c + 16 <= k {
+            let mut wv = [_mm512_setzero_ps(); R];
             for r in 0..R {
-                acc[i][r] = _mm512_fmadd_ps(xv, wv[r], acc[i][r]);
+                wv[r] = _mm512_loadu_ps(wp.add(r * k + c));
+            }
+            for i in 0..M {
+                let xv = _mm512_loadu_ps(xp.add(i * k + c));
+                for r in 0..R {
+                    acc[i][r] = _mm512_fmadd_ps(xv, wv[r], acc[i][r]);
+                }
+            }
+            c += 16;
+        }
+        if c < k {
+            // Masked tail: lanes past k load as zero.
+            let mask: __mmask16 = (1u32 << (k - c)) as u16 - 1;
+            let mut wv = [_mm512_setzero_ps(); R];
+            for r in 0..R {
+                wv[r] = _mm512_maskz_loadu_ps(mask, wp.add(r * k + c));
+            }
+            for i in 0..M {
+                let xv = _mm512_maskz_loadu_ps(mask, xp.add(i * k + c));
+                for r in 0..R {
+                    acc[i][r] = _mm512_fmadd_ps(xv, wv[r], acc[i][r]);
+                }
             }
         }
-        c += 16;
-    }
-    if c < k {
-        // Masked tail: lanes past k load as zero.
-        let mask: __mmask16 = (1u32 << (k - c)) as u16 - 1;
-        let mut wv = [_mm512_setzero_ps(); R];
-        for r in 0..R {
-            wv[r] = _mm512_maskz_loadu_ps(mask, wp.add(r * k + c));
-        }
-        for i in 0..M {
-            let xv = _mm512_maskz_loadu_ps(mask, xp.add(i * k + c));
-            for r in 0..R {
-                acc[i][r] = _mm512_fmadd_ps(xv, wv[r], acc[i][r]);
+        for (i, row) in acc.iter().enumerate() {
+            for (r, s) in row.iter().enumerate() {
+                *a.out.add((i0 + i) * a.n + j0 + r) = _mm512_reduce_add_ps(*s);
             }
-        }
-    }
-    for (i, row) in acc.iter().enumerate() {
-        for (r, s) in row.iter().enumerate() {
-            *a.out.add((i0 + i) * a.n + j0 + r) = _mm512_reduce_add_ps(*s);
         }
     }
 }
@@ -112,15 +115,18 @@ pub(crate) unsafe fn tile_f32<const M: usize, const R: usize>(a: Args<f32>, i0: 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn load_x_bf16(p: *const f32, cnt: usize) -> __m512bh {
-    if cnt >= 32 {
-        return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p.add(16)), _mm512_loadu_ps(p));
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        if cnt >= 32 {
+            return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p.add(16)), _mm512_loadu_ps(p));
+        }
+        let lo_n = cnt.min(16);
+        let hi_n = cnt - lo_n;
+        let lo = _mm512_maskz_loadu_ps(((1u32 << lo_n) - 1) as u16, p);
+        let hi = _mm512_maskz_loadu_ps(((1u32 << hi_n) - 1) as u16, p.add(lo_n));
+        // The second argument fills the low 16 lanes.
+        _mm512_cvtne2ps_pbh(hi, lo)
     }
-    let lo_n = cnt.min(16);
-    let hi_n = cnt - lo_n;
-    let lo = _mm512_maskz_loadu_ps(((1u32 << lo_n) - 1) as u16, p);
-    let hi = _mm512_maskz_loadu_ps(((1u32 << hi_n) - 1) as u16, p.add(lo_n));
-    // The second argument fills the low 16 lanes.
-    _mm512_cvtne2ps_pbh(hi, lo)
 }
 
 /// `M` rows of f32 `x` (rounded to bf16 as loaded, each vector reused for the `R`
@@ -130,68 +136,71 @@ unsafe fn load_x_bf16(p: *const f32, cnt: usize) -> __m512bh {
 /// AVX-512 F/BW/BF16 available; `i0 + M <= m`, `j0 + R <= n`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub(crate) unsafe fn tile_bf16<const M: usize, const R: usize>(a: Args<u16>, i0: usize, j0: usize) {
-    let k = a.k;
-    let xp = a.x.add(i0 * k);
-    let wp = a.w.add(j0 * k);
-    let mut acc = [[_mm512_setzero_ps(); R]; M];
-    // Peel to a 64-byte aligned w (see tile_f32).
-    let head = ((64 - (wp as usize & 63)) & 63) / 2;
-    if head > 0 && head < k {
-        let mask: __mmask32 = ((1u64 << head) - 1) as u32;
-        let mut wv = [_mm512_setzero_si512(); R];
-        for r in 0..R {
-            wv[r] = _mm512_maskz_loadu_epi16(mask, wp.add(r * k) as *const i16);
-        }
-        for i in 0..M {
-            let xv = load_x_bf16(xp.add(i * k), head);
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        let k = a.k;
+        let xp = a.x.add(i0 * k);
+        let wp = a.w.add(j0 * k);
+        let mut acc = [[_mm512_setzero_ps(); R]; M];
+        // Peel to a 64-byte aligned w (see tile_f32).
+        let head = ((64 - (wp as usize & 63)) & 63) / 2;
+        if head > 0 && head < k {
+            let mask: __mmask32 = ((1u64 << head) - 1) as u32;
+            let mut wv = [_mm512_setzero_si512(); R];
             for r in 0..R {
-                acc[i][r] = _mm512_dpbf16_ps(
-                    acc[i][r],
-                    xv,
-                    std::mem::transmute::<__m512i, __m512bh>(wv[r]),
-                );
+                wv[r] = _mm512_maskz_loadu_epi16(mask, wp.add(r * k) as *const i16);
+            }
+            for i in 0..M {
+                let xv = load_x_bf16(xp.add(i * k), head);
+                for r in 0..R {
+                    acc[i][r] = _mm512_dpbf16_ps(
+                        acc[i][r],
+                        xv,
+                        std::mem::transmute::<__m512i, __m512bh>(wv[r]),
+                    );
+                }
             }
         }
-    }
-    let mut c = if head < k { head } else { 0 };
-    while c + 32 <= k {
-        let mut wv = [_mm512_setzero_si512(); R];
-        for r in 0..R {
-            wv[r] = _mm512_loadu_si512(wp.add(r * k + c) as *const _);
-        }
-        for i in 0..M {
-            let xv = load_x_bf16(xp.add(i * k + c), 32);
+        let mut c = if head < k { head } else { 0 };
+        while c + 32 <= k {
+            let mut wv = [_mm512_setzero_si512(); R];
             for r in 0..R {
-                acc[i][r] = _mm512_dpbf16_ps(
-                    acc[i][r],
-                    xv,
-                    std::mem::transmute::<__m512i, __m512bh>(wv[r]),
-                );
+                wv[r] = _mm512_loadu_si512(wp.add(r * k + c) as *const _);
+            }
+            for i in 0..M {
+                let xv = load_x_bf16(xp.add(i * k + c), 32);
+                for r in 0..R {
+                    acc[i][r] = _mm512_dpbf16_ps(
+                        acc[i][r],
+                        xv,
+                        std::mem::transmute::<__m512i, __m512bh>(wv[r]),
+                    );
+                }
+            }
+            c += 32;
+        }
+        if c < k {
+            // Masked tail: bf16 lanes past k load as +0.0.
+            let mask: __mmask32 = ((1u64 << (k - c)) - 1) as u32;
+            let mut wv = [_mm512_setzero_si512(); R];
+            for r in 0..R {
+                wv[r] = _mm512_maskz_loadu_epi16(mask, wp.add(r * k + c) as *const i16);
+            }
+            for i in 0..M {
+                let xv = load_x_bf16(xp.add(i * k + c), k - c);
+                for r in 0..R {
+                    acc[i][r] = _mm512_dpbf16_ps(
+                        acc[i][r],
+                        xv,
+                        std::mem::transmute::<__m512i, __m512bh>(wv[r]),
+                    );
+                }
             }
         }
-        c += 32;
-    }
-    if c < k {
-        // Masked tail: bf16 lanes past k load as +0.0.
-        let mask: __mmask32 = ((1u64 << (k - c)) - 1) as u32;
-        let mut wv = [_mm512_setzero_si512(); R];
-        for r in 0..R {
-            wv[r] = _mm512_maskz_loadu_epi16(mask, wp.add(r * k + c) as *const i16);
-        }
-        for i in 0..M {
-            let xv = load_x_bf16(xp.add(i * k + c), k - c);
-            for r in 0..R {
-                acc[i][r] = _mm512_dpbf16_ps(
-                    acc[i][r],
-                    xv,
-                    std::mem::transmute::<__m512i, __m512bh>(wv[r]),
-                );
+        for (i, row) in acc.iter().enumerate() {
+            for (r, s) in row.iter().enumerate() {
+                *a.out.add((i0 + i) * a.n + j0 + r) = _mm512_reduce_add_ps(*s);
             }
-        }
-    }
-    for (i, row) in acc.iter().enumerate() {
-        for (r, s) in row.iter().enumerate() {
-            *a.out.add((i0 + i) * a.n + j0 + r) = _mm512_reduce_add_ps(*s);
         }
     }
 }
@@ -312,41 +321,44 @@ pub(crate) unsafe fn drive<T>(
     bytes_per_elem: usize,
     parallel: bool,
 ) {
-    let (mt, r, n, k) = (tiles.mt, tiles.r, a.n, a.k);
-    let task = |j0: usize, j1: usize| {
-        let mut i = 0;
-        while i < m {
-            let h = mt.min(m - i);
-            // SAFETY (both calls): h has kernels (caller's contract); i + h <= m and
-            // the column ranges stay below j1 <= n.
-            let (main, tail) = (tiles.main[h].unwrap(), tiles.tail[h].unwrap());
-            let mut j = j0;
-            while j + r <= j1 {
-                main(a, i, j);
-                j += r;
+    // SAFETY: this `unsafe fn`'s `# Safety` contract, upheld by its callers.
+    unsafe {
+        let (mt, r, n, k) = (tiles.mt, tiles.r, a.n, a.k);
+        let task = |j0: usize, j1: usize| {
+            let mut i = 0;
+            while i < m {
+                let h = mt.min(m - i);
+                // SAFETY (both calls): h has kernels (caller's contract); i + h <= m and
+                // the column ranges stay below j1 <= n.
+                let (main, tail) = (tiles.main[h].unwrap(), tiles.tail[h].unwrap());
+                let mut j = j0;
+                while j + r <= j1 {
+                    main(a, i, j);
+                    j += r;
+                }
+                while j < j1 {
+                    tail(a, i, j);
+                    j += 1;
+                }
+                i += h;
             }
-            while j < j1 {
-                tail(a, i, j);
-                j += 1;
-            }
-            i += h;
+        };
+        if !parallel {
+            task(0, n);
+            return;
         }
-    };
-    if !parallel {
-        task(0, n);
-        return;
+        // Chunk of w rows per task: at most ~256 KiB (L2-resident while all of x's row
+        // tiles pass over it), a multiple of r, and at least 8 tasks per thread when n
+        // allows, so a core slowed by other work does not hold the others up.
+        let threads = rayon::current_num_threads();
+        let by_cache = (256 << 10) / (k * bytes_per_elem).max(1);
+        let by_balance = n.div_ceil(threads * 8);
+        let chunk = (by_cache.min(by_balance) / r).max(1) * r;
+        let tasks = n.div_ceil(chunk);
+        use rayon::prelude::*;
+        (0..tasks).into_par_iter().for_each(|t| {
+            let j0 = t * chunk;
+            task(j0, (j0 + chunk).min(n));
+        });
     }
-    // Chunk of w rows per task: at most ~256 KiB (L2-resident while all of x's row
-    // tiles pass over it), a multiple of r, and at least 8 tasks per thread when n
-    // allows, so a core slowed by other work does not hold the others up.
-    let threads = rayon::current_num_threads();
-    let by_cache = (256 << 10) / (k * bytes_per_elem).max(1);
-    let by_balance = n.div_ceil(threads * 8);
-    let chunk = (by_cache.min(by_balance) / r).max(1) * r;
-    let tasks = n.div_ceil(chunk);
-    use rayon::prelude::*;
-    (0..tasks).into_par_iter().for_each(|t| {
-        let j0 = t * chunk;
-        task(j0, (j0 + chunk).min(n));
-    });
 }

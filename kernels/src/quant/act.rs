@@ -155,7 +155,8 @@ unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8]) -> ActBlock {
         m = _mm256_max_ps(_mm256_and_ps(vi, abs_mask), m);
     }
     let mut lanes = [0f32; 8];
-    _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+    // SAFETY: `lanes` holds the 8 floats stored.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
     let amax = lanes.iter().fold(0.0f32, |a, &l| a.max(l));
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };

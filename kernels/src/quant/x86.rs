@@ -365,7 +365,9 @@ unsafe fn avx2<const S: u8, const F: bool, const H: usize>(
                     recs.as_ptr()
                         .add(lay.quant_offset(u) + j * g.block_quant_bytes + 32 * half)
                 };
-                let w = weights_avx2::<S>(q);
+                // SAFETY: AVX2 is available (this function's contract); `q` is this
+                // half of block b's integers (above).
+                let w = unsafe { weights_avx2::<S>(q) };
                 for i in 0..H {
                     // SAFETY: b < kb, checked against both row buffers in `rows`.
                     let (ab, ap) = unsafe {
@@ -398,7 +400,8 @@ unsafe fn avx2<const S: u8, const F: bool, const H: usize>(
         let n = (cols - 8 * half).min(8);
         for i in 0..H {
             let mut tmp = [0.0f32; 8];
-            _mm256_storeu_ps(tmp.as_mut_ptr(), acc[i]);
+            // SAFETY: `tmp` holds the 8 floats stored.
+            unsafe { _mm256_storeu_ps(tmp.as_mut_ptr(), acc[i]) };
             // SAFETY: row i of `out` has `cols` valid elements (caller's contract),
             // of which this half writes `n` from column 8 * half.
             unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr(), out.add(i * ldo + 8 * half), n) };
