@@ -1,6 +1,7 @@
 //! The x86 quantized kernels: AVX-512 VNNI (`vpdpbusd`, 16 rows of `w` per vector)
-//! and AVX2 (`vpmaddubsw` + `vpmaddwd`, 8 rows per vector, the panel in two
-//! halves). Both compute the same exact integer sums as `portable.rs` and then
+//! and AVX2 (`vpmaddubsw` + `vpmaddwd`, 8 rows per vector: up to 2 activation rows
+//! walk the panel once, both halves of each unit in turn; larger tiles walk it once
+//! per half, the second time from cache). Both compute the same exact integer sums as `portable.rs` and then
 //! the same fused multiply-adds, so the three agree bit for bit. The scales come
 //! from the stored fields by the f32 operations of `pack::lane_scales`, once per
 //! block of 32 for the whole panel (shared by the `H` activation rows).
@@ -329,74 +330,7 @@ unsafe fn avx2<const S: u8, const F: bool, const H: usize>(
     };
     let g = geom(lay, recs, acts.k());
     let rows = rows::<H>(acts, r0, g.units * g.per_unit);
-    for half in 0..2 {
-        if 8 * half >= cols {
-            break;
-        }
-        let mut acc = [_mm256_setzero_ps(); H];
-        for u in 0..g.units {
-            // SAFETY: as in `vnni`; this half reads lanes 8·half.. of each field.
-            let meta = unsafe { recs.as_ptr().add(lay.meta_offset(u)) };
-            // SAFETY: 8 f16 (16 bytes) of a 16-lane field at `o` inside the meta.
-            let ldh = |o: usize| unsafe {
-                _mm256_cvtph_ps(_mm_loadu_si128(meta.add(o + 16 * half) as *const __m128i))
-            };
-            // SAFETY: 8 bytes of a 16-lane u8 (or i8) field at `o` inside the meta.
-            let ldb = |o: usize, signed: bool| unsafe {
-                let v = _mm_loadl_epi64(meta.add(o + 8 * half) as *const __m128i);
-                _mm256_cvtepi32_ps(if signed {
-                    _mm256_cvtepi8_epi32(v)
-                } else {
-                    _mm256_cvtepu8_epi32(v)
-                })
-            };
-            let d = if S == BY && !F {
-                // SAFETY: 8 of the 16 f32 at the start of the meta.
-                unsafe { _mm256_loadu_ps((meta as *const f32).add(8 * half)) }
-            } else {
-                ldh(0)
-            };
-            let second = if S == N1 || S == K4 { ldh(32) } else { d };
-            for j in 0..g.per_unit {
-                let b = u * g.per_unit + j;
-                let (s, mn) = scales_avx2::<S>(d, second, j, ldb);
-                // SAFETY: as in `vnni`: block b's integers inside the panel.
-                let q = unsafe {
-                    recs.as_ptr()
-                        .add(lay.quant_offset(u) + j * g.block_quant_bytes + 32 * half)
-                };
-                // SAFETY: AVX2 is available (this function's contract); `q` is this
-                // half of block b's integers (above).
-                let w = unsafe { weights_avx2::<S>(q) };
-                for i in 0..H {
-                    // SAFETY: b < kb, checked against both row buffers in `rows`.
-                    let (ab, ap) = unsafe {
-                        (
-                            &*rows[i].1.as_ptr().add(b),
-                            rows[i].0.as_ptr().add(b * QB) as *const i32,
-                        )
-                    };
-                    // SAFETY: b < kb: the block's 32 bytes lie inside the row.
-                    let isum = |g0: usize, g1: usize, sa: i32| unsafe {
-                        isum_avx2::<S>(&w, ap, g0, g1, sa)
-                    };
-                    let da = _mm256_set1_ps(ab.d);
-                    if S == K6 {
-                        for hh in 0..2 {
-                            let p = isum(4 * hh, 4 * hh + 4, ab.s16[hh]);
-                            let sd = _mm256_mul_ps(s[hh], da);
-                            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sd, acc[i]);
-                            acc[i] = _mm256_fmadd_ps(mn[hh], _mm256_set1_ps(ab.a16[hh]), acc[i]);
-                        }
-                    } else {
-                        let p = isum(0, 8, ab.s16[0] + ab.s16[1]);
-                        let sd = _mm256_mul_ps(s[0], da);
-                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sd, acc[i]);
-                        acc[i] = _mm256_fmadd_ps(mn[0], _mm256_set1_ps(ab.a32), acc[i]);
-                    }
-                }
-            }
-        }
+    let store = |acc: &[__m256; H], half: usize| {
         let n = (cols - 8 * half).min(8);
         for i in 0..H {
             let mut tmp = [0.0f32; 8];
@@ -405,6 +339,116 @@ unsafe fn avx2<const S: u8, const F: bool, const H: usize>(
             // SAFETY: row i of `out` has `cols` valid elements (caller's contract),
             // of which this half writes `n` from column 8 * half.
             unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr(), out.add(i * ldo + 8 * half), n) };
+        }
+    };
+    if H <= 2 && cols > 8 {
+        // Both halves of each unit in turn: one stream over the panel. Two
+        // accumulator sets (2·H registers) beside the 8 weight vectors fit the 16
+        // registers for H <= 2; each lane's operations are those of the two-pass
+        // walk below, in the same order, so the bits are too.
+        let mut acc = [[_mm256_setzero_ps(); H]; 2];
+        for u in 0..g.units {
+            for (half, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: AVX2 is available (this function's contract); `u` is a
+                // unit of the panel checked by `geom`, the rows by `rows`.
+                unsafe { unit_avx2::<S, F, H>(lay, &g, recs, &rows, u, half, acc) };
+            }
+        }
+        store(&acc[0], 0);
+        store(&acc[1], 1);
+        return;
+    }
+    // Larger tiles: the panel in two walks, one per half of its lanes (the second
+    // reads the panel from cache).
+    for half in 0..2 {
+        if 8 * half >= cols {
+            break;
+        }
+        let mut acc = [_mm256_setzero_ps(); H];
+        for u in 0..g.units {
+            // SAFETY: as above.
+            unsafe { unit_avx2::<S, F, H>(lay, &g, recs, &rows, u, half, &mut acc) };
+        }
+        store(&acc, half);
+    }
+}
+
+/// Unit `u`'s blocks for lanes `8·half..8·half + 8` of the panel, added into `acc`
+/// (one 8-lane accumulator per activation row).
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `u < g.units` of the panel `recs` of `lay`
+/// (checked against its length by `geom`); `rows` checked by `rows`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop)]
+unsafe fn unit_avx2<const S: u8, const F: bool, const H: usize>(
+    lay: Layout,
+    g: &Geom,
+    recs: &[u8],
+    rows: &Rows<'_, H>,
+    u: usize,
+    half: usize,
+    acc: &mut [__m256; H],
+) {
+    // SAFETY: as in `vnni`; this half reads lanes 8·half.. of each field.
+    let meta = unsafe { recs.as_ptr().add(lay.meta_offset(u)) };
+    // SAFETY: 8 f16 (16 bytes) of a 16-lane field at `o` inside the meta.
+    let ldh = |o: usize| unsafe {
+        _mm256_cvtph_ps(_mm_loadu_si128(meta.add(o + 16 * half) as *const __m128i))
+    };
+    // SAFETY: 8 bytes of a 16-lane u8 (or i8) field at `o` inside the meta.
+    let ldb = |o: usize, signed: bool| unsafe {
+        let v = _mm_loadl_epi64(meta.add(o + 8 * half) as *const __m128i);
+        _mm256_cvtepi32_ps(if signed {
+            _mm256_cvtepi8_epi32(v)
+        } else {
+            _mm256_cvtepu8_epi32(v)
+        })
+    };
+    let d = if S == BY && !F {
+        // SAFETY: 8 of the 16 f32 at the start of the meta.
+        unsafe { _mm256_loadu_ps((meta as *const f32).add(8 * half)) }
+    } else {
+        ldh(0)
+    };
+    let second = if S == N1 || S == K4 { ldh(32) } else { d };
+    for j in 0..g.per_unit {
+        let b = u * g.per_unit + j;
+        let (s, mn) = scales_avx2::<S>(d, second, j, ldb);
+        // SAFETY: as in `vnni`: block b's integers inside the panel.
+        let q = unsafe {
+            recs.as_ptr()
+                .add(lay.quant_offset(u) + j * g.block_quant_bytes + 32 * half)
+        };
+        // SAFETY: AVX2 is available (this function's contract); `q` is this half
+        // of block b's integers (above).
+        let w = unsafe { weights_avx2::<S>(q) };
+        for i in 0..H {
+            // SAFETY: b < kb, checked against both row buffers in `rows`.
+            let (ab, ap) = unsafe {
+                (
+                    &*rows[i].1.as_ptr().add(b),
+                    rows[i].0.as_ptr().add(b * QB) as *const i32,
+                )
+            };
+            // SAFETY: b < kb: the block's 32 bytes lie inside the row.
+            let isum =
+                |g0: usize, g1: usize, sa: i32| unsafe { isum_avx2::<S>(&w, ap, g0, g1, sa) };
+            let da = _mm256_set1_ps(ab.d);
+            if S == K6 {
+                for hh in 0..2 {
+                    let p = isum(4 * hh, 4 * hh + 4, ab.s16[hh]);
+                    let sd = _mm256_mul_ps(s[hh], da);
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sd, acc[i]);
+                    acc[i] = _mm256_fmadd_ps(mn[hh], _mm256_set1_ps(ab.a16[hh]), acc[i]);
+                }
+            } else {
+                let p = isum(0, 8, ab.s16[0] + ab.s16[1]);
+                let sd = _mm256_mul_ps(s[0], da);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sd, acc[i]);
+                acc[i] = _mm256_fmadd_ps(mn[0], _mm256_set1_ps(ab.a32), acc[i]);
+            }
         }
     }
 }
