@@ -104,6 +104,40 @@ pub struct EngineCore {
     runtime: Arc<dyn DeviceRuntime>,
 }
 
+/// Loads the draft model of `--speculative-config '{"method":"draft_model",...}'`
+/// (None for any other method). It runs on the CPU beside the target, with its own
+/// cache of as many blocks as the target's.
+fn load_draft(
+    config: &EngineConfig,
+    on_device: bool,
+    target: &LlamaConfig,
+    target_eos: &[u32],
+    spec: &KvCacheSpec,
+) -> Result<Option<crate::spec::draft::DraftProposer>, EngineError> {
+    let Some(sc) = config.speculative_config.as_ref() else {
+        return Ok(None);
+    };
+    let crate::spec::SpecMethod::DraftModel { model } = &sc.method else {
+        return Ok(None);
+    };
+    if on_device {
+        return Err(EngineError::invalid(
+            "speculative_config",
+            "method \"draft_model\" runs on the CPU only (use \"ngram\" on a device)",
+        ));
+    }
+    let draft = crate::spec::draft::DraftProposer::load(
+        model,
+        target,
+        target_eos,
+        sc.num_speculative_tokens,
+        spec.block_size,
+        spec.num_blocks,
+        config.weight_dtype,
+    )?;
+    Ok(Some(draft))
+}
+
 impl EngineCore {
     /// Builds the runner (model, KV cache, selected attention backend) and the scheduler.
     pub fn new(
@@ -115,6 +149,9 @@ impl EngineCore {
         name: String,
     ) -> Result<(Self, ModelInfo), EngineError> {
         let model_max = model_config.max_position_embeddings;
+        // The draft model (if any) is checked against the target's config, which the
+        // target's model takes by value below.
+        let draft_target = model_config.clone();
         let requested_len = check_max_model_len(config.max_model_len, model_max)?;
         // One attention config per kind of layer (Gemma 2: sliding and global); the
         // selection must serve their union of needs (`merged`), then one backend
@@ -266,9 +303,13 @@ impl EngineCore {
             device: runtime.device(),
             message: format!("allocating the KV cache: {e}"),
         })?;
+        let draft = load_draft(config, on_device, &draft_target, &eos_token_ids, &spec)?;
         let mut runner = ModelRunner::new(model, kv, attn, eos_token_ids);
         crate::spec::log_config(config.speculative_config.as_ref());
         runner.set_speculative_config(config.speculative_config.clone());
+        if let Some(draft) = draft {
+            runner.set_draft_model(draft);
+        }
         if on_device {
             capture_graphs(config, &runtime, &mut runner, max_model_len)?;
         }

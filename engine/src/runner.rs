@@ -131,6 +131,8 @@ pub struct ModelRunner {
     spec: Option<crate::spec::SpeculativeConfig>,
     /// This step's verify rows (a reused buffer).
     spec_rows: Vec<spec_rows::SpecRow>,
+    /// `"method": "draft_model"`: the draft model proposing the drafts.
+    draft: Option<Box<crate::spec::draft::DraftProposer>>,
 }
 
 impl ModelRunner {
@@ -183,12 +185,18 @@ impl ModelRunner {
             deferred: Vec::new(),
             spec: None,
             spec_rows: Vec::new(),
+            draft: None,
         }
     }
 
     /// Turns speculative decoding on (or off) for the steps to come.
     pub fn set_speculative_config(&mut self, spec: Option<crate::spec::SpeculativeConfig>) {
         self.spec = spec;
+    }
+
+    /// The draft model of `"method": "draft_model"` speculation.
+    pub fn set_draft_model(&mut self, draft: crate::spec::draft::DraftProposer) {
+        self.draft = Some(Box::new(draft));
     }
 
     /// Attaches a compiled grammar to a request (before it is first scheduled); it
@@ -275,6 +283,9 @@ impl ModelRunner {
         {
             if self.state(h).is_some() {
                 self.requests[h.index as usize] = None;
+            }
+            if let Some(d) = self.draft.as_mut() {
+                d.forget(h);
             }
         }
         // A preempted request keeps its grammar: it follows the generated tokens,

@@ -7,7 +7,7 @@
 use pagoda_core::SamplingParams;
 use pagoda_engine::spec::SpeculativeConfig;
 use pagoda_engine::{EngineConfig, GenerateOutput, LLMEngine, PromptInput};
-use pagoda_tests::{engine, reference_cases, test_config};
+use pagoda_tests::{engine, model_path, reference_cases, test_config};
 
 /// Prompts whose continuation copies from the prompt (where n-gram drafts hit), and
 /// the reference prompts (ordinary text).
@@ -83,6 +83,45 @@ fn greedy_is_identical_with_ngram_speculation() {
         s.num_accepted_tokens_per_pos.iter().sum::<u64>(),
         "per-position counts add up to the accepted tokens"
     );
+}
+
+/// The model drafting for itself: the draft's greedy tokens are the target's, so
+/// every draft is accepted (the draft's catch-up and per-step decode keep its cache
+/// in step with the target's), and the output is the same token for token.
+#[test]
+fn greedy_is_identical_with_a_draft_model() {
+    let params = SamplingParams::greedy(32);
+    let (plain, _) = run(test_config(), None, &params);
+    let draft = SpeculativeConfig::parse(&format!(
+        r#"{{"method":"draft_model","model":{:?},"num_speculative_tokens":3}}"#,
+        model_path().display().to_string()
+    ))
+    .expect("valid config");
+    let (sped, e) = run(test_config(), Some(draft), &params);
+    assert_same(&plain, &sped, "draft k=3");
+    let s = e.stats().spec_decoding;
+    assert!(s.num_drafts > 0, "no drafts were proposed: {s:?}");
+    assert_eq!(
+        s.num_accepted_tokens, s.num_draft_tokens,
+        "a model drafting for itself has every draft accepted: {s:?}"
+    );
+}
+
+/// A draft model that cannot be loaded is a clear start-up error, not a panic.
+#[test]
+fn a_missing_draft_model_is_refused_at_start() {
+    let mut config = test_config();
+    config.speculative_config = Some(
+        SpeculativeConfig::parse(
+            r#"{"method":"draft_model","model":"/nonexistent/draft.gguf","num_speculative_tokens":2}"#,
+        )
+        .expect("valid config"),
+    );
+    let err = match LLMEngine::new(config) {
+        Ok(_) => panic!("a missing draft model must be refused"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("draft model"), "{err}");
 }
 
 #[test]

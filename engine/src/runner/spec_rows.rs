@@ -4,6 +4,7 @@
 //! verification, and the next step's proposals.
 
 use super::ModelRunner;
+use crate::spec::draft::DraftRequest;
 use crate::spec::verify::{verify_row, VerifyInput};
 use pagoda_core::{ModelRunnerOutput, SchedulerOutput, SpecDecodeRow};
 
@@ -94,13 +95,18 @@ impl ModelRunner {
         if self.faults.is_some() {
             return; // the fault hooks see plain rows only
         }
+        let mut wanted = Vec::new();
         for (i, &(h, _)) in sched_out.num_scheduled_tokens.iter().enumerate() {
             let produced =
                 out.sampled_token_ids[i].is_some() || out.spec_rows.iter().any(|r| r.handle == h);
             if !produced {
                 continue;
             }
-            let Some(st) = self.state(h) else { continue };
+            // (The fields, not `self.state`: the draft model is borrowed below.)
+            let st = self.requests.get(h.index as usize).and_then(Option::as_ref);
+            let Some(st) = st.filter(|s| s.handle == h) else {
+                continue;
+            };
             if !crate::spec::eligible(&st.params, self.masks.contains(h)) {
                 continue;
             }
@@ -112,9 +118,30 @@ impl ModelRunner {
                 .max_tokens
                 .unwrap_or(usize::MAX)
                 .saturating_sub(outputs);
-            let drafts = spec.propose(&st.token_ids, left.saturating_sub(1));
+            wanted.push(DraftRequest {
+                handle: h,
+                tokens: &st.token_ids,
+                limit: left.saturating_sub(1),
+            });
+        }
+        let drafts = match self.draft.as_mut() {
+            // One batched draft forward per draft position.
+            Some(d) => match d.propose(&wanted) {
+                Ok(d) => d,
+                Err(e) => {
+                    // A draft failure costs only the speedup: no drafts this step.
+                    tracing::warn!("draft model: {e}");
+                    Vec::new()
+                }
+            },
+            None => wanted
+                .iter()
+                .map(|r| spec.propose(r.tokens, r.limit))
+                .collect(),
+        };
+        for (r, drafts) in wanted.iter().zip(drafts) {
             if !drafts.is_empty() {
-                out.spec_token_ids.push((h, drafts));
+                out.spec_token_ids.push((r.handle, drafts));
             }
         }
     }

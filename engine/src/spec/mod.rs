@@ -1,4 +1,5 @@
-//! Speculative decoding (vLLM's `--speculative-config`), n-gram proposals only.
+//! Speculative decoding (vLLM's `--speculative-config`): n-gram proposals, or a
+//! draft model's ([`draft`]).
 //!
 //! The pieces, in the order a step meets them:
 //! - [`SpeculativeConfig`]: the parsed JSON (vLLM's field names), refused at start
@@ -22,6 +23,7 @@
 //! verified position with the drafts before it as output tokens, so it behaves as
 //! without speculation.
 
+pub mod draft;
 pub mod ngram;
 pub mod probs;
 pub mod verify;
@@ -32,10 +34,13 @@ use pagoda_scheduler::SpecDecodingStats;
 use serde::Deserialize;
 
 /// The supported speculation methods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SpecMethod {
     /// Prompt lookup over the request's own tokens (vLLM's `"ngram"`).
     Ngram,
+    /// A smaller model with the target's vocabulary, greedy (vLLM's
+    /// `"draft_model"`, its `"model"` field: a GGUF file or an HF directory).
+    DraftModel { model: std::path::PathBuf },
 }
 
 /// `--speculative-config`, resolved (vLLM's defaults filled in).
@@ -58,6 +63,7 @@ struct RawConfig {
     num_speculative_tokens: Option<usize>,
     prompt_lookup_min: Option<usize>,
     prompt_lookup_max: Option<usize>,
+    model: Option<String>,
 }
 
 /// vLLM's default lookup window when neither bound is given.
@@ -70,14 +76,31 @@ impl SpeculativeConfig {
     pub fn parse(json: &str) -> Result<Self, EngineError> {
         let bad = |m: String| EngineError::invalid("speculative_config", m);
         let raw: RawConfig = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
-        let method = match raw.method.as_deref() {
-            Some("ngram") => SpecMethod::Ngram,
-            Some(other) => {
+        const SUPPORTED: &str = "supported: \"ngram\", \"draft_model\"";
+        let method = match (raw.method.as_deref(), &raw.model) {
+            (Some("ngram"), None) => SpecMethod::Ngram,
+            (Some("ngram"), Some(_)) => {
+                return Err(bad("\"model\" is not used by method \"ngram\"".into()))
+            }
+            (Some("draft_model"), Some(m)) => {
+                if raw.prompt_lookup_min.is_some() || raw.prompt_lookup_max.is_some() {
+                    return Err(bad(
+                        "prompt_lookup_min/max are not used by method \"draft_model\"".into(),
+                    ));
+                }
+                SpecMethod::DraftModel { model: m.into() }
+            }
+            (Some("draft_model"), None) => {
+                return Err(bad(
+                    "method \"draft_model\" needs \"model\" (a GGUF file or HF directory)".into(),
+                ))
+            }
+            (Some(other), _) => {
                 return Err(bad(format!(
-                    "method {other:?} is not supported (supported: \"ngram\")"
+                    "method {other:?} is not supported ({SUPPORTED})"
                 )))
             }
-            None => return Err(bad("\"method\" is required (supported: \"ngram\")".into())),
+            (None, _) => return Err(bad(format!("\"method\" is required ({SUPPORTED})"))),
         };
         let k = raw
             .num_speculative_tokens
@@ -118,6 +141,8 @@ impl SpeculativeConfig {
             SpecMethod::Ngram => {
                 ngram::propose(tokens, self.prompt_lookup_min, self.prompt_lookup_max, k)
             }
+            // Batched over the step's requests by the runner ([`draft`]).
+            SpecMethod::DraftModel { .. } => Vec::new(),
         }
     }
 }
@@ -126,12 +151,17 @@ impl SpeculativeConfig {
 pub fn log_config(spec: Option<&SpeculativeConfig>) {
     match spec {
         Some(c) => tracing::info!(
-            "speculative decoding: {:?}, {} tokens per step, prompt lookup {}..={} \
+            "speculative decoding: {:?}, {} tokens per step{} \
              (not for requests with stop strings or structured outputs)",
             c.method,
             c.num_speculative_tokens,
-            c.prompt_lookup_min,
-            c.prompt_lookup_max
+            match c.method {
+                SpecMethod::Ngram => format!(
+                    ", prompt lookup {}..={}",
+                    c.prompt_lookup_min, c.prompt_lookup_max
+                ),
+                SpecMethod::DraftModel { .. } => String::new(),
+            }
         ),
         None => tracing::debug!("speculative decoding: off"),
     }
@@ -212,7 +242,19 @@ mod tests {
             ),
             (
                 r#"{"method":"ngram","num_speculative_tokens":3,"model":"x"}"#,
-                "unknown field `model`",
+                "not used by method",
+            ),
+            (
+                r#"{"method":"draft_model","num_speculative_tokens":3}"#,
+                "needs \"model\"",
+            ),
+            (
+                r#"{"method":"draft_model","model":"d.gguf","num_speculative_tokens":3,"prompt_lookup_max":2}"#,
+                "not used by method",
+            ),
+            (
+                r#"{"method":"ngram","num_speculative_tokens":3,"draft_model":"x"}"#,
+                "unknown field",
             ),
             (
                 r#"{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_min":4,"prompt_lookup_max":2}"#,
