@@ -18,9 +18,6 @@ import os
 import random
 import shlex
 import subprocess
-import sys
-import time
-import urllib.request
 
 _spec = importlib.util.spec_from_file_location(
     "spec_ab", os.path.join(os.path.dirname(os.path.abspath(__file__)), "spec-ab.py"))
@@ -33,16 +30,7 @@ def start(label, command, port):
     print(f"[{label}] $", " ".join(shlex.quote(c) for c in cmd), flush=True)
     log = f"/tmp/draft-ab-{label}.log"
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return p, base
-        except Exception:
-            time.sleep(0.5)
-    p.kill()
-    sys.exit(f"server {label} did not start; see {log}")
+    return spec_ab.wait_healthy(p, port, log)
 
 
 def main():

@@ -78,6 +78,11 @@ def start(binary, model, port, extra, log):
     cmd += extra
     print("$", " ".join(shlex.quote(c) for c in cmd), flush=True)
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    return wait_healthy(p, port, log)
+
+
+def wait_healthy(p, port, log):
+    """Waits for the server process `p` to answer /health on `port`: (p, base URL)."""
     base = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
