@@ -649,9 +649,17 @@ fn capture_graphs(
         tracing::info!("CUDA graphs: off (--enforce-eager); every step runs eagerly");
         return Ok(());
     }
+    // A verify run reaches a backend as one decode row per query token (the CUDA
+    // backends serve them so), so a step holds up to `1 + k` rows per request: the
+    // buffers frozen for the graphs must hold that many, or the first speculative step
+    // after capture fails.
+    let lookahead = config
+        .speculative_config
+        .as_ref()
+        .map_or(0, |s| s.num_speculative_tokens);
     let limits = GraphLimits {
         max_seq_len: max_model_len,
-        max_num_reqs: config.max_num_seqs,
+        max_num_reqs: config.max_num_seqs.saturating_mul(1 + lookahead),
         max_num_tokens: config.max_num_batched_tokens,
         max_blocks_per_seq: max_model_len.div_ceil(config.block_size),
     };

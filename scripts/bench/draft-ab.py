@@ -9,7 +9,11 @@ and, per server, its spec-decode counters when it exports vLLM's.
 
 usage: draft-ab.py --rounds 3 --max-tokens 160 \\
          --server 'pagoda=target/release/pagoda serve --port {port} --model T.gguf' \\
-         --server 'llama=llama-server --port {port} -m T.gguf -md D.gguf' ...
+         --server 'llama=llama-server --port {port} -m T.gguf -md D.gguf \\
+                   --spec-type draft-simple --spec-draft-n-max 4 --no-repack' ...
+(llama.cpp build 1652066 crashes at start with a quantized draft unless --no-repack;
+BENCHMARKS.md, "Draft model against llama-server".) The last lines say, per server,
+whether its answers equal the first server's (greedy: with and without a draft, the same).
 Standard library only.
 """
 import argparse
@@ -52,9 +56,11 @@ def main():
         e2e = {l: [] for l, _ in servers}
         dec = {l: [] for l, _ in servers}
         n = len(spec_ab.PROMPTS)
+        answers = {}
         for r in range(a.rounds):
             for label, _ in servers:
-                tok, secs, d, _texts = spec_ab.run_round(bases[label], a.max_tokens)
+                tok, secs, d, texts = spec_ab.run_round(bases[label], a.max_tokens)
+                answers.setdefault(label, texts)
                 e2e[label].append(tok / secs)
                 dec[label].append((tok - n) / d)
                 print(f"round {r + 1} {label}: {tok} tokens in {secs:.2f} s = {tok / secs:.2f} "
@@ -63,6 +69,10 @@ def main():
         print("| server | end to end tok/s | decoding tok/s |\n|---|---|---|")
         for label, _ in servers:
             print(f"| {label} | {mean(e2e[label]):.2f} | {mean(dec[label]):.2f} |")
+        first = servers[0][0]
+        for label, _ in servers[1:]:
+            same = answers[label] == answers[first]
+            print(f"[{label}] answers equal to {first}'s: {'yes' if same else 'no'}")
         for label, _ in servers:
             try:
                 for l in spec_ab.spec_metrics(bases[label]):

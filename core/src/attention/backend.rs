@@ -115,7 +115,8 @@ pub enum GraphSupport {
 pub struct GraphLimits {
     /// The longest sequence (context + new tokens): `--max-model-len`.
     pub max_seq_len: usize,
-    /// The most requests in a step: `--max-num-seqs`.
+    /// The most rows in a step: `--max-num-seqs`, times `1 + num_speculative_tokens`
+    /// under speculation (a verify run's query tokens are decode rows of their own).
     pub max_num_reqs: usize,
     /// The most tokens in a step: `--max-num-batched-tokens`.
     pub max_num_tokens: usize,
