@@ -20,6 +20,13 @@ pub struct EngineConfig {
     /// its memory for weights, activations and the KV cache together.
     pub gpu_memory_utilization: f64,
     pub max_num_batched_tokens: usize,
+    /// Most prompt tokens in a step that also decodes (the scheduler's
+    /// `max_prefill_tokens_with_decodes`; 0: only the budget). None: by the model's
+    /// size, [`crate::engine_core::auto_prefill_cap`].
+    pub max_prefill_tokens_with_decodes: Option<usize>,
+    /// vLLM's `--long-prefill-token-threshold`: the largest prompt chunk of one
+    /// request per step (0: none).
+    pub long_prefill_token_threshold: usize,
     pub max_num_seqs: usize,
     /// None: the model's context length.
     pub max_model_len: Option<usize>,
@@ -83,6 +90,8 @@ impl EngineConfig {
             kv_cache_bytes_explicit: false,
             gpu_memory_utilization: 0.9,
             max_num_batched_tokens: 256,
+            max_prefill_tokens_with_decodes: None,
+            long_prefill_token_threshold: 0,
             max_num_seqs: 64,
             max_model_len: None,
             enable_prefix_caching: true,

@@ -152,6 +152,7 @@ impl EngineCore {
         // The draft model (if any) is checked against the target's config, which the
         // target's model takes by value below.
         let draft_target = model_config.clone();
+        let prefill_cap = prefill_cap(config, &model_config);
         let requested_len = check_max_model_len(config.max_model_len, model_max)?;
         // One attention config per kind of layer (Gemma 2: sliding and global); the
         // selection must serve their union of needs (`merged`), then one backend
@@ -317,6 +318,8 @@ impl EngineCore {
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_seqs: config.max_num_seqs,
             max_num_batched_tokens: config.max_num_batched_tokens,
+            max_prefill_tokens_with_decodes: prefill_cap,
+            long_prefill_token_threshold: config.long_prefill_token_threshold,
             max_model_len,
             block_size: config.block_size,
             num_blocks: spec.num_blocks,
@@ -635,6 +638,47 @@ pub fn release_freed_memory() {
     }
 }
 
+/// Linear weights per token at or below which steps need no prompt cap: SmolLM2-135M's
+/// 106 M, where a full 256-token step is short (the CPU default budget was measured
+/// there, BENCHMARKS.md, Serving).
+const PREFILL_CAP_REFERENCE_PARAMS: usize = 128_000_000;
+
+/// The default cap on prompt tokens in a step that decodes: the budget scaled down by
+/// how much more one token costs than at [`PREFILL_CAP_REFERENCE_PARAMS`], so that a
+/// step carrying a prompt chunk stays about as long as on the reference model
+/// (`max_num_batched_tokens * reference / params`, a multiple of 16, at least 16); 0
+/// (no cap) for models that small. A 1B model (0.97 G) gets 32 of 256, a 3B one 16.
+pub fn auto_prefill_cap(max_num_batched_tokens: usize, params_per_token: usize) -> usize {
+    if params_per_token <= PREFILL_CAP_REFERENCE_PARAMS {
+        return 0;
+    }
+    let scaled = (max_num_batched_tokens as u128 * PREFILL_CAP_REFERENCE_PARAMS as u128
+        / params_per_token as u128) as usize;
+    (scaled / 16 * 16).max(16).min(max_num_batched_tokens)
+}
+
+/// `--max-prefill-tokens-with-decodes`, or its default for this model (logged).
+fn prefill_cap(config: &EngineConfig, model: &LlamaConfig) -> usize {
+    let params = model.linear_params_per_token();
+    let cap = config
+        .max_prefill_tokens_with_decodes
+        .unwrap_or_else(|| auto_prefill_cap(config.max_num_batched_tokens, params));
+    if cap == 0 || cap >= config.max_num_batched_tokens {
+        tracing::info!(
+            "step budget: {} tokens, prompt chunks uncapped while decoding",
+            config.max_num_batched_tokens
+        );
+    } else {
+        tracing::info!(
+            "step budget: {} tokens, at most {cap} of them prompt tokens in a step that \
+             decodes ({:.2} G linear weights per token; --max-prefill-tokens-with-decodes)",
+            config.max_num_batched_tokens,
+            params as f64 / 1e9
+        );
+    }
+    cap
+}
+
 /// Captures the decode steps' CUDA graphs of a device runner (vLLM's default), unless
 /// `--enforce-eager`; a backend that cannot be captured leaves every step eager (with
 /// the reason in the log), a capture that fails is an error naming the flag.
@@ -804,5 +848,28 @@ mod tests {
         let e = kv_bytes_for_utilization(mem, 0.2).unwrap_err();
         assert!(e.contains("--gpu-memory-utilization 0.2"), "{e}");
         assert!(kv_bytes_for_utilization(mem, 0.1).is_err());
+    }
+
+    /// Linear weights per token of a Llama shape (layers, hidden, heads, kv heads, ffn).
+    fn params(l: usize, h: usize, heads: usize, kv: usize, ffn: usize) -> usize {
+        let d = h / heads;
+        l * (h * (2 * heads * d + 2 * kv * d) + 3 * h * ffn)
+    }
+
+    #[test]
+    fn the_prompt_cap_scales_with_the_model() {
+        let smol = params(30, 576, 9, 3, 1536);
+        assert_eq!(smol, 106_168_320);
+        assert_eq!(
+            auto_prefill_cap(256, smol),
+            0,
+            "SmolLM2 keeps the whole budget"
+        );
+        assert_eq!(auto_prefill_cap(256, params(16, 2048, 32, 8, 8192)), 32);
+        assert_eq!(auto_prefill_cap(256, params(28, 3072, 24, 8, 8192)), 16);
+        assert_eq!(auto_prefill_cap(256, params(32, 4096, 32, 8, 14336)), 16);
+        // A bigger budget scales too, and never exceeds itself.
+        assert_eq!(auto_prefill_cap(2048, params(16, 2048, 32, 8, 8192)), 256);
+        assert_eq!(auto_prefill_cap(8, params(16, 2048, 32, 8, 8192)), 8);
     }
 }

@@ -42,6 +42,21 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// Weights of the linear layers one token's forward multiplies by, LM head left
+    /// out (it runs on sampled rows only): attention Q, K, V, O and the MLP, or the
+    /// `top_k` experts of a MoE MLP plus its router. About a prompt token's cost.
+    pub fn linear_params_per_token(&self) -> usize {
+        let h = self.hidden_size;
+        let q = self.num_heads * self.head_dim;
+        let kv = self.num_kv_heads * self.head_dim;
+        let attn = h * (2 * q + 2 * kv);
+        let mlp = match self.arch.moe {
+            Some(m) => 3 * h * self.intermediate_size * m.top_k + h * m.num_experts,
+            None => 3 * h * self.intermediate_size,
+        };
+        self.num_layers * (attn + mlp)
+    }
+
     /// The distinct attention kinds of the layers, and each layer's index into them
     /// (one backend instance serves each kind: Gemma 2's sliding and global layers
     /// get two).

@@ -63,6 +63,12 @@ pub struct SchedulerConfig {
     /// Largest prefill chunk per request per step; 0 disables the cap. Only applies
     /// with chunked prefill.
     pub long_prefill_token_threshold: usize,
+    /// Most prompt tokens (prefill chunks, all requests together) in a step that
+    /// also carries decode rows; 0: no cap beyond the token budget. Every running
+    /// stream waits for its step, so on a large model a step of many prompt tokens
+    /// is an inter-token stall for all of them; a step with nothing to decode
+    /// still fills the whole budget. Only applies with chunked prefill.
+    pub max_prefill_tokens_with_decodes: usize,
     pub policy: SchedulingPolicy,
     /// Most seats (of `max_num_seqs`) the requests of one group (one API
     /// request's samples, [`Request::group`]) hold while other requests wait;
@@ -81,6 +87,7 @@ impl Default for SchedulerConfig {
             enable_prefix_caching: true,
             enable_chunked_prefill: true,
             long_prefill_token_threshold: 0,
+            max_prefill_tokens_with_decodes: 0,
             policy: SchedulingPolicy::Fcfs,
             max_seqs_per_group: None,
         }
@@ -143,6 +150,9 @@ struct StepPlan {
     budget: usize,
     /// Per-request cap on prefill chunks (0: none).
     threshold: usize,
+    /// Prompt tokens this step may still take (`max_prefill_tokens_with_decodes`
+    /// when it carries decode rows, else unbounded).
+    prefill_left: usize,
     preempted: Vec<ReqHandle>,
     running: Vec<Row>,
     new: Vec<Row>,
@@ -414,6 +424,7 @@ impl Scheduler {
             } else {
                 0
             },
+            prefill_left: self.prefill_cap(),
             preempted: std::mem::take(&mut self.pending_preempted),
             running: std::mem::take(&mut self.sched_running),
             new: std::mem::take(&mut self.sched_new),
@@ -426,6 +437,24 @@ impl Scheduler {
             self.schedule_waiting(&mut plan);
         }
         self.assemble_output(plan)
+    }
+
+    /// The step's cap on prompt tokens: `max_prefill_tokens_with_decodes` when a
+    /// running request has finished its prompt (it will decode this step, or be
+    /// preempted, which frees what it would have taken), unbounded otherwise.
+    fn prefill_cap(&self) -> usize {
+        let cap = self.config.max_prefill_tokens_with_decodes;
+        let decoding = || {
+            self.running.iter().any(|&i| {
+                let r = self.req(i);
+                r.num_tokens() - r.num_computed_tokens == 1
+            })
+        };
+        if cap == 0 || !self.config.enable_chunked_prefill || !decoding() {
+            usize::MAX
+        } else {
+            cap
+        }
     }
 
     /// Phase 1: the running requests, in admission order, each its next tokens;
@@ -441,6 +470,10 @@ impl Scheduler {
             let mut n = known + req.spec_token_ids.len();
             if plan.threshold > 0 {
                 n = n.min(plan.threshold);
+            }
+            let prefill = known > 1;
+            if prefill {
+                n = n.min(plan.prefill_left);
             }
             n = n
                 .min(plan.budget)
@@ -486,6 +519,9 @@ impl Scheduler {
                 spec,
             });
             plan.budget -= n;
+            if prefill {
+                plan.prefill_left -= n;
+            }
             i += 1;
         }
     }
@@ -537,7 +573,10 @@ impl Scheduler {
         if !self.config.enable_chunked_prefill && n > plan.budget {
             return false; // nothing behind it skips ahead
         }
-        n = n.min(plan.budget);
+        n = n.min(plan.budget).min(plan.prefill_left);
+        if n == 0 {
+            return false;
+        }
         let Some(new_blocks) = self.kv.allocate_slots(req, n, &hit) else {
             return false;
         };
@@ -559,6 +598,7 @@ impl Scheduler {
             spec: Vec::new(),
         });
         plan.budget -= n;
+        plan.prefill_left = plan.prefill_left.saturating_sub(n);
         true
     }
 

@@ -84,6 +84,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
         prop_oneof![Just(0usize), 1usize..20],
         any::<bool>(),
         prop::option::of(1usize..4),
+        prop_oneof![Just(0usize), 1usize..12],
     )
         .prop_map(
             |(
@@ -96,6 +97,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                 threshold,
                 prio,
                 share,
+                prefill_cap,
             )| {
                 let usable_len = (num_blocks - 1) * block_size;
                 let max_model_len = usable_len.min(96);
@@ -113,6 +115,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                     enable_prefix_caching: caching,
                     enable_chunked_prefill: chunked,
                     long_prefill_token_threshold: threshold,
+                    max_prefill_tokens_with_decodes: prefill_cap,
                     policy: if prio {
                         SchedulingPolicy::Priority
                     } else {
@@ -192,6 +195,9 @@ proptest! {
         let mut accepted: Vec<(String, Vec<u32>, SamplingParams)> = Vec::new();
         let mut names: HashMap<pagoda_core::ReqHandle, String> = HashMap::new();
         let mut aborted: Vec<String> = Vec::new();
+        // Requests past their prompt (an output token came since their last
+        // admission): a step that decodes one of them caps its prompt tokens.
+        let mut decoding: std::collections::HashSet<pagoda_core::ReqHandle> = Default::default();
         let last_arrival = specs.iter().map(|s| s.arrival).max().unwrap_or(0);
         let mut step = 0;
         loop {
@@ -235,11 +241,31 @@ proptest! {
             if cfg.enable_chunked_prefill && cfg.long_prefill_token_threshold > 0 {
                 prop_assert!(out.num_scheduled_tokens.iter().all(|(_, n)| *n <= cfg.long_prefill_token_threshold));
             }
+            for h in &out.preempted_reqs {
+                decoding.remove(h);
+            }
+            if cfg.enable_chunked_prefill && cfg.max_prefill_tokens_with_decodes > 0 {
+                // Prompt tokens: a row's tokens beyond its one known token and drafts.
+                let known = |h: &pagoda_core::ReqHandle, n: usize| {
+                    let drafts = out.scheduled_spec_decode_tokens.iter()
+                        .find(|(x, _)| x == h).map_or(0, |(_, d)| d.len());
+                    n - drafts
+                };
+                let decodes = out.num_scheduled_tokens.iter()
+                    .any(|(h, n)| decoding.contains(h) && known(h, *n) == 1);
+                let prompt: usize = out.num_scheduled_tokens.iter()
+                    .map(|(h, n)| known(h, *n)).filter(|&k| k > 1).sum();
+                prop_assert!(!decodes || prompt <= cfg.max_prefill_tokens_with_decodes,
+                    "{} prompt tokens in a step that decodes (cap {})", prompt, cfg.max_prefill_tokens_with_decodes);
+            }
             let res = runner.execute(&out).map_err(TestCaseError::fail)?;
             for o in s.update_from_output(&out, &res) {
                 let id = names[&o.handle].clone();
                 prop_assert!(!finished.contains_key(&id), "output after finish");
                 outputs.entry(id.clone()).or_default().extend(&o.new_token_ids);
+                if !o.new_token_ids.is_empty() {
+                    decoding.insert(o.handle);
+                }
                 if o.finish_reason.is_some() {
                     finished.insert(id, true);
                 }

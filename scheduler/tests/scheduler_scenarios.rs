@@ -141,6 +141,44 @@ fn concurrent_partial_prefills_under_threshold() {
     assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 1), ("2", 352)]);
 }
 
+// Pagoda's own: a step that decodes takes at most `max_prefill_tokens_with_decodes`
+// prompt tokens (running chunks first, then admissions), so a long prompt does not
+// stall the running streams for a whole budget's worth of prefill; with nothing to
+// decode the budget is the only limit.
+#[test]
+fn prompt_tokens_capped_while_decoding() {
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 256,
+        max_prefill_tokens_with_decodes: 48,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg).unwrap();
+    let mut rs = reqs(3, 100).into_iter();
+    s.add_request(rs.next().unwrap()).unwrap();
+    // Nothing decodes yet: the whole prompt in one step.
+    let out = s.schedule();
+    assert_eq!(ids(&s, &out), vec![("0", 100)]);
+    s.update_from_output(&out, &output_all(&out, 7, &s));
+    for r in rs {
+        s.add_request(r).unwrap();
+    }
+    // "0" decodes: 48 prompt tokens, the second chunk continuing before a new admission.
+    let out = s.schedule();
+    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 48)]);
+    s.update_from_output(&out, &output_all(&out, 7, &s));
+    let out = s.schedule();
+    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 48)]);
+    s.update_from_output(&out, &output_all(&out, 7, &s));
+    let out = s.schedule();
+    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 4), ("2", 44)]);
+    assert_eq!(out.total_num_scheduled_tokens, 49);
+    s.update_from_output(&out, &output_all(&out, 7, &s));
+    s.abort_request("0");
+    // "1" decodes now, so the cap still holds for "2".
+    let out = s.schedule();
+    assert_eq!(ids(&s, &out), vec![("1", 1), ("2", 48)]);
+}
+
 // Scenario 5 (test_schedule_order): no skipping ahead without chunked prefill.
 #[test]
 fn schedule_order_with_and_without_chunking() {

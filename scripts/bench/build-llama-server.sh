@@ -11,6 +11,11 @@
 #      LLAMA_CPP_PYTHON_VERSION (default: latest on PyPI),
 #      NO_AVX512=1: build for AVX2 only (no -march=native: AVX, AVX2, FMA, F16C, no
 #      AVX-512), into bin-avx2/, the peer of `PAGODA_DISABLE_AVX512=1 pagoda serve`.
+#      NO_AMX=1: AVX-512 (F, BW, VBMI, VNNI, BF16) without AMX, into bin-noamx/: on a Xeon
+#      whose VM does not grant AMX tile state, the native build's AMX path crashes
+#      llama-server at start on any quantized GGUF (SIGSEGV after "llama threadpool
+#      init"; --no-repack avoids it but also turns off its x86 repacking). Pagoda uses
+#      no AMX, so this is the like-for-like peer on such machines (BENCHMARKS.md).
 set -euo pipefail
 
 CACHE="${PAGODA_CACHE:-$HOME/.cache/pagoda}"
@@ -43,6 +48,12 @@ if [ "${NO_AVX512:-0}" = 1 ]; then
     SUFFIX="-avx2"
     ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
         -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF)
+fi
+if [ "${NO_AMX:-0}" = 1 ]; then
+    SUFFIX="-noamx"
+    ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+        -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 fi
 BIN="$DIR/bin$SUFFIX"
 if [ ! -x "$BIN/llama-server" ] || [ ! -x "$BIN/llama-quantize" ] || [ ! -x "$BIN/llama-perplexity" ]; then

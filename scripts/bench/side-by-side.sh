@@ -23,6 +23,8 @@
 #   AVX2=1: the AVX2-only case: Pagoda under PAGODA_DISABLE_AVX512=1 against the
 #   llama-server built by `NO_AVX512=1 build-llama-server.sh` (bin-avx2/).
 #   PREFIX_CONCURRENCY=0 skips the shared-prefix runs.
+#   LLAMA_SERVER=path (with SKIP_BUILD=1): another llama-server binary, e.g. the
+#   `NO_AMX=1 build-llama-server.sh` one (bin-noamx/).
 #   CLIENT=python: the load comes from scripts/bench/py_client.py instead (text prompts
 #   of ~INPUT_LEN tokens, a Python asyncio streaming client as users run one), and
 #   nothing is niced (NICE=0): the client competes with the server for the cores, as
@@ -62,8 +64,10 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
     cargo build --release -p pagoda-server --bin pagoda >&2
 else
     CACHE="${PAGODA_CACHE:-$HOME/.cache/pagoda}"
-    LLAMA_SERVER="$CACHE/llama.cpp/bin/llama-server"
-    [ "${AVX2:-0}" = 1 ] && LLAMA_SERVER="$CACHE/llama.cpp/bin-avx2/llama-server"
+    if [ -z "${LLAMA_SERVER:-}" ]; then
+        LLAMA_SERVER="$CACHE/llama.cpp/bin/llama-server"
+        [ "${AVX2:-0}" = 1 ] && LLAMA_SERVER="$CACHE/llama.cpp/bin-avx2/llama-server"
+    fi
     F32_MODEL="$CACHE/models/SmolLM2-135M-Instruct.F32.gguf"
     BF16_MODEL="$CACHE/models/SmolLM2-135M-Instruct.BF16.gguf"
 fi

@@ -113,6 +113,18 @@ pub struct EngineArgs {
     /// throughput and TTFT p99 (BENCHMARKS.md, Serving).
     #[arg(long, default_value_t = 256, help_heading = "SchedulerConfig")]
     pub max_num_batched_tokens: usize,
+    /// Most prompt tokens (all requests' prefill chunks together) in a step that
+    /// also decodes: every running stream waits for that step, so on a large model
+    /// a step full of prompt tokens stalls them all (ITL p99). Default: by the
+    /// model's size, none up to SmolLM2-135M's, 32 at 1B, 16 from 3B (the start log
+    /// says which); 0: only --max-num-batched-tokens. A step with nothing to decode
+    /// always gets the whole budget.
+    #[arg(long, help_heading = "SchedulerConfig")]
+    pub max_prefill_tokens_with_decodes: Option<usize>,
+    /// Largest prompt chunk one request gets per step (vLLM's flag; 0: no limit
+    /// beyond the budget).
+    #[arg(long, default_value_t = 0, help_heading = "SchedulerConfig")]
+    pub long_prefill_token_threshold: usize,
     /// Most requests in one step.
     #[arg(long, default_value_t = 64, help_heading = "SchedulerConfig")]
     pub max_num_seqs: usize,
@@ -334,6 +346,8 @@ impl EngineArgs {
         c.kv_cache_bytes_explicit = self.kv_cache_memory_mib.is_some();
         c.gpu_memory_utilization = self.gpu_memory_utilization.unwrap_or(0.9);
         c.max_num_batched_tokens = self.max_num_batched_tokens;
+        c.max_prefill_tokens_with_decodes = self.max_prefill_tokens_with_decodes;
+        c.long_prefill_token_threshold = self.long_prefill_token_threshold;
         c.max_num_seqs = self.max_num_seqs;
         c.max_model_len = self.max_model_len;
         c.enable_prefix_caching = !self.no_enable_prefix_caching;
