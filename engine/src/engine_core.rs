@@ -641,7 +641,7 @@ pub fn release_freed_memory() {
 /// Linear weights per token at or below which steps need no prompt cap: SmolLM2-135M's
 /// 106 M, where a full 256-token step is short (the CPU default budget was measured
 /// there, BENCHMARKS.md, Serving).
-const PREFILL_CAP_REFERENCE_PARAMS: usize = 128_000_000;
+pub const PREFILL_CAP_REFERENCE_PARAMS: usize = 128_000_000;
 
 /// The default cap on prompt tokens in a step that decodes: the budget scaled down by
 /// how much more one token costs than at [`PREFILL_CAP_REFERENCE_PARAMS`], so that a
