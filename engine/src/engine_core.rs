@@ -152,7 +152,6 @@ impl EngineCore {
         // The draft model (if any) is checked against the target's config, which the
         // target's model takes by value below.
         let draft_target = model_config.clone();
-        let prefill_cap = prefill_cap(config, &model_config);
         let requested_len = check_max_model_len(config.max_model_len, model_max)?;
         // One attention config per kind of layer (Gemma 2: sliding and global); the
         // selection must serve their union of needs (`merged`), then one backend
@@ -161,6 +160,7 @@ impl EngineCore {
         // dtype), so it only picks backends that read that cache.
         let device = runtime.device();
         let on_device = device != Device::Cpu;
+        let prefill_cap = prefill_cap(config, &model_config, on_device);
         let compute = if on_device {
             if let Some(why) = device_unsupported(&model_config) {
                 return Err(EngineError::Device {
@@ -657,12 +657,18 @@ pub fn auto_prefill_cap(max_num_batched_tokens: usize, params_per_token: usize) 
     (scaled / 16 * 16).max(16).min(max_num_batched_tokens)
 }
 
-/// `--max-prefill-tokens-with-decodes`, or its default for this model (logged).
-fn prefill_cap(config: &EngineConfig, model: &LlamaConfig) -> usize {
+/// `--max-prefill-tokens-with-decodes`, or its default for this model (logged). The
+/// default scaling was measured on the CPU; a device, where a prompt token costs a
+/// small share of a decode step's weight reads, gets no default cap.
+fn prefill_cap(config: &EngineConfig, model: &LlamaConfig, on_device: bool) -> usize {
     let params = model.linear_params_per_token();
-    let cap = config
-        .max_prefill_tokens_with_decodes
-        .unwrap_or_else(|| auto_prefill_cap(config.max_num_batched_tokens, params));
+    let cap = config.max_prefill_tokens_with_decodes.unwrap_or_else(|| {
+        if on_device {
+            0
+        } else {
+            auto_prefill_cap(config.max_num_batched_tokens, params)
+        }
+    });
     if cap == 0 || cap >= config.max_num_batched_tokens {
         tracing::info!(
             "step budget: {} tokens, prompt chunks uncapped while decoding",

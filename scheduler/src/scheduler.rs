@@ -598,7 +598,7 @@ impl Scheduler {
             spec: Vec::new(),
         });
         plan.budget -= n;
-        plan.prefill_left = plan.prefill_left.saturating_sub(n);
+        plan.prefill_left -= n;
         true
     }
 

@@ -117,8 +117,8 @@ pub struct EngineArgs {
     /// also decodes: every running stream waits for that step, so on a large model
     /// a step full of prompt tokens stalls them all (ITL p99). Default: by the
     /// model's size, none up to SmolLM2-135M's, 32 at 1B, 16 from 3B (the start log
-    /// says which); 0: only --max-num-batched-tokens. A step with nothing to decode
-    /// always gets the whole budget.
+    /// says which; on a CUDA device or `emu` none); 0: only --max-num-batched-tokens.
+    /// A step with nothing to decode always gets the whole budget.
     #[arg(long, help_heading = "SchedulerConfig")]
     pub max_prefill_tokens_with_decodes: Option<usize>,
     /// Largest prompt chunk one request gets per step (vLLM's flag; 0: no limit
