@@ -19,6 +19,7 @@ pub mod kv;
 pub mod ops;
 pub mod request;
 pub mod sched;
+pub mod step;
 pub mod stop;
 pub mod structured;
 pub mod tensor;
@@ -56,5 +57,6 @@ pub use sched::{
     CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, PromptLogprob,
     PromptLogprobsChunk, ReqHandle, SchedulerOutput, SpecDecodeRow, TokenLogprobs,
 };
+pub use step::StepBatch;
 pub use stop::{StopAutomaton, StopStrings};
 pub use structured::{Constraint, StructuredOutputs};

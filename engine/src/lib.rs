@@ -18,6 +18,7 @@ pub mod runner_model;
 pub mod sampler;
 pub mod sleep;
 pub mod spec;
+pub mod startup;
 pub mod step_pool;
 pub mod structured;
 

@@ -26,7 +26,7 @@ use crate::structured::{
 use crate::EngineError;
 use pagoda_core::{
     AttentionBackend, BatchDescriptor, CheckedParams, GraphLimits, KvCache, ModelRunnerOutput,
-    PromptLogprobsChunk, ReqHandle, RequestId, SchedulerOutput,
+    PromptLogprobsChunk, ReqHandle, RequestId, SchedulerOutput, StepBatch,
 };
 use std::time::{Duration, Instant};
 
@@ -331,27 +331,23 @@ impl ModelRunner {
     /// The forward pass; with `greedy`, a device model hands back the sampled rows'
     /// argmax ids instead of their logits (returns whether it did).
     fn forward(&mut self, greedy: bool) -> Result<bool, EngineError> {
+        let step = StepBatch {
+            input_ids: &self.input_ids,
+            positions: &self.positions,
+            batch: &self.batch,
+            logits_rows: &self.logits_rows,
+        };
         if greedy {
             return self.model.forward_greedy(
-                &self.input_ids,
-                &self.positions,
-                &self.batch,
+                &step,
                 &mut self.attn,
                 &mut self.kv,
-                &self.logits_rows,
                 &mut self.logits,
                 &mut self.greedy_ids,
             );
         }
-        self.model.forward(
-            &self.input_ids,
-            &self.positions,
-            &self.batch,
-            &mut self.attn,
-            &mut self.kv,
-            &self.logits_rows,
-            &mut self.logits,
-        )?;
+        self.model
+            .forward(&step, &mut self.attn, &mut self.kv, &mut self.logits)?;
         Ok(false)
     }
 

@@ -5,7 +5,7 @@
 //! the sampler and everything above them are the same on every device.
 
 use crate::EngineError;
-use pagoda_core::{AttentionBackend, BatchDescriptor, GraphLimits, KvCache, ModelOps};
+use pagoda_core::{AttentionBackend, GraphLimits, KvCache, ModelOps, StepBatch};
 use pagoda_models::{
     DecodeGraphs, DeviceLlama, DeviceOutput, DeviceScratch, ForwardScratch, Llama, LlamaConfig,
 };
@@ -114,34 +114,25 @@ impl RunnerModel {
     /// One step: plans the attention backends, then runs the forward; `logits` gets
     /// `[logits_rows.len(), vocab]` f32 on the host. A device model with graphs runs
     /// a uniform decode step from its bucket's graph (planned by `plan_graph`).
-    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &mut self,
-        input_ids: &[u32],
-        positions: &[u32],
-        batch: &BatchDescriptor,
+        step: &StepBatch<'_>,
         attn: &mut [Box<dyn AttentionBackend>],
         kv: &mut KvCache,
-        logits_rows: &[usize],
         logits: &mut Vec<f32>,
     ) -> Result<(), EngineError> {
-        let out = StepOut::Logits(logits);
-        self.forward_into(input_ids, positions, batch, attn, kv, logits_rows, out)
+        self.forward_into(step, attn, kv, StepOut::Logits(logits))
             .map(|_| ())
     }
 
-    /// [`RunnerModel::forward`], or with `greedy` the rows' greedy ids computed on the
-    /// device (no logits copied). Returns whether `greedy` was filled: the CPU model
-    /// always hands back logits.
-    #[allow(clippy::too_many_arguments)]
+    /// [`RunnerModel::forward`] for a step whose sampled rows are all plain greedy: a
+    /// device model reduces the logits rows to their argmax ids on the device
+    /// (`greedy`, true returned); the CPU model fills `logits` (false).
     pub fn forward_greedy(
         &mut self,
-        input_ids: &[u32],
-        positions: &[u32],
-        batch: &BatchDescriptor,
+        step: &StepBatch<'_>,
         attn: &mut [Box<dyn AttentionBackend>],
         kv: &mut KvCache,
-        logits_rows: &[usize],
         logits: &mut Vec<f32>,
         greedy: &mut Vec<u32>,
     ) -> Result<bool, EngineError> {
@@ -149,21 +140,23 @@ impl RunnerModel {
             RunnerModel::Host { .. } => StepOut::Logits(logits),
             RunnerModel::Device { .. } => StepOut::Greedy(greedy),
         };
-        self.forward_into(input_ids, positions, batch, attn, kv, logits_rows, out)
+        self.forward_into(step, attn, kv, out)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn forward_into(
         &mut self,
-        input_ids: &[u32],
-        positions: &[u32],
-        batch: &BatchDescriptor,
+        step: &StepBatch<'_>,
         attn: &mut [Box<dyn AttentionBackend>],
         kv: &mut KvCache,
-        logits_rows: &[usize],
         mut out: StepOut<'_>,
     ) -> Result<bool, EngineError> {
         let greedy = matches!(out, StepOut::Greedy(_));
+        let StepBatch {
+            input_ids,
+            positions,
+            batch,
+            logits_rows,
+        } = *step;
         if let RunnerModel::Device {
             model,
             ops,
@@ -194,16 +187,7 @@ impl RunnerModel {
                 let StepOut::Logits(logits) = out else {
                     unreachable!("forward_greedy asks the CPU model for logits")
                 };
-                model.forward_kinds(
-                    input_ids,
-                    positions,
-                    batch,
-                    attn,
-                    kv,
-                    logits_rows,
-                    logits,
-                    scratch,
-                )?
+                model.forward_kinds(step, attn, kv, logits, scratch)?
             }
             RunnerModel::Device {
                 model,

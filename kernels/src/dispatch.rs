@@ -55,11 +55,25 @@ pub fn gemm_paths() -> GemmPaths {
         } else {
             GemmPath::Portable
         },
-        bf16: crate::packed_bf16::bf16_path(),
+        bf16: bf16_path(),
         quant: match QuantKernel::detect() {
             QuantKernel::Avx512Vnni => GemmPath::Avx512Vnni,
             QuantKernel::Avx2 => GemmPath::Avx2,
             QuantKernel::Portable => GemmPath::Portable,
         },
+    }
+}
+
+/// The code [`crate::matmul_packed_bf16`] runs on this CPU (under `PAGODA_DISABLE_AVX512`).
+pub fn bf16_path() -> GemmPath {
+    let isa = Isa::detect();
+    if isa.avx512_bf16() {
+        GemmPath::Avx512Bf16
+    } else if isa.avx512() {
+        GemmPath::Avx512
+    } else if isa.avx2_fma() {
+        GemmPath::Avx2
+    } else {
+        GemmPath::Portable
     }
 }

@@ -36,7 +36,7 @@ pub use act::{
     log_softmax_ref, max_index, silu_mul, silu_mul_fused, silu_mul_ref, softmax,
 };
 pub use blocks::StepBlocks;
-pub use dispatch::{gemm_paths, GemmPath, GemmPaths};
+pub use dispatch::{bf16_path, gemm_paths, GemmPath, GemmPaths};
 pub use error::KernelError;
 pub use fp8::E4M3;
 pub use isa::Isa;
@@ -44,6 +44,6 @@ pub use kv_elem::KvElem;
 pub use matmul::matmul_t_ref;
 pub use norm::{add_rms_norm, rms_norm, rms_norm_ref};
 pub use packed::{matmul_packed, PackedMatrix, PANEL};
-pub use packed_bf16::{bf16_path, matmul_packed_bf16, PackedMatrixBf16};
+pub use packed_bf16::{matmul_packed_bf16, PackedMatrixBf16};
 pub use quant::{matmul_quant, QuantFormat, QuantKernel, QuantMatrix};
 pub use rope::{inv_freq, rope_ref, Llama3Scaling, RopeCache};

@@ -93,27 +93,13 @@ pub fn matmul_packed_bf16(
     out: &mut [f32],
     m: usize,
 ) -> Result<(), KernelError> {
-    let path = bf16_path();
+    let path = crate::dispatch::bf16_path();
     run_panels(x, out, m, w.k, w.n, &w.lines, w.k.div_ceil(2), |t| {
         // SAFETY: `path` comes from `Isa::detect`; run_panels checked the shapes
         // and hands out tasks whose `out` is valid for `rows` x `cols` at `ldo`
         // (disjoint blocks of `out`).
         unsafe { block_rows(path, t) }
     })
-}
-
-/// The code [`matmul_packed_bf16`] runs on this CPU (under `PAGODA_DISABLE_AVX512`).
-pub fn bf16_path() -> crate::GemmPath {
-    let isa = crate::Isa::detect();
-    if isa.avx512_bf16() {
-        crate::GemmPath::Avx512Bf16
-    } else if isa.avx512() {
-        crate::GemmPath::Avx512
-    } else if isa.avx2_fma() {
-        crate::GemmPath::Avx2
-    } else {
-        crate::GemmPath::Portable
-    }
 }
 
 /// Pairs of `x` converted per chunk (a stack buffer of `MR` rows).

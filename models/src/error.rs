@@ -72,3 +72,10 @@ pub enum ModelError {
     #[error(transparent)]
     Core(#[from] pagoda_core::CoreError),
 }
+
+/// A kernel's error inside a forward pass: the forward fails with its message.
+pub(crate) fn kernel(e: pagoda_kernels::KernelError) -> ModelError {
+    ModelError::Forward {
+        message: e.to_string(),
+    }
+}

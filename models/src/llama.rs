@@ -20,13 +20,14 @@
 
 use crate::arch::{Activation, AttnKind};
 use crate::config::LlamaConfig;
-use crate::error::ModelError;
+use crate::error::{kernel, ModelError};
 use crate::layer::{check_mat, check_vec, FusedLayer, Mlp};
 use crate::linear::{Linear, WeightDtype};
 use crate::moe::MoeScratch;
 use crate::weights::{LlamaWeights, Mat};
 use pagoda_core::{
-    AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, LayerIo, TensorMut, TensorRef,
+    AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, LayerIo, StepBatch, TensorMut,
+    TensorRef,
 };
 use pagoda_kernels::{
     add_rms_norm, gelu_tanh_mul_fused, rms_norm, silu_mul_fused, KernelError, Llama3Scaling,
@@ -136,12 +137,6 @@ fn gather_rows(src: &[f32], width: usize, rows: &[usize], dst: &mut Vec<f32>) {
     size(dst, rows.len() * width);
     for (i, &t) in rows.iter().enumerate() {
         dst[i * width..(i + 1) * width].copy_from_slice(&src[t * width..(t + 1) * width]);
-    }
-}
-
-pub(crate) fn kernel(e: KernelError) -> ModelError {
-    ModelError::Forward {
-        message: e.to_string(),
     }
 }
 
@@ -336,41 +331,24 @@ impl Llama {
     /// `attn` serves every layer, so it must have been built for the model's one
     /// attention kind (`attention_configs(..)[0]`); a model with several kinds
     /// (Gemma 2) needs [`Llama::forward_kinds`].
-    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
-        input_ids: &[u32],
-        positions: &[u32],
-        batch: &BatchDescriptor,
+        step: &StepBatch<'_>,
         attn: &mut dyn AttentionBackend,
         kv: &mut KvCache,
-        logits_rows: &[usize],
         logits: &mut Vec<f32>,
         scratch: &mut ForwardScratch,
     ) -> Result<(), ModelError> {
-        self.forward_kinds(
-            input_ids,
-            positions,
-            batch,
-            &mut [attn],
-            kv,
-            logits_rows,
-            logits,
-            scratch,
-        )
+        self.forward_kinds(step, &mut [attn], kv, logits, scratch)
     }
 
     /// [`Llama::forward`] with one planned backend per attention kind, in the order
     /// of [`Llama::attention_configs`] (`&mut dyn` or `Box<dyn>` backends).
-    #[allow(clippy::too_many_arguments)]
     pub fn forward_kinds<B, A>(
         &self,
-        input_ids: &[u32],
-        positions: &[u32],
-        batch: &BatchDescriptor,
+        step: &StepBatch<'_>,
         attn: &mut [B],
         kv: &mut KvCache,
-        logits_rows: &[usize],
         logits: &mut Vec<f32>,
         scratch: &mut ForwardScratch,
     ) -> Result<(), ModelError>
@@ -378,7 +356,13 @@ impl Llama {
         B: DerefMut<Target = A> + Send,
         A: AttentionBackend + ?Sized,
     {
-        self.check_inputs(input_ids, positions, batch, kv, logits_rows)?;
+        self.check_inputs(
+            step.input_ids,
+            step.positions,
+            step.batch,
+            kv,
+            step.logits_rows,
+        )?;
         if attn.len() != self.attn_kinds.len() {
             return Err(forward_err(format!(
                 "the model's layers need {} attention backends (one per kind: {:?}), got {}",
@@ -391,29 +375,14 @@ impl Llama {
         // start from inside the pool (cheap local splits) instead of handing each
         // of the ~150 kernel calls of a step over from this thread (a wake-up and a
         // global-queue push every time). Inline when already on a worker.
-        rayon::scope(|_| {
-            self.forward_in_pool(
-                input_ids,
-                positions,
-                batch,
-                attn,
-                kv,
-                logits_rows,
-                logits,
-                scratch,
-            )
-        })
+        rayon::scope(|_| self.forward_in_pool(step, attn, kv, logits, scratch))
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn forward_in_pool<B, A>(
         &self,
-        input_ids: &[u32],
-        positions: &[u32],
-        batch: &BatchDescriptor,
+        step: &StepBatch<'_>,
         attn: &mut [B],
         kv: &mut KvCache,
-        logits_rows: &[usize],
         logits: &mut Vec<f32>,
         scratch: &mut ForwardScratch,
     ) -> Result<(), ModelError>
@@ -421,6 +390,7 @@ impl Llama {
         B: DerefMut<Target = A>,
         A: AttentionBackend + ?Sized,
     {
+        let (input_ids, logits_rows) = (step.input_ids, step.logits_rows);
         let c = &self.config;
         let n = input_ids.len();
         let (hidden, q_dim) = (c.hidden_size, c.num_heads * c.head_dim);
@@ -449,7 +419,7 @@ impl Llama {
         let prune = r < n;
         for (l, layer) in self.layers.iter().enumerate() {
             let backend = &mut *attn[self.kind_of_layer[l]];
-            self.attention(l, layer, positions, batch, backend, kv, s)?;
+            self.attention(l, layer, step, backend, kv, s)?;
             let next_norm = self.layers.get(l + 1).map(|x| &x.attn_norm);
             if next_norm.is_none() && prune {
                 gather_rows(&s.attn, q_dim, logits_rows, &mut s.sel_attn);
@@ -477,17 +447,16 @@ impl Llama {
 
     /// QKV projection of `xn`, RoPE, this layer's K/V into the cache, attention
     /// into `s.attn`, for every token of the batch.
-    #[allow(clippy::too_many_arguments)]
     fn attention<A: AttentionBackend + ?Sized>(
         &self,
         l: usize,
         layer: &FusedLayer,
-        positions: &[u32],
-        batch: &BatchDescriptor,
+        step: &StepBatch<'_>,
         attn: &mut A,
         kv: &mut KvCache,
         s: &mut ForwardScratch,
     ) -> Result<(), ModelError> {
+        let (positions, batch) = (step.positions, step.batch);
         let c = &self.config;
         let n = positions.len();
         let (hidden, hd) = (c.hidden_size, c.head_dim);

@@ -8,9 +8,9 @@
 //! (`index_add_` per expert), so f32 results stay close to the reference's.
 
 use crate::arch::{Activation, MoeConfig};
+use crate::error::kernel;
 use crate::error::ModelError;
 use crate::linear::Linear;
-use crate::llama::kernel;
 use pagoda_kernels::{gelu_tanh_mul_fused, silu_mul_fused};
 
 /// One expert's fused `[w_gate; w_up]` and `w_down`.

@@ -8,7 +8,9 @@
 //! outside the pool; `forward` pushes one per step, so this test stays far below.)
 
 use pagoda_backend_naive::NaiveBackend;
-use pagoda_core::{AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, KvCacheSpec};
+use pagoda_core::{
+    AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, KvCacheSpec, StepBatch,
+};
 use pagoda_models::{
     ForwardScratch, LayerWeights, Llama, LlamaConfig, LlamaWeights, Mat, WeightDtype,
 };
@@ -184,7 +186,18 @@ fn two_steps(
         backend.plan(&batch).unwrap();
         ALLOCS.store(0, Ordering::SeqCst);
         ARMED.store(true, Ordering::SeqCst);
-        let r = model.forward(&ids, &pos, &batch, backend, kv, &out_rows, logits, scratch);
+        let r = model.forward(
+            &StepBatch {
+                input_ids: &ids,
+                positions: &pos,
+                batch: &batch,
+                logits_rows: &out_rows,
+            },
+            backend,
+            kv,
+            logits,
+            scratch,
+        );
         ARMED.store(false, Ordering::SeqCst);
         r.unwrap();
         assert!(logits.iter().all(|v| v.is_finite()));

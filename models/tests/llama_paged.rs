@@ -9,7 +9,9 @@
 //! 1e-5 absolute on every logit.
 
 use pagoda_backend_naive::NaiveBackend;
-use pagoda_core::{AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, KvCacheSpec};
+use pagoda_core::{
+    AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, KvCacheSpec, StepBatch,
+};
 use pagoda_models::{
     ForwardScratch, LayerWeights, Llama, LlamaConfig, LlamaWeights, Mat, ModelError, RopeScaling,
 };
@@ -288,12 +290,14 @@ fn run_and_check(
         backend.plan(&batch).unwrap();
         model
             .forward(
-                &ids,
-                &pos,
-                &batch,
+                &StepBatch {
+                    input_ids: &ids,
+                    positions: &pos,
+                    batch: &batch,
+                    logits_rows: &logits_rows,
+                },
                 &mut backend,
                 &mut kv,
-                &logits_rows,
                 &mut logits,
                 &mut scratch,
             )
@@ -431,12 +435,14 @@ fn bad_inputs_are_errors_not_panics() {
     let (mut s, mut logits) = (ForwardScratch::default(), Vec::new());
     let mut run = |ids: &[u32], pos: &[u32], rows: &[usize]| {
         model.forward(
-            ids,
-            pos,
-            &batch,
+            &StepBatch {
+                input_ids: ids,
+                positions: pos,
+                batch: &batch,
+                logits_rows: rows,
+            },
             &mut backend,
             &mut kv,
-            rows,
             &mut logits,
             &mut s,
         )
@@ -497,12 +503,14 @@ fn logits_rows_may_be_unordered_and_repeated() {
         let rows = [5, 2, 5, 0];
         model
             .forward(
-                &s,
-                &pos,
-                &batch,
+                &StepBatch {
+                    input_ids: &s,
+                    positions: &pos,
+                    batch: &batch,
+                    logits_rows: &rows,
+                },
                 &mut backend,
                 &mut kv,
-                &rows,
                 &mut logits,
                 &mut scratch,
             )
@@ -524,12 +532,14 @@ fn logits_rows_may_be_unordered_and_repeated() {
         backend.plan(&batch2).unwrap();
         model
             .forward(
-                &[3],
-                &[7],
-                &batch2,
+                &StepBatch {
+                    input_ids: &[3],
+                    positions: &[7],
+                    batch: &batch2,
+                    logits_rows: &[],
+                },
                 &mut backend,
                 &mut kv,
-                &[],
                 &mut logits,
                 &mut scratch,
             )

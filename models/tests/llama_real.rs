@@ -10,7 +10,9 @@
 
 use pagoda_backend_flash::FlashBackend;
 use pagoda_backend_naive::NaiveBackend;
-use pagoda_core::{AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, KvCacheSpec};
+use pagoda_core::{
+    AttentionBackend, AttentionConfig, BatchDescriptor, KvCache, KvCacheSpec, StepBatch,
+};
 use pagoda_kernels::{argmax, log_softmax};
 use pagoda_models::{load_model, ForwardScratch, Llama, WeightDtype};
 use std::path::PathBuf;
@@ -145,12 +147,14 @@ impl Session {
         self.backend.plan(&batch).unwrap();
         model
             .forward(
-                ids,
-                &positions,
-                &batch,
+                &StepBatch {
+                    input_ids: ids,
+                    positions: &positions,
+                    batch: &batch,
+                    logits_rows: &[q - 1],
+                },
                 self.backend.as_mut(),
                 &mut self.kv,
-                &[q - 1],
                 &mut self.logits,
                 &mut self.scratch,
             )

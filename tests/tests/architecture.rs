@@ -18,6 +18,28 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
+/// `cargo metadata --no-deps` of the workspace (no registry, no network).
+fn metadata() -> Value {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args([
+            "metadata",
+            "--no-deps",
+            "--offline",
+            "--format-version",
+            "1",
+        ])
+        .current_dir(root())
+        .output()
+        .expect("running cargo metadata");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("metadata JSON")
+}
+
 /// The dependency graph: package name -> names of its normal dependencies.
 struct Graph {
     deps: HashMap<String, BTreeSet<String>>,
@@ -28,24 +50,7 @@ impl Graph {
     /// network): each crate's normal, non-optional dependencies (what the default
     /// build links; the `cuda` features' optional crates are left out).
     fn load() -> Graph {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = Command::new(&cargo)
-            .args([
-                "metadata",
-                "--no-deps",
-                "--offline",
-                "--format-version",
-                "1",
-            ])
-            .current_dir(root())
-            .output()
-            .expect("running cargo metadata");
-        assert!(
-            out.status.success(),
-            "cargo metadata: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let m: Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
+        let m = metadata();
         let mut deps = HashMap::new();
         for p in m["packages"].as_array().unwrap() {
             let normal: BTreeSet<String> = p["dependencies"]
@@ -132,6 +137,13 @@ fn crates_depend_only_on_what_architecture_md_allows() {
             "{krate} depends on {extra:?} ({why}; ARCHITECTURE.md)"
         );
     }
+    let core_direct: BTreeSet<String> = g.deps["pagoda-core"].clone();
+    let core_allowed = set(&["thiserror", "serde", "serde_json", "inventory", "half"]);
+    let extra: Vec<_> = core_direct.difference(&core_allowed).collect();
+    assert!(
+        extra.is_empty(),
+        "pagoda-core depends on {extra:?} (core/: thiserror, serde, serde_json, inventory, half only)"
+    );
     let core = g.closure("pagoda-core");
     for banned in ["cudarc", "tokenizers", "axum", "hyper", "memmap2"] {
         assert!(
@@ -252,4 +264,162 @@ fn core_source_names_no_cuda_crate() {
             f.display()
         );
     }
+}
+
+mod module_graph;
+
+/// The library crates' root files (`src/lib.rs`), from the workspace's manifests.
+fn library_roots() -> Vec<(String, PathBuf)> {
+    let m = metadata();
+    let mut roots = Vec::new();
+    for p in m["packages"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            if t["kind"].as_array().unwrap().iter().any(|k| k == "lib") {
+                let name = p["name"].as_str().unwrap().to_string();
+                roots.push((name, PathBuf::from(t["src_path"].as_str().unwrap())));
+            }
+        }
+    }
+    roots.sort();
+    roots
+}
+
+/// The module cycles this workspace still has, each `crate: a <-> b <-> ...` as
+/// [`module_graph::Graph::cycles`] prints it. A ratchet: a new cycle fails the test,
+/// and so does a listed one that is gone (remove it here).
+const KNOWN_CYCLES: &[&str] = &[
+    "pagoda-backend-testkit: crate <-> case <-> checks <-> gen <-> invariance <-> suite <-> verify",
+    "pagoda-core: attention::batch <-> attention::config <-> device <-> error <-> kv <-> tensor <-> tensor::storage <-> tensor::view",
+    "pagoda-cuda: attn <-> device",
+    "pagoda-cuda: ops <-> ops::kernels",
+    "pagoda-cuda-kernels: call <-> emu_launch",
+    "pagoda-cuda-kernels: ffi <-> params",
+    "pagoda-engine: runner <-> runner::spec_rows",
+    "pagoda-engine: structured <-> structured::compile",
+    "pagoda-kernels: quant <-> quant::act <-> quant::pack <-> quant::portable",
+    "pagoda-loadgen: crate <-> client <-> plot <-> report <-> serve",
+    "pagoda-scheduler: scheduler <-> scheduler::spec",
+    "pagoda-server: args::frontend <-> data_parallel <-> serve <-> serve::bridge <-> serve::conn <-> serve::frontend <-> serve::handlers <-> serve::kv_events <-> serve::messages <-> serve::messages::stream <-> serve::responses <-> serve::responses::stream <-> serve::sleep",
+];
+
+/// No new module cycles in any library crate (issue 23): a module that uses another is
+/// never used back by it, directly or through others, parent and child included
+/// (tests/tests/module_graph: what counts as a use); the ones left are [`KNOWN_CYCLES`].
+#[test]
+fn no_library_crate_has_a_new_module_cycle() {
+    let roots = library_roots();
+    assert!(roots.len() >= 15, "library crates found: {roots:?}");
+    let mut found = BTreeSet::new();
+    for (name, lib) in &roots {
+        for c in module_graph::Graph::read(lib).cycles() {
+            found.insert(format!("{name}: {c}"));
+        }
+    }
+    let known: BTreeSet<String> = KNOWN_CYCLES.iter().map(|s| s.to_string()).collect();
+    let new: Vec<_> = found.difference(&known).collect();
+    let gone: Vec<_> = known.difference(&found).collect();
+    assert!(new.is_empty(), "new module cycles (cut them):\n{new:#?}");
+    assert!(
+        gone.is_empty(),
+        "cycles gone, remove them from KNOWN_CYCLES:\n{gone:#?}"
+    );
+}
+
+/// The server library reaches the load generator only through its binary: `main.rs`
+/// dispatches `pagoda bench` to it (ARCHITECTURE.md, server/).
+#[test]
+fn only_the_binary_names_the_load_generator() {
+    let files = rust_files(&root().join("server/src"));
+    let naming: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            std::fs::read_to_string(f)
+                .unwrap()
+                .contains("pagoda_loadgen")
+        })
+        .map(|f| f.strip_prefix(root()).unwrap().display().to_string())
+        .collect();
+    assert_eq!(
+        naming,
+        ["server/src/main.rs"],
+        "files naming pagoda_loadgen"
+    );
+}
+
+/// Every "Shown by" of ARCHITECTURE.md names a check that exists: each backticked
+/// `cargo test -p P --test T [NAME]` a test file `tests/T.rs` of package P (holding
+/// `fn NAME`), each backticked path a file; and no "Shown by" is a command nobody runs
+/// (`cargo tree ... | grep`), since those went stale unnoticed.
+#[test]
+fn shown_by_names_tests_that_exist() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let dirs = package_dirs();
+    let mut checked = 0;
+    for (i, _) in text.match_indices("Shown by") {
+        let para_end = text[i..].find("\n\n").map_or(text.len(), |e| i + e);
+        // The claim's evidence: up to the end of its sentence-group (next "*" or paragraph end).
+        let span = &text[i..para_end];
+        let ticks: Vec<&str> = span.split('`').skip(1).step_by(2).collect();
+        assert!(!ticks.is_empty(), "a Shown by without a check: {span:.120}");
+        let first = ticks[0].split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            first.starts_with("cargo test ") || first.ends_with(".rs") || first.ends_with(".sh"),
+            "a Shown by that is not a test: `{first}` ({span:.120})"
+        );
+        for t in ticks {
+            let t = t.split_whitespace().collect::<Vec<_>>().join(" ");
+            if let Some(rest) = t.strip_prefix("cargo test ") {
+                let words: Vec<&str> = rest.split(' ').collect();
+                let arg = |flag: &str| {
+                    let k = words.iter().position(|w| *w == flag)?;
+                    words.get(k + 1).copied()
+                };
+                let pkg = arg("-p").expect("cargo test -p <package>");
+                let dir = dirs.get(pkg).unwrap_or_else(|| panic!("no package {pkg}"));
+                if let Some(test) = arg("--test") {
+                    let file = dir.join("tests").join(format!("{test}.rs"));
+                    let src = std::fs::read_to_string(&file)
+                        .unwrap_or_else(|_| panic!("`{t}`: no {}", file.display()));
+                    let after = words.iter().position(|w| *w == test).unwrap() + 1;
+                    if let Some(name) = words.get(after) {
+                        assert!(
+                            src.contains(&format!("fn {name}(")),
+                            "`{t}`: {} has no test {name}",
+                            file.display()
+                        );
+                    }
+                }
+                checked += 1;
+            } else if t.ends_with(".rs") || t.ends_with(".sh") {
+                if t.contains('/') && !t.contains(' ') && !t.contains('*') {
+                    assert!(
+                        root().join(&t).is_file(),
+                        "Shown by names {t}, which is gone"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        checked >= 8,
+        "only {checked} checks found in ARCHITECTURE.md"
+    );
+}
+
+/// Package name -> its directory, from the manifests.
+fn package_dirs() -> HashMap<String, PathBuf> {
+    let m = metadata();
+    m["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let manifest = PathBuf::from(p["manifest_path"].as_str().unwrap());
+            (
+                p["name"].as_str().unwrap().to_string(),
+                manifest.parent().unwrap().to_path_buf(),
+            )
+        })
+        .collect()
 }

@@ -8,7 +8,7 @@
 //! beside decodes; then through the engine (scheduler, runner) for greedy ids.
 
 use pagoda_core::{
-    AttentionBackend, BatchDescriptor, Constraint, KvCache, KvCacheSpec, SamplingParams,
+    AttentionBackend, BatchDescriptor, Constraint, KvCache, KvCacheSpec, SamplingParams, StepBatch,
     StructuredOutputs,
 };
 use pagoda_engine::{EngineConfig, LLMEngine, PromptInput};
@@ -175,12 +175,14 @@ fn run_schedule(model: &Llama, refs: &Reference, schedule: &[Step], forced: &str
         let logits_rows: Vec<usize> = last.iter().map(|x| x.0).collect();
         model
             .forward_kinds(
-                &ids,
-                &pos,
-                &batch,
+                &StepBatch {
+                    input_ids: &ids,
+                    positions: &pos,
+                    batch: &batch,
+                    logits_rows: &logits_rows,
+                },
                 &mut attn,
                 &mut kv,
-                &logits_rows,
                 &mut logits,
                 &mut scratch,
             )

@@ -22,7 +22,7 @@
 //! matmul FLOPs (linear layers, LM head rows, attention) over the GEMM rate.
 
 use pagoda_core::{
-    AttentionBackend, BatchDescriptor, DType, Device, GraphLimits, KvCache, KvCacheSpec,
+    AttentionBackend, BatchDescriptor, DType, Device, GraphLimits, KvCache, KvCacheSpec, StepBatch,
 };
 use pagoda_engine::engine_core::{build_device_model, device_compute_dtype, open_engine_device};
 use pagoda_engine::runner_model::RunnerModel;
@@ -266,12 +266,18 @@ impl Bench {
             pool,
             ..
         } = self;
+        let step = StepBatch {
+            input_ids: &ids,
+            positions: &positions,
+            batch: &batch,
+            logits_rows,
+        };
         pool.install(|| {
             if *logits {
-                model.forward(&ids, &positions, &batch, attn, kv, logits_rows, out)
+                model.forward(&step, attn, kv, out)
             } else {
                 model
-                    .forward_greedy(&ids, &positions, &batch, attn, kv, logits_rows, out, greedy)
+                    .forward_greedy(&step, attn, kv, out, greedy)
                     .map(|_| ())
             }
         })?;

@@ -16,7 +16,9 @@
 //! `--quantization q8_0`.
 
 use pagoda_backends as _;
-use pagoda_core::{registered_backends, AttentionConfig, BatchDescriptor, KvCache, KvCacheSpec};
+use pagoda_core::{
+    registered_backends, AttentionConfig, BatchDescriptor, KvCache, KvCacheSpec, StepBatch,
+};
 use pagoda_kernels::log_softmax;
 use pagoda_models::{load_model, ForwardScratch, Llama, WeightDtype};
 use std::path::PathBuf;
@@ -145,12 +147,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (ri, run) in runs.iter_mut().enumerate() {
             attn.plan(&batch)?;
             run.model.forward(
-                &toks,
-                &positions,
-                &batch,
+                &StepBatch {
+                    input_ids: &toks,
+                    positions: &positions,
+                    batch: &batch,
+                    logits_rows: &rows,
+                },
                 attn.as_mut(),
                 &mut kv,
-                &rows,
                 &mut logits,
                 &mut scratch,
             )?;

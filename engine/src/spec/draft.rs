@@ -20,6 +20,7 @@
 use crate::EngineError;
 use pagoda_core::{
     AttentionBackend, BatchDescriptor, DType, Device, HostRuntime, KvCache, KvCacheSpec, ReqHandle,
+    StepBatch,
 };
 use pagoda_models::{ForwardScratch, Llama, LlamaConfig, WeightDtype};
 use std::collections::HashMap;
@@ -247,12 +248,14 @@ impl DraftProposer {
             a.plan(&self.batch).map_err(EngineError::from)?;
         }
         self.model.forward_kinds(
-            &self.input_ids,
-            &self.positions,
-            &self.batch,
+            &StepBatch {
+                input_ids: &self.input_ids,
+                positions: &self.positions,
+                batch: &self.batch,
+                logits_rows: &self.logits_rows,
+            },
             &mut self.attn,
             &mut self.kv,
-            &self.logits_rows,
             &mut self.logits,
             &mut self.scratch,
         )?;
