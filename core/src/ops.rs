@@ -1,8 +1,9 @@
 //! Model kernels on a device: the operations of a decoder forward pass other than
 //! attention (embedding, RMSNorm fused with the residual add, the linear layers'
-//! GEMM, RoPE fused with the paged K/V write, SiLU-mul, row gathers, greedy argmax),
-//! as the trait a device crate implements ([`ModelOps`]) and its registry
-//! ([`open_model_ops`]).
+//! GEMM, RoPE fused with the paged K/V write, SiLU-mul, row gathers, greedy argmax,
+//! and the families' extras: Qwen3's per-head Q/K norms, Gemma 2's final-logit soft
+//! cap, Mixtral's MoE routing and weighted expert sum), as the trait a device crate
+//! implements ([`ModelOps`]) and its registry ([`open_model_ops`]).
 //!
 //! The model crate runs its device forward through this trait, so it knows no CUDA;
 //! the CUDA crate implements it for `cuda:N` (kernels on the GPU) and for `emu`
@@ -138,6 +139,49 @@ pub trait ModelOps: Send {
         act: GatedAct,
         gate_up: TensorRef<'_>,
         out: TensorMut<'_>,
+    ) -> Result<(), CoreError>;
+
+    /// Per-head RMSNorm in place on the q and k heads of the fused `qkv` rows `[tokens,
+    /// shape.qkv_dim()]` (Qwen3's Q/K norms, before RoPE): every q head by `q_weight`,
+    /// every k head by `k_weight` (`[head_dim]` f32 each), as [`ModelOps::rms_norm`]
+    /// with no offset; v untouched.
+    fn qk_norm(
+        &mut self,
+        qkv: TensorMut<'_>,
+        q_weight: TensorRef<'_>,
+        k_weight: TensorRef<'_>,
+        eps: f32,
+        shape: RopeShape,
+    ) -> Result<(), CoreError>;
+
+    /// `x = cap * tanh(x / cap)` in place on f32 `x` (Gemma 2's final-logit soft cap);
+    /// `cap` positive and finite.
+    fn soft_cap(&mut self, x: TensorMut<'_>, cap: f32) -> Result<(), CoreError>;
+
+    /// Mixtral's routing of `router_logits` `[tokens, experts]` f32: per token a softmax,
+    /// the `top_k` largest (the smaller index on ties) renormalised to sum to 1, into
+    /// the dense `weights` `[tokens, experts]` f32 (exactly 0 for the experts not
+    /// picked). The shapes are the step's, whatever the routing: a graph replays it.
+    fn moe_route(
+        &mut self,
+        router_logits: TensorRef<'_>,
+        top_k: usize,
+        weights: TensorMut<'_>,
+    ) -> Result<(), CoreError>;
+
+    /// One expert's output `y` `[tokens, hidden]` into the f32 accumulator `acc` (same
+    /// shape): `acc = (first ? 0 : acc) + weights[:, expert] * y`, rows whose weight is
+    /// 0 unchanged (the expert was not picked for them); with `out` (the last expert),
+    /// the sum also into `out` (`y`'s dtype). Experts added in expert order are the CPU's
+    /// sum.
+    fn moe_accumulate(
+        &mut self,
+        y: TensorRef<'_>,
+        weights: TensorRef<'_>,
+        expert: usize,
+        first: bool,
+        acc: TensorMut<'_>,
+        out: Option<TensorMut<'_>>,
     ) -> Result<(), CoreError>;
 
     /// `out[i] = x[logits_rows[first + i]]` for the step's logits rows `first..first +

@@ -1,5 +1,6 @@
 //! Core's [`ModelOps`] (the device forward's non-attention kernels) on both CUDA
-//! devices: one implementation, `DeviceOps`, over the device's `Driver`.
+//! devices: one implementation, `DeviceOps`, over the device's `Driver` (the families'
+//! extras in `ops/families.rs`).
 //!
 //! On `emu` the kernels of `cu/model.cu` run in the SIMT emulator and the linear layers
 //! on the CPU ([`crate::gemm::gemm_host`]); on `cuda:N` (feature `cuda`) the same
@@ -18,6 +19,7 @@
 //! rows), slots (inside the pools) and logits rows (< tokens) were checked by the model
 //! before [`ModelOps::begin_step`] (`models/src/device.rs`' `check_step`).
 
+mod families;
 mod kernels;
 
 use crate::driver::{bytes_of_mut, Driver, EmuDriver, Grow};
@@ -451,6 +453,42 @@ where
         self.gather_inner(x, width, first, out)
     }
 
+    fn qk_norm(
+        &mut self,
+        qkv: TensorMut<'_>,
+        q_weight: TensorRef<'_>,
+        k_weight: TensorRef<'_>,
+        eps: f32,
+        shape: RopeShape,
+    ) -> Result<(), CoreError> {
+        self.qk_norm_inner(qkv, (q_weight, k_weight), eps, shape)
+    }
+
+    fn soft_cap(&mut self, x: TensorMut<'_>, cap: f32) -> Result<(), CoreError> {
+        self.soft_cap_inner(x, cap)
+    }
+
+    fn moe_route(
+        &mut self,
+        router_logits: TensorRef<'_>,
+        top_k: usize,
+        weights: TensorMut<'_>,
+    ) -> Result<(), CoreError> {
+        self.moe_route_inner(router_logits, top_k, weights)
+    }
+
+    fn moe_accumulate(
+        &mut self,
+        y: TensorRef<'_>,
+        weights: TensorRef<'_>,
+        expert: usize,
+        first: bool,
+        acc: TensorMut<'_>,
+        out: Option<TensorMut<'_>>,
+    ) -> Result<(), CoreError> {
+        self.moe_acc_inner((y, weights), (expert, first), acc, out)
+    }
+
     fn download_f32(&mut self, x: TensorRef<'_>, out: &mut [f32]) -> Result<(), CoreError> {
         self.download_inner(x, out)
     }
@@ -549,3 +587,5 @@ register_model_ops!(ModelOpsRegistration {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_families;

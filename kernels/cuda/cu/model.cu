@@ -1,6 +1,8 @@
 // model.cu: the model forward's kernels around the GEMMs and attention: token embedding,
 // RMSNorm (plain and fused with the residual add), RoPE fused with the paged KV write,
-// the gated activations (SwiGLU, GeGLU), row gather, greedy argmax and dtype casts.
+// the gated activations (SwiGLU, GeGLU), row gather, greedy argmax and dtype casts; and
+// the families' extras: per-head Q/K norms (Qwen3), the final-logit soft cap (Gemma 2),
+// MoE routing and the weighted sum of the experts' outputs (Mixtral).
 // Math is f32 inside; each kernel is a template over its dtypes, instantiated for every
 // f32/bf16/f16 combination as `extern "C"` entry points `pg_<family>_<dtype>[_<dtype>]`.
 // Semantics follow the CPU kernels of pagoda_kernels (kernels/src/{norm,rope,act}.rs),
@@ -241,6 +243,97 @@ __device__ __forceinline__ void cast_body(const PgCastParams& p) {
     dst[i] = Dt<D>::from(Dt<S>::to(src[i]));
   }
 }
+
+// ---- qk_norm (Qwen3) ---------------------------------------------------------------------
+// rms_norm_body's formula on one head (blockIdx.y: q heads, then k heads) of one token's
+// fused QKV row, in place: each thread reads, then (after the reduction's barrier)
+// writes, only its own elements, so no element is read after another thread wrote it.
+template <class T>
+__device__ __forceinline__ void qk_norm_body(const PgQkNormParams& p) {
+  __shared__ float red[32];
+  const int d = p.head_dim, nh = p.num_heads, h = blockIdx.y;
+  const int64_t width = int64_t(nh + 2 * p.num_kv_heads) * d;
+  T* x = static_cast<T*>(p.qkv) + int64_t(blockIdx.x) * width + int64_t(h) * d;
+  const float* w = h < nh ? p.q_weight : p.k_weight;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = Dt<T>::to(x[i]);
+    ss += v * v;
+  }
+  ss = pg::block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(ss / float(d) + p.eps);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    x[i] = Dt<T>::from(Dt<T>::to(x[i]) * inv * w[i]);
+  }
+}
+
+// ---- soft_cap (Gemma 2's final logits) ---------------------------------------------------
+// The CPU's `cap * (x / cap).tanh()`: a division, not a multiply by 1 / cap.
+__device__ __forceinline__ void soft_cap_body(const PgSoftCapParams& p) {
+  const float cap = p.cap;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += stride) {
+    p.x[i] = cap * tanhf(p.x[i] / cap);
+  }
+}
+
+// ---- moe_route (Mixtral) -----------------------------------------------------------------
+// One thread per token, serially in expert order, so the sums and comparisons are the
+// CPU's (models/src/moe.rs `route`): max (NaN ignored, as f32::max), total = sum of
+// exp(l - max) in expert order; top_k picks, each the largest logit not picked yet (strict
+// >, so the first index wins ties); weight exp(l - max) / total; the kept weights' sum in
+// pick order divides them. A grid-stride loop: any block size covers every token.
+constexpr int kMoeMaxTopK = 32;
+__device__ __forceinline__ void moe_route_body(const PgMoeRouteParams& p) {
+  const int e_n = p.num_experts, k = p.top_k;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < p.num_tokens; t += stride) {
+    const float* l = p.logits + t * e_n;
+    float* w = p.weights + t * e_n;
+    float mx = pg::kNegInf;
+    for (int e = 0; e < e_n; ++e) mx = fmaxf(mx, l[e]);
+    float total = 0.0f;
+    for (int e = 0; e < e_n; ++e) total += expf(l[e] - mx);
+    for (int e = 0; e < e_n; ++e) w[e] = 0.0f;
+    int picked[kMoeMaxTopK];
+    float kept_w[kMoeMaxTopK];
+    int n = 0;
+    for (int j = 0; j < k && j < kMoeMaxTopK; ++j) {
+      int best = -1;
+      for (int e = 0; e < e_n; ++e) {
+        bool taken = false;
+        for (int i = 0; i < n; ++i) taken = taken || picked[i] == e;
+        if (!taken && (best < 0 || l[e] > l[best])) best = e;
+      }
+      if (best < 0) break;
+      picked[n] = best;
+      kept_w[n] = expf(l[best] - mx) / total;
+      ++n;
+    }
+    float kept = 0.0f;
+    for (int i = 0; i < n; ++i) kept += kept_w[i];
+    for (int i = 0; i < n; ++i) w[picked[i]] = kept_w[i] / kept;
+  }
+}
+
+// ---- moe_accumulate (Mixtral) ------------------------------------------------------------
+// The CPU's `out += y * w` per expert in expert order (from 0), the product rounded before
+// the sum (__fmul_rn: no FMA contraction).
+template <class T>
+__device__ __forceinline__ void moe_acc_body(const PgMoeAccParams& p) {
+  const int64_t t = blockIdx.x;
+  const int n = p.hidden;
+  const float w = p.weights[t * p.num_experts + p.expert];
+  const T* y = static_cast<const T*>(p.y) + t * n;
+  float* acc = p.acc + t * n;
+  T* out = p.out != nullptr ? static_cast<T*>(p.out) + t * n : nullptr;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float a = p.first ? 0.0f : acc[i];
+    if (w != 0.0f) a = a + __fmul_rn(Dt<T>::to(y[i]), w);
+    acc[i] = a;
+    if (out != nullptr) out[i] = Dt<T>::from(a);
+  }
+}
 }  // namespace
 
 // ---- entry points: one per dtype (pair), in PG_F32, PG_BF16, PG_F16 order -------------------
@@ -273,6 +366,15 @@ template <class T>
 __device__ __forceinline__ void gelu_body(const PgGluParams& p) {
   glu_body<T, GeluTanh>(p);
 }
+// One-dtype (or no-dtype) shapes of the family kernels for the entry macros.
+template <class T>
+__device__ __forceinline__ void soft_cap_entry(const PgSoftCapParams& p) {
+  soft_cap_body(p);
+}
+template <class T>
+__device__ __forceinline__ void moe_route_entry(const PgMoeRouteParams& p) {
+  moe_route_body(p);
+}
 }  // namespace
 
 PG_FAMILY2(embed, embed_body, PgEmbedParams)
@@ -284,6 +386,11 @@ PG_FAMILY1(gelu_tanh_mul, gelu_body, PgGluParams)
 PG_FAMILY1(gather_rows, gather_body, PgGatherParams)
 PG_FAMILY1(argmax, argmax_body, PgArgmaxParams)
 PG_FAMILY2(cast, cast_body, PgCastParams)
+PG_FAMILY1(qk_norm, qk_norm_body, PgQkNormParams)
+PG_FAMILY1(moe_acc, moe_acc_body, PgMoeAccParams)
+// f32 only (logits and router outputs are f32).
+PG_ENTRY1(soft_cap, soft_cap_entry, PgSoftCapParams, f32)
+PG_ENTRY1(moe_route, moe_route_entry, PgMoeRouteParams, f32)
 
 #if PG_HOST_ONLY
 // ---- geometry (shared by the emulator and the CUDA launchers) and the emulator's runs ------
@@ -346,6 +453,17 @@ const Kernel<PgGluParams> kGelu[3] = PG_TABLE1(gelu_tanh_mul);
 const Kernel<PgGatherParams> kGather[3] = PG_TABLE1(gather_rows);
 const Kernel<PgArgmaxParams> kArgmax[3] = PG_TABLE1(argmax);
 const Kernel<PgCastParams> kCast[9] = PG_TABLE2(cast);
+const Kernel<PgQkNormParams> kQkNorm[3] = PG_TABLE1(qk_norm);
+const Kernel<PgMoeAccParams> kMoeAcc[3] = PG_TABLE1(moe_acc);
+// Threads per block of the one-thread-per-item family kernels, and their grid cap.
+constexpr unsigned kItemThreads = 128;
+constexpr int64_t kItemMaxBlocks = 4096;
+PgLaunch items_launch(int64_t n) {
+  if (n <= 0) return PgLaunch{{0, 1, 1}, {kItemThreads, 1, 1}, 0};
+  int64_t blocks = (n + kItemThreads - 1) / kItemThreads;
+  if (blocks > kItemMaxBlocks) blocks = kItemMaxBlocks;
+  return PgLaunch{{uint32_t(blocks), 1, 1}, {kItemThreads, 1, 1}, 0};
+}
 }  // namespace
 
 extern "C" PgLaunch pg_embed_launch(const PgEmbedParams* p) {
@@ -374,6 +492,22 @@ extern "C" PgLaunch pg_cast_launch(const PgCastParams* p) {
   int64_t blocks = (p->n + kCastThreads - 1) / kCastThreads;
   if (blocks > kCastMaxBlocks) blocks = kCastMaxBlocks;
   return PgLaunch{{uint32_t(blocks), 1, 1}, {kCastThreads, 1, 1}, 0};
+}
+
+extern "C" PgLaunch pg_qk_norm_launch(const PgQkNormParams* p) {
+  // One block per (token, head) of q and k; a head is one row.
+  const int64_t heads = int64_t(p->num_heads) + p->num_kv_heads;
+  if (p->num_tokens <= 0 || heads <= 0 || p->head_dim <= 0) {
+    return PgLaunch{{0, 1, 1}, {kMinThreads, 1, 1}, 0};
+  }
+  return PgLaunch{{uint32_t(p->num_tokens), uint32_t(heads), 1}, {row_threads(p->head_dim), 1, 1}, 0};
+}
+extern "C" PgLaunch pg_soft_cap_launch(const PgSoftCapParams* p) { return items_launch(p->n); }
+extern "C" PgLaunch pg_moe_route_launch(const PgMoeRouteParams* p) {
+  return items_launch(p->num_tokens);
+}
+extern "C" PgLaunch pg_moe_acc_launch(const PgMoeAccParams* p) {
+  return rows_launch(p->num_tokens, p->hidden);
 }
 
 // Emulated runs: 0 on success, 1 for a dtype with no kernel.
@@ -405,9 +539,23 @@ extern "C" int pg_emu_cast(const PgCastParams* p, int s, int d) {
   return run_one(pg_cast_launch(p), kCast, pair(s, d), p);
 }
 
+extern "C" int pg_emu_qk_norm(const PgQkNormParams* p, int t) {
+  return run_one(pg_qk_norm_launch(p), kQkNorm, t, p);
+}
+extern "C" int pg_emu_moe_acc(const PgMoeAccParams* p, int t) {
+  return run_one(pg_moe_acc_launch(p), kMoeAcc, t, p);
+}
+// f32 only: dtype code 0.
+extern "C" int pg_emu_soft_cap(const PgSoftCapParams* p, int x) {
+  return x == PG_F32 ? run(pg_soft_cap_launch(p), pg_soft_cap_f32, p) : 1;
+}
+extern "C" int pg_emu_moe_route(const PgMoeRouteParams* p, int x) {
+  return x == PG_F32 ? run(pg_moe_route_launch(p), pg_moe_route_f32, p) : 1;
+}
+
 // sizeof of model.cu's parameter structs, for the test against the Rust mirrors:
-// [Embed, Norm, RopeKv, Glu, Gather, Argmax, Cast].
-extern "C" void pg_model_params_sizes(uint64_t out[7]) {
+// [Embed, Norm, RopeKv, Glu, Gather, Argmax, Cast, QkNorm, SoftCap, MoeRoute, MoeAcc].
+extern "C" void pg_model_params_sizes(uint64_t out[11]) {
   out[0] = sizeof(PgEmbedParams);
   out[1] = sizeof(PgNormParams);
   out[2] = sizeof(PgRopeKvParams);
@@ -415,5 +563,9 @@ extern "C" void pg_model_params_sizes(uint64_t out[7]) {
   out[4] = sizeof(PgGatherParams);
   out[5] = sizeof(PgArgmaxParams);
   out[6] = sizeof(PgCastParams);
+  out[7] = sizeof(PgQkNormParams);
+  out[8] = sizeof(PgSoftCapParams);
+  out[9] = sizeof(PgMoeRouteParams);
+  out[10] = sizeof(PgMoeAccParams);
 }
 #endif

@@ -164,3 +164,61 @@ typedef struct PgCastParams {
   void* dst;
   int64_t n;
 } PgCastParams;
+
+/* ---- model.cu: the family extras (Qwen3, Gemma 2, Mixtral) ---------------------------- */
+
+/* qk_norm: per-head RMSNorm in place on the q and k heads of qkv [num_tokens,
+ * (num_heads + 2 num_kv_heads) head_dim] (rows [q heads | k heads | v heads]): each q
+ * head by q_weight [head_dim], each k head by k_weight [head_dim] (f32), the formula of
+ * rms_norm; v untouched. Qwen3's Q/K norms, before RoPE. */
+typedef struct PgQkNormParams {
+  void* qkv;
+  const float* q_weight;
+  const float* k_weight;
+  int32_t num_tokens;
+  int32_t num_heads;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  float eps;
+  int32_t pad;
+} PgQkNormParams;
+
+/* soft_cap: x[i] = cap * tanh(x[i] / cap) in place, n f32 elements (Gemma 2's final
+ * logits). */
+typedef struct PgSoftCapParams {
+  float* x;
+  int64_t n;
+  float cap;
+  int32_t pad;
+} PgSoftCapParams;
+
+/* moe_route: per token t, the router logits [num_tokens, num_experts] f32 through a
+ * softmax; the top_k experts (largest logit first, the smaller index on ties) keep their
+ * probabilities, renormalised to sum to 1, in weights [num_tokens, num_experts] f32; the
+ * other experts get exactly 0. top_k <= 32. */
+typedef struct PgMoeRouteParams {
+  const float* logits;
+  float* weights;
+  int32_t num_tokens;
+  int32_t num_experts;
+  int32_t top_k;
+  int32_t pad;
+} PgMoeRouteParams;
+
+/* moe_accumulate: one expert's output y [num_tokens, hidden] (dtype T) into the f32
+ * accumulator acc [num_tokens, hidden]: acc[t] = (first ? 0 : acc[t]) + w * y[t] with
+ * w = weights[t * num_experts + expert], skipped where w is 0 (the expert was not picked
+ * for t); with out non-null (the last expert), out [num_tokens, hidden] (dtype T) gets
+ * acc as well. */
+typedef struct PgMoeAccParams {
+  const void* y;
+  const float* weights;
+  float* acc;
+  void* out;
+  int32_t num_tokens;
+  int32_t hidden;
+  int32_t num_experts;
+  int32_t expert;
+  int32_t first;
+  int32_t pad;
+} PgMoeAccParams;

@@ -10,8 +10,9 @@
 
 use crate::emu_launch::AttnKernel;
 use crate::params::{
-    ArgmaxParams, AttnParams, CastParams, EmbedParams, GatherParams, GluParams, Launch, NormParams,
-    RopeKvParams, WriteKvParams,
+    ArgmaxParams, AttnParams, CastParams, EmbedParams, GatherParams, GluParams, Launch,
+    MoeAccParams, MoeRouteParams, NormParams, QkNormParams, RopeKvParams, SoftCapParams,
+    WriteKvParams, MOE_MAX_TOP_K,
 };
 use crate::Dtype;
 
@@ -41,6 +42,14 @@ pub enum Call {
     Argmax(ArgmaxParams, Dtype),
     /// `cast`: source dtype, destination dtype.
     Cast(CastParams, Dtype, Dtype),
+    /// `qk_norm` on fused QKV rows of the dtype.
+    QkNorm(QkNormParams, Dtype),
+    /// `soft_cap` (f32).
+    SoftCap(SoftCapParams),
+    /// `moe_route` (f32).
+    MoeRoute(MoeRouteParams),
+    /// `moe_accumulate`: the expert output's (and `out`'s) dtype.
+    MoeAcc(MoeAccParams, Dtype),
 }
 
 impl Call {
@@ -58,6 +67,10 @@ impl Call {
             Call::Gather(..) => "gather_rows",
             Call::Argmax(..) => "argmax",
             Call::Cast(..) => "cast",
+            Call::QkNorm(..) => "qk_norm",
+            Call::SoftCap(..) => "soft_cap",
+            Call::MoeRoute(..) => "moe_route",
+            Call::MoeAcc(..) => "moe_accumulate",
         }
     }
 
@@ -76,11 +89,17 @@ impl Call {
             Call::Gather(p, _) => p.launch(),
             Call::Argmax(p, _) => p.launch(),
             Call::Cast(p, ..) => p.launch(),
+            Call::QkNorm(p, _) => p.launch(),
+            Call::SoftCap(p) => p.launch(),
+            Call::MoeRoute(p) => p.launch(),
+            Call::MoeAcc(p, _) => p.launch(),
         }
     }
 
     /// What both launchers refuse before launching (the kernels trust their structs):
-    /// a norm's residual that does not match its family, an odd RoPE head dim.
+    /// a norm's residual that does not match its family, an odd RoPE head dim, a
+    /// non-positive or non-finite soft cap, a routing `top_k` outside `1..=min(experts,
+    /// 32)`, an accumulated expert outside the weights' columns.
     pub fn check(&self) -> Result<(), crate::Error> {
         match self {
             Call::RmsNorm(p, ..) if !p.residual.is_null() => Err(crate::invalid(
@@ -94,6 +113,27 @@ impl Call {
             Call::RopeKv(p, ..) if p.head_dim <= 0 || p.head_dim % 2 != 0 => Err(crate::invalid(
                 "head_dim",
                 format!("{} must be even and > 0", p.head_dim),
+            )),
+            Call::SoftCap(p) if !(p.cap.is_finite() && p.cap > 0.0) => Err(crate::invalid(
+                "cap",
+                format!("{} must be positive and finite", p.cap),
+            )),
+            Call::MoeRoute(p)
+                if p.top_k < 1 || p.top_k > p.num_experts || p.top_k as usize > MOE_MAX_TOP_K =>
+            {
+                Err(crate::invalid(
+                    "top_k",
+                    format!(
+                        "{} must be in 1..={} (experts {}, kernel limit {MOE_MAX_TOP_K})",
+                        p.top_k,
+                        p.num_experts.min(MOE_MAX_TOP_K as i32),
+                        p.num_experts
+                    ),
+                ))
+            }
+            Call::MoeAcc(p, _) if p.expert < 0 || p.expert >= p.num_experts => Err(crate::invalid(
+                "expert",
+                format!("{} outside 0..{}", p.expert, p.num_experts),
             )),
             _ => Ok(()),
         }

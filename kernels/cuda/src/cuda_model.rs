@@ -8,14 +8,15 @@ use crate::call::Call;
 use crate::cuda::{CudaKernels, MODEL};
 use crate::emu_launch::AttnKernel;
 use crate::params::{
-    ArgmaxParams, CastParams, EmbedParams, GatherParams, GluParams, NormParams, RopeKvParams,
+    ArgmaxParams, CastParams, EmbedParams, GatherParams, GluParams, MoeAccParams, MoeRouteParams,
+    NormParams, QkNormParams, RopeKvParams, SoftCapParams,
 };
 use crate::{invalid, Dtype, Error};
 use cudarc::driver::CudaStream;
 
 /// Entry points of `model.cu`, per family in `PG_F32, PG_BF16, PG_F16` order (two-dtype
 /// families: `first * 3 + second`). Offsets below.
-pub(crate) const MODEL_FUNCTIONS: [&str; 57] = [
+pub(crate) const MODEL_FUNCTIONS: [&str; 65] = [
     "pg_embed_f32_f32",
     "pg_embed_f32_bf16",
     "pg_embed_f32_f16",
@@ -73,6 +74,14 @@ pub(crate) const MODEL_FUNCTIONS: [&str; 57] = [
     "pg_argmax_f32",
     "pg_argmax_bf16",
     "pg_argmax_f16",
+    "pg_qk_norm_f32",
+    "pg_qk_norm_bf16",
+    "pg_qk_norm_f16",
+    "pg_moe_acc_f32",
+    "pg_moe_acc_bf16",
+    "pg_moe_acc_f16",
+    "pg_soft_cap_f32",
+    "pg_moe_route_f32",
 ];
 
 const EMBED: usize = 0;
@@ -84,6 +93,10 @@ const SILU: usize = 45;
 const GELU: usize = 48;
 const GATHER: usize = 51;
 const ARGMAX: usize = 54;
+const QK_NORM: usize = 57;
+const MOE_ACC: usize = 60;
+const SOFT_CAP: usize = 63;
+const MOE_ROUTE: usize = 64;
 
 fn one(base: usize, a: Dtype) -> &'static str {
     MODEL_FUNCTIONS[base + a as usize]
@@ -252,6 +265,52 @@ impl CudaKernels {
 }
 
 impl CudaKernels {
+    /// Per-head RMSNorm in place on the q and k heads of fused QKV rows (Qwen3).
+    ///
+    /// # Safety
+    /// `qkv` is `[num_tokens, (num_heads + 2 num_kv_heads) head_dim]` of `dtype`, the
+    /// weights `head_dim` f32 each, on this device.
+    pub unsafe fn qk_norm(
+        &self,
+        stream: &CudaStream,
+        p: &QkNormParams,
+        dtype: Dtype,
+    ) -> Result<(), Error> {
+        self.model_launch(stream, one(QK_NORM, dtype), p.launch(), p)
+    }
+
+    /// `x = cap * tanh(x / cap)` in place (f32).
+    ///
+    /// # Safety
+    /// `x` holds `n` f32 on this device.
+    pub unsafe fn soft_cap(&self, stream: &CudaStream, p: &SoftCapParams) -> Result<(), Error> {
+        self.model_launch(stream, MODEL_FUNCTIONS[SOFT_CAP], p.launch(), p)
+    }
+
+    /// MoE routing: the dense `[tokens, experts]` weights of each token's top-k experts.
+    ///
+    /// # Safety
+    /// `logits` and `weights` hold `[num_tokens, num_experts]` f32 on this device.
+    pub unsafe fn moe_route(&self, stream: &CudaStream, p: &MoeRouteParams) -> Result<(), Error> {
+        self.model_launch(stream, MODEL_FUNCTIONS[MOE_ROUTE], p.launch(), p)
+    }
+
+    /// One expert's weighted output into the f32 accumulator (and `out`, if not null).
+    ///
+    /// # Safety
+    /// `y` (and `out`) `[num_tokens, hidden]` of `dtype`, `acc` the same f32, `weights`
+    /// `[num_tokens, num_experts]` f32, on this device; `expert < num_experts`.
+    pub unsafe fn moe_accumulate(
+        &self,
+        stream: &CudaStream,
+        p: &MoeAccParams,
+        dtype: Dtype,
+    ) -> Result<(), Error> {
+        self.model_launch(stream, one(MOE_ACC, dtype), p.launch(), p)
+    }
+}
+
+impl CudaKernels {
     /// Launches `c` from its packed struct on `stream`: what `emu_launch::call` does on
     /// the emulator, here through the typed launchers above.
     ///
@@ -276,6 +335,10 @@ impl CudaKernels {
                 Call::Gather(ref p, x) => self.gather_rows(stream, p, x),
                 Call::Argmax(ref p, x) => self.argmax(stream, p, x),
                 Call::Cast(ref p, s, d) => self.cast(stream, p, s, d),
+                Call::QkNorm(ref p, t) => self.qk_norm(stream, p, t),
+                Call::SoftCap(ref p) => self.soft_cap(stream, p),
+                Call::MoeRoute(ref p) => self.moe_route(stream, p),
+                Call::MoeAcc(ref p, t) => self.moe_accumulate(stream, p, t),
             }
         }
     }
@@ -308,10 +371,14 @@ mod tests {
             (GELU, "gelu_tanh_mul"),
             (GATHER, "gather_rows"),
             (ARGMAX, "argmax"),
+            (QK_NORM, "qk_norm"),
+            (MOE_ACC, "moe_acc"),
         ] {
             for a in DTYPES {
                 assert_eq!(one(base, a), format!("pg_{fam}_{}", a.kernel_suffix()));
             }
         }
+        assert_eq!(MODEL_FUNCTIONS[SOFT_CAP], "pg_soft_cap_f32");
+        assert_eq!(MODEL_FUNCTIONS[MOE_ROUTE], "pg_moe_route_f32");
     }
 }

@@ -210,6 +210,34 @@ pub unsafe fn call(c: &Call) -> Result<(), Error> {
                 one!(ffi::pg_emu_argmax, crate::ArgmaxParams),
             ),
             Call::Cast(p, s, d) => run_model(name, l, p, (s, d), ffi::pg_emu_cast),
+            Call::QkNorm(p, t) => run_model(
+                name,
+                l,
+                p,
+                (t, t),
+                one!(ffi::pg_emu_qk_norm, crate::QkNormParams),
+            ),
+            Call::SoftCap(p) => run_model(
+                name,
+                l,
+                p,
+                (Dtype::F32, Dtype::F32),
+                one!(ffi::pg_emu_soft_cap, crate::SoftCapParams),
+            ),
+            Call::MoeRoute(p) => run_model(
+                name,
+                l,
+                p,
+                (Dtype::F32, Dtype::F32),
+                one!(ffi::pg_emu_moe_route, crate::MoeRouteParams),
+            ),
+            Call::MoeAcc(p, t) => run_model(
+                name,
+                l,
+                p,
+                (t, t),
+                one!(ffi::pg_emu_moe_acc, crate::MoeAccParams),
+            ),
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::params::{
 use crate::{ffi, graph, invalid, Dtype, Element, Error};
 use std::ptr;
 
-fn status(kernel: &'static str, rc: i32, dtype: Dtype) -> Result<(), Error> {
+pub(crate) fn status(kernel: &'static str, rc: i32, dtype: Dtype) -> Result<(), Error> {
     if rc == 0 {
         Ok(())
     } else if rc == graph::FAULT_MISALIGNED {
@@ -35,7 +35,7 @@ fn status(kernel: &'static str, rc: i32, dtype: Dtype) -> Result<(), Error> {
     }
 }
 
-fn finite(what: &'static str, v: f32) -> Result<(), Error> {
+pub(crate) fn finite(what: &'static str, v: f32) -> Result<(), Error> {
     if v.is_finite() {
         Ok(())
     } else {
@@ -43,7 +43,7 @@ fn finite(what: &'static str, v: f32) -> Result<(), Error> {
     }
 }
 
-fn positive(what: &'static str, v: usize) -> Result<i32, Error> {
+pub(crate) fn positive(what: &'static str, v: usize) -> Result<i32, Error> {
     if v == 0 {
         return Err(invalid(what, "must be > 0"));
     }
@@ -469,11 +469,12 @@ pub fn cast<S: Element, D: Element>(src: &[S], dst: &mut [D]) -> Result<(), Erro
 }
 
 /// `sizeof` of model.cu's parameter structs: `[Embed, Norm, RopeKv, Glu, Gather, Argmax,
-/// Cast]` (for the test that the `#[repr(C)]` mirrors match).
+/// Cast, QkNorm, SoftCap, MoeRoute, MoeAcc]` (for the test that the `#[repr(C)]` mirrors
+/// match).
 #[doc(hidden)]
-pub fn c_param_sizes() -> [u64; 7] {
-    let mut out = [0u64; 7];
-    // SAFETY: the C function writes exactly seven u64s.
+pub fn c_param_sizes() -> [u64; 11] {
+    let mut out = [0u64; 11];
+    // SAFETY: the C function writes exactly eleven u64s.
     unsafe { ffi::pg_model_params_sizes(out.as_mut_ptr()) };
     out
 }

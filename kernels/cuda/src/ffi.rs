@@ -3,7 +3,8 @@
 
 use crate::params::{
     ArgmaxParams, AttnParams, CastParams, EmbedParams, GatherParams, GluParams, Launch,
-    MmaProbeParams, NormParams, RopeKvParams, WriteKvParams,
+    MmaProbeParams, MoeAccParams, MoeRouteParams, NormParams, QkNormParams, RopeKvParams,
+    SoftCapParams, WriteKvParams,
 };
 
 extern "C" {
@@ -41,4 +42,12 @@ extern "C" {
     pub fn pg_emu_argmax(p: *const ArgmaxParams, x: i32) -> i32;
     pub fn pg_emu_cast(p: *const CastParams, s: i32, d: i32) -> i32;
     pub fn pg_model_params_sizes(out: *mut u64);
+    pub fn pg_qk_norm_launch(p: *const QkNormParams) -> Launch;
+    pub fn pg_soft_cap_launch(p: *const SoftCapParams) -> Launch;
+    pub fn pg_moe_route_launch(p: *const MoeRouteParams) -> Launch;
+    pub fn pg_moe_acc_launch(p: *const MoeAccParams) -> Launch;
+    pub fn pg_emu_qk_norm(p: *const QkNormParams, t: i32) -> i32;
+    pub fn pg_emu_soft_cap(p: *const SoftCapParams, x: i32) -> i32;
+    pub fn pg_emu_moe_route(p: *const MoeRouteParams, x: i32) -> i32;
+    pub fn pg_emu_moe_acc(p: *const MoeAccParams, t: i32) -> i32;
 }

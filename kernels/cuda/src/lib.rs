@@ -7,7 +7,8 @@
 //! * always, for the host, by g++ through the SIMT emulator `emu/simt.h`: the
 //!   [`emu`] module (attention) and the [`emu_model`] module (embedding, RMSNorm, fused
 //!   residual add + RMSNorm, RoPE + paged KV write, SwiGLU/GeGLU, row gather, argmax,
-//!   casts) run them on host slices, checking every length and index first (bad input
+//!   casts, and the families' Q/K norms, soft cap, MoE routing and expert sum) run
+//!   them on host slices, checking every length and index first (bad input
 //!   is an [`Error`], never a panic or undefined behaviour). Slow (an OS thread per CUDA
 //!   thread), exact in logic: it is what the tests run;
 //! * with the `cuda` feature, by nvcc into one fatbin per file (SASS sm_80/sm_90 + PTX
@@ -16,7 +17,8 @@
 //!
 //! The launch parameters ([`AttnParams`], [`WriteKvParams`], [`EmbedParams`],
 //! [`NormParams`], [`RopeKvParams`], [`GluParams`], [`GatherParams`], [`ArgmaxParams`],
-//! [`CastParams`]) are `#[repr(C)]` mirrors of `cu/params.h`; their geometry ([`Launch`])
+//! [`CastParams`], [`QkNormParams`], [`SoftCapParams`], [`MoeRouteParams`],
+//! [`MoeAccParams`]) are `#[repr(C)]` mirrors of `cu/params.h`; their geometry ([`Launch`])
 //! comes from the same host code on both paths.
 //! docs/gpu.md has the build, the emulator's limits and the device check.
 
@@ -24,6 +26,7 @@ pub mod call;
 pub mod emu;
 pub mod emu_launch;
 pub mod emu_model;
+pub mod emu_model_families;
 mod ffi;
 pub mod graph;
 pub mod params;
@@ -38,7 +41,8 @@ mod cuda_model;
 pub use call::Call;
 pub use params::{
     ArgmaxParams, AttnParams, CastParams, EmbedParams, GatherParams, GluParams, Launch,
-    MmaProbeParams, NormParams, RopeKvParams, SplitPlan, WriteKvParams,
+    MmaProbeParams, MoeAccParams, MoeRouteParams, NormParams, QkNormParams, RopeKvParams,
+    SoftCapParams, SplitPlan, WriteKvParams, MOE_MAX_TOP_K,
 };
 
 /// Element type of q/out/K/V (f32 only where cheap: `write_kv`, `naive`, `paged`).

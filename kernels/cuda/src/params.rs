@@ -445,6 +445,97 @@ pub struct CastParams {
     pub n: i64,
 }
 
+/// `PgQkNormParams`: per-head RMSNorm in place on the q and k heads of fused QKV rows
+/// (Qwen3's Q/K norms, before RoPE); v untouched.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct QkNormParams {
+    /// `[num_tokens, (num_heads + 2 num_kv_heads) head_dim]` (dtype T), updated in place.
+    pub qkv: *mut c_void,
+    /// `[head_dim]` f32: every q head's weight.
+    pub q_weight: *const f32,
+    /// `[head_dim]` f32: every k head's weight.
+    pub k_weight: *const f32,
+    /// Rows.
+    pub num_tokens: i32,
+    /// Query heads.
+    pub num_heads: i32,
+    /// KV heads.
+    pub num_kv_heads: i32,
+    /// Head dim (the norm's row length, > 0).
+    pub head_dim: i32,
+    /// Added to the mean square.
+    pub eps: f32,
+    /// Padding (write 0).
+    pub pad: i32,
+}
+
+/// `PgSoftCapParams`: `x = cap * tanh(x / cap)` in place on `n` f32s (Gemma 2's final
+/// logits).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SoftCapParams {
+    /// `[n]` f32, updated in place.
+    pub x: *mut f32,
+    /// Elements.
+    pub n: i64,
+    /// The cap (positive, finite).
+    pub cap: f32,
+    /// Padding (write 0).
+    pub pad: i32,
+}
+
+/// `PgMoeRouteParams`: per token, softmax of the router logits, the `top_k` best experts'
+/// probabilities renormalised to sum to 1 into a dense `[num_tokens, num_experts]` weight
+/// matrix (exactly 0 for the experts not picked).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MoeRouteParams {
+    /// `[num_tokens, num_experts]` f32.
+    pub logits: *const f32,
+    /// `[num_tokens, num_experts]` f32 (written).
+    pub weights: *mut f32,
+    /// Rows.
+    pub num_tokens: i32,
+    /// Experts (> 0).
+    pub num_experts: i32,
+    /// Experts kept per token (`1..=min(num_experts, 32)`).
+    pub top_k: i32,
+    /// Padding (write 0).
+    pub pad: i32,
+}
+
+/// The largest `top_k` [`MoeRouteParams`] takes (the kernel's per-thread pick list).
+pub const MOE_MAX_TOP_K: usize = 32;
+
+/// `PgMoeAccParams`: one expert's output added into the f32 accumulator, weighted by the
+/// routing weights (skipped where the weight is 0); with `out`, the sum also written in
+/// the output dtype.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MoeAccParams {
+    /// `[num_tokens, hidden]` (dtype T): the expert's output.
+    pub y: *const c_void,
+    /// `[num_tokens, num_experts]` f32 (from `moe_route`).
+    pub weights: *const f32,
+    /// `[num_tokens, hidden]` f32, updated.
+    pub acc: *mut f32,
+    /// `[num_tokens, hidden]` (dtype T), or null.
+    pub out: *mut c_void,
+    /// Rows.
+    pub num_tokens: i32,
+    /// Row length.
+    pub hidden: i32,
+    /// Columns of `weights`.
+    pub num_experts: i32,
+    /// This expert's column (`< num_experts`).
+    pub expert: i32,
+    /// Nonzero: `acc` starts at 0 (the first expert), its old contents unread.
+    pub first: i32,
+    /// Padding (write 0).
+    pub pad: i32,
+}
+
 macro_rules! model_launch {
     ($ty:ty, $ffi:ident, $doc:literal) => {
         impl $ty {
@@ -476,6 +567,10 @@ model_launch!(
 model_launch!(GatherParams, pg_gather_launch, "Grid of `gather_rows`.");
 model_launch!(ArgmaxParams, pg_argmax_launch, "Grid of `argmax`.");
 model_launch!(CastParams, pg_cast_launch, "Grid of `cast`.");
+model_launch!(QkNormParams, pg_qk_norm_launch, "Grid of `qk_norm`.");
+model_launch!(SoftCapParams, pg_soft_cap_launch, "Grid of `soft_cap`.");
+model_launch!(MoeRouteParams, pg_moe_route_launch, "Grid of `moe_route`.");
+model_launch!(MoeAccParams, pg_moe_acc_launch, "Grid of `moe_accumulate`.");
 
 #[cfg(test)]
 mod tests {

@@ -323,6 +323,10 @@ fn c_and_rust_structs_match() {
         size_of::<GatherParams>(),
         size_of::<ArgmaxParams>(),
         size_of::<CastParams>(),
+        size_of::<pagoda_cuda_kernels::QkNormParams>(),
+        size_of::<pagoda_cuda_kernels::SoftCapParams>(),
+        size_of::<pagoda_cuda_kernels::MoeRouteParams>(),
+        size_of::<pagoda_cuda_kernels::MoeAccParams>(),
     ]
     .map(|s| s as u64);
     assert_eq!(em::c_param_sizes(), want);
