@@ -47,7 +47,7 @@ pub use error::CoreError;
 pub use kv::{write_kv, KvCache, KvCacheDtype, KvCacheSpec, LayerKv};
 pub use ops::{
     has_model_ops, open_model_ops, GatedAct, GraphId, ModelOps, ModelOpsRegistration, RopeShape,
-    StepInputs,
+    StepInputs, MOE_MAX_TOP_K,
 };
 pub use request::{
     BlockHash, CheckedParams, FinishReason, Request, RequestId, RequestStatus, SamplingParams,

@@ -52,6 +52,10 @@ impl RopeShape {
     }
 }
 
+/// The most experts per token [`ModelOps::moe_route`] keeps (a device's routing kernel
+/// holds its picks in registers); a model that routes to more is refused on a device.
+pub const MOE_MAX_TOP_K: usize = 32;
+
 /// The elementwise activation of a gated MLP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GatedAct {
@@ -161,7 +165,8 @@ pub trait ModelOps: Send {
     /// Mixtral's routing of `router_logits` `[tokens, experts]` f32: per token a softmax,
     /// the `top_k` largest (the smaller index on ties) renormalised to sum to 1, into
     /// the dense `weights` `[tokens, experts]` f32 (exactly 0 for the experts not
-    /// picked). The shapes are the step's, whatever the routing: a graph replays it.
+    /// picked); `top_k` in `1..=min(experts, MOE_MAX_TOP_K)`. The shapes are the
+    /// step's, whatever the routing: a graph replays it.
     fn moe_route(
         &mut self,
         router_logits: TensorRef<'_>,

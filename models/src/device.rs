@@ -14,25 +14,41 @@
 //! Buffers ([`DeviceScratch`]) grow to the largest step seen and are reused, so a
 //! warm step allocates no device memory.
 //!
-//! Families: what Llama, Mistral and Qwen2 need (Q/K/V biases, sliding windows in the
-//! backend, tied embeddings, Llama-3 RoPE scaling); Q/K norms, post-norms, soft caps
-//! and MoE layers are refused at construction with the reason.
+//! Families: all six the CPU decoder runs (`layer.rs` has one layer's launches):
+//! Q/K/V biases (Qwen2) fused into RoPE; Qwen3's per-head Q/K norms (`qk_norm`,
+//! before RoPE); sliding windows, Gemma 2's alternating sliding/global layers and its
+//! attention-logit soft cap in the attention backends (one planned backend per
+//! attention kind; every CUDA kernel takes the window and the cap); Gemma 2's scaled
+//! embedding, post-attention and post-feedforward norms (its `1 + w` is in the loaded
+//! weights, as on the CPU), tanh-GELU and final-logit soft cap (`soft_cap` on the
+//! logits rows); Mixtral's MoE layers (`moe.rs`: device-side routing in fixed shapes,
+//! every expert on every token, so decode steps of MoE models are captured into graphs
+//! like the others); tied embeddings and Llama-3 RoPE scaling. Refused at construction,
+//! with the reason: Q/K norms together with a Q/K/V bias (no family has both; the
+//! bias is added inside RoPE, after where the norm would need it) and a top-k above the
+//! routing kernel's 32.
 
 use crate::arch::{Activation, AttnKind};
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::layer::{check_mat, check_vec};
-use crate::weights::{LlamaWeights, Mat};
+use crate::weights::LlamaWeights;
+use bufs::{rows, rows_ref};
+use layer::residual_input;
 use pagoda_core::{
     AttentionBackend, AttentionConfig, BatchDescriptor, CoreError, DType, DeviceRuntime, GatedAct,
-    HostSlice, KvCache, LayerIo, ModelOps, RopeShape, Shape, StepInputs, Storage, TensorMut,
-    TensorRef,
+    HostSlice, KvCache, ModelOps, Shape, StepInputs, Storage, MOE_MAX_TOP_K,
 };
 use pagoda_kernels::{Llama3Scaling, RopeCache};
 use std::ops::DerefMut;
-use std::sync::Arc;
+use weights::DeviceLayer;
 
+mod bufs;
 mod graphs;
+mod layer;
+mod moe;
+mod weights;
+pub use bufs::DeviceScratch;
 pub use graphs::{capture_sizes, DecodeGraphs};
 
 fn dev(e: CoreError) -> ModelError {
@@ -74,33 +90,6 @@ fn upload(
     Ok(s)
 }
 
-/// Rows of several matrices stacked (`[wq; wk; wv]`, `[w_gate; w_up]`) as one.
-fn stack(rt: &dyn DeviceRuntime, dtype: DType, mats: &[&Mat]) -> Result<Storage, ModelError> {
-    let cols = mats[0].cols;
-    let rows: usize = mats.iter().map(|m| m.rows).sum();
-    let mut data = Vec::with_capacity(rows * cols);
-    for m in mats {
-        data.extend_from_slice(&m.values()?);
-    }
-    upload(rt, dtype, &[rows, cols], &data)
-}
-
-/// One layer's weights on the device.
-struct DeviceLayer {
-    attn_norm: Storage,
-    /// `[q + 2 kv, hidden]`
-    wqkv: Storage,
-    /// `[q + 2 kv]` f32 (Qwen2).
-    qkv_bias: Option<Storage>,
-    /// `[hidden, q]`
-    wo: Storage,
-    ffn_norm: Storage,
-    /// `[2 inter, hidden]`
-    w_gate_up: Storage,
-    /// `[hidden, inter]`
-    w_down: Storage,
-}
-
 /// A decoder model whose weights live on a device.
 pub struct DeviceLlama {
     config: LlamaConfig,
@@ -121,27 +110,25 @@ pub struct DeviceLlama {
     weight_bytes: usize,
 }
 
-/// Why `config` cannot run on a device yet, if it cannot.
+/// Why `config` cannot run on a device, if it cannot (see the module docs).
 pub fn device_unsupported(config: &LlamaConfig) -> Option<String> {
     let a = &config.arch;
     let mut missing = Vec::new();
-    if a.qk_norm {
-        missing.push("Q/K norms");
+    if a.qk_norm && a.qkv_bias {
+        missing.push("Q/K norms together with a Q/K/V bias".to_string());
     }
-    if a.post_norms {
-        missing.push("post-norms");
-    }
-    if a.attn_logit_softcap.is_some() || a.final_logit_softcap.is_some() {
-        missing.push("logit soft caps");
-    }
-    if a.moe.is_some() {
-        missing.push("MoE layers");
+    if let Some(m) = a.moe.filter(|m| m.top_k > MOE_MAX_TOP_K) {
+        missing.push(format!(
+            "MoE routing to {} experts per token (the routing kernel keeps at most \
+             {MOE_MAX_TOP_K})",
+            m.top_k
+        ));
     }
     if missing.is_empty() {
         None
     } else {
         Some(format!(
-            "{} needs {}, which the device forward does not run yet (use --device cpu)",
+            "{} needs {}, which the device forward does not run (use --device cpu)",
             a.architecture.hf_name(),
             missing.join(", ")
         ))
@@ -165,7 +152,6 @@ impl DeviceLlama {
         }
         let c = &config;
         let (hidden, hd) = (c.hidden_size, c.head_dim);
-        let (q_dim, kv_dim, inter) = (c.num_heads * hd, c.num_kv_heads * hd, c.intermediate_size);
         check_mat("token_embd".into(), &weights.embed, c.vocab_size, hidden)?;
         check_vec("output_norm".into(), &weights.norm, hidden)?;
         if weights.layers.len() != c.num_layers {
@@ -176,50 +162,15 @@ impl DeviceLlama {
             )));
         }
         let mut weight_bytes = 0;
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for (i, l) in weights.layers.iter().enumerate() {
+            layers.push(DeviceLayer::upload(i, l, c, dtype, rt, &mut weight_bytes)?);
+            progress(i + 1, c.num_layers);
+        }
         let mut count = |s: Storage| {
             weight_bytes += s.size_bytes();
             s
         };
-        let mut layers = Vec::with_capacity(c.num_layers);
-        for (i, l) in weights.layers.iter().enumerate() {
-            let name = |w: &str| format!("blk.{i}.{w}");
-            check_vec(name("attn_norm"), &l.attn_norm, hidden)?;
-            check_vec(name("ffn_norm"), &l.ffn_norm, hidden)?;
-            check_mat(name("attn_q"), &l.wq, q_dim, hidden)?;
-            check_mat(name("attn_k"), &l.wk, kv_dim, hidden)?;
-            check_mat(name("attn_v"), &l.wv, kv_dim, hidden)?;
-            check_mat(name("attn_output"), &l.wo, hidden, q_dim)?;
-            check_mat(name("ffn_gate"), &l.w_gate, inter, hidden)?;
-            check_mat(name("ffn_up"), &l.w_up, inter, hidden)?;
-            check_mat(name("ffn_down"), &l.w_down, hidden, inter)?;
-            let e = &l.extra;
-            let qkv_bias = match (&e.q_bias, &e.k_bias, &e.v_bias) {
-                (None, None, None) => None,
-                (q, k, v) => {
-                    let mut b = Vec::with_capacity(q_dim + 2 * kv_dim);
-                    for (part, len) in [(q, q_dim), (k, kv_dim), (v, kv_dim)] {
-                        match part {
-                            Some(x) => {
-                                check_vec(name("attn_bias"), x, len)?;
-                                b.extend_from_slice(x);
-                            }
-                            None => b.resize(b.len() + len, 0.0),
-                        }
-                    }
-                    Some(count(upload(rt, DType::F32, &[b.len()], &b)?))
-                }
-            };
-            layers.push(DeviceLayer {
-                attn_norm: count(upload(rt, DType::F32, &[hidden], &l.attn_norm)?),
-                wqkv: count(stack(rt, dtype, &[&l.wq, &l.wk, &l.wv])?),
-                qkv_bias,
-                wo: count(upload(rt, dtype, &[hidden, q_dim], &l.wo.values()?)?),
-                ffn_norm: count(upload(rt, DType::F32, &[hidden], &l.ffn_norm)?),
-                w_gate_up: count(stack(rt, dtype, &[&l.w_gate, &l.w_up])?),
-                w_down: count(upload(rt, dtype, &[hidden, inter], &l.w_down.values()?)?),
-            });
-            progress(i + 1, c.num_layers);
-        }
         let embed = count(upload(
             rt,
             dtype,
@@ -415,14 +366,7 @@ impl DeviceLlama {
         A: AttentionBackend + ?Sized,
     {
         let c = &self.config;
-        let (hidden, hd, eps) = (c.hidden_size, c.head_dim, c.rms_norm_eps);
-        let q_dim = c.num_heads * hd;
-        let inter = c.intermediate_size;
-        let rope = RopeShape {
-            num_heads: c.num_heads,
-            num_kv_heads: c.num_kv_heads,
-            head_dim: hd,
-        };
+        let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
         let b = &mut s.bufs;
         ops.embed(
             self.embed.view(),
@@ -430,92 +374,18 @@ impl DeviceLlama {
             rows(&mut b.h, n, hidden)?,
         )
         .map_err(dev)?;
-        let last = self.layers.len().saturating_sub(1);
-        for (l, layer) in self.layers.iter().enumerate() {
-            if l == 0 {
-                ops.rms_norm(
-                    rows_ref(&b.h, n, hidden)?,
-                    layer.attn_norm.view(),
-                    0.0,
-                    eps,
-                    rows(&mut b.xn, n, hidden)?,
-                )
-                .map_err(dev)?;
-            }
-            ops.linear(
-                rows_ref(&b.xn, n, hidden)?,
-                layer.wqkv.view(),
-                rows(&mut b.qkv, n, rope.qkv_dim())?,
-            )
-            .map_err(dev)?;
-            let pools = &mut kv.layers[l];
-            {
-                let (k_pool, v_pool) = pools.views_mut();
-                ops.rope_write_kv(
-                    rows_ref(&b.qkv, n, rope.qkv_dim())?,
-                    layer.qkv_bias.as_ref().map(|x| x.view()),
-                    self.cos.view(),
-                    self.sin.view(),
-                    rope,
-                    rows(&mut b.q, n, q_dim)?,
-                    k_pool,
-                    v_pool,
-                )
-                .map_err(dev)?;
-            }
-            let (k_cache, v_cache) = pools.views();
-            let backend = &mut *attn[self.kind_of_layer[l]];
-            backend.run(LayerIo {
-                q: lead_ref(&b.q, &[n, c.num_heads, hd])?,
-                k_cache,
-                v_cache,
-                out: lead(&mut b.attn, &[n, c.num_heads, hd])?,
-                lse: None,
-            })?;
-            ops.linear(
-                rows_ref(&b.attn, n, q_dim)?,
-                layer.wo.view(),
-                rows(&mut b.proj, n, hidden)?,
-            )
-            .map_err(dev)?;
-            ops.add_rms_norm(
-                rows(&mut b.h, n, hidden)?,
-                rows_ref(&b.proj, n, hidden)?,
-                layer.ffn_norm.view(),
+        if let Some(first) = self.layers.first() {
+            ops.rms_norm(
+                rows_ref(&b.h, n, hidden)?,
+                first.attn_norm.view(),
                 0.0,
                 eps,
                 rows(&mut b.xn, n, hidden)?,
             )
             .map_err(dev)?;
-            ops.linear(
-                rows_ref(&b.xn, n, hidden)?,
-                layer.w_gate_up.view(),
-                rows(&mut b.gate_up, n, 2 * inter)?,
-            )
-            .map_err(dev)?;
-            ops.gated_act(
-                self.act,
-                rows_ref(&b.gate_up, n, 2 * inter)?,
-                rows(&mut b.act, n, inter)?,
-            )
-            .map_err(dev)?;
-            ops.linear(
-                rows_ref(&b.act, n, inter)?,
-                layer.w_down.view(),
-                rows(&mut b.proj, n, hidden)?,
-            )
-            .map_err(dev)?;
-            if l < last {
-                ops.add_rms_norm(
-                    rows(&mut b.h, n, hidden)?,
-                    rows_ref(&b.proj, n, hidden)?,
-                    self.layers[l + 1].attn_norm.view(),
-                    0.0,
-                    eps,
-                    rows(&mut b.xn, n, hidden)?,
-                )
-                .map_err(dev)?;
-            }
+        }
+        for l in 0..self.layers.len() {
+            self.layer(ops, l, n, attn, kv, b)?;
         }
         // The first chunk of logits rows (all of them, unless a step asks for more
         // than the buffers hold: prompt log-probabilities); `finish` does the rest.
@@ -556,8 +426,9 @@ impl DeviceLlama {
             )
             .map_err(dev)?;
         } else {
+            let mlp_out = residual_input(&b.proj, &b.post, c.arch.post_norms)?;
             ops.gather_logits_rows(
-                rows_ref(&b.proj, n, hidden)?,
+                rows_ref(mlp_out, n, hidden)?,
                 hidden,
                 first,
                 rows(&mut b.sel_p, count, hidden)?,
@@ -579,7 +450,13 @@ impl DeviceLlama {
             lm_head.view(),
             rows(&mut b.logits, count, vocab)?,
         )
-        .map_err(dev)
+        .map_err(dev)?;
+        match c.arch.final_logit_softcap {
+            Some(cap) => ops
+                .soft_cap(rows(&mut b.logits, count, vocab)?, cap)
+                .map_err(dev),
+            None => Ok(()),
+        }
     }
 
     /// Hands the step's `r` logits rows to the host: copied, or reduced to their greedy
@@ -642,152 +519,5 @@ impl DeviceOutput<'_> {
             DeviceOutput::Logits(v) => v.clear(),
             DeviceOutput::Greedy(v) => v.clear(),
         }
-    }
-}
-
-/// The leading `dims.iter().product()` elements of a buffer, seen as `dims` (a step
-/// uses the first rows of buffers sized for the largest step).
-fn lead<'a>(s: &'a mut Storage, dims: &[usize]) -> Result<TensorMut<'a>, ModelError> {
-    let shape = Shape::new(dims).map_err(dev)?;
-    let (head, _) = s.view_mut().split_at(shape.numel()).map_err(dev)?;
-    head.reshape(shape).map_err(dev)
-}
-
-fn lead_ref<'a>(s: &'a Storage, dims: &[usize]) -> Result<TensorRef<'a>, ModelError> {
-    let shape = Shape::new(dims).map_err(dev)?;
-    let (head, _) = s.view().split_at(shape.numel()).map_err(dev)?;
-    head.reshape(shape).map_err(dev)
-}
-
-/// The first `n` rows of width `w`, as `[n, w]`.
-fn rows(s: &mut Storage, n: usize, w: usize) -> Result<TensorMut<'_>, ModelError> {
-    lead(s, &[n, w])
-}
-
-fn rows_ref(s: &Storage, n: usize, w: usize) -> Result<TensorRef<'_>, ModelError> {
-    lead_ref(s, &[n, w])
-}
-
-/// The device buffers of a step.
-struct Bufs {
-    /// Residual stream `[tokens, hidden]` f32.
-    h: Storage,
-    /// Normed activations `[tokens, hidden]`.
-    xn: Storage,
-    qkv: Storage,
-    q: Storage,
-    attn: Storage,
-    /// o_proj / down_proj output `[tokens, hidden]`.
-    proj: Storage,
-    gate_up: Storage,
-    act: Storage,
-    /// The logits rows' residual (f32), last projection and final norm output.
-    sel_h: Storage,
-    sel_p: Storage,
-    sel_n: Storage,
-    /// `[rows, vocab]` f32.
-    logits: Storage,
-}
-
-/// Device buffers of [`DeviceLlama::forward_kinds`], for up to `tokens` tokens and an
-/// LM head over `rows` logits rows at a time: they grow (allocating) only when a step
-/// has more tokens; a step with more logits rows (prompt log-probabilities) runs the
-/// LM head chunk by chunk.
-pub struct DeviceScratch {
-    tokens: usize,
-    rows: usize,
-    bufs: Bufs,
-    rows_u32: Vec<u32>,
-    /// Times the buffers were (re)allocated: steady state means no change.
-    num_allocations: usize,
-}
-
-impl DeviceScratch {
-    /// Buffers for steps of up to `tokens` tokens, the LM head `rows` rows at a time
-    /// (the engine: `--max-num-batched-tokens` and `--max-num-seqs`).
-    pub fn new(
-        rt: &Arc<dyn DeviceRuntime>,
-        config: &LlamaConfig,
-        dtype: DType,
-        tokens: usize,
-        rows: usize,
-    ) -> Result<Self, ModelError> {
-        let (tokens, rows) = (tokens.max(1), rows.max(1));
-        Ok(DeviceScratch {
-            tokens,
-            rows,
-            bufs: Bufs::new(rt.as_ref(), config, dtype, tokens, rows)?,
-            rows_u32: Vec::with_capacity(rows),
-            num_allocations: 1,
-        })
-    }
-
-    /// How many times the buffers were allocated (1 after construction).
-    pub fn num_allocations(&self) -> usize {
-        self.num_allocations
-    }
-
-    /// Bytes of device memory the buffers take.
-    pub fn size_bytes(&self) -> usize {
-        let b = &self.bufs;
-        [
-            &b.h, &b.xn, &b.qkv, &b.q, &b.attn, &b.proj, &b.gate_up, &b.act, &b.sel_h, &b.sel_p,
-            &b.sel_n, &b.logits,
-        ]
-        .iter()
-        .map(|s| s.size_bytes())
-        .sum()
-    }
-
-    fn reserve(
-        &mut self,
-        rt: &dyn DeviceRuntime,
-        config: &LlamaConfig,
-        dtype: DType,
-        tokens: usize,
-    ) -> Result<(), ModelError> {
-        if tokens <= self.tokens {
-            return Ok(());
-        }
-        self.tokens = tokens.next_power_of_two();
-        self.bufs = Bufs::new(rt, config, dtype, self.tokens, self.rows)?;
-        self.num_allocations += 1;
-        Ok(())
-    }
-}
-
-impl Bufs {
-    fn new(
-        rt: &dyn DeviceRuntime,
-        c: &LlamaConfig,
-        dtype: DType,
-        n: usize,
-        r: usize,
-    ) -> Result<Self, ModelError> {
-        let hd = c.head_dim;
-        let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
-        let (hidden, inter) = (c.hidden_size, c.intermediate_size);
-        let a = |dt: DType, len: usize| {
-            rt.alloc_zeroed(dt, Shape::flat(len)).map_err(|e| {
-                config_err(format!(
-                    "allocating {len} activation elements on {}: {e}",
-                    rt.device()
-                ))
-            })
-        };
-        Ok(Bufs {
-            h: a(DType::F32, n * hidden)?,
-            xn: a(dtype, n * hidden)?,
-            qkv: a(dtype, n * (q_dim + 2 * kv_dim))?,
-            q: a(dtype, n * q_dim)?,
-            attn: a(dtype, n * q_dim)?,
-            proj: a(dtype, n * hidden)?,
-            gate_up: a(dtype, n * 2 * inter)?,
-            act: a(dtype, n * inter)?,
-            sel_h: a(DType::F32, r * hidden)?,
-            sel_p: a(dtype, r * hidden)?,
-            sel_n: a(dtype, r * hidden)?,
-            logits: a(DType::F32, r * c.vocab_size)?,
-        })
     }
 }

@@ -68,7 +68,7 @@ pub(crate) fn check_vec(name: String, v: &[f32], len: usize) -> Result<(), Model
 
 /// `v` checked to have `len` elements when `want`, refused when present but not
 /// wanted (the config and the weights disagree), `None` when neither.
-fn extra(
+pub(crate) fn extra(
     name: String,
     v: Option<Vec<f32>>,
     len: usize,

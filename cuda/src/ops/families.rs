@@ -10,6 +10,9 @@ use pagoda_cuda_kernels::{
 };
 use std::ffi::c_void;
 
+// The limit the models crate refuses by is the kernel's.
+const _: () = assert!(pagoda_core::MOE_MAX_TOP_K == MOE_MAX_TOP_K);
+
 fn bad(message: String) -> CoreError {
     CoreError::InvalidShape { message }
 }

@@ -1,0 +1,198 @@
+//! The device buffers of a step ([`DeviceScratch`]) and the views a step takes of
+//! them: buffers are sized for the largest step and a step uses their first rows.
+
+use super::{config_err, dev};
+use crate::config::LlamaConfig;
+use crate::error::ModelError;
+use pagoda_core::{DType, DeviceRuntime, Shape, Storage, TensorMut, TensorRef};
+use std::sync::Arc;
+
+/// The leading `dims.iter().product()` elements of a buffer, seen as `dims` (a step
+/// uses the first rows of buffers sized for the largest step).
+pub(super) fn lead<'a>(s: &'a mut Storage, dims: &[usize]) -> Result<TensorMut<'a>, ModelError> {
+    let shape = Shape::new(dims).map_err(dev)?;
+    let (head, _) = s.view_mut().split_at(shape.numel()).map_err(dev)?;
+    head.reshape(shape).map_err(dev)
+}
+
+pub(super) fn lead_ref<'a>(s: &'a Storage, dims: &[usize]) -> Result<TensorRef<'a>, ModelError> {
+    let shape = Shape::new(dims).map_err(dev)?;
+    let (head, _) = s.view().split_at(shape.numel()).map_err(dev)?;
+    head.reshape(shape).map_err(dev)
+}
+
+/// The first `n` rows of width `w`, as `[n, w]`.
+pub(super) fn rows(s: &mut Storage, n: usize, w: usize) -> Result<TensorMut<'_>, ModelError> {
+    lead(s, &[n, w])
+}
+
+pub(super) fn rows_ref(s: &Storage, n: usize, w: usize) -> Result<TensorRef<'_>, ModelError> {
+    lead_ref(s, &[n, w])
+}
+
+/// A required buffer of a family (allocated when the config asks for it).
+pub(super) fn need<'a, T>(b: &'a mut Option<T>, what: &str) -> Result<&'a mut T, ModelError> {
+    b.as_mut().ok_or_else(|| ModelError::Forward {
+        message: format!("the device buffers have no {what} (built for another config)"),
+    })
+}
+
+/// The MoE layers' buffers (Mixtral).
+pub(super) struct MoeBufs {
+    /// Router scores `[tokens, experts]` f32.
+    pub(super) logits: Storage,
+    /// Dense routing weights `[tokens, experts]` f32 (0: expert not picked).
+    pub(super) weights: Storage,
+    /// The weighted sum of the experts' outputs `[tokens, hidden]` f32.
+    pub(super) acc: Storage,
+    /// One expert's output `[tokens, hidden]`.
+    pub(super) y: Storage,
+}
+
+/// The device buffers of a step.
+pub(super) struct Bufs {
+    /// Residual stream `[tokens, hidden]` f32.
+    pub(super) h: Storage,
+    /// Normed activations `[tokens, hidden]`.
+    pub(super) xn: Storage,
+    pub(super) qkv: Storage,
+    pub(super) q: Storage,
+    pub(super) attn: Storage,
+    /// o_proj / down_proj output `[tokens, hidden]`.
+    pub(super) proj: Storage,
+    /// Post-norm output `[tokens, hidden]` (Gemma 2): what the residual adds there.
+    pub(super) post: Option<Storage>,
+    pub(super) gate_up: Storage,
+    pub(super) act: Storage,
+    pub(super) moe: Option<MoeBufs>,
+    /// The logits rows' residual (f32), last projection and final norm output.
+    pub(super) sel_h: Storage,
+    pub(super) sel_p: Storage,
+    pub(super) sel_n: Storage,
+    /// `[rows, vocab]` f32.
+    pub(super) logits: Storage,
+}
+
+/// Device buffers of [`super::DeviceLlama::forward_kinds`], for up to `tokens` tokens and
+/// an LM head over `rows` logits rows at a time: they grow (allocating) only when a step
+/// has more tokens; a step with more logits rows (prompt log-probabilities) runs the
+/// LM head chunk by chunk.
+pub struct DeviceScratch {
+    pub(super) tokens: usize,
+    pub(super) rows: usize,
+    pub(super) bufs: Bufs,
+    pub(super) rows_u32: Vec<u32>,
+    /// Times the buffers were (re)allocated: steady state means no change.
+    pub(super) num_allocations: usize,
+}
+
+impl DeviceScratch {
+    /// Buffers for steps of up to `tokens` tokens, the LM head `rows` rows at a time
+    /// (the engine: `--max-num-batched-tokens` and `--max-num-seqs`).
+    pub fn new(
+        rt: &Arc<dyn DeviceRuntime>,
+        config: &LlamaConfig,
+        dtype: DType,
+        tokens: usize,
+        rows: usize,
+    ) -> Result<Self, ModelError> {
+        let (tokens, rows) = (tokens.max(1), rows.max(1));
+        Ok(DeviceScratch {
+            tokens,
+            rows,
+            bufs: Bufs::new(rt.as_ref(), config, dtype, tokens, rows)?,
+            rows_u32: Vec::with_capacity(rows),
+            num_allocations: 1,
+        })
+    }
+
+    /// How many times the buffers were allocated (1 after construction).
+    pub fn num_allocations(&self) -> usize {
+        self.num_allocations
+    }
+
+    /// Bytes of device memory the buffers take.
+    pub fn size_bytes(&self) -> usize {
+        let b = &self.bufs;
+        let moe = b
+            .moe
+            .iter()
+            .flat_map(|m| [&m.logits, &m.weights, &m.acc, &m.y]);
+        [
+            &b.h, &b.xn, &b.qkv, &b.q, &b.attn, &b.proj, &b.gate_up, &b.act, &b.sel_h, &b.sel_p,
+            &b.sel_n, &b.logits,
+        ]
+        .into_iter()
+        .chain(b.post.as_ref())
+        .chain(moe)
+        .map(|s| s.size_bytes())
+        .sum()
+    }
+
+    pub(super) fn reserve(
+        &mut self,
+        rt: &dyn DeviceRuntime,
+        config: &LlamaConfig,
+        dtype: DType,
+        tokens: usize,
+    ) -> Result<(), ModelError> {
+        if tokens <= self.tokens {
+            return Ok(());
+        }
+        self.tokens = tokens.next_power_of_two();
+        self.bufs = Bufs::new(rt, config, dtype, self.tokens, self.rows)?;
+        self.num_allocations += 1;
+        Ok(())
+    }
+}
+
+impl Bufs {
+    fn new(
+        rt: &dyn DeviceRuntime,
+        c: &LlamaConfig,
+        dtype: DType,
+        n: usize,
+        r: usize,
+    ) -> Result<Self, ModelError> {
+        let hd = c.head_dim;
+        let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let (hidden, inter) = (c.hidden_size, c.intermediate_size);
+        let a = |dt: DType, len: usize| {
+            rt.alloc_zeroed(dt, Shape::flat(len)).map_err(|e| {
+                config_err(format!(
+                    "allocating {len} activation elements on {}: {e}",
+                    rt.device()
+                ))
+            })
+        };
+        let moe = match c.arch.moe {
+            Some(m) => Some(MoeBufs {
+                logits: a(DType::F32, n * m.num_experts)?,
+                weights: a(DType::F32, n * m.num_experts)?,
+                acc: a(DType::F32, n * hidden)?,
+                y: a(dtype, n * hidden)?,
+            }),
+            None => None,
+        };
+        Ok(Bufs {
+            h: a(DType::F32, n * hidden)?,
+            xn: a(dtype, n * hidden)?,
+            qkv: a(dtype, n * (q_dim + 2 * kv_dim))?,
+            q: a(dtype, n * q_dim)?,
+            attn: a(dtype, n * q_dim)?,
+            proj: a(dtype, n * hidden)?,
+            post: c
+                .arch
+                .post_norms
+                .then(|| a(dtype, n * hidden))
+                .transpose()?,
+            gate_up: a(dtype, n * 2 * inter)?,
+            act: a(dtype, n * inter)?,
+            moe,
+            sel_h: a(DType::F32, r * hidden)?,
+            sel_p: a(dtype, r * hidden)?,
+            sel_n: a(dtype, r * hidden)?,
+            logits: a(DType::F32, r * c.vocab_size)?,
+        })
+    }
+}
