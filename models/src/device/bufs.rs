@@ -1,11 +1,69 @@
 //! The device buffers of a step ([`DeviceScratch`]) and the views a step takes of
-//! them: buffers are sized for the largest step and a step uses their first rows.
+//! them (buffers are sized for the largest step and a step uses their first rows), and
+//! the device module's shared helpers (uploads, error conversions).
 
-use super::{config_err, dev};
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
-use pagoda_core::{DType, DeviceRuntime, Shape, Storage, TensorMut, TensorRef};
+use pagoda_core::{
+    CoreError, DType, DeviceRuntime, HostSlice, Shape, Storage, TensorMut, TensorRef,
+};
 use std::sync::Arc;
+
+pub(super) fn dev(e: CoreError) -> ModelError {
+    ModelError::Forward {
+        message: e.to_string(),
+    }
+}
+
+pub(super) fn config_err(message: String) -> ModelError {
+    ModelError::Config { message }
+}
+
+/// Host f32 values as `dtype` elements, uploaded into a new buffer of `shape`.
+pub(super) fn upload(
+    rt: &dyn DeviceRuntime,
+    dtype: DType,
+    dims: &[usize],
+    data: &[f32],
+) -> Result<Storage, ModelError> {
+    let shape = Shape::new(dims).map_err(dev)?;
+    let mut s = rt.alloc_zeroed(dtype, shape).map_err(dev)?;
+    match dtype {
+        DType::F32 => rt.upload(s.view_mut(), HostSlice::F32(data)),
+        DType::BF16 => {
+            let v: Vec<half::bf16> = data.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            rt.upload(s.view_mut(), HostSlice::BF16(&v))
+        }
+        DType::F16 => {
+            let v: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
+            rt.upload(s.view_mut(), HostSlice::F16(&v))
+        }
+        DType::F8E4M3 => Err(pagoda_core::CoreError::UnsupportedDType {
+            what: "device model weights",
+            dtype,
+            reason: "fp8 is a KV cache dtype only",
+        }),
+    }
+    .map_err(dev)?;
+    Ok(s)
+}
+
+/// Where a layer leaves a projection's output for its residual add: the post-norm's
+/// buffer when the family has post-norms (Gemma 2), o_proj's / down_proj's otherwise.
+pub(super) fn residual_input<'a>(
+    proj: &'a Storage,
+    post: &'a Option<Storage>,
+    post_norms: bool,
+) -> Result<&'a Storage, ModelError> {
+    match (post_norms, post) {
+        (false, _) => Ok(proj),
+        (true, Some(p)) => Ok(p),
+        (true, None) => Err(ModelError::Forward {
+            message: "the device buffers have no post-norm output (built for another config)"
+                .into(),
+        }),
+    }
+}
 
 /// The leading `dims.iter().product()` elements of a buffer, seen as `dims` (a step
 /// uses the first rows of buffers sized for the largest step).
@@ -73,7 +131,7 @@ pub(super) struct Bufs {
     pub(super) logits: Storage,
 }
 
-/// Device buffers of [`super::DeviceLlama::forward_kinds`], for up to `tokens` tokens and
+/// Device buffers of `DeviceLlama::forward_kinds`, for up to `tokens` tokens and
 /// an LM head over `rows` logits rows at a time: they grow (allocating) only when a step
 /// has more tokens; a step with more logits rows (prompt log-probabilities) runs the
 /// LM head chunk by chunk.

@@ -6,29 +6,12 @@
 //! with the MLP's input norm, the MLP (dense, or Mixtral's MoE in `moe.rs`), Gemma 2's
 //! post-feedforward norm, and the residual add fused with the next layer's input norm.
 
-use super::bufs::{lead, lead_ref, need, rows, rows_ref, Bufs};
+use super::bufs::{dev, lead, lead_ref, need, residual_input, rows, rows_ref, Bufs};
+use super::model::DeviceLlama;
 use super::weights::{DeviceLayer, DeviceMlp};
-use super::{dev, DeviceLlama};
 use crate::error::ModelError;
 use pagoda_core::{AttentionBackend, KvCache, LayerIo, ModelOps, RopeShape, Storage};
 use std::ops::DerefMut;
-
-/// Where a layer leaves a projection's output for its residual add: the post-norm's
-/// buffer when the family has post-norms (Gemma 2), o_proj's / down_proj's otherwise.
-pub(super) fn residual_input<'a>(
-    proj: &'a Storage,
-    post: &'a Option<Storage>,
-    post_norms: bool,
-) -> Result<&'a Storage, ModelError> {
-    match (post_norms, post) {
-        (false, _) => Ok(proj),
-        (true, Some(p)) => Ok(p),
-        (true, None) => Err(ModelError::Forward {
-            message: "the device buffers have no post-norm output (built for another config)"
-                .into(),
-        }),
-    }
-}
 
 /// Where [`DeviceLlama::mlp`] writes its output.
 #[derive(Debug, Clone, Copy)]

@@ -11,10 +11,10 @@
 //! So this simple, correct version costs `experts / top_k` times the FLOPs of the routed
 //! experts (4x for Mixtral 8x7B's top 2); a grouped GEMM is the follow-up.
 
-use super::bufs::{need, rows, rows_ref, Bufs};
+use super::bufs::{dev, need, rows, rows_ref, Bufs};
 use super::layer::MlpOut;
+use super::model::DeviceLlama;
 use super::weights::DeviceMoe;
-use super::{dev, DeviceLlama};
 use crate::error::ModelError;
 use pagoda_core::ModelOps;
 

@@ -3,7 +3,7 @@
 //! refused, so no tensor is silently ignored), then uploaded, the projections stacked
 //! (`[wq; wk; wv]`, `[w_gate; w_up]`) so each is one GEMM.
 
-use super::upload;
+use super::bufs::upload;
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::layer::{check_mat, check_vec, extra};
