@@ -25,7 +25,7 @@ use pagoda_models::{
 };
 use pagoda_selector::{select, BackendOverride};
 use serde::Deserialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 // Inventory only sees linked crates: link every backend and the device kernels.
 use pagoda_backends as _;
@@ -116,7 +116,7 @@ fn step(seqs: &[Vec<u32>], lens: &[usize], tables: &[Vec<u32>], s: usize) -> Ste
 
 /// The family from `path` on the device and on the CPU, step by step (see the module
 /// docs); returns the largest logit difference to transformers' seen.
-fn check_model(family: &str, path: &PathBuf) -> f32 {
+fn check_model(family: &str, path: &Path) -> f32 {
     let refs = reference(family);
     let what = format!("{family} {}", path.display());
     let m = load_model(path).unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -169,7 +169,7 @@ fn check_model(family: &str, path: &PathBuf) -> f32 {
         head_dim: c.head_dim,
         dtype: DType::F32,
     };
-    let mut kv = KvCache::allocate(spec.clone(), rt.as_ref()).unwrap();
+    let mut kv = KvCache::allocate(spec, rt.as_ref()).unwrap();
     let mut cpu_kv = KvCache::filled(spec, f32::NAN);
     let tokens: usize = lens.iter().sum();
     let mut scratch = DeviceScratch::new(&rt, &c, DType::F32, tokens, seqs.len()).unwrap();
@@ -270,7 +270,10 @@ fn mixtral_on_emu_matches_transformers_and_the_cpu() {
     check_family("mixtral");
 }
 
-fn engine_ids(family: &str, device: Device) -> (Vec<Vec<u32>>, Option<(Vec<usize>, usize)>) {
+/// Each prompt's generated ids, and the engine's graph buckets and replays.
+type EngineRun = (Vec<Vec<u32>>, Option<(Vec<usize>, usize)>);
+
+fn engine_ids(family: &str, device: Device) -> EngineRun {
     let refs = reference(family);
     let mut c = EngineConfig::new(dir(family));
     c.device = device;

@@ -115,7 +115,7 @@ proptest! {
         let ys: Vec<Vec<f32>> = (0..experts).map(|_| rand(&mut rng, tokens * hidden, 2.0)).collect();
         // About half the weights 0 (the experts not picked).
         let weights: Vec<f32> = (0..tokens * experts)
-            .map(|_| if rng.next() % 2 == 0 { 0.0 } else { rng.unit().abs() })
+            .map(|_| if rng.next().is_multiple_of(2) { 0.0 } else { rng.unit().abs() })
             .collect();
         let mut acc = vec![f32::NAN; tokens * hidden];
         let mut out = vec![f32::NAN; tokens * hidden];
