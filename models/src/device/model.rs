@@ -448,3 +448,61 @@ impl DeviceOutput<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arch::{Architecture, MoeConfig};
+
+    fn config() -> LlamaConfig {
+        LlamaConfig {
+            vocab_size: 16,
+            hidden_size: 8,
+            intermediate_size: 8,
+            num_layers: 1,
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 4,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10_000.0,
+            rope_scaling: None,
+            rope_freq_factors: None,
+            max_position_embeddings: 32,
+            tie_word_embeddings: true,
+            arch: Default::default(),
+        }
+    }
+
+    /// Every family's switches run on a device; only the two combinations the kernels
+    /// cannot express are refused, with a reason naming them.
+    #[test]
+    fn only_what_the_kernels_cannot_express_is_refused() {
+        let mut c = config();
+        c.arch.qk_norm = true;
+        c.arch.post_norms = true;
+        c.arch.attn_logit_softcap = Some(50.0);
+        c.arch.final_logit_softcap = Some(30.0);
+        c.arch.moe = Some(MoeConfig {
+            num_experts: 64,
+            top_k: MOE_MAX_TOP_K,
+        });
+        assert_eq!(device_unsupported(&c), None);
+        c.arch.architecture = Architecture::Qwen3;
+        c.arch.qkv_bias = true;
+        let why = device_unsupported(&c).unwrap();
+        assert!(
+            why.contains("Q/K norms together with a Q/K/V bias"),
+            "{why}"
+        );
+        c.arch.qkv_bias = false;
+        c.arch.moe = Some(MoeConfig {
+            num_experts: 64,
+            top_k: MOE_MAX_TOP_K + 1,
+        });
+        let why = device_unsupported(&c).unwrap();
+        assert!(
+            why.contains("33 experts per token") && why.contains("--device cpu"),
+            "{why}"
+        );
+    }
+}
