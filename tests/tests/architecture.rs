@@ -390,14 +390,16 @@ fn shown_by_names_tests_that_exist() {
                     }
                 }
                 checked += 1;
-            } else if t.ends_with(".rs") || t.ends_with(".sh") {
-                if t.contains('/') && !t.contains(' ') && !t.contains('*') {
-                    assert!(
-                        root().join(&t).is_file(),
-                        "Shown by names {t}, which is gone"
-                    );
-                    checked += 1;
-                }
+            } else if (t.ends_with(".rs") || t.ends_with(".sh"))
+                && t.contains('/')
+                && !t.contains(' ')
+                && !t.contains('*')
+            {
+                assert!(
+                    root().join(&t).is_file(),
+                    "Shown by names {t}, which is gone"
+                );
+                checked += 1;
             }
         }
     }
