@@ -13,9 +13,9 @@
 //! so a row's result does not depend on the rows it is batched with.
 //!
 //! Without AVX-512 BF16 (Intel before Cooper Lake, AVX2-only CPUs) the same
-//! panels run through fallbacks that widen each weight to f32 in registers (see
-//! [`bf16_path`]): never the per-element scalar loop, which ran ~10x slower
-//! than f32 on such a CPU.
+//! panels run through fallbacks that widen each weight to f32 in registers
+//! (see [`bf16_path`](crate::dispatch::bf16_path)): never the per-element
+//! scalar loop, which ran ~10x slower than f32 on such a CPU.
 
 use crate::error::{check_len, KernelError};
 use crate::packed::{check_row, run_panels, PanelTask, Prefetch, MR, PANEL};

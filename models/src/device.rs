@@ -1,7 +1,7 @@
 //! The decoder forward pass on a device (`cuda:N`, or `emu` in tests): weights
 //! uploaded once in the compute dtype (bf16 by default, f16 or f32), every op a
-//! kernel of core's [`ModelOps`] (so this crate knows no CUDA), attention through
-//! the planned backends on the device's KV cache.
+//! kernel of core's [`ModelOps`](pagoda_core::ops::ModelOps) (so this crate
+//! knows no CUDA), attention through the planned backends on the device's KV cache.
 //!
 //! Per step, vLLM's sequence of fused kernels: the embedding gather into the f32
 //! residual stream; RMSNorm (fused with the residual add after the first layer);
