@@ -3,10 +3,14 @@
 //!
 //! * ceilings: device-to-device copy bandwidth (1 GiB, read + write bytes) and the
 //!   cuBLAS bf16 GEMM rate (8192³, f32 accumulation);
-//! * decode (`cuda-paged`): batch 1/32/64/128 × context 512/2048/4096/8192, bf16 q and
-//!   KV (throughput = bytes of Q, K, V and O moved);
-//! * prefill (`cuda-flash`): 512/2048/8192 causal tokens, no cached prefix (throughput
-//!   = attention FLOPs);
+//! * decode (every registered CUDA backend that serves decode rows: `cuda-paged`,
+//!   `cuda-naive`, and any backend crate's own): batch 1/32/64/128 ×
+//!   context 512/2048/4096/8192, bf16 q and KV (throughput = bytes of Q, K, V and O
+//!   moved);
+//! * prefill (every one that serves prompt chunks: `cuda-flash`, `cuda-naive`):
+//!   512/2048/8192 causal tokens, no cached prefix (throughput = attention FLOPs);
+//!
+//! `PAGODA_BENCH_BACKENDS=a,b` runs only the backends named.
 //! * shapes: SmolLM2 (9/3 heads, dim 64) and Llama-8B-like (32/8 heads, dim 128),
 //!   block size 16, the K+V pool capped at 2 GiB as in the CPU benches.
 //!
@@ -41,11 +45,35 @@ mod gpu {
     use pagoda_benches::cuda_ceilings::ceilings;
     use pagoda_core::{
         bf16, open_device, registered_backends, AttentionBackend, AttentionConfig, DType, Device,
-        DeviceRuntime, HostSlice, LayerIo, Shape, Storage,
+        DeviceKind, DeviceRuntime, HostSlice, LayerIo, Shape, Storage,
     };
     use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
+
+    /// The registered backends for `cuda` devices serving decode rows (`decode`) or
+    /// prompt chunks, in priority order; only those of `PAGODA_BENCH_BACKENDS` if set;
+    /// in a quick run only those serving one role.
+    fn cuda_backends(decode: bool) -> Vec<&'static str> {
+        let only = std::env::var("PAGODA_BENCH_BACKENDS").ok();
+        registered_backends()
+            .into_iter()
+            .filter(|r| {
+                let c = (r.capabilities)();
+                let serves = if decode { c.decode } else { c.prefill };
+                // Quick runs skip the both-roles reference (`cuda-naive`): the device
+                // check's time goes to the kernels specialised for the role.
+                c.devices.contains(&DeviceKind::Cuda)
+                    && serves
+                    && !(quick() && c.decode && c.prefill)
+            })
+            .filter(|r| {
+                only.as_ref()
+                    .is_none_or(|o| o.split(',').any(|n| n == r.name))
+            })
+            .map(|r| r.name)
+            .collect()
+    }
 
     fn quick() -> bool {
         std::env::var("PAGODA_BENCH_QUICK").is_ok_and(|v| v != "0")
@@ -191,11 +219,14 @@ mod gpu {
         } else {
             (&[1, 32, 64, 128], &[512, 2048, 4096, 8192])
         };
-        for shape in [SMOLLM2, LLAMA8B] {
+        for (shape, backend) in [SMOLLM2, LLAMA8B]
+            .into_iter()
+            .flat_map(|s| cuda_backends(true).into_iter().map(move |b| (s, b)))
+        {
             for &b in batches {
                 for &ctx in contexts {
                     let rows = attn::decode_rows(b, ctx);
-                    let Some(mut dc) = device_case(&*rt, shape, &rows, "cuda-paged") else {
+                    let Some(mut dc) = device_case(&*rt, shape, &rows, backend) else {
                         continue;
                     };
                     // At the case's element sizes (bf16 q, o and KV).
@@ -212,10 +243,15 @@ mod gpu {
                     );
                 }
             }
+        }
+        for (shape, backend) in [SMOLLM2, LLAMA8B]
+            .into_iter()
+            .flat_map(|s| cuda_backends(false).into_iter().map(move |b| (s, b)))
+        {
             let tokens: &[usize] = if quick() { &[8192] } else { &[512, 2048, 8192] };
             for &t in tokens {
                 let rows = attn::prefill_rows(t, 0);
-                let Some(mut dc) = device_case(&*rt, shape, &rows, "cuda-flash") else {
+                let Some(mut dc) = device_case(&*rt, shape, &rows, backend) else {
                     continue;
                 };
                 let flops = dc.case.flops() as f64;

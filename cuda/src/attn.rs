@@ -1,5 +1,7 @@
-//! The backend type behind `cuda-naive`, `cuda-paged` and `cuda-flash`: one
-//! [`CudaAttention`] parameterised by its [`Kernel`].
+//! The backend type of every CUDA attention backend: one [`CudaAttention`]
+//! parameterised by its [`Kernel`], a description that the library's kernels
+//! ([`NAIVE`], [`PAGED`], [`FLASH`]) and a backend crate's own (`.cu` in its folder,
+//! [`Call::Plugin`]) give alike.
 //!
 //! * [`AttentionBackend::plan`] checks the batch against the kernel's role, copies its
 //!   metadata (offsets, lengths, block table) and picks `paged`'s split plan: once
@@ -26,20 +28,102 @@ use crate::driver::EmuDriver;
 use crate::runtime::{cuda_unavailable, COMPILED};
 use pagoda_core::{
     AttentionBackend, AttentionConfig, BatchDescriptor, Capabilities, CoreError, DType, Device,
-    DeviceKind, GraphLimits, GraphSupport, InvalidReason, LayerIo, TensorMut, TensorRef,
+    DeviceKind, GraphLimits, GraphSupport, InvalidReason, LayerIo, Role, TensorMut, TensorRef,
 };
-use pagoda_cuda_kernels::{flash_head_dims, paged_head_dims, Dtype, SplitPlan};
+use pagoda_cuda_kernels::emu_launch::AttnKernel;
+use pagoda_cuda_kernels::{flash_head_dims, paged_head_dims, AttnParams, Call, Dtype, SplitPlan};
 
-/// Which kernel a backend launches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kernel {
-    /// `naive.cu`: any head dim and block size, f32/bf16/f16, decode and prefill.
-    Naive,
-    /// `paged.cu`: split-KV decode.
-    Paged,
-    /// `flash.cu`: tensor-core prefill, bf16/f16.
-    Flash,
+/// An attention kernel as the backend type sees it: what it serves and how it is
+/// launched. The library's kernels are [`NAIVE`], [`PAGED`] and [`FLASH`]; a CUDA
+/// backend crate that owns its `.cu` file describes its own as a `static Kernel` whose
+/// [`Kernel::call`] builds a [`Call::Plugin`] (see `examples/cuda-backend-example`), and
+/// gets planning, the device code path, graphs and `write_kv` from [`CudaAttention`]:
+/// nothing here names a backend.
+#[derive(Debug)]
+pub struct Kernel {
+    /// The kernel family's name (`naive`, `paged`, ...).
+    pub name: &'static str,
+    /// The rows it serves.
+    pub role: Role,
+    /// The element types it has instantiations for (q, out and the KV cache share one).
+    pub dtypes: &'static [DType],
+    /// Its head dims per element type (`None`: any head dim).
+    pub head_dims: Option<fn(Dtype) -> &'static [usize]>,
+    /// Splits a decode row's keys into partitions merged by a second kernel
+    /// (flash-decoding, `paged.cu`): `plan` picks a [`SplitPlan`] for it; other kernels
+    /// take each row's keys in one partition.
+    pub split_kv: bool,
+    /// Which steps it can run inside a captured graph (its grid and scalars must follow
+    /// the bucket only, the lengths and block tables read from the metadata buffers).
+    pub graph_support: GraphSupport,
+    /// The arithmetic it declares batch-invariant ([`AttentionBackend::batch_invariant`];
+    /// a split-KV kernel declares it under fixed splits only): `None` claims nothing.
+    pub batch_invariant: Option<&'static str>,
+    /// Reads q, K, V and writes out in 16-byte vectors (the buffers' base addresses must
+    /// be multiples of 16).
+    pub vector_io: bool,
+    /// The launch of the packed parameters in an element type.
+    pub call: fn(AttnParams, Dtype) -> Call,
+    /// The kernel that serves its rows when batch invariance is asked of it
+    /// ([`CudaAttention::with_paged_rows`]): each prefill token as a decode row.
+    pub invariant_rows: Option<&'static Kernel>,
 }
+
+fn naive_call(p: AttnParams, d: Dtype) -> Call {
+    Call::Attn(AttnKernel::Naive, p, d)
+}
+fn paged_call(p: AttnParams, d: Dtype) -> Call {
+    Call::Attn(AttnKernel::Paged, p, d)
+}
+fn flash_call(p: AttnParams, d: Dtype) -> Call {
+    Call::Attn(AttnKernel::Flash, p, d)
+}
+
+/// `naive.cu`: any head dim and block size, f32/bf16/f16, decode and prefill.
+pub static NAIVE: Kernel = Kernel {
+    name: "naive",
+    role: Role::Both,
+    dtypes: &ALL_DTYPES,
+    head_dims: None,
+    split_kv: false,
+    graph_support: GraphSupport::UniformDecode,
+    // Untested for it.
+    batch_invariant: None,
+    vector_io: false,
+    call: naive_call,
+    invariant_rows: None,
+};
+
+/// `paged.cu`: split-KV decode.
+pub static PAGED: Kernel = Kernel {
+    name: "paged",
+    role: Role::Decode,
+    dtypes: &ALL_DTYPES,
+    head_dims: Some(paged_head_dims),
+    split_kv: true,
+    graph_support: GraphSupport::UniformDecode,
+    // A decode row's partitions and merge order depend on its position only
+    // ([`SplitPlan::fixed`]), and a CTA's arithmetic on its own keys.
+    batch_invariant: Some(PAGED_FIXED_SPLITS),
+    vector_io: true,
+    call: paged_call,
+    invariant_rows: None,
+};
+
+/// `flash.cu`: tensor-core prefill, bf16/f16.
+pub static FLASH: Kernel = Kernel {
+    name: "flash",
+    role: Role::Prefill,
+    dtypes: &[DType::BF16, DType::F16],
+    head_dims: Some(flash_head_dims),
+    split_kv: false,
+    graph_support: GraphSupport::Never,
+    // `flash.cu` tiles a prompt differently from `paged.cu`'s decode row.
+    batch_invariant: None,
+    vector_io: true,
+    call: flash_call,
+    invariant_rows: Some(&PAGED),
+};
 
 /// The arithmetic `cuda-paged` declares ([`AttentionBackend::batch_invariant`]):
 /// `paged.cu` over partitions of [`SplitPlan::FIXED_PARTITION`] keys.
@@ -70,50 +154,40 @@ pub(crate) fn no_fp8() -> CoreError {
 }
 
 impl Kernel {
-    /// The head dims with a kernel for `dtype` (`None`: any).
-    pub fn head_dims(self, dtype: DType) -> Option<Vec<usize>> {
-        match self {
-            Kernel::Naive => None,
-            // No kernel reads fp8: no head dim has one.
-            Kernel::Paged => {
-                Some(kernel_dtype(dtype).map_or(vec![], |d| paged_head_dims(d).to_vec()))
-            }
-            Kernel::Flash => {
-                Some(kernel_dtype(dtype).map_or(vec![], |d| flash_head_dims(d).to_vec()))
-            }
-        }
+    /// The head dims with a kernel for `dtype` (`None`: any; none for a dtype it has no
+    /// instantiation for, such as fp8).
+    pub fn head_dims(&self, dtype: DType) -> Option<Vec<usize>> {
+        let dims = self.head_dims?;
+        Some(match kernel_dtype(dtype) {
+            Ok(d) if self.dtypes.contains(&dtype) => dims(d).to_vec(),
+            _ => vec![],
+        })
     }
 
-    /// What the kernel serves on `cuda` and `emu`: for paged and flash the head dims
-    /// are those of any dtype; [`runtime_reasons`] narrows them per dtype.
-    pub fn capabilities(self) -> Capabilities {
-        let dtypes: Vec<DType> = match self {
-            Kernel::Flash => vec![DType::BF16, DType::F16],
-            _ => ALL_DTYPES.to_vec(),
-        };
-        let head_dims = match self {
-            Kernel::Naive => None,
-            _ => {
-                let mut all: Vec<usize> = dtypes
-                    .iter()
-                    .flat_map(|&d| self.head_dims(d).unwrap_or_default())
-                    .collect();
-                all.sort_unstable();
-                all.dedup();
-                Some(all)
-            }
-        };
+    /// What the kernel serves on `cuda` and `emu`: the head dims are those of any of its
+    /// dtypes; [`runtime_reasons`] narrows them per dtype.
+    pub fn capabilities(&self) -> Capabilities {
+        let head_dims = self.head_dims.map(|_| {
+            let mut all: Vec<usize> = self
+                .dtypes
+                .iter()
+                .flat_map(|&d| self.head_dims(d).unwrap_or_default())
+                .collect();
+            all.sort_unstable();
+            all.dedup();
+            all
+        });
         Capabilities {
             devices: vec![DeviceKind::Cuda, DeviceKind::Emu],
-            q_dtypes: dtypes.clone(),
-            kv_dtypes: dtypes,
+            q_dtypes: self.dtypes.to_vec(),
+            kv_dtypes: self.dtypes.to_vec(),
             head_dims,
             block_sizes: None,
             max_gqa_ratio: None,
             sliding_window: true,
             logits_soft_cap: true,
-            decode: self != Kernel::Flash,
-            prefill: self != Kernel::Paged,
+            decode: self.role != Role::Prefill,
+            prefill: self.role != Role::Decode,
             returns_lse: true,
         }
     }
@@ -122,7 +196,7 @@ impl Kernel {
 /// What capabilities cannot say: q and KV of one dtype, the kernel's head dims for that
 /// dtype, a window of at least one key and a positive finite soft cap (what the kernels
 /// can express), and for `cuda` devices why they cannot be used here.
-pub fn runtime_reasons(kernel: Kernel, cfg: &AttentionConfig) -> Vec<InvalidReason> {
+pub fn runtime_reasons(kernel: &Kernel, cfg: &AttentionConfig) -> Vec<InvalidReason> {
     let mut r = Vec::new();
     if cfg.sliding_window == Some(0) {
         r.push(InvalidReason::Other {
@@ -192,7 +266,7 @@ macro_rules! on_dev {
 #[derive(Debug)]
 pub struct CudaAttention {
     name: &'static str,
-    kernel: Kernel,
+    kernel: &'static Kernel,
     cfg: AttentionConfig,
     plan: Option<Planned>,
     /// The limits the buffers were sized and locked for by the first `plan_graph`.
@@ -253,16 +327,11 @@ impl CudaAttention {
     /// A backend named `name` launching `kernel` for `cfg`, or why it cannot.
     pub fn new(
         name: &'static str,
-        kernel: Kernel,
+        kernel: &'static Kernel,
         cfg: &AttentionConfig,
     ) -> Result<Self, CoreError> {
-        let role = match kernel {
-            Kernel::Naive => pagoda_core::Role::Both,
-            Kernel::Paged => pagoda_core::Role::Decode,
-            Kernel::Flash => pagoda_core::Role::Prefill,
-        };
         let mut reasons = runtime_reasons(kernel, cfg);
-        reasons.extend(kernel.capabilities().reasons(cfg, role));
+        reasons.extend(kernel.capabilities().reasons(cfg, kernel.role));
         if !reasons.is_empty() {
             return Err(CoreError::BackendInvalid {
                 backend: name.into(),
@@ -298,25 +367,27 @@ impl CudaAttention {
             graph_limits: None,
             dev,
             fixed_splits: true,
-            paged_rows: kernel == Kernel::Flash && batch_invariant_env(),
+            paged_rows: kernel.invariant_rows.is_some() && batch_invariant_env(),
         })
     }
 
     /// `flash` that runs each prefill token as a fixed-split `paged.cu` decode row
-    /// (what `VLLM_BATCH_INVARIANT=1` selects): the same bits as `cuda-paged` for
-    /// the same query row, so it declares `cuda-paged`'s arithmetic. Slower for long
-    /// prompts (every token reads its keys again instead of sharing a tile's).
+    /// (what `VLLM_BATCH_INVARIANT=1` selects; generally: a kernel with
+    /// [`Kernel::invariant_rows`] serves its rows with that kernel): the same bits as
+    /// `cuda-paged` for the same query row, so it declares `cuda-paged`'s arithmetic.
+    /// Slower for long prompts (every token reads its keys again instead of sharing a
+    /// tile's).
     pub fn with_paged_rows(mut self) -> Self {
-        self.paged_rows = self.kernel == Kernel::Flash;
+        self.paged_rows = self.kernel.invariant_rows.is_some();
         self
     }
 
-    /// The kernel `run` launches: `paged` for `flash` with paged rows.
-    fn launched(&self) -> Kernel {
-        if self.paged_rows {
-            Kernel::Paged
-        } else {
-            self.kernel
+    /// The kernel `run` launches: its invariant rows' (`paged` for `flash`) with paged
+    /// rows.
+    fn launched(&self) -> &'static Kernel {
+        match self.kernel.invariant_rows {
+            Some(rows) if self.paged_rows => rows,
+            _ => self.kernel,
         }
     }
 
@@ -350,23 +421,22 @@ impl CudaAttention {
         // Under a window a decode row attends to its last `w` keys only: the plan
         // covers those (the kernel starts the partitions at the window).
         let keys = SplitPlan::keys(max_seq_len, self.cfg.sliding_window);
-        match self.launched() {
-            Kernel::Paged => {
-                let groups = self.cfg.num_kv_heads
-                    * self
-                        .cfg
-                        .gqa_ratio()
-                        .div_ceil(pagoda_cuda_kernels::PAGED_MAX_GROUP);
-                let (bs, ctas, sms) = (self.cfg.block_size, num_reqs * groups, self.num_sms());
-                if self.fixed_splits {
-                    SplitPlan::fixed(keys, bs)
-                } else if graph {
-                    SplitPlan::for_graph(keys, bs, ctas, sms)
-                } else {
-                    SplitPlan::choose(keys, bs, ctas, sms)
-                }
-            }
-            _ => SplitPlan::single(keys, self.cfg.block_size),
+        let bs = self.cfg.block_size;
+        if !self.launched().split_kv {
+            return SplitPlan::single(keys, bs);
+        }
+        let groups = self.cfg.num_kv_heads
+            * self
+                .cfg
+                .gqa_ratio()
+                .div_ceil(pagoda_cuda_kernels::PAGED_MAX_GROUP);
+        let (ctas, sms) = (num_reqs * groups, self.num_sms());
+        if self.fixed_splits {
+            SplitPlan::fixed(keys, bs)
+        } else if graph {
+            SplitPlan::for_graph(keys, bs, ctas, sms)
+        } else {
+            SplitPlan::choose(keys, bs, ctas, sms)
         }
     }
 
@@ -400,21 +470,20 @@ impl AttentionBackend for CudaAttention {
         self.plan_with(batch, split)
     }
 
-    /// `cuda-paged` with fixed splits: a decode row's partitions and merge order
-    /// depend on its position only ([`SplitPlan::fixed`]), and a CTA's arithmetic on
-    /// its own keys. The other kernels claim nothing yet: `flash.cu` tiles a prompt
-    /// differently from `paged.cu`'s decode row, and `naive.cu` is untested for it.
+    /// The launched kernel's declaration ([`Kernel::batch_invariant`]): `cuda-paged`
+    /// with fixed splits (a decode row's partitions and merge order depend on its
+    /// position only), `cuda-flash` with paged rows; a split-KV kernel under adaptive
+    /// splits claims nothing (its partitions follow the batch).
     fn batch_invariant(&self) -> Option<&'static str> {
-        (self.launched() == Kernel::Paged && self.fixed_splits).then_some(PAGED_FIXED_SPLITS)
+        let k = self.launched();
+        if k.split_kv && !self.fixed_splits {
+            return None;
+        }
+        k.batch_invariant
     }
 
     fn graph_support(&self) -> GraphSupport {
-        match self.kernel {
-            // Their grids and scalars follow (requests, table stride, split plan);
-            // lengths and block tables are read from the metadata buffers.
-            Kernel::Naive | Kernel::Paged => GraphSupport::UniformDecode,
-            Kernel::Flash => GraphSupport::Never,
-        }
+        self.kernel.graph_support
     }
 
     fn plan_graph(

@@ -22,7 +22,6 @@
 use crate::attn::Kernel;
 use crate::driver::{Driver, Grow};
 use pagoda_core::{AttentionConfig, BatchDescriptor, GraphLimits, LayerIo, TensorMut, TensorRef};
-use pagoda_cuda_kernels::emu_launch::AttnKernel;
 use pagoda_cuda_kernels::{AttnParams, Call, Dtype, SplitPlan, WriteKvParams};
 use std::ffi::c_void;
 
@@ -60,15 +59,16 @@ fn to_i32(what: &str, v: usize) -> Result<i32, String> {
     i32::try_from(v).map_err(|_| format!("{what}: {v} does not fit in i32"))
 }
 
-/// `paged` and `flash` read q, K, V (and write out) in 16-byte vectors: their base
-/// addresses must be multiples of 16 (rows of 64, 128 or 256 elements keep it).
-pub fn check_aligned(kernel: Kernel, addrs: &[(&str, u64)]) -> Result<(), String> {
-    if kernel == Kernel::Naive {
+/// Kernels with [`Kernel::vector_io`] (`paged`, `flash`) read q, K, V (and write out)
+/// in 16-byte vectors: their base addresses must be multiples of 16 (rows of 64, 128 or 256 elements keep it).
+pub fn check_aligned(kernel: &Kernel, addrs: &[(&str, u64)]) -> Result<(), String> {
+    if !kernel.vector_io {
         return Ok(());
     }
     match addrs.iter().find(|(_, a)| a % 16 != 0) {
         Some((name, a)) => Err(format!(
-            "{name} at {a:#x} is not 16-byte aligned ({kernel:?} reads 16-byte vectors)"
+            "{name} at {a:#x} is not 16-byte aligned ({} reads 16-byte vectors)",
+            kernel.name
         )),
         None => Ok(()),
     }
@@ -224,7 +224,7 @@ impl<D: Driver> DeviceAttn<D> {
     /// Launches `kernel` over the planned batch (validated by the caller) in `dtype`.
     pub(crate) fn run(
         &self,
-        kernel: Kernel,
+        kernel: &Kernel,
         cfg: &AttentionConfig,
         batch: &BatchDescriptor,
         dtype: Dtype,
@@ -251,7 +251,7 @@ impl<D: Driver> DeviceAttn<D> {
         // (offsets within the token count by the batch's constructor, block ids the
         // sequences use within the pools by `validate_batch`, padding `NO_BLOCK` never
         // read), and the split workspace holds `workspace_len` floats for its plan.
-        unsafe { d.launch(&Call::Attn(attn_kernel(kernel), p, dtype)) }
+        unsafe { d.launch(&(kernel.call)(p, dtype)) }
     }
 
     /// `write_kv` of `k`/`v` (`src` dtype) into the pools (`dst` dtype) at
@@ -365,14 +365,6 @@ fn attn_params(
     })
 }
 
-fn attn_kernel(k: Kernel) -> AttnKernel {
-    match k {
-        Kernel::Naive => AttnKernel::Naive,
-        Kernel::Paged => AttnKernel::Paged,
-        Kernel::Flash => AttnKernel::Flash,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,12 +384,12 @@ mod tests {
     #[test]
     fn vector_kernels_need_16_byte_aligned_buffers() {
         let ok = [("q", 0x1000), ("out", 0x2010)];
-        check_aligned(Kernel::Paged, &ok).unwrap();
-        check_aligned(Kernel::Flash, &ok).unwrap();
+        check_aligned(&crate::attn::PAGED, &ok).unwrap();
+        check_aligned(&crate::attn::FLASH, &ok).unwrap();
         let bad = [("q", 0x1000), ("v_cache", 0x2008)];
-        let e = check_aligned(Kernel::Paged, &bad).unwrap_err();
+        let e = check_aligned(&crate::attn::PAGED, &bad).unwrap_err();
         assert!(e.contains("v_cache"), "{e}");
-        assert!(check_aligned(Kernel::Flash, &bad).is_err());
-        check_aligned(Kernel::Naive, &bad).unwrap();
+        assert!(check_aligned(&crate::attn::FLASH, &bad).is_err());
+        check_aligned(&crate::attn::NAIVE, &bad).unwrap();
     }
 }

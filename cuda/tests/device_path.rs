@@ -15,7 +15,7 @@ use pagoda_core::{
     AttentionBackend, AttentionConfig, BatchDescriptor, DType, Device, GraphLimits, LayerIo,
     TensorMut, TensorRef,
 };
-use pagoda_cuda::attn::{CudaAttention, Kernel};
+use pagoda_cuda::attn::{CudaAttention, Kernel, FLASH, NAIVE, PAGED};
 use pagoda_cuda_kernels::graph;
 
 const HEADS: usize = 4;
@@ -122,11 +122,11 @@ fn assert_close(what: &str, got: &[bf16], want: &[f64]) {
     }
 }
 
-fn backend(kernel: Kernel) -> CudaAttention {
-    let name = match kernel {
-        Kernel::Naive => "cuda-naive",
-        Kernel::Paged => "cuda-paged",
-        Kernel::Flash => "cuda-flash",
+fn backend(kernel: &'static Kernel) -> CudaAttention {
+    let name = match kernel.name {
+        "naive" => "cuda-naive",
+        "paged" => "cuda-paged",
+        _ => "cuda-flash",
     };
     CudaAttention::new(name, kernel, &cfg()).unwrap()
 }
@@ -146,18 +146,18 @@ fn short_rows_of_an_eager_step_reach_the_kernels() {
     let prefill = BatchDescriptor::new(BS, &[5, 2], &[7, 14], &[&[3, 7], &[0, 4, 1, 6]]).unwrap();
     assert_eq!(prefill.block_table()[2], BatchDescriptor::PAD_BLOCK);
     for (kernel, batch) in [
-        (Kernel::Naive, &decode),
-        (Kernel::Paged, &decode),
-        (Kernel::Naive, &prefill),
-        (Kernel::Flash, &prefill),
+        (&NAIVE, &decode),
+        (&PAGED, &decode),
+        (&NAIVE, &prefill),
+        (&FLASH, &prefill),
     ] {
         let mut b = backend(kernel);
         let q = values(batch.num_tokens() * HEADS * D, 3);
         let mut out = vec![bf16::ZERO; q.len()];
         b.plan(batch).unwrap();
         b.run(io(&q, &p, &mut out))
-            .unwrap_or_else(|e| panic!("{kernel:?}: {e}"));
-        assert_close(&format!("{kernel:?}"), &out, &reference(batch, &q, &p));
+            .unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
+        assert_close(&kernel.name.to_string(), &out, &reference(batch, &q, &p));
     }
 }
 
@@ -179,15 +179,19 @@ fn graph_padding_rows_reach_the_kernels_and_replay() {
         padded.block_table()[2 * BLOCKS..3 * BLOCKS][..2],
         [0, BatchDescriptor::PAD_BLOCK]
     );
-    for kernel in [Kernel::Naive, Kernel::Paged] {
+    for kernel in [&NAIVE, &PAGED] {
         let mut b = backend(kernel);
         let mut q = values(2 * HEADS * D, 4);
         q.resize(4 * HEADS * D, bf16::ZERO);
         let mut out = vec![bf16::ZERO; q.len()];
         b.plan_graph(&padded, &limits).unwrap();
         b.run(io(&q, &p, &mut out))
-            .unwrap_or_else(|e| panic!("{kernel:?}: {e}"));
-        assert_close(&format!("{kernel:?} eager"), &out[..2 * HEADS * D], &want);
+            .unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
+        assert_close(
+            &format!("{} eager", kernel.name),
+            &out[..2 * HEADS * D],
+            &want,
+        );
 
         // Captured, then replayed into a cleared output: the same values.
         let mut replayed = vec![bf16::ZERO; q.len()];
@@ -202,7 +206,7 @@ fn graph_padding_rows_reach_the_kernels_and_replay() {
         // SAFETY: q, the pools, `replayed` and the backend's buffers are alive and
         // unmoved since the capture, and nothing else borrows them now.
         unsafe { g.replay() }.unwrap();
-        assert_eq!(replayed, out, "{kernel:?}: replay vs eager");
+        assert_eq!(replayed, out, "{}: replay vs eager", kernel.name);
     }
 }
 
@@ -215,10 +219,7 @@ fn a_graph_plan_covers_the_limit_in_short_partitions() {
         max_blocks_per_seq: 4096 / BS,
     };
     // The fixed plan (the default) and the adaptive one's graph plan.
-    for mut b in [
-        backend(Kernel::Paged),
-        backend(Kernel::Paged).with_adaptive_splits(),
-    ] {
+    for mut b in [backend(&PAGED), backend(&PAGED).with_adaptive_splits()] {
         let mut padded = two_decodes();
         padded.pad_decode(2, limits.max_blocks_per_seq).unwrap();
         b.plan_graph(&padded, &limits).unwrap();
@@ -236,7 +237,7 @@ fn a_graph_plan_covers_the_limit_in_short_partitions() {
 
 #[test]
 fn paged_cuts_fixed_partitions_and_declares_invariance_unless_adaptive() {
-    let mut b = backend(Kernel::Paged);
+    let mut b = backend(&PAGED);
     assert_eq!(
         b.batch_invariant(),
         Some(pagoda_cuda::attn::PAGED_FIXED_SPLITS)
@@ -253,10 +254,10 @@ fn paged_cuts_fixed_partitions_and_declares_invariance_unless_adaptive() {
         let p = b.planned_split().unwrap();
         assert_eq!((p.num_splits, p.partition_size), (3, 256), "{lens:?}");
     }
-    let a = backend(Kernel::Paged).with_adaptive_splits();
+    let a = backend(&PAGED).with_adaptive_splits();
     assert_eq!(a.batch_invariant(), None);
-    for k in [Kernel::Naive, Kernel::Flash] {
-        assert_eq!(backend(k).batch_invariant(), None, "{k:?}");
+    for k in [&NAIVE, &FLASH] {
+        assert_eq!(backend(k).batch_invariant(), None, "{}", k.name);
     }
 }
 
@@ -266,13 +267,13 @@ fn misaligned_buffers_are_refused_before_a_vector_kernel_launches() {
     let batch = two_decodes();
     let n = batch.num_tokens() * HEADS * D;
     let qbuf = values(n + 1, 3);
-    for (kernel, refused) in [(Kernel::Paged, true), (Kernel::Naive, false)] {
+    for (kernel, refused) in [(&PAGED, true), (&NAIVE, false)] {
         let mut b = backend(kernel);
         let mut out = vec![bf16::ZERO; n];
         b.plan(&batch).unwrap();
         // One bf16 past a 16-byte boundary.
         let r = b.run(io(&qbuf[1..], &p, &mut out));
-        assert_eq!(r.is_err(), refused, "{kernel:?}: {r:?}");
+        assert_eq!(r.is_err(), refused, "{}: {r:?}", kernel.name);
         if let Err(e) = r {
             assert!(e.to_string().contains("16-byte aligned"), "{e}");
         }
@@ -318,7 +319,7 @@ fn a_long_decode_row_has_the_same_bits_in_any_batch() {
         let batch = BatchDescriptor::new(BS, &vec![1; lens.len()], lens, tables).unwrap();
         let q: Vec<bf16> = qs.concat();
         let mut out = vec![bf16::ZERO; q.len()];
-        let mut b = backend(Kernel::Paged);
+        let mut b = backend(&PAGED);
         b.plan(&batch).unwrap();
         b.run(io(&q, &p, &mut out)).unwrap();
         if lens == [600] {
@@ -355,12 +356,12 @@ fn flash_with_paged_rows_gives_a_decode_rows_bits() {
     let p = pools();
     let prefill = BatchDescriptor::new(BS, &[5, 2], &[7, 14], &[&[3, 7], &[0, 4, 1, 6]]).unwrap();
     let q = values(prefill.num_tokens() * HEADS * D, 21);
-    let mut flash = backend(Kernel::Flash).with_paged_rows();
+    let mut flash = backend(&FLASH).with_paged_rows();
     assert_eq!(
         flash.batch_invariant(),
         Some(pagoda_cuda::attn::PAGED_FIXED_SPLITS)
     );
-    assert_eq!(backend(Kernel::Flash).batch_invariant(), None);
+    assert_eq!(backend(&FLASH).batch_invariant(), None);
     let mut out = vec![bf16::ZERO; q.len()];
     flash.plan(&prefill).unwrap();
     flash.run(io(&q, &p, &mut out)).unwrap();
@@ -369,7 +370,7 @@ fn flash_with_paged_rows_gives_a_decode_rows_bits() {
     // 13..=14 of the second.
     let rows = pagoda_cuda::attn::as_decode_rows(&prefill).unwrap();
     assert_eq!(rows.seq_lens(), &[3, 4, 5, 6, 7, 13, 14]);
-    let mut paged = backend(Kernel::Paged);
+    let mut paged = backend(&PAGED);
     let mut want = vec![bf16::ZERO; q.len()];
     paged.plan(&rows).unwrap();
     paged.run(io(&q, &p, &mut want)).unwrap();

@@ -28,7 +28,7 @@ mod cuda {
         println!("cargo:rerun-if-changed=cu/cutlass_gemm.cu");
         println!("cargo:rerun-if-changed=cu/cutlass_gemm.h");
 
-        let nvcc = find_nvcc();
+        let nvcc = pagoda_cuda_build::find_nvcc("pagoda-cutlass");
         let include = find_cutlass(&nvcc);
         let cudart_dir = find_cudart(&nvcc);
 
@@ -76,37 +76,6 @@ mod cuda {
         bindings
             .write_to_file(out.join("cutlass_gemm.rs"))
             .expect("write OUT_DIR/cutlass_gemm.rs");
-    }
-
-    /// nvcc: `NVCC`, the repo's venv (`PAGODA_CACHE` or `~/.cache/pagoda`), then `PATH`.
-    fn find_nvcc() -> PathBuf {
-        println!("cargo:rerun-if-env-changed=NVCC");
-        println!("cargo:rerun-if-env-changed=PAGODA_CACHE");
-        if let Some(p) = env::var_os("NVCC") {
-            return PathBuf::from(p);
-        }
-        let cache = env::var_os("PAGODA_CACHE")
-            .map(PathBuf::from)
-            .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/pagoda")));
-        if let Some(lib) = cache.map(|c| c.join("cuda-venv/lib")) {
-            for e in std::fs::read_dir(&lib).into_iter().flatten().flatten() {
-                let nvcc = e.path().join("site-packages/nvidia/cu13/bin/nvcc");
-                if nvcc.is_file() {
-                    return nvcc;
-                }
-            }
-        }
-        for dir in env::split_paths(&env::var_os("PATH").unwrap_or_default()) {
-            if dir.join("nvcc").is_file() {
-                return dir.join("nvcc");
-            }
-        }
-        panic!(
-            "pagoda-cutlass: the `cuda` feature needs nvcc 13.0 and none was found (looked \
-             at $NVCC, $PAGODA_CACHE or ~/.cache/pagoda/cuda-venv, then PATH). Run \
-             scripts/cuda-venv.sh (it installs the pinned toolkit and CUTLASS from PyPI and \
-             prints nvcc's path), or set NVCC=/path/to/nvcc."
-        );
     }
 
     /// CUTLASS's include folder (the one holding `cutlass/` and `cute/`).

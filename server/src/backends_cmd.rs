@@ -6,7 +6,6 @@
 use anyhow::Context;
 use clap::Args;
 use pagoda_core::{device_unavailable, Device, KvCacheDtype, Role};
-use pagoda_models::merge_attention_configs;
 use pagoda_selector::{select, verdicts, BackendOverride};
 use std::path::PathBuf;
 
@@ -84,17 +83,20 @@ pub fn run(args: BackendsArgs) -> anyhow::Result<()> {
     };
     let (cfg, name) = pagoda_models::inspect_model(&path)
         .with_context(|| format!("reading {}", path.display()))?;
-    // The backend must serve every layer's attention (Gemma 2: sliding and global).
-    let mut attn_config = merge_attention_configs(&cfg.attention_configs(args.block_size));
+    // The engine's own plan (`pagoda_engine::startup::plan_attention`, what `serve` and
+    // `generate` run): every layer's attention merged (Gemma 2: sliding and global),
+    // f32 on the CPU, the device forward's compute dtype elsewhere, the cache dtype
+    // resolved from it; so this command and the engine report the same dtypes.
+    let attn_config = pagoda_engine::startup::plan_attention(
+        &cfg,
+        args.device,
+        args.dtype,
+        args.kv_cache_dtype,
+        args.block_size,
+    )
+    .with_context(|| format!("planning attention for {name} on {}", args.device))?
+    .merged;
     let features = cfg.arch.features();
-    attn_config.device = args.device;
-    // The engine's rule (`EngineCore`): the CPU computes in f32 whatever the weights;
-    // another device in `device_compute_dtype`'s dtype, so both commands agree.
-    if args.device != Device::Cpu {
-        attn_config.q_dtype = pagoda_engine::engine_core::device_compute_dtype(args.dtype)
-            .map_err(|e| anyhow::anyhow!("--dtype on {}: {e}", args.device))?;
-    }
-    attn_config.kv_dtype = args.kv_cache_dtype.resolve(attn_config.q_dtype);
     println!(
         "\nmodel {name}: architecture {}, {} q heads, {} kv heads, head dim {}, block size {}, device {}, q {}, kv cache {}",
         cfg.arch.architecture,

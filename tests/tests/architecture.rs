@@ -425,3 +425,64 @@ fn package_dirs() -> HashMap<String, PathBuf> {
         })
         .collect()
 }
+
+/// Files under the repository root that `git` tracks (`git ls-files`), as paths
+/// relative to it.
+fn tracked_files() -> Vec<String> {
+    let out = Command::new("git")
+        .args(["ls-files", "--cached", "--others", "--exclude-standard"])
+        .current_dir(root())
+        .output()
+        .expect("running git ls-files");
+    assert!(out.status.success(), "git ls-files failed");
+    String::from_utf8(out.stdout)
+        .expect("UTF-8 paths")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// A CUDA backend is a crate (issue 23): adding `examples/cuda-backend-example` (its
+/// `.cu`, its one-line `build.rs`, its registration) touched nothing outside its folder
+/// but the one line that links it, `backends/all/Cargo.toml`. Counted over every file
+/// of the repository but the documentation (which describes it), this test and
+/// `Cargo.lock` (cargo writes it): no
+/// enum, table or match elsewhere names the crate, its backend or its kernel.
+#[test]
+fn the_example_cuda_backend_is_named_only_in_its_folder_and_its_link_line() {
+    let folder = "examples/cuda-backend-example/";
+    // Built from parts so that this file does not match itself.
+    let needles = [
+        ["pagoda-backend-", "cuda-example"].concat(),
+        ["pagoda_backend_", "cuda_example"].concat(),
+        ["cuda-", "warp-decode"].concat(),
+        ["warp", "_decode"].concat(),
+    ];
+    let this = "tests/tests/architecture.rs";
+    let (mut inside, mut naming) = (0, Vec::new());
+    for f in tracked_files() {
+        let Ok(text) = std::fs::read_to_string(root().join(&f)) else {
+            continue; // binary or removed
+        };
+        if !needles.iter().any(|n| text.contains(n.as_str())) {
+            continue;
+        }
+        if f.starts_with(folder) {
+            inside += 1;
+        } else if !f.ends_with(".md") && f != this && f != "Cargo.lock" {
+            naming.push(f);
+        }
+    }
+    assert!(inside >= 4, "the example's own files name it: {inside}");
+    assert_eq!(
+        naming,
+        ["backends/all/Cargo.toml"],
+        "files outside {folder} that name the example CUDA backend"
+    );
+    let link = std::fs::read_to_string(root().join("backends/all/Cargo.toml")).unwrap();
+    let lines = link
+        .lines()
+        .filter(|l| l.contains(needles[0].as_str()))
+        .count();
+    assert_eq!(lines, 1, "one line links it");
+}

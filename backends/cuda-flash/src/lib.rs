@@ -4,7 +4,7 @@
 //! token runs as a fixed-split `paged.cu` decode row instead (batch-invariant, the bits of
 //! `cuda-paged`; `CudaAttention::with_paged_rows`). Valid on the `cuda` and `emu` devices; on `emu` the kernel runs on host
 //! buffers through the SIMT emulator. The backend is [`pagoda_cuda::attn::CudaAttention`]
-//! with [`Kernel::Flash`]; the runtime reasons (q and KV dtypes equal, the head dims of
+//! with [`FLASH`]; the runtime reasons (q and KV dtypes equal, the head dims of
 //! the dtype, a usable CUDA device, a window of at least one key, a positive soft cap)
 //! come from [`pagoda_cuda::attn::runtime_reasons`].
 
@@ -12,24 +12,24 @@ use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, Capabilities,
     CoreError, InvalidReason,
 };
-use pagoda_cuda::attn::{CudaAttention, Kernel};
+use pagoda_cuda::attn::{CudaAttention, FLASH};
 
 /// The registered name.
 pub const NAME: &str = "cuda-flash";
 
-/// What the kernel serves (see [`Kernel::capabilities`]).
+/// What the kernel serves (see [`pagoda_cuda::attn::Kernel::capabilities`]).
 pub fn capabilities() -> Capabilities {
-    Kernel::Flash.capabilities()
+    FLASH.capabilities()
 }
 
 /// The reasons beyond the capabilities (see [`pagoda_cuda::attn::runtime_reasons`]).
 pub fn runtime_reasons(cfg: &AttentionConfig) -> Vec<InvalidReason> {
-    pagoda_cuda::attn::runtime_reasons(Kernel::Flash, cfg)
+    pagoda_cuda::attn::runtime_reasons(&FLASH, cfg)
 }
 
 /// A backend for `cfg`, or why it cannot serve it.
 pub fn new(cfg: &AttentionConfig) -> Result<CudaAttention, CoreError> {
-    CudaAttention::new(NAME, Kernel::Flash, cfg)
+    CudaAttention::new(NAME, &FLASH, cfg)
 }
 
 fn create(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError> {

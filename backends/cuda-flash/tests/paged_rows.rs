@@ -6,17 +6,13 @@
 
 use pagoda_backend_testkit::{run_check, CaseLimit, Check, Subject, Tolerance};
 use pagoda_core::{AttentionBackend, DType, Device};
-use pagoda_cuda::attn::{CudaAttention, Kernel};
+use pagoda_cuda::attn::{CudaAttention, FLASH};
 
 fn subject() -> Subject {
-    Subject::new(
-        "cuda-flash (paged rows)",
-        Kernel::Flash.capabilities(),
-        |cfg| {
-            let b = CudaAttention::new(pagoda_backend_cuda_flash::NAME, Kernel::Flash, cfg)?;
-            Ok(Box::new(b.with_paged_rows()) as Box<dyn AttentionBackend>)
-        },
-    )
+    Subject::new("cuda-flash (paged rows)", FLASH.capabilities(), |cfg| {
+        let b = CudaAttention::new(pagoda_backend_cuda_flash::NAME, &FLASH, cfg)?;
+        Ok(Box::new(b.with_paged_rows()) as Box<dyn AttentionBackend>)
+    })
     .on(Device::Emu, DType::F16, DType::F16)
     .small_cases(CaseLimit {
         work: 6_000,

@@ -6,7 +6,7 @@
 //! backend declares `batch_invariant` (checked by the kit's `Check::BatchInvariance`
 //! on `emu`). Valid on the `cuda` and `emu` devices; on `emu` the kernel runs on host
 //! buffers through the SIMT emulator. The backend is [`pagoda_cuda::attn::CudaAttention`]
-//! with [`Kernel::Paged`]; the runtime reasons (q and KV dtypes equal, the head dims of
+//! with [`PAGED`]; the runtime reasons (q and KV dtypes equal, the head dims of
 //! the dtype, a usable CUDA device, a window of at least one key, a positive soft cap)
 //! come from [`pagoda_cuda::attn::runtime_reasons`].
 
@@ -14,24 +14,24 @@ use pagoda_core::{
     register_backend, AttentionBackend, AttentionConfig, BackendRegistration, Capabilities,
     CoreError, InvalidReason,
 };
-use pagoda_cuda::attn::{CudaAttention, Kernel};
+use pagoda_cuda::attn::{CudaAttention, PAGED};
 
 /// The registered name.
 pub const NAME: &str = "cuda-paged";
 
-/// What the kernel serves (see [`Kernel::capabilities`]).
+/// What the kernel serves (see [`pagoda_cuda::attn::Kernel::capabilities`]).
 pub fn capabilities() -> Capabilities {
-    Kernel::Paged.capabilities()
+    PAGED.capabilities()
 }
 
 /// The reasons beyond the capabilities (see [`pagoda_cuda::attn::runtime_reasons`]).
 pub fn runtime_reasons(cfg: &AttentionConfig) -> Vec<InvalidReason> {
-    pagoda_cuda::attn::runtime_reasons(Kernel::Paged, cfg)
+    pagoda_cuda::attn::runtime_reasons(&PAGED, cfg)
 }
 
 /// A backend for `cfg`, or why it cannot serve it.
 pub fn new(cfg: &AttentionConfig) -> Result<CudaAttention, CoreError> {
-    CudaAttention::new(NAME, Kernel::Paged, cfg)
+    CudaAttention::new(NAME, &PAGED, cfg)
 }
 
 fn create(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, CoreError> {

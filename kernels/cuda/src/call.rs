@@ -14,6 +14,7 @@ use crate::params::{
     MoeAccParams, MoeRouteParams, NormParams, QkNormParams, RopeKvParams, SoftCapParams,
     WriteKvParams, MOE_MAX_TOP_K,
 };
+use crate::plugin::PluginKernel;
 use crate::Dtype;
 
 /// A kernel launch: the family, the packed parameters, the dtypes that pick the
@@ -22,6 +23,8 @@ use crate::Dtype;
 pub enum Call {
     /// `naive`, `paged` (+ merge when split) or `flash` in the element dtype.
     Attn(AttnKernel, AttnParams, Dtype),
+    /// An attention kernel of a backend crate ([`PluginKernel`]) in the element dtype.
+    Plugin(&'static PluginKernel, AttnParams, Dtype),
     /// `write_kv` into pools of the dtype (the source dtype is in the struct).
     WriteKv(WriteKvParams, Dtype),
     /// `embed`: table dtype, output dtype.
@@ -57,6 +60,7 @@ impl Call {
     pub fn name(&self) -> &'static str {
         match self {
             Call::Attn(k, ..) => k.name(),
+            Call::Plugin(k, ..) => k.name,
             Call::WriteKv(..) => "write_kv",
             Call::Embed(..) => "embed",
             Call::RmsNorm(..) => "rms_norm",
@@ -81,6 +85,7 @@ impl Call {
             Call::Attn(AttnKernel::Naive, p, _) => p.naive_launch(),
             Call::Attn(AttnKernel::Paged, p, _) => p.paged_launch(),
             Call::Attn(AttnKernel::Flash, p, _) => p.flash_launch(),
+            Call::Plugin(k, p, _) => k.launch_of(p),
             Call::WriteKv(p, _) => p.launch(),
             Call::Embed(p, ..) => p.launch(),
             Call::RmsNorm(p, ..) | Call::AddRmsNorm(p, ..) => p.launch(),

@@ -16,12 +16,13 @@
 pub use cudarc;
 
 use crate::params::{AttnParams, Launch, MmaProbeParams, WriteKvParams};
+use crate::plugin::PluginKernel;
 use crate::{flash_head_dims, paged_head_dims, Dtype, Error};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// ptxas's register/spill figures for every kernel and arch, written by build.rs
 /// (`kernel arch registers spill_stores spill_loads | ptxas line`).
@@ -126,6 +127,15 @@ pub struct CudaKernels {
     ctx: Arc<CudaContext>,
     /// Per kernel file, its module and functions, loaded at first use.
     loaded: [OnceLock<Loaded>; 6],
+    /// Backend crates' kernels ([`PluginKernel`]), by the address of their static:
+    /// the module, loaded at first use, and the entries looked up so far.
+    plugins: Mutex<HashMap<usize, PluginModule>>,
+}
+
+/// A [`PluginKernel`]'s loaded fatbin.
+struct PluginModule {
+    module: Arc<CudaModule>,
+    functions: HashMap<&'static str, CudaFunction>,
 }
 
 impl std::fmt::Debug for CudaKernels {
@@ -144,6 +154,7 @@ impl CudaKernels {
         Ok(CudaKernels {
             ctx,
             loaded: Default::default(),
+            plugins: Mutex::default(),
         })
     }
 
@@ -352,6 +363,69 @@ impl CudaKernels {
         let f = self.function(FLASH, name)?;
         // SAFETY: the caller's contract above.
         unsafe { self.launch(f, p.flash_launch(), stream, p) }
+    }
+
+    /// `k`'s function `entry`, its fatbin loaded on first use (and the dynamic shared
+    /// memory it opts into raised once per function).
+    fn plugin_function(
+        &self,
+        k: &'static PluginKernel,
+        entry: &'static str,
+    ) -> Result<CudaFunction, Error> {
+        let mut loaded = self
+            .plugins
+            .lock()
+            .map_err(|_| Error::Driver("the plug-in module table is poisoned".into()))?;
+        let key = std::ptr::from_ref(k) as usize;
+        let m = match loaded.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let fatbin = k.fatbin.ok_or_else(|| {
+                    Error::Driver(format!(
+                        "kernel {}: its crate was built without its fatbin (no CUDA build)",
+                        k.name
+                    ))
+                })?;
+                let module = self
+                    .ctx
+                    .load_module(Ptx::from_binary(fatbin.to_vec()))
+                    .map_err(drv)?;
+                e.insert(PluginModule {
+                    module,
+                    functions: HashMap::new(),
+                })
+            }
+        };
+        if let Some(f) = m.functions.get(entry) {
+            return Ok(f.clone());
+        }
+        let f = m.module.load_function(entry).map_err(drv)?;
+        if k.max_dyn_shared_bytes > 0 {
+            let bytes = i32::try_from(k.max_dyn_shared_bytes).unwrap_or(i32::MAX);
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes,
+            )
+            .map_err(drv)?;
+        }
+        m.functions.insert(entry, f.clone());
+        Ok(f)
+    }
+
+    /// A backend crate's attention kernel `k` in `dtype` (see [`PluginKernel`]).
+    ///
+    /// # Safety
+    /// As [`CudaKernels::naive`], for the memory `k`'s kernel reads and writes.
+    pub unsafe fn plugin(
+        &self,
+        stream: &CudaStream,
+        k: &'static PluginKernel,
+        p: &AttnParams,
+        dtype: Dtype,
+    ) -> Result<(), Error> {
+        let f = self.plugin_function(k, k.entry_of(p, dtype)?)?;
+        // SAFETY: the caller's contract above.
+        unsafe { self.launch(&f, k.launch_of(p), stream, p) }
     }
 
     /// One warp's m16n8k16 mma on the tensor cores (compare with [`crate::emu::mma_probe`]).

@@ -325,6 +325,7 @@ impl CudaKernels {
                 Call::Attn(AttnKernel::Naive, ref p, d) => self.naive(stream, p, d),
                 Call::Attn(AttnKernel::Paged, ref p, d) => self.paged(stream, p, d),
                 Call::Attn(AttnKernel::Flash, ref p, d) => self.flash(stream, p, d),
+                Call::Plugin(k, ref p, d) => self.plugin(stream, k, p, d),
                 Call::WriteKv(ref p, d) => self.write_kv(stream, p, d),
                 Call::Embed(ref p, w, o) => self.embed(stream, p, w, o),
                 Call::RmsNorm(ref p, x, o) => self.rms_norm(stream, p, x, o),

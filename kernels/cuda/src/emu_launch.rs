@@ -14,6 +14,7 @@
 
 use crate::call::Call;
 use crate::params::{AttnParams, Launch, WriteKvParams};
+use crate::plugin::PluginKernel;
 use crate::{ffi, flash_head_dims, graph, invalid, paged_head_dims, Dtype, Error};
 
 /// Threads per block a GPU launches at most.
@@ -114,6 +115,26 @@ pub unsafe fn attn(kernel: AttnKernel, p: &AttnParams, dtype: Dtype) -> Result<(
     crate::emu::status(name, rc, dtype, d)
 }
 
+/// Launches a backend crate's attention kernel `k` in `dtype` with the packed `p`
+/// (recorded when this thread is capturing): refused when `k` has no entry for the
+/// dtype and head dim or when a GPU would refuse its geometry, as the built-in kernels.
+///
+/// # Safety
+/// As [`attn`], for the memory `k`'s kernel reads and writes.
+pub unsafe fn plugin(k: &'static PluginKernel, p: &AttnParams, dtype: Dtype) -> Result<(), Error> {
+    k.entry_of(p, dtype)?;
+    let l = k.launch_of(p);
+    check_launch(k.name, &l)?;
+    if l.is_empty() {
+        return Ok(());
+    }
+    let (params, t, run) = (*p, dtype as i32, k.emu);
+    // SAFETY: the caller's contract above; the launch copies the struct.
+    let rc = graph::launch(k.name, move || unsafe { run(&params, t) });
+    let head_dim = usize::try_from(p.head_dim).unwrap_or(0);
+    crate::emu::status(k.name, rc, dtype, head_dim)
+}
+
 /// Launches `write_kv` into pools of `dtype` with the packed `p`.
 ///
 /// # Safety
@@ -176,6 +197,7 @@ pub unsafe fn call(c: &Call) -> Result<(), Error> {
     unsafe {
         match *c {
             Call::Attn(k, ref p, d) => attn(k, p, d),
+            Call::Plugin(k, ref p, d) => plugin(k, p, d),
             Call::WriteKv(ref p, d) => write_kv(p, d),
             Call::Embed(p, w, o) => run_model(name, l, p, (w, o), ffi::pg_emu_embed),
             Call::RmsNorm(p, x, o) => run_model(name, l, p, (x, o), ffi::pg_emu_rms_norm),

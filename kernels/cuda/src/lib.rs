@@ -30,6 +30,7 @@ pub mod emu_model_families;
 mod ffi;
 pub mod graph;
 pub mod params;
+pub mod plugin;
 #[doc(hidden)]
 pub mod selftest;
 
@@ -44,6 +45,7 @@ pub use params::{
     MmaProbeParams, MoeAccParams, MoeRouteParams, NormParams, QkNormParams, RopeKvParams,
     SoftCapParams, SplitPlan, WriteKvParams, MOE_MAX_TOP_K,
 };
+pub use plugin::PluginKernel;
 
 /// Element type of q/out/K/V (f32 only where cheap: `write_kv`, `naive`, `paged`).
 /// The discriminants are the kernels' ABI (`PG_F32`, `PG_BF16`, `PG_F16` in params.h).
