@@ -157,7 +157,7 @@ fn short_rows_of_an_eager_step_reach_the_kernels() {
         b.plan(batch).unwrap();
         b.run(io(&q, &p, &mut out))
             .unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
-        assert_close(&kernel.name.to_string(), &out, &reference(batch, &q, &p));
+        assert_close(kernel.name, &out, &reference(batch, &q, &p));
     }
 }
 
