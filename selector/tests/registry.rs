@@ -11,22 +11,37 @@ fn smollm2() -> AttentionConfig {
     AttentionConfig::cpu_f32(9, 3, 64, 16)
 }
 
+/// Exactly the linked backends: every registration comes from a crate that
+/// `pagoda-backends` links (its `LINKED_CRATES`, from its manifest, so a backend crate
+/// added there needs no edit here), the library's own are among them, and the names
+/// the selector lists are those registrations'.
 #[test]
 fn registry_holds_exactly_the_linked_backends() {
     let mut names = registered_names();
     names.sort();
-    assert_eq!(
-        names,
-        vec![
-            "cuda-flash",
-            "cuda-naive",
-            "cuda-paged",
-            "example",
-            "flash",
-            "naive",
-            "paged"
-        ]
-    );
+    let regs = pagoda_core::attention::registered_modules();
+    for (module, r) in &regs {
+        let krate = module.split("::").next().unwrap_or(module);
+        assert!(
+            pagoda_backends::LINKED_CRATES.contains(&krate),
+            "`{}` registered by {module}, which pagoda-backends does not link",
+            r.name
+        );
+    }
+    let mut from_regs: Vec<&str> = regs.iter().map(|(_, r)| r.name).collect();
+    from_regs.sort();
+    assert_eq!(names, from_regs);
+    for name in [
+        "cuda-flash",
+        "cuda-naive",
+        "cuda-paged",
+        "example",
+        "flash",
+        "naive",
+        "paged",
+    ] {
+        assert!(names.contains(&name), "{name} missing from {names:?}");
+    }
 }
 
 #[test]
