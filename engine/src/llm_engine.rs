@@ -11,7 +11,8 @@ use crate::{
     RequestMetrics, RequestOutput,
 };
 use pagoda_core::{
-    CheckedParams, FinishReason, PromptLogprob, ReqHandle, Request, SamplingParams, StopReason,
+    CheckedParams, EngineCoreOutput, FinishReason, PromptLogprob, ReqHandle, Request,
+    SamplingParams, StopReason,
 };
 use pagoda_models::{ChatTemplate, Tokenizer};
 use std::collections::HashMap;
@@ -173,6 +174,19 @@ fn check_something_samplable(params: &SamplingParams, info: &ModelInfo) -> Resul
         ));
     }
     Ok(())
+}
+
+/// What one step's outputs leave for the core (see [`LLMEngine::step`]).
+#[derive(Debug, Default)]
+struct StepOutcome {
+    /// Prompt and new tokens of the step (the iteration-tokens histogram).
+    step_tokens: u64,
+    /// Requests a stop string ended (the core still thought them running).
+    stopped: Vec<ReqHandle>,
+    /// Requests whose text failed (the detokenizer).
+    failed: Vec<ReqHandle>,
+    /// Requests that finished.
+    finished: Vec<ReqHandle>,
 }
 
 impl LLMEngine {
@@ -414,7 +428,11 @@ impl LLMEngine {
         self.texts.values().map(|t| t.request_id.clone()).collect()
     }
 
-    /// One engine step: schedule, execute, update, detokenize.
+    /// One engine step, in vLLM's phases: the core schedules and executes
+    /// ([`EngineCore::step`]), then the output processor stamps the requests' times,
+    /// detokenizes each output and applies stop strings
+    /// (`process_output`), and the finished, stopped and failed requests
+    /// are handed back to the core.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>, EngineError> {
         // vLLM stamps SCHEDULED when the step is scheduled, new tokens when it ends.
         let started = Instant::now();
@@ -427,106 +445,113 @@ impl LLMEngine {
                 st.times.scheduled.get_or_insert(started);
             }
         }
-        let mut step_tokens = 0u64;
-        let mut outputs = Vec::with_capacity(core_outputs.len());
-        let mut stopped = Vec::new();
-        let mut failed = Vec::new();
-        let mut finished = Vec::new();
-        for core_out in core_outputs {
-            let Some(st) = self.texts.get_mut(&core_out.handle) else {
-                continue;
-            };
-            if !core_out.new_token_ids.is_empty() {
-                if st.num_output_tokens == 0 {
-                    // The step that ended a prefill: its prompt counts in the step's tokens.
-                    step_tokens += st.num_prompt_tokens as u64;
-                    st.times.first_token = Some(now);
-                }
-                st.times.last_token = Some(now);
-                step_tokens += core_out.new_token_ids.len() as u64;
-            }
-            st.num_output_tokens += core_out.new_token_ids.len();
-            st.times.num_generation_tokens = st.num_output_tokens;
-            self.generation_tokens += core_out.new_token_ids.len() as u64;
-            // A stop token (EOS or one of `stop_token_ids`) ends the request but is
-            // not part of its text unless `include_stop_str_in_output`, as in vLLM;
-            // its id still counts among the output tokens.
-            let text_ids = match &core_out.stop_reason {
-                Some(StopReason::Eos(_) | StopReason::StopTokenId(_))
-                    if !st.include_stop_str_in_output =>
-                {
-                    &core_out.new_token_ids[..core_out.new_token_ids.len().saturating_sub(1)]
-                }
-                _ => &core_out.new_token_ids[..],
-            };
-            let delta = match st.detok.push(text_ids) {
-                Ok(d) => d,
-                Err(e) => {
-                    // This request's text is broken, not the engine: it fails alone.
-                    failed.push(core_out.handle);
-                    outputs.push(RequestOutput {
-                        request_id: st.request_id.clone(),
-                        new_token_ids: core_out.new_token_ids,
-                        new_text: String::new(),
-                        new_logprobs: core_out.new_logprobs,
-                        finished: true,
-                        finish_reason: Some(FinishReason::Error),
-                        stop_reason: None,
-                        num_prompt_tokens: st.num_prompt_tokens,
-                        num_cached_tokens: core_out.num_cached_tokens,
-                        num_output_tokens: st.num_output_tokens,
-                        error: Some(format!("detokenizer: {e}")),
-                        prompt_logprobs: core_out.prompt_logprobs,
-                        metrics: Some(st.times),
-                    });
-                    continue;
-                }
-            };
-            let mut text = delta.text;
-            let mut finish_reason = core_out.finish_reason;
-            let mut stop_reason = core_out.stop_reason.clone();
-            if let Some(s) = delta.stop_matched {
-                if finish_reason.is_none() || finish_reason == Some(FinishReason::Length) {
-                    stopped.push(core_out.handle);
-                }
-                finish_reason = Some(FinishReason::Stop);
-                stop_reason = Some(StopReason::StopString(s));
-            } else if finish_reason.is_some() && core_out.error.is_none() {
-                text.push_str(&st.detok.finish());
-            }
-            let is_finished = finish_reason.is_some();
-            if is_finished {
-                finished.push(core_out.handle);
-            }
-            outputs.push(RequestOutput {
-                request_id: st.request_id.clone(),
-                new_token_ids: core_out.new_token_ids,
-                new_text: text,
-                new_logprobs: core_out.new_logprobs,
-                finished: is_finished,
-                finish_reason,
-                stop_reason,
-                num_prompt_tokens: st.num_prompt_tokens,
-                num_cached_tokens: core_out.num_cached_tokens,
-                num_output_tokens: st.num_output_tokens,
-                error: core_out.error,
-                prompt_logprobs: core_out.prompt_logprobs,
-                metrics: is_finished.then_some(st.times),
-            });
+        let mut acc = StepOutcome::default();
+        let outputs: Vec<RequestOutput> = core_outputs
+            .into_iter()
+            .filter_map(|o| self.process_output(o, now, &mut acc))
+            .collect();
+        if acc.step_tokens > 0 {
+            self.iteration_tokens.observe(acc.step_tokens);
         }
-        if step_tokens > 0 {
-            self.iteration_tokens.observe(step_tokens);
-        }
-        for h in stopped {
+        for h in acc.stopped {
             self.core.finish_stopped(h);
         }
-        for h in failed.iter().chain(&finished) {
+        for h in acc.failed.iter().chain(&acc.finished) {
             self.texts.remove(h);
         }
-        for h in failed {
+        for h in acc.failed {
             self.core.finish_failed(h);
         }
         Ok(outputs)
+    }
+
+    /// One request's output of the step (vLLM's `OutputProcessor`): its token counts
+    /// and times, the new text (a stop token's text left out unless asked for), a
+    /// matched stop string ending it, a detokenizer error failing it alone. `None` for
+    /// a request this engine no longer tracks.
+    fn process_output(
+        &mut self,
+        core_out: EngineCoreOutput,
+        now: Instant,
+        acc: &mut StepOutcome,
+    ) -> Option<RequestOutput> {
+        let st = self.texts.get_mut(&core_out.handle)?;
+        if !core_out.new_token_ids.is_empty() {
+            if st.num_output_tokens == 0 {
+                // The step that ended a prefill: its prompt counts in the step's tokens.
+                acc.step_tokens += st.num_prompt_tokens as u64;
+                st.times.first_token = Some(now);
+            }
+            st.times.last_token = Some(now);
+            acc.step_tokens += core_out.new_token_ids.len() as u64;
+        }
+        st.num_output_tokens += core_out.new_token_ids.len();
+        st.times.num_generation_tokens = st.num_output_tokens;
+        self.generation_tokens += core_out.new_token_ids.len() as u64;
+        // A stop token (EOS or one of `stop_token_ids`) ends the request but is
+        // not part of its text unless `include_stop_str_in_output`, as in vLLM;
+        // its id still counts among the output tokens.
+        let text_ids = match &core_out.stop_reason {
+            Some(StopReason::Eos(_) | StopReason::StopTokenId(_))
+                if !st.include_stop_str_in_output =>
+            {
+                &core_out.new_token_ids[..core_out.new_token_ids.len().saturating_sub(1)]
+            }
+            _ => &core_out.new_token_ids[..],
+        };
+        let delta = match st.detok.push(text_ids) {
+            Ok(d) => d,
+            Err(e) => {
+                // This request's text is broken, not the engine: it fails alone.
+                acc.failed.push(core_out.handle);
+                return Some(RequestOutput {
+                    request_id: st.request_id.clone(),
+                    new_token_ids: core_out.new_token_ids,
+                    new_text: String::new(),
+                    new_logprobs: core_out.new_logprobs,
+                    finished: true,
+                    finish_reason: Some(FinishReason::Error),
+                    stop_reason: None,
+                    num_prompt_tokens: st.num_prompt_tokens,
+                    num_cached_tokens: core_out.num_cached_tokens,
+                    num_output_tokens: st.num_output_tokens,
+                    error: Some(format!("detokenizer: {e}")),
+                    prompt_logprobs: core_out.prompt_logprobs,
+                    metrics: Some(st.times),
+                });
+            }
+        };
+        let mut text = delta.text;
+        let mut finish_reason = core_out.finish_reason;
+        let mut stop_reason = core_out.stop_reason.clone();
+        if let Some(s) = delta.stop_matched {
+            if finish_reason.is_none() || finish_reason == Some(FinishReason::Length) {
+                acc.stopped.push(core_out.handle);
+            }
+            finish_reason = Some(FinishReason::Stop);
+            stop_reason = Some(StopReason::StopString(s));
+        } else if finish_reason.is_some() && core_out.error.is_none() {
+            text.push_str(&st.detok.finish());
+        }
+        let is_finished = finish_reason.is_some();
+        if is_finished {
+            acc.finished.push(core_out.handle);
+        }
+        Some(RequestOutput {
+            request_id: st.request_id.clone(),
+            new_token_ids: core_out.new_token_ids,
+            new_text: text,
+            new_logprobs: core_out.new_logprobs,
+            finished: is_finished,
+            finish_reason,
+            stop_reason,
+            num_prompt_tokens: st.num_prompt_tokens,
+            num_cached_tokens: core_out.num_cached_tokens,
+            num_output_tokens: st.num_output_tokens,
+            error: core_out.error,
+            prompt_logprobs: core_out.prompt_logprobs,
+            metrics: is_finished.then_some(st.times),
+        })
     }
 
     /// Runs every prompt to completion, all submitted at once (continuous batching).

@@ -441,7 +441,9 @@ impl ModelRunner {
         Ok(())
     }
 
-    /// Executes one scheduled step and returns the sampled tokens in the scheduler's order.
+    /// Executes one scheduled step and returns the sampled tokens in the scheduler's
+    /// order, in vLLM's phases: update the persistent states, prepare the inputs, run
+    /// the forward pass, sample, then the bookkeeping of the output.
     pub fn execute(
         &mut self,
         sched_out: &SchedulerOutput,
@@ -453,6 +455,31 @@ impl ModelRunner {
         if sched_out.num_scheduled_tokens.is_empty() {
             return Ok(out);
         }
+        let (num_sample_rows, spec_offset) = self.prepare_inputs(sched_out)?;
+        let on_device_ids = self.run_forward(sched_out)?;
+        let sampled = self.sample(sched_out, on_device_ids, num_sample_rows)?;
+        out.handles = sched_out
+            .num_scheduled_tokens
+            .iter()
+            .map(|&(h, _)| h)
+            .collect();
+        out.sampled_token_ids = vec![None; out.handles.len()];
+        out.logprobs = vec![None; out.handles.len()];
+        self.apply_sampled(sched_out, sampled, &mut out);
+        self.verify_spec_rows(sched_out, spec_offset, &mut out);
+        self.advance_computed(sched_out, &mut out);
+        self.collect_prompt_logprobs(sched_out, num_sample_rows, &mut out);
+        Ok(out)
+    }
+
+    /// vLLM's `_prepare_inputs`: the step's input ids, positions and batch descriptor
+    /// (query and sequence lengths, block tables, verify runs), and the logits rows:
+    /// sampled rows first, then prompt-logprob rows, then verify rows. Returns the
+    /// number of sampled rows and where the verify rows' logits start.
+    fn prepare_inputs(
+        &mut self,
+        sched_out: &SchedulerOutput,
+    ) -> Result<(usize, usize), EngineError> {
         // The batch keeps the scheduler's order, which puts decode rows first (the
         // one place that order is made); the batch descriptor refuses any other.
         self.input_ids.clear();
@@ -551,12 +578,18 @@ impl ModelRunner {
                 &rows,
             )
             .map_err(EngineError::from)?;
-        drop(rows);
         // Each verify row's decode rows as one run: a backend that serves runs reads
         // its keys once for all of them (the same bits as the rows alone).
         for run in verify_runs {
             self.batch.mark_verify_run(run).map_err(EngineError::from)?;
         }
+        Ok((num_sample_rows, spec_offset))
+    }
+
+    /// vLLM's `execute_model`: the forward pass, with the grammar masks computed on the
+    /// mask threads meanwhile and applied to the sampled rows' logits after it. Returns
+    /// whether the device already chose the greedy ids (`self.greedy_ids`).
+    fn run_forward(&mut self, sched_out: &SchedulerOutput) -> Result<bool, EngineError> {
         // Grammar masks are computed on the mask threads while the model runs.
         self.start_masks(sched_out)?;
         let greedy =
@@ -567,7 +600,17 @@ impl ModelRunner {
         let masks = self.finish_masks(sched_out, forward_time);
         let on_device_ids = forward?;
         masks?;
+        Ok(on_device_ids)
+    }
 
+    /// vLLM's `sample`: a token (and its logprobs) for every sampled row, from the
+    /// device's greedy ids or by the sampler over the masked logits.
+    fn sample(
+        &mut self,
+        sched_out: &SchedulerOutput,
+        on_device_ids: bool,
+        num_sample_rows: usize,
+    ) -> Result<Vec<RowResult>, EngineError> {
         // Sample the rows that need a token.
         let mut inputs = Vec::with_capacity(self.sample_rows.len());
         for &i in &self.sample_rows {
@@ -594,14 +637,18 @@ impl ModelRunner {
                 })?
         };
         drop(inputs);
+        Ok(sampled)
+    }
 
-        out.handles = sched_out
-            .num_scheduled_tokens
-            .iter()
-            .map(|&(h, _)| h)
-            .collect();
-        out.sampled_token_ids = vec![None; out.handles.len()];
-        out.logprobs = vec![None; out.handles.len()];
+    /// The sampled rows into the output and the requests' tokens: a deferred row
+    /// dropped (sampled again with its mask), injected faults, grammar errors and a
+    /// token the grammar refuses failing that request alone.
+    fn apply_sampled(
+        &mut self,
+        sched_out: &SchedulerOutput,
+        sampled: Vec<RowResult>,
+        out: &mut ModelRunnerOutput,
+    ) {
         for (k, (&i, row)) in self.sample_rows.iter().zip(sampled).enumerate() {
             let h = sched_out.num_scheduled_tokens[i].0;
             let Some(st) = self.requests[h.index as usize].as_mut() else {
@@ -640,21 +687,23 @@ impl ModelRunner {
                 }
             }
         }
-        self.verify_spec_rows(sched_out, spec_offset, &mut out);
+    }
+
+    /// After the step: every scheduled request's computed tokens advanced, speculative
+    /// bookkeeping finished, a deferred row's last token scheduled again.
+    fn advance_computed(&mut self, sched_out: &SchedulerOutput, out: &mut ModelRunnerOutput) {
         for &(h, n) in &sched_out.num_scheduled_tokens {
             if let Some(Some(st)) = self.requests.get_mut(h.index as usize) {
                 st.num_computed_tokens += n;
             }
         }
-        self.finish_spec(sched_out, &mut out);
+        self.finish_spec(sched_out, out);
         // A deferred row's last token is scheduled again (the scheduler rolls back too).
         for &h in &out.deferred {
             if let Some(Some(st)) = self.requests.get_mut(h.index as usize) {
                 st.num_computed_tokens -= 1;
             }
         }
-        self.collect_prompt_logprobs(sched_out, num_sample_rows, &mut out);
-        Ok(out)
     }
 
     /// Turns the prompt rows' logits (after the sampled rows' in the buffer) into
