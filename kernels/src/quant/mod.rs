@@ -317,6 +317,9 @@ pub enum QuantKernel {
 }
 
 impl QuantKernel {
+    /// Every kernel, slowest first.
+    pub const ALL: [QuantKernel; 3] = [Self::Portable, Self::Avx2, Self::Avx512Vnni];
+
     /// The best kernel this CPU runs.
     pub fn detect() -> QuantKernel {
         let isa = crate::Isa::detect();
