@@ -7,7 +7,8 @@
 use crate::EngineError;
 use pagoda_core::{AttentionBackend, GraphLimits, KvCache, ModelOps, StepBatch};
 use pagoda_models::{
-    DecodeGraphs, DeviceLlama, DeviceOutput, DeviceScratch, ForwardScratch, Llama, LlamaConfig,
+    DecodeGraphs, DeviceLlama, DeviceOutput, DeviceRun, DeviceScratch, ForwardScratch, Llama,
+    LlamaConfig,
 };
 
 /// The CPU forward or the device forward, each with its reusable buffers.
@@ -89,21 +90,19 @@ impl RunnerModel {
             } => {
                 *graphs = None;
                 let mut last_tenth = 0;
-                let g = model.capture_decode_graphs(
-                    ops.as_mut(),
+                let mut run = DeviceRun {
+                    ops: ops.as_mut(),
                     attn,
                     kv,
                     scratch,
-                    limits,
-                    sizes,
-                    |done, all| {
-                        let tenth = done * 10 / all.max(1);
-                        if tenth > last_tenth {
-                            last_tenth = tenth;
-                            tracing::debug!("capturing CUDA graphs: {done}/{all}");
-                        }
-                    },
-                )?;
+                };
+                let g = model.capture_decode_graphs(&mut run, limits, sizes, |done, all| {
+                    let tenth = done * 10 / all.max(1);
+                    if tenth > last_tenth {
+                        last_tenth = tenth;
+                        tracing::debug!("capturing CUDA graphs: {done}/{all}");
+                    }
+                })?;
                 let buckets = g.buckets();
                 *graphs = Some(Box::new(g));
                 Ok(buckets)
@@ -151,12 +150,6 @@ impl RunnerModel {
         mut out: StepOut<'_>,
     ) -> Result<bool, EngineError> {
         let greedy = matches!(out, StepOut::Greedy(_));
-        let StepBatch {
-            input_ids,
-            positions,
-            batch,
-            logits_rows,
-        } = *step;
         if let RunnerModel::Device {
             model,
             ops,
@@ -164,23 +157,18 @@ impl RunnerModel {
             graphs: Some(g),
         } = self
         {
-            if model.forward_graph(
-                ops.as_mut(),
-                g,
-                input_ids,
-                positions,
-                batch,
-                attn,
-                kv,
-                logits_rows,
-                out.device(),
+            let mut run = DeviceRun {
+                ops: ops.as_mut(),
+                attn: &mut *attn,
+                kv: &mut *kv,
                 scratch,
-            )? {
+            };
+            if model.forward_graph(g, step, &mut run, out.device())? {
                 return Ok(greedy);
             }
         }
         for a in attn.iter_mut() {
-            a.plan(batch)?;
+            a.plan(step.batch)?;
         }
         match self {
             RunnerModel::Host { model, scratch } => {
@@ -194,17 +182,15 @@ impl RunnerModel {
                 ops,
                 scratch,
                 ..
-            } => model.forward_kinds(
-                ops.as_mut(),
-                input_ids,
-                positions,
-                batch,
-                attn,
-                kv,
-                logits_rows,
-                out.device(),
-                scratch,
-            )?,
+            } => {
+                let mut run = DeviceRun {
+                    ops: ops.as_mut(),
+                    attn,
+                    kv,
+                    scratch,
+                };
+                model.forward_kinds(step, &mut run, out.device())?
+            }
         }
         Ok(greedy)
     }

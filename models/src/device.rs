@@ -36,4 +36,4 @@ mod moe;
 mod weights;
 pub use bufs::DeviceScratch;
 pub use graphs::{capture_sizes, DecodeGraphs};
-pub use model::{device_unsupported, DeviceLlama, DeviceOutput};
+pub use model::{device_unsupported, DeviceLlama, DeviceOutput, DeviceRun};

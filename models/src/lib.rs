@@ -30,7 +30,8 @@ pub use arch::{ArchConfig, Architecture, AttnKind};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{merge_attention_configs, LlamaConfig, RopeScaling};
 pub use device::{
-    capture_sizes, device_unsupported, DecodeGraphs, DeviceLlama, DeviceOutput, DeviceScratch,
+    capture_sizes, device_unsupported, DecodeGraphs, DeviceLlama, DeviceOutput, DeviceRun,
+    DeviceScratch,
 };
 pub use dummy::{dummy_layer, dummy_weights, load_dummy, LoadFormat};
 pub use error::ModelError;

@@ -20,8 +20,8 @@ use pagoda_core::{
 };
 use pagoda_engine::{EngineConfig, LLMEngine, PromptInput};
 use pagoda_models::{
-    load_model, merge_attention_configs, DeviceLlama, DeviceOutput, DeviceScratch, ForwardScratch,
-    Llama, WeightDtype,
+    load_model, merge_attention_configs, DeviceLlama, DeviceOutput, DeviceRun, DeviceScratch,
+    ForwardScratch, Llama, WeightDtype,
 };
 use pagoda_selector::{select, BackendOverride};
 use serde::Deserialize;
@@ -185,15 +185,19 @@ fn check_model(family: &str, path: &Path) -> f32 {
         let (ids, pos, rows) = (&st.ids, &st.positions, &st.logits_rows);
         model
             .forward_kinds(
-                &mut *ops,
-                ids,
-                pos,
-                &st.batch,
-                &mut attn,
-                &mut kv,
-                rows,
+                &StepBatch {
+                    input_ids: ids,
+                    positions: pos,
+                    batch: &st.batch,
+                    logits_rows: rows,
+                },
+                &mut DeviceRun {
+                    ops: &mut *ops,
+                    attn: &mut attn,
+                    kv: &mut kv,
+                    scratch: &mut scratch,
+                },
                 out,
-                &mut scratch,
             )
             .unwrap_or_else(|e| panic!("{what}: step {s}: {e}"));
         let step_batch = StepBatch {

@@ -17,11 +17,12 @@
 
 use pagoda_core::{
     open_device, open_model_ops, AttentionBackend, BatchDescriptor, DType, Device, GraphLimits,
-    HostSliceMut, KvCache, KvCacheSpec, SamplingParams,
+    HostSliceMut, KvCache, KvCacheSpec, SamplingParams, StepBatch,
 };
 use pagoda_engine::{EngineConfig, LLMEngine, PromptInput};
 use pagoda_models::{
-    capture_sizes, load_dummy, DeviceLlama, DeviceOutput, DeviceScratch, LoadFormat, WeightDtype,
+    capture_sizes, load_dummy, DeviceLlama, DeviceOutput, DeviceRun, DeviceScratch, LoadFormat,
+    WeightDtype,
 };
 use pagoda_selector::{select, BackendOverride};
 use std::collections::HashMap;
@@ -204,10 +205,12 @@ fn a_graph_planned_for_the_longest_context_matches_eager_steps() {
     let mut g = r
         .model
         .capture_decode_graphs(
-            r.ops.as_mut(),
-            &mut r.attn,
-            &mut r.kv,
-            &mut r.scratch,
+            &mut DeviceRun {
+                ops: r.ops.as_mut(),
+                attn: &mut r.attn,
+                kv: &mut r.kv,
+                scratch: &mut r.scratch,
+            },
             limits,
             &sizes,
             |_, _| {},
@@ -264,30 +267,38 @@ fn a_graph_planned_for_the_longest_context_matches_eager_steps() {
         }
         r.model
             .forward_kinds(
-                r.ops.as_mut(),
-                &ids,
-                &positions,
-                &batch,
-                &mut r.attn,
-                &mut r.kv,
-                &logits_rows,
+                &StepBatch {
+                    input_ids: &ids,
+                    positions: &positions,
+                    batch: &batch,
+                    logits_rows: &logits_rows,
+                },
+                &mut DeviceRun {
+                    ops: r.ops.as_mut(),
+                    attn: &mut r.attn,
+                    kv: &mut r.kv,
+                    scratch: &mut r.scratch,
+                },
                 DeviceOutput::Logits(&mut eager),
-                &mut r.scratch,
             )
             .expect("eager step");
         let ran = r
             .model
             .forward_graph(
-                r.ops.as_mut(),
                 &mut g,
-                &ids,
-                &positions,
-                &batch,
-                &mut r.attn,
-                &mut r.kv,
-                &logits_rows,
+                &StepBatch {
+                    input_ids: &ids,
+                    positions: &positions,
+                    batch: &batch,
+                    logits_rows: &logits_rows,
+                },
+                &mut DeviceRun {
+                    ops: r.ops.as_mut(),
+                    attn: &mut r.attn,
+                    kv: &mut r.kv,
+                    scratch: &mut r.scratch,
+                },
                 DeviceOutput::Logits(&mut replayed),
-                &mut r.scratch,
             )
             .expect("graph step");
         assert!(
@@ -317,16 +328,20 @@ fn a_graph_planned_for_the_longest_context_matches_eager_steps() {
     let ran = r
         .model
         .forward_graph(
-            r.ops.as_mut(),
             &mut g,
-            &[1, 2],
-            &[0, 1],
-            &batch,
-            &mut r.attn,
-            &mut r.kv,
-            &[1],
+            &StepBatch {
+                input_ids: &[1, 2],
+                positions: &[0, 1],
+                batch: &batch,
+                logits_rows: &[1],
+            },
+            &mut DeviceRun {
+                ops: r.ops.as_mut(),
+                attn: &mut r.attn,
+                kv: &mut r.kv,
+                scratch: &mut r.scratch,
+            },
             DeviceOutput::Logits(&mut replayed),
-            &mut r.scratch,
         )
         .unwrap();
     assert!(!ran, "prefill steps are not replayed");
@@ -353,15 +368,19 @@ fn the_lm_head_runs_in_chunks_when_a_step_has_more_rows_than_its_buffers() {
         }
         r.model
             .forward_kinds(
-                r.ops.as_mut(),
-                &ids,
-                &positions,
-                &batch,
-                &mut r.attn,
-                &mut r.kv,
-                &rows,
+                &StepBatch {
+                    input_ids: &ids,
+                    positions: &positions,
+                    batch: &batch,
+                    logits_rows: &rows,
+                },
+                &mut DeviceRun {
+                    ops: r.ops.as_mut(),
+                    attn: &mut r.attn,
+                    kv: &mut r.kv,
+                    scratch,
+                },
                 out,
-                scratch,
             )
             .unwrap();
     };

@@ -16,11 +16,11 @@
 //! graph is a recording of the launches ([`ModelOps::replay`]), so the tests that
 //! compare replayed and eager steps bit for bit check exactly that.
 
-use super::{DeviceLlama, DeviceOutput, DeviceScratch};
+use super::{DeviceLlama, DeviceOutput, DeviceRun, DeviceScratch};
 use crate::error::ModelError;
 use pagoda_core::{
-    AttentionBackend, BatchDescriptor, CoreError, GraphId, GraphLimits, GraphSupport, KvCache,
-    ModelOps,
+    AttentionBackend, BatchDescriptor, CoreError, GraphId, GraphLimits, GraphSupport, ModelOps,
+    StepBatch,
 };
 use std::ops::DerefMut;
 
@@ -79,6 +79,16 @@ impl DecodeGraphs {
     }
 
     /// Pads a decode step of `n` rows to `bucket` rows (see the module docs).
+    /// The padded step `pad` built, as a step's inputs.
+    fn step(&self) -> StepBatch<'_> {
+        StepBatch {
+            input_ids: &self.ids,
+            positions: &self.positions,
+            batch: &self.batch,
+            logits_rows: &self.rows,
+        }
+    }
+
     fn pad(
         &mut self,
         input_ids: &[u32],
@@ -107,16 +117,12 @@ fn graph_err(e: CoreError) -> ModelError {
 }
 
 impl DeviceLlama {
-    /// Captures one decode graph per size of `sizes` (see [`capture_sizes`]) for these
-    /// backends, KV cache and scratch buffers, which must all outlive the graphs
-    /// unmoved. `progress` is called after each capture with (done, total).
-    #[allow(clippy::too_many_arguments)]
+    /// Captures one decode graph per size of `sizes` (see [`capture_sizes`]) on `run`'s
+    /// kernels, backends, KV cache and scratch buffers, which must all outlive the
+    /// graphs unmoved. `progress` is called after each capture with (done, total).
     pub fn capture_decode_graphs<B, A>(
         &self,
-        ops: &mut dyn ModelOps,
-        attn: &mut [B],
-        kv: &mut KvCache,
-        s: &mut DeviceScratch,
+        run: &mut DeviceRun<'_, B>,
         limits: GraphLimits,
         sizes: &[usize],
         mut progress: impl FnMut(usize, usize),
@@ -125,6 +131,13 @@ impl DeviceLlama {
         B: DerefMut<Target = A>,
         A: AttentionBackend + ?Sized,
     {
+        let DeviceRun {
+            ops,
+            attn,
+            kv,
+            scratch: s,
+        } = run;
+        let ops: &mut dyn ModelOps = *ops;
         if let Some(a) = attn
             .iter()
             .find(|a| a.graph_support() != GraphSupport::UniformDecode)
@@ -177,7 +190,7 @@ impl DeviceLlama {
         // Largest first, as vLLM: the first capture sizes everything the rest reuse.
         for (done, &bucket) in sizes.iter().rev().enumerate() {
             g.pad(&[], &[], &empty, bucket).map_err(graph_err)?;
-            self.check_step(&g.ids, &g.positions, &g.batch, attn.len(), kv, &g.rows)?;
+            self.check_step(&g.step(), attn.len(), kv)?;
             self.hand_over_padded(ops, &g, attn, s)?;
             // One eager step of this very size first, on every device: lazy
             // initialisation (module loading, the GEMM library's handles, and its
@@ -216,14 +229,7 @@ impl DeviceLlama {
         B: DerefMut<Target = A>,
         A: AttentionBackend + ?Sized,
     {
-        self.begin_step(
-            ops,
-            &g.ids,
-            &g.positions,
-            g.batch.slot_mapping(),
-            &g.rows,
-            s,
-        )?;
+        self.begin_step(ops, &g.step(), s)?;
         for a in attn.iter_mut() {
             a.plan_graph(&g.batch, &g.limits)?;
         }
@@ -232,29 +238,29 @@ impl DeviceLlama {
 
     /// Runs a decode step from its bucket's graph, if it qualifies (see the module
     /// docs); `Ok(false)` when it must run eagerly instead (nothing was done then).
-    #[allow(clippy::too_many_arguments)]
     pub fn forward_graph<B, A>(
         &self,
-        ops: &mut dyn ModelOps,
         g: &mut DecodeGraphs,
-        input_ids: &[u32],
-        positions: &[u32],
-        batch: &BatchDescriptor,
-        attn: &mut [B],
-        kv: &mut KvCache,
-        logits_rows: &[usize],
+        step: &StepBatch<'_>,
+        run: &mut DeviceRun<'_, B>,
         out: DeviceOutput<'_>,
-        s: &mut DeviceScratch,
     ) -> Result<bool, ModelError>
     where
         B: DerefMut<Target = A>,
         A: AttentionBackend + ?Sized,
     {
-        let n = input_ids.len();
+        let DeviceRun {
+            ops,
+            attn,
+            kv,
+            scratch: s,
+        } = run;
+        let ops: &mut dyn ModelOps = *ops;
+        let (n, batch) = (step.num_tokens(), step.batch);
         let uniform_decode = n > 0
             && batch.num_decode_reqs() == batch.num_reqs()
             && batch.num_tokens() == n
-            && logits_rows.iter().copied().eq(0..n)
+            && step.logits_rows.iter().copied().eq(0..n)
             && batch.block_table_stride() <= g.limits.max_blocks_per_seq;
         let Some(bucket) = g.bucket_for(n).filter(|_| uniform_decode && !g.stale) else {
             return Ok(false);
@@ -266,8 +272,8 @@ impl DeviceLlama {
             g.stale = true;
             return Ok(false);
         }
-        self.check_step(input_ids, positions, batch, attn.len(), kv, logits_rows)?;
-        g.pad(input_ids, positions, batch, bucket)
+        self.check_step(step, attn.len(), kv)?;
+        g.pad(step.input_ids, step.positions, batch, bucket)
             .map_err(graph_err)?;
         self.hand_over_padded(ops, g, attn, s)?;
         let id = g

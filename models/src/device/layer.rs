@@ -8,7 +8,7 @@
 
 use super::bufs::{dev, lead, lead_ref, need, residual_input, rows, rows_ref, Bufs};
 use super::model::DeviceLlama;
-use super::weights::{DeviceLayer, DeviceMlp};
+use super::weights::DeviceMlp;
 use crate::error::ModelError;
 use pagoda_core::{AttentionBackend, KvCache, LayerIo, ModelOps, RopeShape, Storage};
 use std::ops::DerefMut;
@@ -54,7 +54,7 @@ impl DeviceLlama {
         let layer = &self.layers[l];
         let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
         let backend = &mut *attn[self.kind_of_layer[l]];
-        self.attention(ops, l, layer, n, backend, kv, b)?;
+        self.attention(ops, l, n, backend, kv, b)?;
         ops.linear(
             rows_ref(&b.attn, n, c.num_heads * c.head_dim)?,
             layer.wo.view(),
@@ -94,20 +94,19 @@ impl DeviceLlama {
         Ok(())
     }
 
-    /// QKV projection of `b.xn`, the Q/K norms, RoPE and this layer's K/V into the
-    /// cache, attention into `b.attn`.
-    #[allow(clippy::too_many_arguments)]
+    /// Layer `l`'s QKV projection of `b.xn`, the Q/K norms, RoPE and its K/V into
+    /// the cache, attention into `b.attn`.
     fn attention<A: AttentionBackend + ?Sized>(
         &self,
         ops: &mut dyn ModelOps,
         l: usize,
-        layer: &DeviceLayer,
         n: usize,
         backend: &mut A,
         kv: &mut KvCache,
         b: &mut Bufs,
     ) -> Result<(), ModelError> {
         let c = &self.config;
+        let layer = &self.layers[l];
         let rope = self.rope_shape();
         let (hidden, hd) = (c.hidden_size, c.head_dim);
         ops.linear(

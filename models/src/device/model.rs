@@ -11,11 +11,23 @@ use crate::error::ModelError;
 use crate::layer::{check_mat, check_vec};
 use crate::weights::LlamaWeights;
 use pagoda_core::{
-    AttentionBackend, AttentionConfig, BatchDescriptor, DType, DeviceRuntime, GatedAct, KvCache,
-    ModelOps, StepInputs, Storage, MOE_MAX_TOP_K,
+    AttentionBackend, AttentionConfig, DType, DeviceRuntime, GatedAct, KvCache, ModelOps,
+    StepBatch, StepInputs, Storage, MOE_MAX_TOP_K,
 };
 use pagoda_kernels::{Llama3Scaling, RopeCache};
 use std::ops::DerefMut;
+
+/// What a device step runs on, beside the model and the step's inputs: the device's
+/// model kernels, one planned backend per attention kind (in the order of
+/// [`DeviceLlama::attention_configs`]), the KV cache and the activation buffers.
+/// The runner builds it once per step from what it owns (and a graph capture from
+/// the same parts, which must then outlive the graphs unmoved).
+pub struct DeviceRun<'a, B> {
+    pub ops: &'a mut dyn ModelOps,
+    pub attn: &'a mut [B],
+    pub kv: &'a mut KvCache,
+    pub scratch: &'a mut DeviceScratch,
+}
 
 /// A decoder model whose weights live on a device.
 pub struct DeviceLlama {
@@ -187,53 +199,42 @@ impl DeviceLlama {
     }
 
     /// One step on the device: `out` gets the logits rows (`[logits_rows.len(), vocab]`
-    /// f32 on the host) or their greedy ids. One planned backend per attention kind, as
-    /// [`crate::llama::Llama::forward_kinds`].
-    #[allow(clippy::too_many_arguments)]
+    /// f32 on the host) or their greedy ids. The step's inputs are the CPU decoder's
+    /// ([`crate::llama::Llama::forward_kinds`]), the backends already planned.
     pub fn forward_kinds<B, A>(
         &self,
-        ops: &mut dyn ModelOps,
-        input_ids: &[u32],
-        positions: &[u32],
-        batch: &BatchDescriptor,
-        attn: &mut [B],
-        kv: &mut KvCache,
-        logits_rows: &[usize],
+        step: &StepBatch<'_>,
+        run: &mut DeviceRun<'_, B>,
         mut out: DeviceOutput<'_>,
-        s: &mut DeviceScratch,
     ) -> Result<(), ModelError>
     where
         B: DerefMut<Target = A>,
         A: AttentionBackend + ?Sized,
     {
         out.clear();
-        self.check_step(input_ids, positions, batch, attn.len(), kv, logits_rows)?;
-        let (n, r) = (input_ids.len(), logits_rows.len());
+        let DeviceRun {
+            ops,
+            attn,
+            kv,
+            scratch: s,
+        } = run;
+        self.check_step(step, attn.len(), kv)?;
+        let (n, r) = (step.num_tokens(), step.logits_rows.len());
         if n == 0 {
             return Ok(());
         }
         s.reserve(ops.runtime().as_ref(), &self.config, self.dtype, n)?;
-        self.begin_step(
-            ops,
-            input_ids,
-            positions,
-            batch.slot_mapping(),
-            logits_rows,
-            s,
-        )?;
-        self.launch(ops, n, r, attn, kv, s)?;
-        self.finish(ops, n, r, out, s)
+        self.begin_step(*ops, step, s)?;
+        self.launch(*ops, n, r, attn, kv, s)?;
+        self.finish(*ops, n, r, out, s)
     }
 
     /// The checks of a step's inputs (before anything reaches the device).
     pub(super) fn check_step(
         &self,
-        input_ids: &[u32],
-        positions: &[u32],
-        batch: &BatchDescriptor,
+        step: &StepBatch<'_>,
         num_backends: usize,
         kv: &KvCache,
-        logits_rows: &[usize],
     ) -> Result<(), ModelError> {
         let c = &self.config;
         if num_backends != self.attn_kinds.len() {
@@ -247,11 +248,11 @@ impl DeviceLlama {
         crate::llama::check_step_inputs(
             c,
             c.max_position_embeddings,
-            input_ids,
-            positions,
-            batch,
+            step.input_ids,
+            step.positions,
+            step.batch,
             kv,
-            logits_rows,
+            step.logits_rows,
         )
     }
 
@@ -259,18 +260,16 @@ impl DeviceLlama {
     pub(super) fn begin_step(
         &self,
         ops: &mut dyn ModelOps,
-        input_ids: &[u32],
-        positions: &[u32],
-        slot_mapping: &[i64],
-        logits_rows: &[usize],
+        step: &StepBatch<'_>,
         s: &mut DeviceScratch,
     ) -> Result<(), ModelError> {
         s.rows_u32.clear();
-        s.rows_u32.extend(logits_rows.iter().map(|&x| x as u32));
+        s.rows_u32
+            .extend(step.logits_rows.iter().map(|&x| x as u32));
         ops.begin_step(&StepInputs {
-            input_ids,
-            positions,
-            slot_mapping,
+            input_ids: step.input_ids,
+            positions: step.positions,
+            slot_mapping: step.batch.slot_mapping(),
             logits_rows: &s.rows_u32,
         })
         .map_err(dev)
