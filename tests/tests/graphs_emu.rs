@@ -125,6 +125,19 @@ struct Rig {
     vocab: usize,
 }
 
+impl Rig {
+    /// The model and what a step runs on, borrowed apart.
+    fn parts(&mut self) -> (&DeviceLlama, DeviceRun<'_, Box<dyn AttentionBackend>>) {
+        let run = DeviceRun {
+            ops: self.ops.as_mut(),
+            attn: &mut self.attn,
+            kv: &mut self.kv,
+            scratch: &mut self.scratch,
+        };
+        (&self.model, run)
+    }
+}
+
 const BLOCK: usize = 16;
 const MAX_LEN: usize = 2048;
 
@@ -202,19 +215,9 @@ fn a_graph_planned_for_the_longest_context_matches_eager_steps() {
         max_blocks_per_seq: MAX_LEN / BLOCK,
     };
     let sizes = capture_sizes(8, 64);
-    let mut g = r
-        .model
-        .capture_decode_graphs(
-            &mut DeviceRun {
-                ops: r.ops.as_mut(),
-                attn: &mut r.attn,
-                kv: &mut r.kv,
-                scratch: &mut r.scratch,
-            },
-            limits,
-            &sizes,
-            |_, _| {},
-        )
+    let (model, mut run) = r.parts();
+    let mut g = model
+        .capture_decode_graphs(&mut run, limits, &sizes, |_, _| {})
         .expect("capture");
     let mut rng = Rng(3);
     let num_blocks = r.kv.spec.num_blocks;
@@ -265,41 +268,18 @@ fn a_graph_planned_for_the_longest_context_matches_eager_steps() {
         for a in &mut r.attn {
             a.plan(&batch).unwrap();
         }
-        r.model
-            .forward_kinds(
-                &StepBatch {
-                    input_ids: &ids,
-                    positions: &positions,
-                    batch: &batch,
-                    logits_rows: &logits_rows,
-                },
-                &mut DeviceRun {
-                    ops: r.ops.as_mut(),
-                    attn: &mut r.attn,
-                    kv: &mut r.kv,
-                    scratch: &mut r.scratch,
-                },
-                DeviceOutput::Logits(&mut eager),
-            )
+        let step = StepBatch {
+            input_ids: &ids,
+            positions: &positions,
+            batch: &batch,
+            logits_rows: &logits_rows,
+        };
+        let (model, mut run) = r.parts();
+        model
+            .forward_kinds(&step, &mut run, DeviceOutput::Logits(&mut eager))
             .expect("eager step");
-        let ran = r
-            .model
-            .forward_graph(
-                &mut g,
-                &StepBatch {
-                    input_ids: &ids,
-                    positions: &positions,
-                    batch: &batch,
-                    logits_rows: &logits_rows,
-                },
-                &mut DeviceRun {
-                    ops: r.ops.as_mut(),
-                    attn: &mut r.attn,
-                    kv: &mut r.kv,
-                    scratch: &mut r.scratch,
-                },
-                DeviceOutput::Logits(&mut replayed),
-            )
+        let ran = model
+            .forward_graph(&mut g, &step, &mut run, DeviceOutput::Logits(&mut replayed))
             .expect("graph step");
         assert!(
             ran,
@@ -325,24 +305,15 @@ fn a_graph_planned_for_the_longest_context_matches_eager_steps() {
     assert_eq!(g.num_replays(), trials.len());
     // A step the graphs do not take runs eagerly: a prefill row.
     let batch = BatchDescriptor::new(BLOCK, &[2], &[2], &[&[5]]).unwrap();
-    let ran = r
-        .model
-        .forward_graph(
-            &mut g,
-            &StepBatch {
-                input_ids: &[1, 2],
-                positions: &[0, 1],
-                batch: &batch,
-                logits_rows: &[1],
-            },
-            &mut DeviceRun {
-                ops: r.ops.as_mut(),
-                attn: &mut r.attn,
-                kv: &mut r.kv,
-                scratch: &mut r.scratch,
-            },
-            DeviceOutput::Logits(&mut replayed),
-        )
+    let step = StepBatch {
+        input_ids: &[1, 2],
+        positions: &[0, 1],
+        batch: &batch,
+        logits_rows: &[1],
+    };
+    let (model, mut run) = r.parts();
+    let ran = model
+        .forward_graph(&mut g, &step, &mut run, DeviceOutput::Logits(&mut replayed))
         .unwrap();
     assert!(!ran, "prefill steps are not replayed");
 }
