@@ -131,13 +131,7 @@ impl DeviceLlama {
         B: DerefMut<Target = A>,
         A: AttentionBackend + ?Sized,
     {
-        let DeviceRun {
-            ops,
-            attn,
-            kv,
-            scratch: s,
-        } = run;
-        let ops: &mut dyn ModelOps = *ops;
+        let (ops, attn, kv, s) = run.parts();
         if let Some(a) = attn
             .iter()
             .find(|a| a.graph_support() != GraphSupport::UniformDecode)
@@ -249,13 +243,7 @@ impl DeviceLlama {
         B: DerefMut<Target = A>,
         A: AttentionBackend + ?Sized,
     {
-        let DeviceRun {
-            ops,
-            attn,
-            kv,
-            scratch: s,
-        } = run;
-        let ops: &mut dyn ModelOps = *ops;
+        let (ops, attn, kv, s) = run.parts();
         let (n, batch) = (step.num_tokens(), step.batch);
         let uniform_decode = n > 0
             && batch.num_decode_reqs() == batch.num_reqs()

@@ -29,6 +29,25 @@ pub struct DeviceRun<'a, B> {
     pub scratch: &'a mut DeviceScratch,
 }
 
+impl<B> DeviceRun<'_, B> {
+    /// Its parts, reborrowed: the kernels, the backends, the KV cache, the scratch.
+    pub fn parts(
+        &mut self,
+    ) -> (
+        &mut dyn ModelOps,
+        &mut [B],
+        &mut KvCache,
+        &mut DeviceScratch,
+    ) {
+        (
+            &mut *self.ops,
+            &mut *self.attn,
+            &mut *self.kv,
+            &mut *self.scratch,
+        )
+    }
+}
+
 /// A decoder model whose weights live on a device.
 pub struct DeviceLlama {
     pub(super) config: LlamaConfig,
@@ -212,21 +231,16 @@ impl DeviceLlama {
         A: AttentionBackend + ?Sized,
     {
         out.clear();
-        let DeviceRun {
-            ops,
-            attn,
-            kv,
-            scratch: s,
-        } = run;
+        let (ops, attn, kv, s) = run.parts();
         self.check_step(step, attn.len(), kv)?;
         let (n, r) = (step.num_tokens(), step.logits_rows.len());
         if n == 0 {
             return Ok(());
         }
         s.reserve(ops.runtime().as_ref(), &self.config, self.dtype, n)?;
-        self.begin_step(*ops, step, s)?;
-        self.launch(*ops, n, r, attn, kv, s)?;
-        self.finish(*ops, n, r, out, s)
+        self.begin_step(ops, step, s)?;
+        self.launch(ops, n, r, attn, kv, s)?;
+        self.finish(ops, n, r, out, s)
     }
 
     /// The checks of a step's inputs (before anything reaches the device).
