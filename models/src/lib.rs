@@ -1,7 +1,8 @@
 //! Models: loading weights and tokenizers from GGUF files or HF directories, chat
-//! templates, and the one decoder forward pass on CPU that runs every supported
-//! family (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Mixtral; see [`arch`]), and its
-//! device twin ([`device`]: weights on a device, every op through core's `ModelOps`).
+//! templates, and the one decoder forward pass (`decoder`) that runs every supported
+//! family (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Mixtral; see [`arch`]) on every
+//! device: with the host's ops ([`Llama`], `cpu`) or a device's ([`device`]: weights
+//! on a device, every op through core's `ModelOps`).
 //!
 //! Architecture invariant: models knows the attention protocol of `pagoda-core`
 //! but no concrete backend, nothing of scheduling, and nothing of HTTP.
@@ -9,6 +10,8 @@
 pub mod arch;
 pub mod chat;
 pub mod config;
+mod cpu;
+mod decoder;
 pub mod dequant;
 pub mod device;
 pub mod dummy;
@@ -16,7 +19,6 @@ pub mod error;
 pub mod gguf;
 pub mod hf;
 pub mod hf_arch;
-mod layer;
 pub mod linear;
 pub mod llama;
 pub mod loaded;

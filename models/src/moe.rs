@@ -7,28 +7,14 @@
 //! Experts are summed in expert order, as transformers' Mixtral block does
 //! (`index_add_` per expert), so f32 results stay close to the reference's.
 
-use crate::arch::{Activation, MoeConfig};
+use crate::arch::Activation;
+use crate::decoder::{Moe, Weights};
 use crate::error::kernel;
 use crate::error::ModelError;
 use crate::linear::Linear;
 use pagoda_kernels::{gelu_tanh_mul_fused, silu_mul_fused};
 
-/// One expert's fused `[w_gate; w_up]` and `w_down`.
-#[derive(Debug, Clone)]
-pub(crate) struct Expert {
-    pub(crate) w_gate_up: Linear,
-    pub(crate) w_down: Linear,
-}
-
-/// The router and experts of one layer.
-#[derive(Debug, Clone)]
-pub(crate) struct MoeMlp {
-    pub(crate) router: Linear,
-    pub(crate) experts: Vec<Expert>,
-    pub(crate) top_k: usize,
-}
-
-/// Reusable buffers of [`MoeMlp::forward`].
+/// Reusable buffers of [`forward`].
 #[derive(Debug, Default)]
 pub(crate) struct MoeScratch {
     router_logits: Vec<f32>,
@@ -70,95 +56,68 @@ pub(crate) fn route(logits: &[f32], k: usize, out: &mut Vec<(usize, f32)>) {
     }
 }
 
-impl MoeMlp {
-    /// `out[m, hidden]` = the MoE MLP of `x[m, hidden]`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn forward(
-        &self,
-        x: &[f32],
-        m: usize,
-        hidden: usize,
-        inter: usize,
-        activation: Activation,
-        out: &mut [f32],
-        s: &mut MoeScratch,
-    ) -> Result<(), ModelError> {
-        let n_exp = self.experts.len();
-        s.router_logits.resize(m * n_exp, 0.0);
-        self.router
-            .matmul(x, &mut s.router_logits, m, hidden, n_exp)
-            .map_err(kernel)?;
-        s.routes.clear();
+/// `out[m, hidden]` = the MoE MLP `moe` (its matrices host [`Linear`]s) of `x[m, hidden]`.
+pub(crate) fn forward<W: Weights<Mat = Linear>>(
+    moe: &Moe<W>,
+    (x, m): (&[f32], usize),
+    (hidden, inter, activation): (usize, usize, Activation),
+    out: &mut [f32],
+    s: &mut MoeScratch,
+) -> Result<(), ModelError> {
+    let n_exp = moe.experts.len();
+    s.router_logits.resize(m * n_exp, 0.0);
+    moe.router
+        .matmul(x, &mut s.router_logits, m, hidden, n_exp)
+        .map_err(kernel)?;
+    s.routes.clear();
+    for t in 0..m {
+        route(
+            &s.router_logits[t * n_exp..(t + 1) * n_exp],
+            moe.top_k,
+            &mut s.routes,
+        );
+    }
+    out[..m * hidden].fill(0.0);
+    for (e, expert) in moe.experts.iter().enumerate() {
+        s.rows.clear();
+        s.weights.clear();
         for t in 0..m {
-            route(
-                &s.router_logits[t * n_exp..(t + 1) * n_exp],
-                self.top_k,
-                &mut s.routes,
-            );
+            let r = &s.routes[t * moe.top_k..(t + 1) * moe.top_k];
+            if let Some(&(_, w)) = r.iter().find(|&&(x, _)| x == e) {
+                s.rows.push(t);
+                s.weights.push(w);
+            }
         }
-        out[..m * hidden].fill(0.0);
-        for (e, expert) in self.experts.iter().enumerate() {
-            s.rows.clear();
-            s.weights.clear();
-            for t in 0..m {
-                let r = &s.routes[t * self.top_k..(t + 1) * self.top_k];
-                if let Some(&(_, w)) = r.iter().find(|&&(x, _)| x == e) {
-                    s.rows.push(t);
-                    s.weights.push(w);
-                }
-            }
-            let n = s.rows.len();
-            if n == 0 {
-                continue;
-            }
-            s.x.resize(n * hidden, 0.0);
-            for (i, &t) in s.rows.iter().enumerate() {
-                s.x[i * hidden..(i + 1) * hidden].copy_from_slice(&x[t * hidden..(t + 1) * hidden]);
-            }
-            s.gate_up.resize(n * 2 * inter, 0.0);
-            s.act.resize(n * inter, 0.0);
-            s.y.resize(n * hidden, 0.0);
-            expert
-                .w_gate_up
-                .matmul(&s.x, &mut s.gate_up, n, hidden, 2 * inter)
-                .map_err(kernel)?;
-            match activation {
-                Activation::Silu => silu_mul_fused(&s.gate_up, inter, &mut s.act),
-                Activation::GeluTanh => gelu_tanh_mul_fused(&s.gate_up, inter, &mut s.act),
-            }
+        let n = s.rows.len();
+        if n == 0 {
+            continue;
+        }
+        s.x.resize(n * hidden, 0.0);
+        for (i, &t) in s.rows.iter().enumerate() {
+            s.x[i * hidden..(i + 1) * hidden].copy_from_slice(&x[t * hidden..(t + 1) * hidden]);
+        }
+        s.gate_up.resize(n * 2 * inter, 0.0);
+        s.act.resize(n * inter, 0.0);
+        s.y.resize(n * hidden, 0.0);
+        expert
+            .w_gate_up
+            .matmul(&s.x, &mut s.gate_up, n, hidden, 2 * inter)
             .map_err(kernel)?;
-            expert
-                .w_down
-                .matmul(&s.act, &mut s.y, n, inter, hidden)
-                .map_err(kernel)?;
-            for (i, (&t, &w)) in s.rows.iter().zip(&s.weights).enumerate() {
-                let dst = &mut out[t * hidden..(t + 1) * hidden];
-                for (o, &y) in dst.iter_mut().zip(&s.y[i * hidden..(i + 1) * hidden]) {
-                    *o += y * w;
-                }
+        match activation {
+            Activation::Silu => silu_mul_fused(&s.gate_up, inter, &mut s.act),
+            Activation::GeluTanh => gelu_tanh_mul_fused(&s.gate_up, inter, &mut s.act),
+        }
+        .map_err(kernel)?;
+        expert
+            .w_down
+            .matmul(&s.act, &mut s.y, n, inter, hidden)
+            .map_err(kernel)?;
+        for (i, (&t, &w)) in s.rows.iter().zip(&s.weights).enumerate() {
+            let dst = &mut out[t * hidden..(t + 1) * hidden];
+            for (o, &y) in dst.iter_mut().zip(&s.y[i * hidden..(i + 1) * hidden]) {
+                *o += y * w;
             }
         }
-        Ok(())
-    }
-}
-
-/// Checks a MoE config against the experts loaded.
-pub(crate) fn check_moe(cfg: &MoeConfig, n_experts: usize) -> Result<(), ModelError> {
-    if cfg.num_experts == 0 || cfg.top_k == 0 || cfg.top_k > cfg.num_experts {
-        return Err(ModelError::Config {
-            message: format!(
-                "MoE with {} experts and top {} is not valid",
-                cfg.num_experts, cfg.top_k
-            ),
-        });
-    }
-    if n_experts != cfg.num_experts {
-        return Err(ModelError::Config {
-            message: format!(
-                "{n_experts} experts in the weights, config says {}",
-                cfg.num_experts
-            ),
-        });
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! the device module's shared helpers (uploads, error conversions).
 
 use crate::config::LlamaConfig;
+use crate::decoder::{Bufs, Tail};
 use crate::error::ModelError;
 use pagoda_core::{
     CoreError, DType, DeviceRuntime, HostSlice, Shape, Storage, TensorMut, TensorRef,
@@ -48,23 +49,6 @@ pub(super) fn upload(
     Ok(s)
 }
 
-/// Where a layer leaves a projection's output for its residual add: the post-norm's
-/// buffer when the family has post-norms (Gemma 2), o_proj's / down_proj's otherwise.
-pub(super) fn residual_input<'a>(
-    proj: &'a Storage,
-    post: &'a Option<Storage>,
-    post_norms: bool,
-) -> Result<&'a Storage, ModelError> {
-    match (post_norms, post) {
-        (false, _) => Ok(proj),
-        (true, Some(p)) => Ok(p),
-        (true, None) => Err(ModelError::Forward {
-            message: "the device buffers have no post-norm output (built for another config)"
-                .into(),
-        }),
-    }
-}
-
 /// The leading `dims.iter().product()` elements of a buffer, seen as `dims` (a step
 /// uses the first rows of buffers sized for the largest step).
 pub(super) fn lead<'a>(s: &'a mut Storage, dims: &[usize]) -> Result<TensorMut<'a>, ModelError> {
@@ -107,30 +91,6 @@ pub(super) struct MoeBufs {
     pub(super) y: Storage,
 }
 
-/// The device buffers of a step.
-pub(super) struct Bufs {
-    /// Residual stream `[tokens, hidden]` f32.
-    pub(super) h: Storage,
-    /// Normed activations `[tokens, hidden]`.
-    pub(super) xn: Storage,
-    pub(super) qkv: Storage,
-    pub(super) q: Storage,
-    pub(super) attn: Storage,
-    /// o_proj / down_proj output `[tokens, hidden]`.
-    pub(super) proj: Storage,
-    /// Post-norm output `[tokens, hidden]` (Gemma 2): what the residual adds there.
-    pub(super) post: Option<Storage>,
-    pub(super) gate_up: Storage,
-    pub(super) act: Storage,
-    pub(super) moe: Option<MoeBufs>,
-    /// The logits rows' residual (f32), last projection and final norm output.
-    pub(super) sel_h: Storage,
-    pub(super) sel_p: Storage,
-    pub(super) sel_n: Storage,
-    /// `[rows, vocab]` f32.
-    pub(super) logits: Storage,
-}
-
 /// Device buffers of `DeviceLlama::forward_kinds`, for up to `tokens` tokens and
 /// an LM head over `rows` logits rows at a time: they grow (allocating) only when a step
 /// has more tokens; a step with more logits rows (prompt log-probabilities) runs the
@@ -138,7 +98,8 @@ pub(super) struct Bufs {
 pub struct DeviceScratch {
     pub(super) tokens: usize,
     pub(super) rows: usize,
-    pub(super) bufs: Bufs,
+    pub(super) bufs: Bufs<Storage>,
+    pub(super) moe: Option<MoeBufs>,
     pub(super) rows_u32: Vec<u32>,
     /// Times the buffers were (re)allocated: steady state means no change.
     pub(super) num_allocations: usize,
@@ -155,10 +116,12 @@ impl DeviceScratch {
         rows: usize,
     ) -> Result<Self, ModelError> {
         let (tokens, rows) = (tokens.max(1), rows.max(1));
+        let (bufs, moe) = new_bufs(rt.as_ref(), config, dtype, tokens, rows)?;
         Ok(DeviceScratch {
             tokens,
             rows,
-            bufs: Bufs::new(rt.as_ref(), config, dtype, tokens, rows)?,
+            bufs,
+            moe,
             rows_u32: Vec::with_capacity(rows),
             num_allocations: 1,
         })
@@ -171,17 +134,27 @@ impl DeviceScratch {
 
     /// Bytes of device memory the buffers take.
     pub fn size_bytes(&self) -> usize {
-        let b = &self.bufs;
-        let moe = b
+        let (b, t) = (&self.bufs, &self.bufs.t);
+        let moe = self
             .moe
             .iter()
             .flat_map(|m| [&m.logits, &m.weights, &m.acc, &m.y]);
         [
-            &b.h, &b.xn, &b.qkv, &b.q, &b.attn, &b.proj, &b.gate_up, &b.act, &b.sel_h, &b.sel_p,
-            &b.sel_n, &b.logits,
+            &b.h,
+            &b.qkv,
+            &b.q,
+            &b.attn,
+            &b.sel_attn,
+            &b.sel_h,
+            &b.sel_n,
+            &b.logits,
+            &t.xn,
+            &t.proj,
+            &t.post,
+            &t.gate_up,
+            &t.act,
         ]
         .into_iter()
-        .chain(b.post.as_ref())
         .chain(moe)
         .map(|s| s.size_bytes())
         .sum()
@@ -198,59 +171,60 @@ impl DeviceScratch {
             return Ok(());
         }
         self.tokens = tokens.next_power_of_two();
-        self.bufs = Bufs::new(rt, config, dtype, self.tokens, self.rows)?;
+        (self.bufs, self.moe) = new_bufs(rt, config, dtype, self.tokens, self.rows)?;
         self.num_allocations += 1;
         Ok(())
     }
 }
 
-impl Bufs {
-    fn new(
-        rt: &dyn DeviceRuntime,
-        c: &LlamaConfig,
-        dtype: DType,
-        n: usize,
-        r: usize,
-    ) -> Result<Self, ModelError> {
-        let hd = c.head_dim;
-        let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
-        let (hidden, inter) = (c.hidden_size, c.intermediate_size);
-        let a = |dt: DType, len: usize| {
-            rt.alloc_zeroed(dt, Shape::flat(len)).map_err(|e| {
-                config_err(format!(
-                    "allocating {len} activation elements on {}: {e}",
-                    rt.device()
-                ))
-            })
-        };
-        let moe = match c.arch.moe {
-            Some(m) => Some(MoeBufs {
-                logits: a(DType::F32, n * m.num_experts)?,
-                weights: a(DType::F32, n * m.num_experts)?,
-                acc: a(DType::F32, n * hidden)?,
-                y: a(dtype, n * hidden)?,
-            }),
-            None => None,
-        };
-        Ok(Bufs {
-            h: a(DType::F32, n * hidden)?,
+/// The buffers of steps of up to `n` tokens and `r` logits rows at a time (the
+/// residual stream, the MoE sums and the logits f32, the rest in `dtype`). A buffer
+/// the model does not use is one element: the device never prunes the last layer
+/// (`sel_attn`, `sel_h`), a family without post-norms never writes `post`.
+fn new_bufs(
+    rt: &dyn DeviceRuntime,
+    c: &LlamaConfig,
+    dtype: DType,
+    n: usize,
+    r: usize,
+) -> Result<(Bufs<Storage>, Option<MoeBufs>), ModelError> {
+    let hd = c.head_dim;
+    let (q_dim, kv_dim) = (c.num_heads * hd, c.num_kv_heads * hd);
+    let (hidden, inter) = (c.hidden_size, c.intermediate_size);
+    let a = |dt: DType, len: usize| {
+        rt.alloc_zeroed(dt, Shape::flat(len.max(1))).map_err(|e| {
+            config_err(format!(
+                "allocating {len} activation elements on {}: {e}",
+                rt.device()
+            ))
+        })
+    };
+    let moe = match c.arch.moe {
+        Some(m) => Some(MoeBufs {
+            logits: a(DType::F32, n * m.num_experts)?,
+            weights: a(DType::F32, n * m.num_experts)?,
+            acc: a(DType::F32, n * hidden)?,
+            y: a(dtype, n * hidden)?,
+        }),
+        None => None,
+    };
+    let post = if c.arch.post_norms { n * hidden } else { 0 };
+    let bufs = Bufs {
+        h: a(DType::F32, n * hidden)?,
+        qkv: a(dtype, n * (q_dim + 2 * kv_dim))?,
+        q: a(dtype, n * q_dim)?,
+        attn: a(dtype, n * q_dim)?,
+        sel_attn: a(dtype, 0)?,
+        sel_h: a(DType::F32, 0)?,
+        sel_n: a(dtype, r * hidden)?,
+        logits: a(DType::F32, r * c.vocab_size)?,
+        t: Tail {
             xn: a(dtype, n * hidden)?,
-            qkv: a(dtype, n * (q_dim + 2 * kv_dim))?,
-            q: a(dtype, n * q_dim)?,
-            attn: a(dtype, n * q_dim)?,
             proj: a(dtype, n * hidden)?,
-            post: c
-                .arch
-                .post_norms
-                .then(|| a(dtype, n * hidden))
-                .transpose()?,
+            post: a(dtype, post)?,
             gate_up: a(dtype, n * 2 * inter)?,
             act: a(dtype, n * inter)?,
-            moe,
-            sel_h: a(DType::F32, r * hidden)?,
-            sel_p: a(dtype, r * hidden)?,
-            sel_n: a(dtype, r * hidden)?,
-            logits: a(DType::F32, r * c.vocab_size)?,
-        })
-    }
+        },
+    };
+    Ok((bufs, moe))
 }

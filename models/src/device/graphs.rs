@@ -166,7 +166,7 @@ impl DeviceLlama {
                 ),
             }));
         }
-        s.reserve(rt.as_ref(), &self.config, self.dtype, largest)?;
+        s.reserve(rt.as_ref(), &self.dec.config, self.dtype, largest)?;
         // Logits rows never exceed tokens: reserve the rows section for all of them.
         ops.reserve_step(s.tokens, s.tokens).map_err(graph_err)?;
         let mut g = DecodeGraphs {
@@ -278,7 +278,7 @@ impl DeviceLlama {
         // checked above and handed over by `begin_step` and `plan_graph`.
         unsafe { ops.replay(id) }.map_err(graph_err)?;
         g.num_replays += 1;
-        self.finish(ops, bucket, n, out, s)?;
+        self.finish(ops, (bucket, n), out, s)?;
         Ok(true)
     }
 }

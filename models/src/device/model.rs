@@ -1,20 +1,21 @@
-//! [`DeviceLlama`]: the device forward's model (see the `device` module docs): its
-//! weights on the device, the step's checks and inputs, the launch sequence (the
-//! layers' launches are `layer.rs`'), the LM head and the hand-back of logits or ids.
+//! [`DeviceLlama`]: the decoder (`crate::decoder`, the forward pass every device
+//! runs) with its weights on a device (see the `device` module docs): the step's
+//! checks and inputs, the launch sequence through [`DeviceOps`], and the hand-back
+//! of logits or ids.
 
 use super::bufs::DeviceScratch;
-use super::bufs::{config_err, dev, residual_input, rows, rows_ref, upload};
-use super::weights::DeviceLayer;
-use crate::arch::{Activation, AttnKind};
+use super::bufs::{config_err, dev, rows_ref};
+use super::ops::DeviceOps;
+use super::weights::{Dev, DevPlace};
 use crate::config::LlamaConfig;
+use crate::decoder::Decoder;
+use crate::decoder::{build_decoder, check_backends, check_step_inputs, forward_layers, head};
 use crate::error::ModelError;
-use crate::layer::{check_mat, check_vec};
 use crate::weights::LlamaWeights;
 use pagoda_core::{
-    AttentionBackend, AttentionConfig, DType, DeviceRuntime, GatedAct, KvCache, ModelOps,
-    StepBatch, StepInputs, Storage, MOE_MAX_TOP_K,
+    AttentionBackend, AttentionConfig, DType, DeviceRuntime, KvCache, ModelOps, StepBatch,
+    StepInputs, MOE_MAX_TOP_K,
 };
-use pagoda_kernels::{Llama3Scaling, RopeCache};
 use std::ops::DerefMut;
 
 /// What a device step runs on, beside the model and the step's inputs: the device's
@@ -50,21 +51,8 @@ impl<B> DeviceRun<'_, B> {
 
 /// A decoder model whose weights live on a device.
 pub struct DeviceLlama {
-    pub(super) config: LlamaConfig,
+    pub(super) dec: Decoder<Dev>,
     pub(super) dtype: DType,
-    pub(super) attn_kinds: Vec<AttnKind>,
-    pub(super) kind_of_layer: Vec<usize>,
-    /// `[vocab, hidden]`
-    pub(super) embed: Storage,
-    /// `None`: tied to `embed`.
-    pub(super) lm_head: Option<Storage>,
-    pub(super) layers: Vec<DeviceLayer>,
-    pub(super) norm: Storage,
-    /// RoPE tables `[max_pos, head_dim / 2]` f32.
-    pub(super) cos: Storage,
-    pub(super) sin: Storage,
-    pub(super) act: GatedAct,
-    pub(super) embed_scale: f32,
     pub(super) weight_bytes: usize,
 }
 
@@ -102,99 +90,27 @@ impl DeviceLlama {
         weights: LlamaWeights,
         dtype: DType,
         rt: &dyn DeviceRuntime,
-        mut progress: impl FnMut(usize, usize),
+        progress: impl FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
-        crate::llama::validate_config(&config)?;
         if let Some(why) = device_unsupported(&config) {
             return Err(config_err(why));
         }
-        let c = &config;
-        let (hidden, hd) = (c.hidden_size, c.head_dim);
-        check_mat("token_embd".into(), &weights.embed, c.vocab_size, hidden)?;
-        check_vec("output_norm".into(), &weights.norm, hidden)?;
-        if weights.layers.len() != c.num_layers {
-            return Err(config_err(format!(
-                "{} layers in weights, config says {}",
-                weights.layers.len(),
-                c.num_layers
-            )));
-        }
-        let mut weight_bytes = 0;
-        let mut layers = Vec::with_capacity(c.num_layers);
-        for (i, l) in weights.layers.iter().enumerate() {
-            layers.push(DeviceLayer::upload(i, l, c, dtype, rt, &mut weight_bytes)?);
-            progress(i + 1, c.num_layers);
-        }
-        let mut count = |s: Storage| {
-            weight_bytes += s.size_bytes();
-            s
-        };
-        let embed = count(upload(
+        let mut place = DevPlace {
             rt,
             dtype,
-            &[c.vocab_size, hidden],
-            &weights.embed.values()?,
-        )?);
-        let lm_head = match &weights.lm_head {
-            Some(h) => {
-                check_mat("lm_head".into(), h, c.vocab_size, hidden)?;
-                Some(count(upload(
-                    rt,
-                    dtype,
-                    &[c.vocab_size, hidden],
-                    &h.values()?,
-                )?))
-            }
-            None => None,
+            bytes: 0,
+            progress,
         };
-        let norm = count(upload(rt, DType::F32, &[hidden], &weights.norm)?);
-        let scaling = c.rope_scaling.map(|s| Llama3Scaling {
-            factor: s.factor,
-            low_freq_factor: s.low_freq_factor,
-            high_freq_factor: s.high_freq_factor,
-            original_max_position_embeddings: s.original_max_position_embeddings,
-        });
-        let rope = RopeCache::with_freq_factors(
-            hd,
-            c.max_position_embeddings,
-            c.rope_theta,
-            scaling.as_ref(),
-            c.rope_freq_factors.as_deref(),
-        )
-        .map_err(|e| config_err(format!("rope: {e}")))?;
-        let (cos_h, sin_h) = rope.tables();
-        let dims = [c.max_position_embeddings, hd / 2];
-        let cos = count(upload(rt, DType::F32, &dims, cos_h)?);
-        let sin = count(upload(rt, DType::F32, &dims, sin_h)?);
-        let act = match c.arch.activation {
-            Activation::Silu => GatedAct::Silu,
-            Activation::GeluTanh => GatedAct::GeluTanh,
-        };
-        let embed_scale = if c.arch.scale_embedding {
-            (hidden as f32).sqrt()
-        } else {
-            1.0
-        };
-        let (attn_kinds, kind_of_layer) = config.attention_kinds();
+        let dec = build_decoder(config, weights, &mut place)?;
         Ok(DeviceLlama {
-            config,
+            dec,
             dtype,
-            attn_kinds,
-            kind_of_layer,
-            embed,
-            lm_head,
-            layers,
-            norm,
-            cos,
-            sin,
-            act,
-            embed_scale,
-            weight_bytes,
+            weight_bytes: place.bytes,
         })
     }
 
     pub fn config(&self) -> &LlamaConfig {
-        &self.config
+        &self.dec.config
     }
 
     /// The compute dtype (weights and activations).
@@ -210,7 +126,7 @@ impl DeviceLlama {
     /// The attention configurations the layers need, one per distinct kind, with
     /// queries of the compute dtype (device and KV dtype are the engine's to set).
     pub fn attention_configs(&self, block_size: usize) -> Vec<AttentionConfig> {
-        let mut v = self.config.attention_configs(block_size);
+        let mut v = self.dec.config.attention_configs(block_size);
         for c in &mut v {
             c.q_dtype = self.dtype;
         }
@@ -237,10 +153,10 @@ impl DeviceLlama {
         if n == 0 {
             return Ok(());
         }
-        s.reserve(ops.runtime().as_ref(), &self.config, self.dtype, n)?;
+        s.reserve(ops.runtime().as_ref(), &self.dec.config, self.dtype, n)?;
         self.begin_step(ops, step, s)?;
         self.launch(ops, n, r, attn, kv, s)?;
-        self.finish(ops, n, r, out, s)
+        self.finish(ops, (n, r), out, s)
     }
 
     /// The checks of a step's inputs (before anything reaches the device).
@@ -250,16 +166,9 @@ impl DeviceLlama {
         num_backends: usize,
         kv: &KvCache,
     ) -> Result<(), ModelError> {
-        let c = &self.config;
-        if num_backends != self.attn_kinds.len() {
-            return Err(ModelError::Forward {
-                message: format!(
-                    "the model's layers need {} attention backends, got {num_backends}",
-                    self.attn_kinds.len(),
-                ),
-            });
-        }
-        crate::llama::check_step_inputs(
+        let c = &self.dec.config;
+        check_backends(&self.dec.attn_kinds, num_backends)?;
+        check_step_inputs(
             c,
             c.max_position_embeddings,
             step.input_ids,
@@ -305,97 +214,17 @@ impl DeviceLlama {
         B: DerefMut<Target = A>,
         A: AttentionBackend + ?Sized,
     {
-        let c = &self.config;
-        let (hidden, eps) = (c.hidden_size, c.rms_norm_eps);
-        let b = &mut s.bufs;
-        ops.embed(
-            self.embed.view(),
-            self.embed_scale,
-            rows(&mut b.h, n, hidden)?,
-        )
-        .map_err(dev)?;
-        if let Some(first) = self.layers.first() {
-            ops.rms_norm(
-                rows_ref(&b.h, n, hidden)?,
-                first.attn_norm.view(),
-                0.0,
-                eps,
-                rows(&mut b.xn, n, hidden)?,
-            )
-            .map_err(dev)?;
-        }
-        for l in 0..self.layers.len() {
-            self.layer(ops, l, n, attn, kv, b)?;
-        }
+        let mut ops = DeviceOps {
+            ops,
+            moe: &mut s.moe,
+            n,
+        };
+        let pruned = forward_layers(&self.dec, &mut ops, (n, r), attn, kv, &mut s.bufs)?;
         // The first chunk of logits rows (all of them, unless a step asks for more
         // than the buffers hold: prompt log-probabilities); `finish` does the rest.
-        self.head(ops, n, 0, r.min(s.rows), s)
-    }
-
-    /// The last residual add, the final norm and the LM head for the step's logits rows
-    /// `first..first + count` (`count <= s.rows`), into the first `count` rows of the
-    /// logits buffer.
-    fn head(
-        &self,
-        ops: &mut dyn ModelOps,
-        n: usize,
-        first: usize,
-        count: usize,
-        s: &mut DeviceScratch,
-    ) -> Result<(), ModelError> {
-        if count == 0 {
-            return Ok(());
-        }
-        let c = &self.config;
-        let (hidden, eps, vocab) = (c.hidden_size, c.rms_norm_eps, c.vocab_size);
-        let b = &mut s.bufs;
-        ops.gather_logits_rows(
-            rows_ref(&b.h, n, hidden)?,
-            hidden,
-            first,
-            rows(&mut b.sel_h, count, hidden)?,
-        )
-        .map_err(dev)?;
-        if self.layers.is_empty() {
-            ops.rms_norm(
-                rows_ref(&b.sel_h, count, hidden)?,
-                self.norm.view(),
-                0.0,
-                eps,
-                rows(&mut b.sel_n, count, hidden)?,
-            )
-            .map_err(dev)?;
-        } else {
-            let mlp_out = residual_input(&b.proj, &b.post, c.arch.post_norms)?;
-            ops.gather_logits_rows(
-                rows_ref(mlp_out, n, hidden)?,
-                hidden,
-                first,
-                rows(&mut b.sel_p, count, hidden)?,
-            )
-            .map_err(dev)?;
-            ops.add_rms_norm(
-                rows(&mut b.sel_h, count, hidden)?,
-                rows_ref(&b.sel_p, count, hidden)?,
-                self.norm.view(),
-                0.0,
-                eps,
-                rows(&mut b.sel_n, count, hidden)?,
-            )
-            .map_err(dev)?;
-        }
-        let lm_head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        ops.linear(
-            rows_ref(&b.sel_n, count, hidden)?,
-            lm_head.view(),
-            rows(&mut b.logits, count, vocab)?,
-        )
-        .map_err(dev)?;
-        match c.arch.final_logit_softcap {
-            Some(cap) => ops
-                .soft_cap(rows(&mut b.logits, count, vocab)?, cap)
-                .map_err(dev),
-            None => Ok(()),
+        match r.min(s.rows) {
+            0 => Ok(()),
+            count => head(&self.dec, &mut ops, (0, count), pruned, &mut s.bufs),
         }
     }
 
@@ -405,12 +234,11 @@ impl DeviceLlama {
     pub(super) fn finish(
         &self,
         ops: &mut dyn ModelOps,
-        n: usize,
-        r: usize,
+        (n, r): (usize, usize),
         mut out: DeviceOutput<'_>,
         s: &mut DeviceScratch,
     ) -> Result<(), ModelError> {
-        let vocab = self.config.vocab_size;
+        let vocab = self.dec.config.vocab_size;
         let cap = s.rows;
         match &mut out {
             DeviceOutput::Logits(v) => {
@@ -426,7 +254,12 @@ impl DeviceLlama {
         while first < r {
             let count = cap.min(r - first);
             if first > 0 {
-                self.head(ops, n, first, count, s)?;
+                let mut ops = DeviceOps {
+                    ops: &mut *ops,
+                    moe: &mut s.moe,
+                    n,
+                };
+                head(&self.dec, &mut ops, (first, count), false, &mut s.bufs)?;
             }
             let logits = rows_ref(&s.bufs.logits, count, vocab)?;
             match &mut out {
