@@ -1,7 +1,7 @@
 //! The backend type of every CUDA attention backend: one [`CudaAttention`]
-//! parameterised by its [`Kernel`], a description that the library's kernels
-//! ([`NAIVE`], [`PAGED`], [`FLASH`]) and a backend crate's own (`.cu` in its folder,
-//! [`Call::Plugin`]) give alike.
+//! parameterised by its [`Kernel`], a description that the library's split-KV decode
+//! kernel ([`PAGED`]) and a backend crate's own (`.cu` in its folder: `cuda-naive`,
+//! `cuda-flash`, the example) give alike, each launched as [`Call::Attn`](pagoda_cuda_kernels::Call::Attn).
 //!
 //! * [`AttentionBackend::plan`] checks the batch against the kernel's role, copies its
 //!   metadata (offsets, lengths, block table) and picks `paged`'s split plan: once
@@ -18,8 +18,8 @@
 //!   the pools' dtype).
 //!
 //! Every kernel takes one element type for q, out and the cache, so the q and KV dtypes
-//! must be equal ([`runtime_reasons`]). All three kernels serve sliding windows and
-//! logit soft-capping with `naive`'s semantics: a query at position `pos` sees keys
+//! must be equal ([`runtime_reasons`]). The kernels serve sliding windows and logit
+//! soft-capping with `naive`'s semantics: a query at position `pos` sees keys
 //! `pos + 1 - w..=pos` under a window `w`, and a scaled score `s` becomes
 //! `cap * tanh(s / cap)` before the softmax.
 
@@ -30,15 +30,14 @@ use pagoda_core::{
     AttentionBackend, AttentionConfig, BatchDescriptor, Capabilities, CoreError, DType, Device,
     DeviceKind, GraphLimits, GraphSupport, InvalidReason, LayerIo, Role, TensorMut, TensorRef,
 };
-use pagoda_cuda_kernels::emu_launch::AttnKernel;
-use pagoda_cuda_kernels::{flash_head_dims, paged_head_dims, AttnParams, Call, Dtype, SplitPlan};
+use pagoda_cuda_kernels::{paged_head_dims, AttnKernel, Dtype, SplitPlan};
 
 /// An attention kernel as the backend type sees it: what it serves and how it is
-/// launched. The library's kernels are [`NAIVE`], [`PAGED`] and [`FLASH`]; a CUDA
-/// backend crate that owns its `.cu` file describes its own as a `static Kernel` whose
-/// [`Kernel::call`] builds a [`Call::Plugin`] (see `examples/cuda-backend-example`), and
-/// gets planning, the device code path, graphs and `write_kv` from [`CudaAttention`]:
-/// nothing here names a backend.
+/// launched. The library's is [`PAGED`]; a CUDA backend crate that owns its `.cu` file
+/// describes its own as a `static Kernel` over its compiled [`AttnKernel`]
+/// ([`Kernel::compiled`]; see `backends/cuda-naive`,
+/// `examples/cuda-backend-example`), and gets planning, the device code path, graphs and
+/// `write_kv` from [`CudaAttention`]: nothing here names a backend.
 #[derive(Debug)]
 pub struct Kernel {
     /// The kernel family's name (`naive`, `paged`, ...).
@@ -49,9 +48,9 @@ pub struct Kernel {
     pub dtypes: &'static [DType],
     /// Its head dims per element type (`None`: any head dim).
     pub head_dims: Option<fn(Dtype) -> &'static [usize]>,
-    /// Splits a decode row's keys into partitions merged by a second kernel
-    /// (flash-decoding, `paged.cu`): `plan` picks a [`SplitPlan`] for it; other kernels
-    /// take each row's keys in one partition.
+    /// Splits a decode row's keys into partitions (flash-decoding, `paged.cu`), written
+    /// in `merge.cu`'s layout and merged by [`Call::MergeStates`](pagoda_cuda_kernels::Call::MergeStates) after it: `plan` picks
+    /// a [`SplitPlan`] for it; other kernels take each row's keys in one partition.
     pub split_kv: bool,
     /// Which steps it can run inside a captured graph (its grid and scalars must follow
     /// the bucket only, the lengths and block tables read from the metadata buffers).
@@ -62,39 +61,17 @@ pub struct Kernel {
     /// Reads q, K, V and writes out in 16-byte vectors (the buffers' base addresses must
     /// be multiples of 16).
     pub vector_io: bool,
-    /// The launch of the packed parameters in an element type.
-    pub call: fn(AttnParams, Dtype) -> Call,
+    /// The compiled kernel (host launcher, emulator entry, fatbin, entry points), launched
+    /// as [`Call::Attn`](pagoda_cuda_kernels::Call::Attn).
+    pub compiled: &'static AttnKernel,
     /// The kernel that serves its rows when batch invariance is asked of it
     /// ([`CudaAttention::with_paged_rows`]): each prefill token as a decode row.
     pub invariant_rows: Option<&'static Kernel>,
 }
 
-fn naive_call(p: AttnParams, d: Dtype) -> Call {
-    Call::Attn(AttnKernel::Naive, p, d)
-}
-fn paged_call(p: AttnParams, d: Dtype) -> Call {
-    Call::Attn(AttnKernel::Paged, p, d)
-}
-fn flash_call(p: AttnParams, d: Dtype) -> Call {
-    Call::Attn(AttnKernel::Flash, p, d)
-}
-
-/// `naive.cu`: any head dim and block size, f32/bf16/f16, decode and prefill.
-pub static NAIVE: Kernel = Kernel {
-    name: "naive",
-    role: Role::Both,
-    dtypes: &ALL_DTYPES,
-    head_dims: None,
-    split_kv: false,
-    graph_support: GraphSupport::UniformDecode,
-    // Untested for it.
-    batch_invariant: None,
-    vector_io: false,
-    call: naive_call,
-    invariant_rows: None,
-};
-
-/// `paged.cu`: split-KV decode.
+/// `paged.cu` (the library's, `pagoda_cuda_kernels::PAGED`): split-KV decode. Served by
+/// `cuda-paged`; the rows of any kernel that runs its queries as decode rows under
+/// batch invariance ([`Kernel::invariant_rows`], `cuda-flash`).
 pub static PAGED: Kernel = Kernel {
     name: "paged",
     role: Role::Decode,
@@ -106,23 +83,8 @@ pub static PAGED: Kernel = Kernel {
     // ([`SplitPlan::fixed`]), and a CTA's arithmetic on its own keys.
     batch_invariant: Some(PAGED_FIXED_SPLITS),
     vector_io: true,
-    call: paged_call,
+    compiled: &pagoda_cuda_kernels::PAGED,
     invariant_rows: None,
-};
-
-/// `flash.cu`: tensor-core prefill, bf16/f16.
-pub static FLASH: Kernel = Kernel {
-    name: "flash",
-    role: Role::Prefill,
-    dtypes: &[DType::BF16, DType::F16],
-    head_dims: Some(flash_head_dims),
-    split_kv: false,
-    graph_support: GraphSupport::Never,
-    // `flash.cu` tiles a prompt differently from `paged.cu`'s decode row.
-    batch_invariant: None,
-    vector_io: true,
-    call: flash_call,
-    invariant_rows: Some(&PAGED),
 };
 
 /// The arithmetic `cuda-paged` declares ([`AttentionBackend::batch_invariant`]):
@@ -133,7 +95,8 @@ pub const PAGED_FIXED_SPLITS: &str = "cuda-paged-split256";
 /// several splits (and the merge kernel) on short contexts.
 pub const EMU_SMS: usize = 2;
 
-const ALL_DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+/// Every element type the kernels take.
+pub const ALL_DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
 fn kernel_dtype(d: DType) -> Result<Dtype, CoreError> {
     match d {
@@ -342,12 +305,14 @@ impl CudaAttention {
             Device::Emu => Dev::Emu(Box::new(DeviceAttn::new(EmuDriver::new(EMU_SMS)))),
             #[cfg(feature = "cuda")]
             Device::Cuda(ordinal) => {
-                let driver = crate::gpu::CudaDriver::new(ordinal).map_err(|message| {
-                    CoreError::BackendInvalid {
-                        backend: name.into(),
-                        reasons: vec![InvalidReason::Other { message }],
-                    }
-                })?;
+                let invalid = |message| CoreError::BackendInvalid {
+                    backend: name.into(),
+                    reasons: vec![InvalidReason::Other { message }],
+                };
+                let driver = crate::gpu::CudaDriver::new(ordinal).map_err(invalid)?;
+                for k in std::iter::once(kernel).chain(kernel.invariant_rows) {
+                    driver.load_attn(k.compiled).map_err(invalid)?;
+                }
                 Dev::Cuda(Box::new(DeviceAttn::new(driver)))
             }
             d => {

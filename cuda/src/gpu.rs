@@ -14,7 +14,7 @@ use cudarc::driver::{
 };
 use pagoda_core::{Device, MemoryInfo, TensorMut, TensorRef};
 use pagoda_cuda_kernels::cuda::CudaKernels;
-use pagoda_cuda_kernels::Call;
+use pagoda_cuda_kernels::{AttnKernel, Call};
 use std::sync::{Arc, Mutex};
 
 /// A device's shared state: the kernels (context + loaded modules) and the one stream
@@ -98,6 +98,12 @@ impl CudaDriver {
             num_sms,
             gemm: None,
         })
+    }
+
+    /// Loads the attention kernel `k`'s fatbin now (a backend does at its creation: a
+    /// missing image is a construction error, and no module loads during a capture).
+    pub(crate) fn load_attn(&self, k: &'static AttnKernel) -> Result<(), String> {
+        self.kernels.load_attn(k).map_err(|e| e.to_string())
     }
 
     /// With the linear layers' GEMMs: cuBLAS, and with `PAGODA_GEMM=cutlass` (or

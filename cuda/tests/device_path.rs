@@ -11,11 +11,13 @@
 //! doubled for flash's P rounding, + 1e-5; outputs lie in [-1, 1]).
 
 use half::bf16;
+use pagoda_backend_cuda_flash::KERNEL as FLASH;
+use pagoda_backend_cuda_naive::KERNEL as NAIVE;
 use pagoda_core::{
     AttentionBackend, AttentionConfig, BatchDescriptor, DType, Device, GraphLimits, LayerIo,
     TensorMut, TensorRef,
 };
-use pagoda_cuda::attn::{CudaAttention, Kernel, FLASH, NAIVE, PAGED};
+use pagoda_cuda::attn::{CudaAttention, Kernel, PAGED};
 use pagoda_cuda_kernels::graph;
 
 const HEADS: usize = 4;

@@ -2,9 +2,8 @@
 //!
 //! Always: compiles every `cu/*.cu` for the host with g++ through the SIMT emulator
 //! (`emu/simt.h`) into a static library of `extern "C"` launchers, so plain `cargo test`
-//! runs the kernels with no CUDA anything. `flash.cu` is compiled a second time with a
-//! planted fragment-layout bug (`PAGODA_PLANT_FRAGMENT_BUG`, symbols `*_planted`) for the
-//! test that proves the emulator catches such bugs.
+//! runs the kernels with no CUDA anything. The attention kernels that one backend owns
+//! (`naive.cu`, `flash.cu`, ...) are built by that backend crate's build script.
 //!
 //! With the `cuda` feature: compiles each `.cu` to one fatbin (SASS sm_80 + sm_90, PTX
 //! compute_80) with nvcc from `NVCC`, the venv of `scripts/cuda-venv.sh`, or `PATH`, and
@@ -17,7 +16,7 @@ use std::env;
 use std::path::{Path, PathBuf};
 
 /// Kernel files, one per kernel family (and the mma probe).
-const KERNELS: [&str; 6] = ["write_kv", "naive", "paged", "flash", "mma_probe", "model"];
+const KERNELS: [&str; 5] = ["write_kv", "paged", "merge", "mma_probe", "model"];
 
 fn main() {
     let manifest =
@@ -32,7 +31,7 @@ fn main() {
     // DEP_PAGODA_CUDA_EMU_INCLUDE and DEP_PAGODA_CUDA_EMU_CUDA: where `common.cuh`,
     // `params.h` (and through them the emulator) are, and whether fatbins are built.
     println!("cargo:include={}", manifest.join("cu").display());
-    build_emu(&manifest, &out);
+    build_emu(&manifest);
     if env::var_os("CARGO_FEATURE_CUDA").is_some() {
         println!("cargo:cuda=1");
         build_fatbins(&manifest, &out);
@@ -49,7 +48,7 @@ fn build_fatbins(manifest: &Path, out: &Path) {
     std::fs::write(out.join("ptxas.txt"), &report).expect("write ptxas.txt");
 }
 
-fn build_emu(manifest: &Path, out: &Path) {
+fn build_emu(manifest: &Path) {
     let mut b = pagoda_cuda_build::host_build(&[manifest.join("cu")]);
     for k in KERNELS {
         b.file(manifest.join("cu").join(format!("{k}.cu")));
@@ -57,13 +56,4 @@ fn build_emu(manifest: &Path, out: &Path) {
     // The emulator's own self-test kernels (host only).
     b.file(manifest.join("emu").join("selftest.cu"));
     b.compile("pagoda_cuda_emu");
-
-    let planted_dir = out.join("planted");
-    std::fs::create_dir_all(&planted_dir).expect("create OUT_DIR/planted");
-    let mut p = pagoda_cuda_build::host_build(&[manifest.join("cu")]);
-    p.define("PAGODA_PLANT_FRAGMENT_BUG", None)
-        .out_dir(&planted_dir)
-        .file(manifest.join("cu").join("flash.cu"));
-    p.compile("pagoda_cuda_emu_planted");
-    // compile() points the linker at planted_dir only for that lib; both are found.
 }

@@ -114,6 +114,11 @@ fn crates_depend_only_on_what_architecture_md_allows() {
         ),
         ("pagoda-cutlass", &[], "kernels/cutlass: no pagoda crate"),
         (
+            "pagoda-cuda-testkit",
+            &["pagoda-cuda-kernels"],
+            "kernels/cuda-testkit: the kernels' emulator, nothing above it",
+        ),
+        (
             "pagoda-scheduler",
             &["pagoda-core"],
             "scheduler/: token ids only",
@@ -135,6 +140,12 @@ fn crates_depend_only_on_what_architecture_md_allows() {
         assert!(
             extra.is_empty(),
             "{krate} depends on {extra:?} ({why}; ARCHITECTURE.md)"
+        );
+    }
+    for p in g.packages() {
+        assert!(
+            !g.deps[p].contains("pagoda-cuda-testkit"),
+            "{p} depends on pagoda-cuda-testkit (kernels/cuda-testkit: a test dependency only)"
         );
     }
     let core_direct: BTreeSet<String> = g.deps["pagoda-core"].clone();

@@ -4,9 +4,10 @@
 //! bit-exact batch-invariance check (the rows re-cut into other chunks, shuffled,
 //! dealt into other batches, blocks renumbered) on `emu`.
 
+use pagoda_backend_cuda_flash::KERNEL as FLASH;
 use pagoda_backend_testkit::{run_check, CaseLimit, Check, Subject, Tolerance};
 use pagoda_core::{AttentionBackend, DType, Device};
-use pagoda_cuda::attn::{CudaAttention, FLASH};
+use pagoda_cuda::attn::CudaAttention;
 
 fn subject() -> Subject {
     Subject::new("cuda-flash (paged rows)", FLASH.capabilities(), |cfg| {

@@ -1,7 +1,7 @@
 //! The shared conformance suite run against `cuda-paged` on the `emu` device.
 //!
 //! Tolerances: the kernels' error bound against an f64 reference on the same quantized
-//! inputs (kernels/cuda/tests/common) is the output's rounding to the element type, U
+//! inputs (pagoda-cuda-testkit) is the output's rounding to the element type, U
 //! (2^-8 bf16, 2^-11 f16), doubled for flash's P rounding, times 1.25, + 1e-5 (outputs in
 //! [-1, 1]); f32 accumulation otherwise. `Tolerance::BF16` (2e-2 abs + rel) and
 //! `Tolerance::F16` (2e-3) exceed 2.5 U + 1e-5 (9.8e-3 and 1.2e-3), and `Tolerance::F32`

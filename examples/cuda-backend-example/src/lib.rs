@@ -3,8 +3,8 @@
 //!
 //! What a CUDA backend crate is, all in this folder: the `.cu` file; a one-line
 //! `build.rs` (`pagoda_cuda_build::backend`) that compiles it for the SIMT emulator
-//! always and to a fatbin when the build turns on CUDA (`cfg(pagoda_cuda)`); a
-//! [`PluginKernel`] naming its host launcher, its emulator entry, its fatbin and its
+//! always and to a fatbin when the build turns on CUDA (`cfg(pagoda_cuda)`); an
+//! [`AttnKernel`] naming its host launcher, its emulator entry, its fatbin and its
 //! entry points; a [`Kernel`] saying what it serves (decode rows; f32/bf16/f16; head dims
 //! that are multiples of 32 up to 256; windows and soft caps) and that its arithmetic
 //! does not depend on the batch; and the registration. Planning, the device code path
@@ -19,7 +19,7 @@ use pagoda_core::{
     CoreError, DType, GraphSupport, InvalidReason, Role,
 };
 use pagoda_cuda::attn::{CudaAttention, Kernel};
-use pagoda_cuda_kernels::{AttnParams, Call, Dtype, Launch, PluginKernel};
+use pagoda_cuda_kernels::{AttnKernel, AttnParams, Dtype, Launch};
 
 /// The registered name.
 pub const NAME: &str = "cuda-warp-decode";
@@ -53,8 +53,8 @@ fn head_dims(_: Dtype) -> &'static [usize] {
     &HEAD_DIMS
 }
 
-/// The compiled kernel (see [`PluginKernel`]).
-pub static WARP_DECODE_CU: PluginKernel = PluginKernel {
+/// The compiled kernel (see [`AttnKernel`]).
+pub static WARP_DECODE_CU: AttnKernel = AttnKernel {
     name: "warp_decode",
     launch: pg_warp_decode_launch,
     emu: pg_emu_warp_decode,
@@ -62,10 +62,6 @@ pub static WARP_DECODE_CU: PluginKernel = PluginKernel {
     entry,
     max_dyn_shared_bytes: 0,
 };
-
-fn call(p: AttnParams, dtype: Dtype) -> Call {
-    Call::Plugin(&WARP_DECODE_CU, p, dtype)
-}
 
 /// What the backend type needs to know of it (see [`Kernel`]).
 pub static KERNEL: Kernel = Kernel {
@@ -80,7 +76,7 @@ pub static KERNEL: Kernel = Kernel {
     // A row's keys are summed in position order by one warp, whatever the batch.
     batch_invariant: Some("cuda-warp-decode"),
     vector_io: false,
-    call,
+    compiled: &WARP_DECODE_CU,
     invariant_rows: None,
 };
 

@@ -81,6 +81,27 @@ pub fn backend(kernels: &[&str]) {
     }
 }
 
+/// A second host build of `cu/<kernel>.cu` with the macro `define` set, for a test
+/// that needs a variant of the kernel (`cuda-flash`'s planted fragment-layout bug,
+/// `PAGODA_PLANT_FRAGMENT_BUG`): the `.cu` must then rename its `extern "C"` symbols
+/// (e.g. with a `_planted` suffix) so both copies link. Host only, never a fatbin;
+/// called after [`backend`] in the same build script.
+pub fn host_variant(kernel: &str, define: &str) {
+    let manifest = PathBuf::from(var("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(var("OUT_DIR")).join(define.to_lowercase());
+    std::fs::create_dir_all(&out).expect("create the variant's OUT_DIR");
+    let include = PathBuf::from(var("DEP_PAGODA_CUDA_EMU_INCLUDE"));
+    let mut b = host_build(&[manifest.join("cu"), include]);
+    b.define(define, None)
+        .out_dir(&out)
+        .file(manifest.join("cu").join(format!("{kernel}.cu")));
+    b.compile(&format!(
+        "{}_{}",
+        var("CARGO_PKG_NAME").replace('-', "_"),
+        define.to_lowercase()
+    ));
+}
+
 /// A cc build of `.cu` files as C++20 for the host (g++ 12 is what CI has), with
 /// `includes` on the include path.
 pub fn host_build(includes: &[PathBuf]) -> cc::Build {

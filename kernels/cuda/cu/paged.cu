@@ -1,13 +1,13 @@
-// paged decode: split-KV flash-decoding over the paged cache, plus the merge kernel.
+// paged decode: split-KV flash-decoding over the paged cache (merged by merge.cu).
 // For decode rows only (q_len 1). Grid (num_splits, num_kv_heads * head_groups, seqs):
 // one CTA serves every query head of a KV head (up to kMaxG of them; more query heads
 // per KV head take more CTAs), so each K/V row is read once per CTA, with 16-byte loads.
 // A warp takes 32 / (D / VEC) tokens at once (VEC elements per lane, D / VEC lanes per
 // token); each lane keeps an online softmax per query head for its token slot; slots,
 // then warps, are merged at the end. With num_splits == 1 the CTA writes out/lse
-// directly; otherwise partials (f32) go to split_out/split_lse and pg_paged_merge
-// combines them (log-sum-exp weights). With a sliding window w the row sees the last w
-// keys, and the partitions start at the first of them (the plan covers min(seq_len, w)
+// directly; otherwise partials (f32) go to split_out/split_lse in merge.cu's layout
+// and pg_merge_states combines them (log-sum-exp weights). With a sliding window w the
+// row sees the last w keys, and the partitions start at the first of them (the plan covers min(seq_len, w)
 // keys; a partition past the sequence is empty: lse -inf, weight 0 in the merge).
 // Scores are soft-capped after the scale when asked (params.h).
 #include "common.cuh"
@@ -163,28 +163,6 @@ __device__ __forceinline__ void paged_body(const PgAttnParams& p) {
   }
 }
 
-// Combines the splits of one (sequence, head): weights exp(lse_s - max lse).
-template <class T>
-__device__ __forceinline__ void merge_body(const PgAttnParams& p) {
-  const int seq = p.seq_begin + int(blockIdx.x);
-  const int head = blockIdx.y;
-  const int row = p.query_start_loc[seq];
-  const int D = p.head_dim;
-  const int64_t part0 = (int64_t(seq - p.seq_begin) * p.num_heads + head) * p.num_splits;
-  float mx = pg::kNegInf;
-  for (int s = 0; s < p.num_splits; ++s) mx = fmaxf(mx, p.split_lse[part0 + s]);
-  float L = 0.0f;
-  for (int s = 0; s < p.num_splits; ++s) L += __expf(p.split_lse[part0 + s] - mx);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float o = 0.0f;
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float w = __expf(p.split_lse[part0 + s] - mx);
-      if (w > 0.0f) o += w * p.split_out[(part0 + s) * D + d];
-    }
-    static_cast<T*>(p.out)[(int64_t(row) * p.num_heads + head) * D + d] = pg::Dt<T>::from(o / L);
-  }
-  if (threadIdx.x == 0 && p.lse != nullptr) p.lse[int64_t(row) * p.num_heads + head] = mx + __logf(L);
-}
 }  // namespace
 
 #define PG_PAGED(T, NAME, D)                                                                  \
@@ -200,27 +178,12 @@ PG_PAGED(pg::f16, f16, 64)
 PG_PAGED(pg::f16, f16, 128)
 PG_PAGED(pg::f16, f16, 256)
 
-extern "C" __global__ void __launch_bounds__(kThreads) pg_paged_merge_f32(PgAttnParams p) {
-  merge_body<float>(p);
-}
-extern "C" __global__ void __launch_bounds__(kThreads) pg_paged_merge_bf16(PgAttnParams p) {
-  merge_body<pg::bf16>(p);
-}
-extern "C" __global__ void __launch_bounds__(kThreads) pg_paged_merge_f16(PgAttnParams p) {
-  merge_body<pg::f16>(p);
-}
-
 #if PG_HOST_ONLY
 extern "C" PgLaunch pg_paged_launch(const PgAttnParams* p) {
   const int G = p->num_heads / p->num_kv_heads;
   const int groups = (G + kMaxG - 1) / kMaxG;
   return PgLaunch{{uint32_t(p->num_splits), uint32_t(p->num_kv_heads * groups),
                    uint32_t(p->seq_end - p->seq_begin)},
-                  {kThreads, 1, 1},
-                  0};
-}
-extern "C" PgLaunch pg_paged_merge_launch(const PgAttnParams* p) {
-  return PgLaunch{{uint32_t(p->seq_end - p->seq_begin), uint32_t(p->num_heads), 1},
                   {kThreads, 1, 1},
                   0};
 }
@@ -244,22 +207,10 @@ PagedFn paged_fn(int dtype, int d) {
 
 extern "C" int pg_emu_paged(const PgAttnParams* p, int dtype) {
   const PagedFn f = paged_fn(dtype, p->head_dim);
-  PagedFn merge = nullptr;
-  switch (dtype) {
-    case PG_F32: merge = pg_paged_merge_f32; break;
-    case PG_BF16: merge = pg_paged_merge_bf16; break;
-    case PG_F16: merge = pg_paged_merge_f16; break;
-    default: break;
-  }
-  if (f == nullptr || merge == nullptr) return 1;
-  PgLaunch l = pg_paged_launch(p);
+  if (f == nullptr) return 1;
+  const PgLaunch l = pg_paged_launch(p);
   pagoda_emu::launch(dim3(l.grid[0], l.grid[1], l.grid[2]), dim3(l.block[0], l.block[1], l.block[2]),
                      l.shared_bytes, f, *p);
-  if (p->num_splits > 1) {
-    l = pg_paged_merge_launch(p);
-    pagoda_emu::launch(dim3(l.grid[0], l.grid[1], l.grid[2]),
-                       dim3(l.block[0], l.block[1], l.block[2]), l.shared_bytes, merge, *p);
-  }
   return 0;
 }
 #endif

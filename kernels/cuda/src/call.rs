@@ -8,23 +8,24 @@
 //! emulated kernel exactly as it reaches the GPU's, and the emulator refuses the
 //! geometries a GPU refuses ([`crate::emu_launch::check_launch`]).
 
-use crate::emu_launch::AttnKernel;
+use crate::attn::AttnKernel;
 use crate::params::{
     ArgmaxParams, AttnParams, CastParams, EmbedParams, GatherParams, GluParams, Launch,
     MoeAccParams, MoeRouteParams, NormParams, QkNormParams, RopeKvParams, SoftCapParams,
     WriteKvParams, MOE_MAX_TOP_K,
 };
-use crate::plugin::PluginKernel;
 use crate::Dtype;
 
 /// A kernel launch: the family, the packed parameters, the dtypes that pick the
 /// instantiation (see the module docs).
 #[derive(Debug, Clone, Copy)]
 pub enum Call {
-    /// `naive`, `paged` (+ merge when split) or `flash` in the element dtype.
-    Attn(AttnKernel, AttnParams, Dtype),
-    /// An attention kernel of a backend crate ([`PluginKernel`]) in the element dtype.
-    Plugin(&'static PluginKernel, AttnParams, Dtype),
+    /// An attention kernel ([`AttnKernel`]: the library's `paged` or a backend
+    /// crate's own) in the element dtype.
+    Attn(&'static AttnKernel, AttnParams, Dtype),
+    /// `merge_states`: a split-KV kernel's partitions (`split_out`, `split_lse`) into
+    /// `out` (and `lse`), in the element dtype.
+    MergeStates(AttnParams, Dtype),
     /// `write_kv` into pools of the dtype (the source dtype is in the struct).
     WriteKv(WriteKvParams, Dtype),
     /// `embed`: table dtype, output dtype.
@@ -59,8 +60,8 @@ impl Call {
     /// The kernel family's name (what errors and recorded graphs name).
     pub fn name(&self) -> &'static str {
         match self {
-            Call::Attn(k, ..) => k.name(),
-            Call::Plugin(k, ..) => k.name,
+            Call::Attn(k, ..) => k.name,
+            Call::MergeStates(..) => "merge_states",
             Call::WriteKv(..) => "write_kv",
             Call::Embed(..) => "embed",
             Call::RmsNorm(..) => "rms_norm",
@@ -78,14 +79,11 @@ impl Call {
         }
     }
 
-    /// The launch's grid, block and dynamic shared memory (for `paged`, its main
-    /// kernel's; the merge has [`AttnParams::paged_merge_launch`]).
+    /// The launch's grid, block and dynamic shared memory.
     pub fn launch(&self) -> Launch {
         match self {
-            Call::Attn(AttnKernel::Naive, p, _) => p.naive_launch(),
-            Call::Attn(AttnKernel::Paged, p, _) => p.paged_launch(),
-            Call::Attn(AttnKernel::Flash, p, _) => p.flash_launch(),
-            Call::Plugin(k, p, _) => k.launch_of(p),
+            Call::Attn(k, p, _) => k.launch_of(p),
+            Call::MergeStates(p, _) => p.merge_states_launch(),
             Call::WriteKv(p, _) => p.launch(),
             Call::Embed(p, ..) => p.launch(),
             Call::RmsNorm(p, ..) | Call::AddRmsNorm(p, ..) => p.launch(),

@@ -8,16 +8,16 @@
 //! Launches take raw device pointers in the parameter structs (the caller owns the
 //! memory), so they are `unsafe`; they do no host synchronisation and no allocation
 //! (the argument array is on the stack, the function handles are looked up in maps
-//! filled when a module is first used; [`CudaKernels::preload`] fills them all, e.g.
-//! before capturing a CUDA graph).
+//! filled when a module is first used; [`CudaKernels::preload`] fills the library's,
+//! [`CudaKernels::load_attn`] an attention kernel's, e.g. before capturing a CUDA graph).
 
 /// The cudarc this crate was built with (allocate buffers and streams with it, so the
 /// versions always match).
 pub use cudarc;
 
+use crate::attn::AttnKernel;
 use crate::params::{AttnParams, Launch, MmaProbeParams, WriteKvParams};
-use crate::plugin::PluginKernel;
-use crate::{flash_head_dims, paged_head_dims, Dtype, Error};
+use crate::{Dtype, Error};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -41,45 +41,24 @@ struct ModuleSpec {
 }
 
 const WRITE_KV: usize = 0;
-const NAIVE: usize = 1;
-const PAGED: usize = 2;
-const FLASH: usize = 3;
-const MMA_PROBE: usize = 4;
+const MERGE: usize = 1;
+const MMA_PROBE: usize = 2;
 /// `model.cu` (its launchers are in `cuda_model.rs`).
-pub(crate) const MODEL: usize = 5;
+pub(crate) const MODEL: usize = 3;
 
-static MODULES: [ModuleSpec; 6] = [
+/// The library's kernel files but the attention kernels ([`AttnKernel`]s, loaded as
+/// any backend crate's are).
+static MODULES: [ModuleSpec; 4] = [
     ModuleSpec {
         fatbin: fatbin!("write_kv"),
         functions: &["pg_write_kv_f32", "pg_write_kv_bf16", "pg_write_kv_f16"],
     },
     ModuleSpec {
-        fatbin: fatbin!("naive"),
-        functions: &["pg_naive_f32", "pg_naive_bf16", "pg_naive_f16"],
-    },
-    ModuleSpec {
-        fatbin: fatbin!("paged"),
+        fatbin: fatbin!("merge"),
         functions: &[
-            "pg_paged_f32_d64",
-            "pg_paged_f32_d128",
-            "pg_paged_bf16_d64",
-            "pg_paged_bf16_d128",
-            "pg_paged_bf16_d256",
-            "pg_paged_f16_d64",
-            "pg_paged_f16_d128",
-            "pg_paged_f16_d256",
-            "pg_paged_merge_f32",
-            "pg_paged_merge_bf16",
-            "pg_paged_merge_f16",
-        ],
-    },
-    ModuleSpec {
-        fatbin: fatbin!("flash"),
-        functions: &[
-            "pg_flash_bf16_d64",
-            "pg_flash_bf16_d128",
-            "pg_flash_f16_d64",
-            "pg_flash_f16_d128",
+            "pg_merge_states_f32",
+            "pg_merge_states_bf16",
+            "pg_merge_states_f16",
         ],
     },
     ModuleSpec {
@@ -126,14 +105,15 @@ type Loaded = Result<(Arc<CudaModule>, HashMap<&'static str, CudaFunction>), Err
 pub struct CudaKernels {
     ctx: Arc<CudaContext>,
     /// Per kernel file, its module and functions, loaded at first use.
-    loaded: [OnceLock<Loaded>; 6],
-    /// Backend crates' kernels ([`PluginKernel`]), by the address of their static:
-    /// the module, loaded at first use, and the entries looked up so far.
-    plugins: Mutex<HashMap<usize, PluginModule>>,
+    loaded: [OnceLock<Loaded>; 4],
+    /// Attention kernels ([`AttnKernel`]), by the address of their static: the module,
+    /// loaded at first use (or by [`CudaKernels::load_attn`]), and the entries looked
+    /// up so far.
+    attn: Mutex<HashMap<usize, AttnModule>>,
 }
 
-/// A [`PluginKernel`]'s loaded fatbin.
-struct PluginModule {
+/// An [`AttnKernel`]'s loaded fatbin.
+struct AttnModule {
     module: Arc<CudaModule>,
     functions: HashMap<&'static str, CudaFunction>,
 }
@@ -154,7 +134,7 @@ impl CudaKernels {
         Ok(CudaKernels {
             ctx,
             loaded: Default::default(),
-            plugins: Mutex::default(),
+            attn: Mutex::default(),
         })
     }
 
@@ -181,20 +161,6 @@ impl CudaKernels {
             let mut fns = HashMap::new();
             for &name in spec.functions {
                 let f = module.load_function(name).map_err(drv)?;
-                if m == FLASH {
-                    // Its d128 tile needs more than the default 48 KiB of dynamic shared
-                    // memory; the limit is per function and must be raised before launch.
-                    let p = AttnParams {
-                        head_dim: 128,
-                        ..AttnParams::default()
-                    };
-                    let bytes = i32::try_from(p.flash_launch().shared_bytes).unwrap_or(i32::MAX);
-                    f.set_attribute(
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        bytes,
-                    )
-                    .map_err(drv)?;
-                }
                 fns.insert(name, f);
             }
             Ok((module, fns))
@@ -265,117 +231,43 @@ impl CudaKernels {
         unsafe { self.launch(f, p.launch(), stream, p) }
     }
 
-    /// naive attention over `p.seq_begin..p.seq_end` (`p.num_rows` token rows).
+    /// `merge_states` (`merge.cu`): a split-KV kernel's partitions into `out`/`lse`.
     ///
     /// # Safety
-    /// As [`CudaKernels::write_kv`], for the layouts of [`AttnParams`]: metadata in
-    /// device memory, block ids inside the pools, 16-byte aligned rows.
-    pub unsafe fn naive(
+    /// As [`CudaKernels::attn`]; `split_out`/`split_lse` hold `num_splits` partitions of
+    /// every launched (sequence, head), written by a launch before it on `stream`.
+    pub unsafe fn merge_states(
         &self,
         stream: &CudaStream,
         p: &AttnParams,
         dtype: Dtype,
     ) -> Result<(), Error> {
         let name = match dtype {
-            Dtype::F32 => "pg_naive_f32",
-            Dtype::Bf16 => "pg_naive_bf16",
-            Dtype::F16 => "pg_naive_f16",
+            Dtype::F32 => "pg_merge_states_f32",
+            Dtype::Bf16 => "pg_merge_states_bf16",
+            Dtype::F16 => "pg_merge_states_f16",
         };
-        let f = self.function(NAIVE, name)?;
+        let f = self.function(MERGE, name)?;
         // SAFETY: the caller's contract above.
-        unsafe { self.launch(f, p.naive_launch(), stream, p) }
+        unsafe { self.launch(f, p.merge_states_launch(), stream, p) }
     }
 
-    /// Paged decode, plus the merge kernel when `p.num_splits > 1` (then `split_out` and
-    /// `split_lse` must hold `SplitPlan::workspace_len` floats).
-    ///
-    /// # Safety
-    /// As [`CudaKernels::naive`]; every launched sequence has exactly one new token and
-    /// `num_splits * partition_size` covers its keys (under a sliding window the last
-    /// `sliding_window` of them: [`crate::SplitPlan::keys`]).
-    pub unsafe fn paged(
-        &self,
-        stream: &CudaStream,
-        p: &AttnParams,
-        dtype: Dtype,
-    ) -> Result<(), Error> {
-        let d = usize::try_from(p.head_dim).unwrap_or(0);
-        let name = match (dtype, d) {
-            (Dtype::F32, 64) => "pg_paged_f32_d64",
-            (Dtype::F32, 128) => "pg_paged_f32_d128",
-            (Dtype::Bf16, 64) => "pg_paged_bf16_d64",
-            (Dtype::Bf16, 128) => "pg_paged_bf16_d128",
-            (Dtype::Bf16, 256) => "pg_paged_bf16_d256",
-            (Dtype::F16, 64) => "pg_paged_f16_d64",
-            (Dtype::F16, 128) => "pg_paged_f16_d128",
-            (Dtype::F16, 256) => "pg_paged_f16_d256",
-            _ => {
-                debug_assert!(!paged_head_dims(dtype).contains(&d));
-                return Err(Error::Unsupported {
-                    kernel: "paged",
-                    dtype,
-                    head_dim: d,
-                });
-            }
-        };
-        let f = self.function(PAGED, name)?;
-        // SAFETY: the caller's contract above.
-        unsafe { self.launch(f, p.paged_launch(), stream, p)? };
-        if p.num_splits > 1 {
-            let merge = match dtype {
-                Dtype::F32 => "pg_paged_merge_f32",
-                Dtype::Bf16 => "pg_paged_merge_bf16",
-                Dtype::F16 => "pg_paged_merge_f16",
-            };
-            let f = self.function(PAGED, merge)?;
-            // SAFETY: the caller's contract above; the partials are written by the launch
-            // before it on the same stream.
-            unsafe { self.launch(f, p.paged_merge_launch(), stream, p)? };
-        }
-        Ok(())
+    /// Loads `k`'s fatbin now (an attention backend does when it is created: a missing
+    /// image is a construction error, and no module loads inside a graph capture).
+    pub fn load_attn(&self, k: &'static AttnKernel) -> Result<(), Error> {
+        self.with_attn_module(k, |_| Ok(()))
     }
 
-    /// Flash prefill (bf16/f16, head dims 64/128); `p.max_q_len` sets the grid.
-    ///
-    /// # Safety
-    /// As [`CudaKernels::naive`].
-    pub unsafe fn flash(
+    /// Runs `f` on `k`'s module, its fatbin loaded on first use.
+    fn with_attn_module<R>(
         &self,
-        stream: &CudaStream,
-        p: &AttnParams,
-        dtype: Dtype,
-    ) -> Result<(), Error> {
-        let d = usize::try_from(p.head_dim).unwrap_or(0);
-        let name = match (dtype, d) {
-            (Dtype::Bf16, 64) => "pg_flash_bf16_d64",
-            (Dtype::Bf16, 128) => "pg_flash_bf16_d128",
-            (Dtype::F16, 64) => "pg_flash_f16_d64",
-            (Dtype::F16, 128) => "pg_flash_f16_d128",
-            _ => {
-                debug_assert!(!flash_head_dims(dtype).contains(&d));
-                return Err(Error::Unsupported {
-                    kernel: "flash",
-                    dtype,
-                    head_dim: d,
-                });
-            }
-        };
-        let f = self.function(FLASH, name)?;
-        // SAFETY: the caller's contract above.
-        unsafe { self.launch(f, p.flash_launch(), stream, p) }
-    }
-
-    /// `k`'s function `entry`, its fatbin loaded on first use (and the dynamic shared
-    /// memory it opts into raised once per function).
-    fn plugin_function(
-        &self,
-        k: &'static PluginKernel,
-        entry: &'static str,
-    ) -> Result<CudaFunction, Error> {
+        k: &'static AttnKernel,
+        f: impl FnOnce(&mut AttnModule) -> Result<R, Error>,
+    ) -> Result<R, Error> {
         let mut loaded = self
-            .plugins
+            .attn
             .lock()
-            .map_err(|_| Error::Driver("the plug-in module table is poisoned".into()))?;
+            .map_err(|_| Error::Driver("the attention module table is poisoned".into()))?;
         let key = std::ptr::from_ref(k) as usize;
         let m = match loaded.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -390,40 +282,57 @@ impl CudaKernels {
                     .ctx
                     .load_module(Ptx::from_binary(fatbin.to_vec()))
                     .map_err(drv)?;
-                e.insert(PluginModule {
+                e.insert(AttnModule {
                     module,
                     functions: HashMap::new(),
                 })
             }
         };
-        if let Some(f) = m.functions.get(entry) {
-            return Ok(f.clone());
-        }
-        let f = m.module.load_function(entry).map_err(drv)?;
-        if k.max_dyn_shared_bytes > 0 {
-            let bytes = i32::try_from(k.max_dyn_shared_bytes).unwrap_or(i32::MAX);
-            f.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes,
-            )
-            .map_err(drv)?;
-        }
-        m.functions.insert(entry, f.clone());
-        Ok(f)
+        f(m)
     }
 
-    /// A backend crate's attention kernel `k` in `dtype` (see [`PluginKernel`]).
+    /// `k`'s function `entry` (the dynamic shared memory it opts into raised once per
+    /// function).
+    fn attn_function(
+        &self,
+        k: &'static AttnKernel,
+        entry: &'static str,
+    ) -> Result<CudaFunction, Error> {
+        self.with_attn_module(k, |m| {
+            if let Some(f) = m.functions.get(entry) {
+                return Ok(f.clone());
+            }
+            let f = m.module.load_function(entry).map_err(drv)?;
+            if k.max_dyn_shared_bytes > 0 {
+                let bytes = i32::try_from(k.max_dyn_shared_bytes).unwrap_or(i32::MAX);
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes,
+                )
+                .map_err(drv)?;
+            }
+            m.functions.insert(entry, f.clone());
+            Ok(f)
+        })
+    }
+
+    /// The attention kernel `k` in `dtype` (see [`AttnKernel`]): over
+    /// `p.seq_begin..p.seq_end` (`p.num_rows` token rows); a split-KV kernel writes its
+    /// partitions for [`CudaKernels::merge_states`] when `p.num_splits > 1`.
     ///
     /// # Safety
-    /// As [`CudaKernels::naive`], for the memory `k`'s kernel reads and writes.
-    pub unsafe fn plugin(
+    /// As [`CudaKernels::write_kv`], for the layouts of [`AttnParams`] and the memory
+    /// `k`'s kernel reads and writes: metadata in device memory, block ids inside the
+    /// pools, 16-byte aligned rows where `k` loads vectors, the split workspace for
+    /// `num_splits`.
+    pub unsafe fn attn(
         &self,
         stream: &CudaStream,
-        k: &'static PluginKernel,
+        k: &'static AttnKernel,
         p: &AttnParams,
         dtype: Dtype,
     ) -> Result<(), Error> {
-        let f = self.plugin_function(k, k.entry_of(p, dtype)?)?;
+        let f = self.attn_function(k, k.entry_of(p, dtype)?)?;
         // SAFETY: the caller's contract above.
         unsafe { self.launch(&f, k.launch_of(p), stream, p) }
     }

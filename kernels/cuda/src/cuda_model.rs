@@ -6,7 +6,6 @@
 
 use crate::call::Call;
 use crate::cuda::{CudaKernels, MODEL};
-use crate::emu_launch::AttnKernel;
 use crate::params::{
     ArgmaxParams, CastParams, EmbedParams, GatherParams, GluParams, MoeAccParams, MoeRouteParams,
     NormParams, QkNormParams, RopeKvParams, SoftCapParams,
@@ -322,10 +321,8 @@ impl CudaKernels {
         // SAFETY: (every arm) the caller's contract.
         unsafe {
             match *c {
-                Call::Attn(AttnKernel::Naive, ref p, d) => self.naive(stream, p, d),
-                Call::Attn(AttnKernel::Paged, ref p, d) => self.paged(stream, p, d),
-                Call::Attn(AttnKernel::Flash, ref p, d) => self.flash(stream, p, d),
-                Call::Plugin(k, ref p, d) => self.plugin(stream, k, p, d),
+                Call::Attn(k, ref p, d) => self.attn(stream, k, p, d),
+                Call::MergeStates(ref p, d) => self.merge_states(stream, p, d),
                 Call::WriteKv(ref p, d) => self.write_kv(stream, p, d),
                 Call::Embed(ref p, w, o) => self.embed(stream, p, w, o),
                 Call::RmsNorm(ref p, x, o) => self.rms_norm(stream, p, x, o),

@@ -7,8 +7,9 @@
 //! one OS thread per CUDA thread and blocks one after another: it is for tests and small
 //! shapes (docs/gpu.md, "Emulator limits").
 
+use crate::attn::AttnKernel;
 use crate::params::{AttnParams, MmaProbeParams, SplitPlan, WriteKvParams};
-use crate::{ffi, flash_head_dims, graph, invalid, paged_head_dims, Dtype, Element, Error};
+use crate::{ffi, graph, invalid, paged_head_dims, Dtype, Element, Error};
 use std::ops::Range;
 use std::ptr;
 
@@ -300,18 +301,33 @@ pub(crate) fn status(
     }
 }
 
-/// The reference kernel: any head dim and block size, f32/bf16/f16.
-pub fn naive<T: Element>(mut io: Io<'_, T>, batch: &Batch<'_>, shape: &Shape) -> Result<(), Error> {
+/// Runs the attention kernel `k` (any row mix it serves: `cuda-naive`'s reference,
+/// `cuda-flash`'s tensor-core prefill, a backend crate's own) over `batch.seqs` after
+/// checking every buffer and index against `batch` and `shape`: no split workspace
+/// (a split-KV kernel goes through [`paged`] or the device code path).
+pub fn attn<T: Element>(
+    k: &'static AttnKernel,
+    mut io: Io<'_, T>,
+    batch: &Batch<'_>,
+    shape: &Shape,
+) -> Result<(), Error> {
+    if !k.supports(T::DTYPE, shape.head_dim) {
+        return Err(Error::Unsupported {
+            kernel: k.name,
+            dtype: T::DTYPE,
+            head_dim: shape.head_dim,
+        });
+    }
     let c = check_attn(&mut io, batch, shape)?;
     if c.max_q_len == 0 {
         return Ok(());
     }
-    let (params, t) = (c.params, T::DTYPE as i32);
+    let (params, t, run) = (c.params, T::DTYPE as i32, k.emu);
     // SAFETY: check_attn verified every buffer length and every index the kernel derives
     // (rows from query_start_loc, blocks < pool size), and `io` borrows them all for
-    // the duration of this synchronous call.
-    let rc = graph::launch("naive", move || unsafe { ffi::pg_emu_naive(&params, t) });
-    status("naive", rc, T::DTYPE, shape.head_dim)
+    // the duration of this synchronous call; the grid comes from the same batch.
+    let rc = graph::launch(k.name, move || unsafe { run(&params, t) });
+    status(k.name, rc, T::DTYPE, shape.head_dim)
 }
 
 /// Paged decode (every launched sequence must have exactly one new token), split as
@@ -417,51 +433,19 @@ fn paged_impl<T: Element>(
         c.params.split_lse = split_lse.as_mut_ptr();
     }
     let (params, t) = (c.params, T::DTYPE as i32);
-    // SAFETY: as in `naive`, plus: the plan covers every key, and the split buffers hold
+    // SAFETY: as in `attn`, plus: the plan covers every key, and the split buffers hold
     // at least workspace_len floats for these sequences, alive until the call returns
     // (or, captured, until the replays: the caller's promise to `EmuGraph::replay`).
     let rc = graph::launch("paged", move || unsafe { ffi::pg_emu_paged(&params, t) });
-    status("paged", rc, T::DTYPE, shape.head_dim)
-}
-
-fn flash_impl<T: Element>(
-    mut io: Io<'_, T>,
-    batch: &Batch<'_>,
-    shape: &Shape,
-    run: unsafe extern "C" fn(*const AttnParams, i32) -> i32,
-) -> Result<(), Error> {
-    if !flash_head_dims(T::DTYPE).contains(&shape.head_dim) {
-        return Err(Error::Unsupported {
-            kernel: "flash",
-            dtype: T::DTYPE,
-            head_dim: shape.head_dim,
+    status("paged", rc, T::DTYPE, shape.head_dim)?;
+    if plan.num_splits > 1 {
+        // SAFETY: as above; the partitions were written by the launch before.
+        let rc = graph::launch("merge_states", move || unsafe {
+            ffi::pg_emu_merge_states(&params, t)
         });
+        status("merge_states", rc, T::DTYPE, shape.head_dim)?;
     }
-    let c = check_attn(&mut io, batch, shape)?;
-    if c.max_q_len == 0 {
-        return Ok(());
-    }
-    let (params, t) = (c.params, T::DTYPE as i32);
-    // SAFETY: as in `naive`; the grid comes from max_q_len, computed from the same batch.
-    let rc = graph::launch("flash", move || unsafe { run(&params, t) });
-    status("flash", rc, T::DTYPE, shape.head_dim)
-}
-
-/// Flash prefill on tensor cores (bf16/f16, head dims 64/128): causal with the context
-/// offset, any query lengths (decode rows too).
-pub fn flash<T: Element>(io: Io<'_, T>, batch: &Batch<'_>, shape: &Shape) -> Result<(), Error> {
-    flash_impl(io, batch, shape, ffi::pg_emu_flash)
-}
-
-/// `flash` built with a planted fragment-layout bug (P's registers a2a3/a4a5 swapped):
-/// only for the test that shows the emulator catches it.
-#[doc(hidden)]
-pub fn flash_planted_bug<T: Element>(
-    io: Io<'_, T>,
-    batch: &Batch<'_>,
-    shape: &Shape,
-) -> Result<(), Error> {
-    flash_impl(io, batch, shape, ffi::pg_emu_flash_planted)
+    Ok(())
 }
 
 /// reshape_and_cache: rows `[slot_mapping.len(), num_kv_heads, head_dim]` (f32, bf16 or

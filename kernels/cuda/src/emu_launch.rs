@@ -12,10 +12,10 @@
 //! a misaligned 16-byte access inside the kernel is an error after it
 //! ([`crate::graph::FAULT_MISALIGNED`]).
 
+use crate::attn::AttnKernel;
 use crate::call::Call;
 use crate::params::{AttnParams, Launch, WriteKvParams};
-use crate::plugin::PluginKernel;
-use crate::{ffi, flash_head_dims, graph, invalid, paged_head_dims, Dtype, Error};
+use crate::{ffi, graph, invalid, Dtype, Error};
 
 /// Threads per block a GPU launches at most.
 pub const MAX_THREADS_PER_BLOCK: u64 = 1024;
@@ -23,28 +23,6 @@ pub const MAX_THREADS_PER_BLOCK: u64 = 1024;
 pub const MAX_DYN_SHARED_BYTES: u32 = 227 * 1024;
 /// Largest grid dimension y and z.
 pub const MAX_GRID_YZ: u32 = 65_535;
-
-/// An attention kernel family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttnKernel {
-    /// `naive.cu`.
-    Naive,
-    /// `paged.cu` (plus its merge kernel when `num_splits > 1`).
-    Paged,
-    /// `flash.cu`.
-    Flash,
-}
-
-impl AttnKernel {
-    /// The family's name (kernel names start `pg_<name>_`).
-    pub fn name(self) -> &'static str {
-        match self {
-            AttnKernel::Naive => "naive",
-            AttnKernel::Paged => "paged",
-            AttnKernel::Flash => "flash",
-        }
-    }
-}
 
 /// What a GPU's launch of `l` would refuse, as an error naming `kernel`.
 pub fn check_launch(kernel: &'static str, l: &Launch) -> Result<(), Error> {
@@ -73,55 +51,17 @@ pub fn check_launch(kernel: &'static str, l: &Launch) -> Result<(), Error> {
     Ok(())
 }
 
-/// Launches the attention kernel `kernel` in `dtype` with the packed `p` (recorded when
-/// this thread is capturing, [`crate::graph`]).
+/// Launches the attention kernel `k` in `dtype` with the packed `p` (recorded when
+/// this thread is capturing, [`crate::graph`]): refused when `k` has no entry for the
+/// dtype and head dim or when a GPU would refuse its geometry.
 ///
 /// # Safety
-/// As `cuda::CudaKernels::naive`, `paged` and `flash` (feature `cuda`), with host addresses: every
-/// pointer in `p` names host memory of the sizes its fields imply (metadata as the
-/// kernels' `i32`/`i64`, block ids inside the pools for the blocks the sequences use,
-/// the split workspace for `num_splits`), alive and unaliased until the launch ran
-/// (captured: until the last replay).
-pub unsafe fn attn(kernel: AttnKernel, p: &AttnParams, dtype: Dtype) -> Result<(), Error> {
-    let d = usize::try_from(p.head_dim).unwrap_or(0);
-    let supported = match kernel {
-        AttnKernel::Naive => true,
-        AttnKernel::Paged => paged_head_dims(dtype).contains(&d),
-        AttnKernel::Flash => flash_head_dims(dtype).contains(&d),
-    };
-    let name = kernel.name();
-    if !supported {
-        return Err(Error::Unsupported {
-            kernel: name,
-            dtype,
-            head_dim: d,
-        });
-    }
-    let (l, run): (Launch, unsafe extern "C" fn(*const AttnParams, i32) -> i32) = match kernel {
-        AttnKernel::Naive => (p.naive_launch(), ffi::pg_emu_naive),
-        AttnKernel::Paged => (p.paged_launch(), ffi::pg_emu_paged),
-        AttnKernel::Flash => (p.flash_launch(), ffi::pg_emu_flash),
-    };
-    check_launch(name, &l)?;
-    if kernel == AttnKernel::Paged && p.num_splits > 1 {
-        check_launch("paged merge", &p.paged_merge_launch())?;
-    }
-    if l.is_empty() {
-        return Ok(());
-    }
-    let (params, t) = (*p, dtype as i32);
-    // SAFETY: the caller's contract above; the launch copies the struct.
-    let rc = graph::launch(name, move || unsafe { run(&params, t) });
-    crate::emu::status(name, rc, dtype, d)
-}
-
-/// Launches a backend crate's attention kernel `k` in `dtype` with the packed `p`
-/// (recorded when this thread is capturing): refused when `k` has no entry for the
-/// dtype and head dim or when a GPU would refuse its geometry, as the built-in kernels.
-///
-/// # Safety
-/// As [`attn`], for the memory `k`'s kernel reads and writes.
-pub unsafe fn plugin(k: &'static PluginKernel, p: &AttnParams, dtype: Dtype) -> Result<(), Error> {
+/// As `cuda::CudaKernels::attn` (feature `cuda`), with host addresses: every pointer in
+/// `p` names host memory of the sizes its fields imply (metadata as the kernels'
+/// `i32`/`i64`, block ids inside the pools for the blocks the sequences use, the split
+/// workspace for `num_splits`), alive and unaliased until the launch ran (captured:
+/// until the last replay).
+pub unsafe fn attn(k: &'static AttnKernel, p: &AttnParams, dtype: Dtype) -> Result<(), Error> {
     k.entry_of(p, dtype)?;
     let l = k.launch_of(p);
     check_launch(k.name, &l)?;
@@ -133,6 +73,26 @@ pub unsafe fn plugin(k: &'static PluginKernel, p: &AttnParams, dtype: Dtype) -> 
     let rc = graph::launch(k.name, move || unsafe { run(&params, t) });
     let head_dim = usize::try_from(p.head_dim).unwrap_or(0);
     crate::emu::status(k.name, rc, dtype, head_dim)
+}
+
+/// Launches `merge_states` in `dtype` with the packed `p`: the partitions a split-KV
+/// kernel wrote to `split_out`/`split_lse` (`cu/merge.cu`'s layout) into `out` and `lse`.
+///
+/// # Safety
+/// As [`attn`]; `split_out` and `split_lse` hold `num_splits` partitions of every
+/// launched (sequence, head), written before this launch.
+pub unsafe fn merge_states(p: &AttnParams, dtype: Dtype) -> Result<(), Error> {
+    let l = p.merge_states_launch();
+    check_launch("merge_states", &l)?;
+    if l.is_empty() {
+        return Ok(());
+    }
+    let (params, t) = (*p, dtype as i32);
+    // SAFETY: the caller's contract above; the launch copies the struct.
+    let rc = graph::launch("merge_states", move || unsafe {
+        ffi::pg_emu_merge_states(&params, t)
+    });
+    crate::emu::status("merge_states", rc, dtype, 0)
 }
 
 /// Launches `write_kv` into pools of `dtype` with the packed `p`.
@@ -197,7 +157,7 @@ pub unsafe fn call(c: &Call) -> Result<(), Error> {
     unsafe {
         match *c {
             Call::Attn(k, ref p, d) => attn(k, p, d),
-            Call::Plugin(k, ref p, d) => plugin(k, p, d),
+            Call::MergeStates(ref p, d) => merge_states(p, d),
             Call::WriteKv(ref p, d) => write_kv(p, d),
             Call::Embed(p, w, o) => run_model(name, l, p, (w, o), ffi::pg_emu_embed),
             Call::RmsNorm(p, x, o) => run_model(name, l, p, (x, o), ffi::pg_emu_rms_norm),
@@ -314,7 +274,7 @@ mod tests {
         };
         // SAFETY: every pointer names a live buffer of the sizes the fields imply (one
         // sequence of 5 keys in block 0 of a one-block pool, one row of q and out).
-        unsafe { attn(AttnKernel::Paged, &p, Dtype::F32) }?;
+        unsafe { attn(&crate::attn::PAGED, &p, Dtype::F32) }?;
         Ok(out)
     }
 

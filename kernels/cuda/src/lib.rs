@@ -1,8 +1,11 @@
 //! Pagoda's CUDA kernels (attention and the model forward's row/elementwise kernels),
 //! usable without a GPU.
 //!
-//! The kernels live in `cu/*.cu` (one file per family: `write_kv`, `naive`, `paged`,
-//! `flash`, `model`, plus the `mma_probe`). Each is written once and built two ways:
+//! The kernels live in `cu/*.cu` (one file per family: `write_kv`, `paged` and its
+//! `merge`, `model`, plus the `mma_probe`); a CUDA backend crate's own attention kernels
+//! live in its folder and are described here by the same [`AttnKernel`] struct
+//! (`cuda-naive`'s `naive.cu`, `cuda-flash`'s `flash.cu`). Each is written once and
+//! built two ways:
 //!
 //! * always, for the host, by g++ through the SIMT emulator `emu/simt.h`: the
 //!   [`emu`] module (attention) and the [`emu_model`] module (embedding, RMSNorm, fused
@@ -22,6 +25,7 @@
 //! comes from the same host code on both paths.
 //! docs/gpu.md has the build, the emulator's limits and the device check.
 
+pub mod attn;
 pub mod call;
 pub mod emu;
 pub mod emu_launch;
@@ -30,7 +34,6 @@ pub mod emu_model_families;
 mod ffi;
 pub mod graph;
 pub mod params;
-pub mod plugin;
 #[doc(hidden)]
 pub mod selftest;
 
@@ -39,15 +42,15 @@ pub mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_model;
 
+pub use attn::{AttnKernel, PAGED};
 pub use call::Call;
 pub use params::{
     ArgmaxParams, AttnParams, CastParams, EmbedParams, GatherParams, GluParams, Launch,
     MmaProbeParams, MoeAccParams, MoeRouteParams, NormParams, QkNormParams, RopeKvParams,
     SoftCapParams, SplitPlan, WriteKvParams, MOE_MAX_TOP_K,
 };
-pub use plugin::PluginKernel;
 
-/// Element type of q/out/K/V (f32 only where cheap: `write_kv`, `naive`, `paged`).
+/// Element type of q/out/K/V (f32 only where cheap: `write_kv`, `paged`, `naive`).
 /// The discriminants are the kernels' ABI (`PG_F32`, `PG_BF16`, `PG_F16` in params.h).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(i32)]
@@ -61,7 +64,7 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    /// The suffix of this dtype's kernel names (`pg_naive_bf16`, ...).
+    /// The suffix of this dtype's kernel names (`pg_merge_states_bf16`, ...).
     pub fn kernel_suffix(self) -> &'static str {
         match self {
             Dtype::F32 => "f32",
@@ -101,13 +104,10 @@ pub fn paged_head_dims(dtype: Dtype) -> &'static [usize] {
     }
 }
 
-/// Head dims with a `flash` kernel (bf16/f16 only: tensor cores).
-pub fn flash_head_dims(dtype: Dtype) -> &'static [usize] {
-    match dtype {
-        Dtype::F32 => &[],
-        Dtype::Bf16 | Dtype::F16 => &[64, 128],
-    }
-}
+/// Where `common.cuh` and `params.h` are (the headers every kernel file includes, and
+/// through them the emulator): for tools that build a kernel file outside cargo, such
+/// as the sanitizer runs of `pagoda-cuda-testkit`.
+pub const INCLUDE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/cu");
 
 /// Query heads one `paged` CTA serves at most; a larger GQA group takes more CTAs.
 pub const PAGED_MAX_GROUP: usize = 8;

@@ -122,32 +122,18 @@ impl Default for AttnParams {
 }
 
 impl AttnParams {
-    /// Grid of the `naive` kernel for these parameters.
-    pub fn naive_launch(&self) -> Launch {
+    /// Grid of `merge_states` (`cu/merge.cu`, launched after a split-KV kernel when
+    /// `num_splits > 1`).
+    pub fn merge_states_launch(&self) -> Launch {
         // SAFETY: the geometry functions read only scalar fields, never through pointers.
-        unsafe { crate::ffi::pg_naive_launch(self) }
-    }
-    /// Grid of the `paged` kernel.
-    pub fn paged_launch(&self) -> Launch {
-        // SAFETY: as in `naive_launch`.
-        unsafe { crate::ffi::pg_paged_launch(self) }
-    }
-    /// Grid of the `paged` merge kernel (launched only when `num_splits > 1`).
-    pub fn paged_merge_launch(&self) -> Launch {
-        // SAFETY: as in `naive_launch`.
-        unsafe { crate::ffi::pg_paged_merge_launch(self) }
-    }
-    /// Grid of the `flash` kernel.
-    pub fn flash_launch(&self) -> Launch {
-        // SAFETY: as in `naive_launch`.
-        unsafe { crate::ffi::pg_flash_launch(self) }
+        unsafe { crate::ffi::pg_merge_states_launch(self) }
     }
 }
 
 impl WriteKvParams {
     /// Grid of the `write_kv` kernel.
     pub fn launch(&self) -> Launch {
-        // SAFETY: as in `AttnParams::naive_launch`.
+        // SAFETY: as in `AttnParams::merge_states_launch`.
         unsafe { crate::ffi::pg_write_kv_launch(self) }
     }
 }

@@ -5,8 +5,6 @@
 //! rounding flip (2U). Without a driver or a device the test says why and passes.
 #![cfg(feature = "cuda")]
 
-mod common;
-use common::{Conv, Rng};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use half::bf16;
 use pagoda_cuda_kernels::cuda::CudaKernels;
@@ -15,6 +13,7 @@ use pagoda_cuda_kernels::{
     ArgmaxParams, CastParams, Dtype, EmbedParams, Error, GatherParams, GluParams, NormParams,
     RopeKvParams,
 };
+use pagoda_cuda_testkit::{Conv, Rng};
 use std::ffi::c_void;
 use std::sync::Arc;
 

@@ -1,11 +1,10 @@
 //! `write_kv`, the mma fragment layout, the C/Rust parameter layouts, and bad input
 //! (always an error, never a panic).
 
-mod common;
-use common::*;
 use half::{bf16, f16};
 use pagoda_cuda_kernels::emu::{self, Batch, Io, Shape};
-use pagoda_cuda_kernels::{AttnParams, Launch, WriteKvParams};
+use pagoda_cuda_kernels::{AttnParams, Launch, SplitPlan, WriteKvParams, PAGED};
+use pagoda_cuda_testkit::*;
 
 /// Source rows of type S into pools of type T.
 fn write_kv_case<S: Conv, T: Conv>(slots: &[i64], kvh: usize, d: usize, bs: usize, blocks: usize) {
@@ -117,11 +116,9 @@ fn geometry_reads_only_scalars() {
         num_rows: 7,
         ..AttnParams::default()
     };
-    assert_eq!(p.naive_launch().grid, [7, 8, 1]);
-    assert_eq!(p.paged_launch().grid, [4, 2, 3]);
-    assert_eq!(p.paged_merge_launch().grid, [3, 8, 1]);
-    assert_eq!(p.flash_launch().grid, [3, 8, 3]);
-    assert_eq!(p.flash_launch().block, [128, 1, 1]);
+    assert_eq!(PAGED.launch_of(&p).grid, [4, 2, 3]);
+    assert_eq!(p.merge_states_launch().grid, [3, 8, 1]);
+    assert_eq!(p.merge_states_launch().block, [128, 1, 1]);
 }
 
 /// Mutations of a valid batch that must each be refused.
@@ -160,12 +157,17 @@ fn broken(case: &Case<bf16>, which: u8) -> Result<(), pagoda_cuda_kernels::Error
         out: &mut out,
         lse: None,
     };
-    emu::naive(io, &batch, &shape)
+    emu::paged(
+        io,
+        &batch,
+        &shape,
+        SplitPlan::single(64, case.shape.block_size),
+    )
 }
 
 #[test]
 fn bad_batches_are_errors() {
-    let case = Case::<bf16>::new(&[SeqSpec { q_len: 2, ctx: 30 }], 4, 2, 64, 16, 1);
+    let case = Case::<bf16>::new(&[SeqSpec { q_len: 1, ctx: 31 }], 4, 2, 64, 16, 1);
     for which in 0u8..11 {
         assert!(
             broken(&case, which).is_err(),

@@ -16,10 +16,9 @@
 //! The cross-checks against `pagoda_kernels` (the CPU kernels the model runs today) and
 //! the error cases are in `emu_model_cpu.rs`.
 
-mod common;
-use common::{Conv, Rng};
 use half::{bf16, f16};
 use pagoda_cuda_kernels::emu_model::{self as em, RopeKvIo, RopeKvShape};
+use pagoda_cuda_testkit::{Conv, Rng};
 use proptest::prelude::*;
 
 /// Calls `$f::<A, B>($args)` for the dtype pair `($a, $b)` (0 = f32, 1 = bf16, 2 = f16).

@@ -3,12 +3,11 @@
 //! contract). Also: bad input is an error (never a panic), the C/Rust struct sizes, and
 //! the launch geometry.
 
-mod common;
-use common::Rng;
 use pagoda_cuda_kernels::emu_model::{self as em, RopeKvIo, RopeKvShape};
 use pagoda_cuda_kernels::{
     ArgmaxParams, CastParams, EmbedParams, Error, GatherParams, GluParams, NormParams, RopeKvParams,
 };
+use pagoda_cuda_testkit::Rng;
 use pagoda_kernels::{Llama3Scaling, RopeCache};
 use proptest::prelude::*;
 use std::mem::size_of;

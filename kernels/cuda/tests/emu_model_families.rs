@@ -3,10 +3,9 @@
 //! what the CPU decoder does (models/src/llama.rs, models/src/moe.rs), on f32; and bad
 //! input is an error, never a panic.
 
-mod common;
-use common::Rng;
 use pagoda_cuda_kernels::emu_model_families::{self as ef, MoeAccIo, QkShape};
 use pagoda_cuda_kernels::Error;
+use pagoda_cuda_testkit::Rng;
 use proptest::prelude::*;
 
 fn rand(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {

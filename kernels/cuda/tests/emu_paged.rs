@@ -3,10 +3,9 @@
 //! 16/32, head dims 64/128/256, sliding windows (partitions from the window's first
 //! key, empty ones merged away) and soft caps.
 
-mod common;
-use common::*;
 use half::{bf16, f16};
 use pagoda_cuda_kernels::{emu, SplitPlan};
+use pagoda_cuda_testkit::*;
 use proptest::prelude::*;
 
 fn run<T: Conv>(

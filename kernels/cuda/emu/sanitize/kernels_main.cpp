@@ -1,7 +1,8 @@
-// Runs the real kernels (write_kv, naive, paged with splits + merge, flash; with a
+// Runs the library's kernels (write_kv, paged with splits + merge_states, with a
 // sliding window and a soft cap; model.cu's through model_driver.cpp) once on small
-// shapes under ThreadSanitizer: any race between emulated threads (a missing barrier in a
-// kernel) is reported. Correctness is the Rust tests' job.
+// shapes under the sanitizers: any race between emulated threads (a missing barrier in a
+// kernel) or access outside a buffer is reported. Correctness is the Rust tests' job.
+// The backend crates' kernels have drivers of their own (their tests/sanitize/).
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -9,34 +10,13 @@
 #include "../../cu/params.h"
 
 extern "C" int pg_emu_write_kv(const PgWriteKvParams*, int);
-extern "C" int pg_emu_naive(const PgAttnParams*, int);
 extern "C" int pg_emu_paged(const PgAttnParams*, int);
-extern "C" int pg_emu_flash(const PgAttnParams*, int);
+extern "C" int pg_emu_merge_states(const PgAttnParams*, int);
 int run_model_kernels();  // model_driver.cpp
-
-// Flash over one sequence of 18 new tokens after `ctx` cached ones, head dim D: with
-// ctx = 60 (78 keys) it takes two KV tiles, so both cp.async stages are filled under the
-// sanitizers' eyes (ASan sees the dynamic shared memory's exact bounds).
-static int run_flash(int D, int ctx) {
-  const int H = 2, KVH = 1, BS = 16, q_len = 18, seq_len = ctx + q_len;
-  const int nb = (seq_len + BS - 1) / BS;
-  std::vector<int32_t> qsl = {0, q_len}, lens = {seq_len}, table(nb);
-  for (int i = 0; i < nb; ++i) table[i] = nb - 1 - i;
-  std::vector<uint16_t> q(q_len * H * D, 0x3e80), out(q.size()), kc(nb * BS * KVH * D, 0x3f00),
-      vc(kc.size(), 0x3f80);
-  std::vector<float> lse(q_len * H);
-  PgAttnParams p{};
-  p.q = q.data(); p.key_cache = kc.data(); p.value_cache = vc.data(); p.out = out.data();
-  p.lse = lse.data(); p.query_start_loc = qsl.data(); p.seq_lens = lens.data();
-  p.block_table = table.data(); p.seq_begin = 0; p.seq_end = 1; p.num_heads = H;
-  p.num_kv_heads = KVH; p.head_dim = D; p.block_size = BS; p.max_blocks_per_seq = nb;
-  p.max_q_len = q_len; p.num_splits = 1; p.scale = 0.125f;
-  return pg_emu_flash(&p, PG_BF16);
-}
 
 int main() {
   const int H = 2, KVH = 1, D = 64, BS = 16, NB = 4;
-  // Two sequences: a decode row (ctx 20) then a prefill of 18 tokens after 6 cached.
+  // Two sequences: a decode row (ctx 20) then 18 tokens after 6 cached (written only).
   std::vector<int32_t> qsl = {0, 1, 19}, seq_lens = {21, 24}, table = {0, 1, 2, 3};
   const int tokens = 19;
   std::vector<float> kf(tokens * KVH * D), vf(kf.size());
@@ -49,27 +29,19 @@ int main() {
 
   std::vector<uint16_t> q(tokens * H * D, 0x3f00), out(q.size());
   std::vector<float> lse(tokens * H), split_out(1 * H * 2 * D), split_lse(1 * H * 2);
-  std::vector<float> qf(tokens * H * D, 0.25f), outf(qf.size()), kcf(kc.size(), 0.5f), vcf(kc.size(), 0.5f);
   PgAttnParams p{};
   p.q = q.data(); p.key_cache = kc.data(); p.value_cache = vc.data(); p.out = out.data();
   p.lse = lse.data(); p.query_start_loc = qsl.data(); p.seq_lens = seq_lens.data();
   p.block_table = table.data(); p.split_out = split_out.data(); p.split_lse = split_lse.data();
   p.num_heads = H; p.num_kv_heads = KVH; p.head_dim = D; p.block_size = BS;
   p.max_blocks_per_seq = 2; p.scale = 0.125f;
-  // A sliding window (unaligned partition and tile starts, an empty paged partition)
+  // A sliding window (unaligned partition starts, an empty paged partition)
   // and a soft cap, so that their index arithmetic runs under the sanitizers too.
   p.sliding_window = 13; p.soft_cap = 2.0f;
   // Sequence 0's blocks are 0, 1; sequence 1's are 2, 3.
   p.seq_begin = 0; p.seq_end = 1; p.num_splits = 2; p.partition_size = 16;
   rc |= pg_emu_paged(&p, PG_BF16);
-  p.seq_begin = 1; p.seq_end = 2; p.max_q_len = 18; p.num_splits = 1;
-  rc |= pg_emu_flash(&p, PG_BF16);
-  PgAttnParams n = p;
-  n.q = qf.data(); n.key_cache = kcf.data(); n.value_cache = vcf.data(); n.out = outf.data();
-  n.seq_begin = 0; n.seq_end = 2; n.num_rows = tokens;
-  rc |= pg_emu_naive(&n, PG_F32);
-  rc |= run_flash(64, 60);   // 2 KV tiles of 64
-  rc |= run_flash(128, 60);  // 2 KV tiles of 64, 85 KiB of dynamic shared memory
+  rc |= pg_emu_merge_states(&p, PG_BF16);
   rc |= run_model_kernels();
   std::printf(rc == 0 ? "ok\n" : "launch error\n");
   return rc;

@@ -1,6 +1,12 @@
-//! Shared by the emulator tests: random paged batches, the f64 reference attention,
-//! and the tolerance of each dtype (derived next to `tolerance`).
-#![allow(dead_code)]
+//! The test kit of a CUDA attention kernel: random paged batches in vLLM's layout
+//! ([`Case`]: q, the pools, the block table, as the kernel's element type and as their
+//! f64 images), the f64 reference attention over them ([`Case::reference`]: causal with
+//! the context offset, GQA, sliding windows, soft caps), the tolerance of each dtype
+//! (derived next to [`tolerance`]), and proptest strategies for the batch shapes.
+//!
+//! A kernel's test builds a [`Case`], runs the kernel on the emulator through
+//! `pagoda_cuda_kernels::emu::attn` (or on a GPU with the case's buffers uploaded), and
+//! compares with [`max_err`] and [`check_lse`].
 
 use half::{bf16, f16};
 use pagoda_cuda_kernels::emu::{Batch, Io, Shape};
@@ -9,7 +15,9 @@ use proptest::prelude::*;
 
 /// Host conversions of the kernel element types.
 pub trait Conv: Element {
+    /// `x` rounded to the type.
     fn from_f32(x: f32) -> Self;
+    /// The value, exactly.
     fn to_f64(self) -> f64;
     /// Unit roundoff of the format (half an ulp at 1.0).
     const U: f64;
@@ -62,39 +70,55 @@ pub fn lse_tolerance(lse: f64) -> f64 {
 /// One sequence: `ctx` cached tokens then `q_len` new ones.
 #[derive(Debug, Clone, Copy)]
 pub struct SeqSpec {
+    /// New tokens (1: a decode row).
     pub q_len: usize,
+    /// Tokens already in the cache before them.
     pub ctx: usize,
 }
 
 /// A random paged batch with its tensors (as T) and their f64 images.
 #[derive(Debug)]
 pub struct Case<T> {
+    /// Heads, dims, scale and options.
     pub shape: Shape,
+    /// `[num_seqs + 1]` query token offsets.
     pub qsl: Vec<u32>,
+    /// `[num_seqs]` context + new tokens.
     pub seq_lens: Vec<u32>,
+    /// `[num_seqs, max_blocks]` block ids (shuffled: sequences' blocks interleave).
     pub block_table: Vec<u32>,
+    /// Row stride of `block_table`.
     pub max_blocks: usize,
+    /// `[num_tokens, num_heads, head_dim]`.
     pub q: Vec<T>,
+    /// The key pool, `[num_blocks, block_size, num_kv_heads, head_dim]`.
     pub k: Vec<T>,
+    /// The value pool, as `k`.
     pub v: Vec<T>,
+    /// Query tokens of all sequences.
     pub num_tokens: usize,
 }
 
 /// xorshift: tests must be reproducible from the proptest seed alone.
+#[derive(Debug, Clone)]
 pub struct Rng(pub u64);
 impl Rng {
+    /// The next 64 random bits (the state must not be 0).
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
+    /// Uniform in [-1, 1).
     pub fn unit(&mut self) -> f32 {
         ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 }
 
 impl<T: Conv> Case<T> {
+    /// A random case of `seqs` with these heads, head dim and block size, from `seed`.
     pub fn new(
         seqs: &[SeqSpec],
         num_heads: usize,
@@ -161,6 +185,7 @@ impl<T: Conv> Case<T> {
         self
     }
 
+    /// The emulator's batch metadata, launching `seqs`.
     pub fn batch(&self, seqs: std::ops::Range<usize>) -> Batch<'_> {
         Batch {
             query_start_loc: &self.qsl,
@@ -171,6 +196,7 @@ impl<T: Conv> Case<T> {
         }
     }
 
+    /// The emulator's tensors over the case's q and pools, into `out` and `lse`.
     pub fn io<'a>(&'a self, out: &'a mut [T], lse: &'a mut [f32]) -> Io<'a, T> {
         Io {
             q: &self.q,
@@ -245,7 +271,7 @@ impl<T: Conv> Case<T> {
     }
 }
 
-/// Largest |got - want| over the rows the reference computed, and the LSE check.
+/// Largest |got - want| over the rows the reference computed.
 pub fn max_err<T: Conv>(got: &[T], want: &[f64]) -> f64 {
     got.iter()
         .zip(want)
@@ -254,6 +280,7 @@ pub fn max_err<T: Conv>(got: &[T], want: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// Every LSE the reference computed within [`lse_tolerance`], or the first that is not.
 pub fn check_lse(got: &[f32], want: &[f64]) -> Result<(), String> {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         if !w.is_nan() && (f64::from(*g) - w).abs() > lse_tolerance(*w) {

@@ -1,10 +1,10 @@
-//! `naive` on the emulator against the f64 reference: f32/bf16/f16, odd head dims and
-//! block sizes, GQA, chunked-prefill context offsets, sliding windows, soft caps.
+//! `naive.cu` on the emulator against the f64 reference of `pagoda-cuda-testkit`:
+//! f32/bf16/f16, odd head dims and block sizes, GQA, chunked-prefill context offsets, sliding windows, soft caps.
 
-mod common;
-use common::*;
 use half::{bf16, f16};
+use pagoda_backend_cuda_naive::NAIVE_CU;
 use pagoda_cuda_kernels::emu;
+use pagoda_cuda_testkit::*;
 use proptest::prelude::*;
 
 fn run<T: Conv>(
@@ -17,8 +17,13 @@ fn run<T: Conv>(
     let mut out = vec![T::default(); case.q.len()];
     let mut lse = vec![0.0f32; case.num_tokens * h];
     let n = seqs.len();
-    emu::naive(case.io(&mut out, &mut lse), &case.batch(0..n), &case.shape)
-        .map_err(|e| e.to_string())?;
+    emu::attn(
+        &NAIVE_CU,
+        case.io(&mut out, &mut lse),
+        &case.batch(0..n),
+        &case.shape,
+    )
+    .map_err(|e| e.to_string())?;
     let (want, want_lse) = case.reference(0..n);
     let err = max_err(&out, &want);
     if err > tolerance::<T>(false) {

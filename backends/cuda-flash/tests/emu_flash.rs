@@ -1,17 +1,15 @@
-//! `flash` (mma.sync prefill) on the emulator against the f64 reference: variable
+//! `flash.cu` (mma.sync prefill) on the emulator against the f64 reference of
+//! `pagoda-cuda-testkit`: variable
 //! lengths, context offsets (chunked prefill / prefix hits), GQA, several query and KV
 //! tiles, sliding windows (KV tiles from the first row's window, rows masking their
 //! own) and soft caps; and the planted fragment-layout bug, which must fail the same
 //! check.
 
-mod common;
-use common::*;
 use half::{bf16, f16};
-use pagoda_cuda_kernels::emu;
+use pagoda_backend_cuda_flash::{FLASH_CU, FLASH_PLANTED_CU};
+use pagoda_cuda_kernels::{emu, AttnKernel};
+use pagoda_cuda_testkit::*;
 use proptest::prelude::*;
-
-type Kernel<T> =
-    fn(emu::Io<'_, T>, &emu::Batch<'_>, &emu::Shape) -> Result<(), pagoda_cuda_kernels::Error>;
 
 /// (num_heads, num_kv_heads, head_dim, block_size).
 type Dims = (usize, usize, usize, usize);
@@ -22,7 +20,7 @@ const NONE: Options = (None, None);
 
 /// Runs `kernel` over `seqs[first..]` and returns the max error and the LSE check.
 fn run<T: Conv>(
-    kernel: Kernel<T>,
+    kernel: &'static AttnKernel,
     seqs: &[SeqSpec],
     (h, kvh, d, bs): Dims,
     first: usize,
@@ -33,7 +31,8 @@ fn run<T: Conv>(
     let mut out = vec![T::default(); case.q.len()];
     let mut lse = vec![0.0f32; case.num_tokens * h];
     let range = first..seqs.len();
-    kernel(
+    emu::attn(
+        kernel,
         case.io(&mut out, &mut lse),
         &case.batch(range.clone()),
         &case.shape,
@@ -50,7 +49,7 @@ fn check<T: Conv>(
     seed: u64,
     options: Options,
 ) -> Result<(), String> {
-    let (err, lse) = run::<T>(emu::flash::<T>, seqs, dims, first, seed, options);
+    let (err, lse) = run::<T>(&FLASH_CU, seqs, dims, first, seed, options);
     let tol = tolerance::<T>(true);
     if err > tol {
         return Err(format!("max error {err} > {tol}"));
@@ -88,15 +87,8 @@ fn flash_sliding_window_and_soft_cap() {
 #[test]
 fn planted_fragment_bug_is_caught() {
     let seqs = [SeqSpec { q_len: 20, ctx: 12 }];
-    let (good, _) = run::<bf16>(emu::flash::<bf16>, &seqs, (1, 1, 64, 16), 0, 7, NONE);
-    let (bad, _) = run::<bf16>(
-        emu::flash_planted_bug::<bf16>,
-        &seqs,
-        (1, 1, 64, 16),
-        0,
-        7,
-        NONE,
-    );
+    let (good, _) = run::<bf16>(&FLASH_CU, &seqs, (1, 1, 64, 16), 0, 7, NONE);
+    let (bad, _) = run::<bf16>(&FLASH_PLANTED_CU, &seqs, (1, 1, 64, 16), 0, 7, NONE);
     let tol = tolerance::<bf16>(true);
     assert!(good <= tol, "correct kernel: {good} > {tol}");
     assert!(
@@ -110,11 +102,13 @@ fn flash_refuses_what_it_has_no_kernel_for() {
     let case = Case::<f32>::new(&[SeqSpec { q_len: 3, ctx: 0 }], 1, 1, 64, 16, 1);
     let mut out = vec![0.0; case.q.len()];
     let mut lse = vec![0.0; case.num_tokens];
-    assert!(emu::flash(case.io(&mut out, &mut lse), &case.batch(0..1), &case.shape).is_err());
+    let (io, batch) = (case.io(&mut out, &mut lse), case.batch(0..1));
+    assert!(emu::attn(&FLASH_CU, io, &batch, &case.shape).is_err());
     let case = Case::<bf16>::new(&[SeqSpec { q_len: 3, ctx: 0 }], 1, 1, 80, 16, 1);
     let mut out = vec![bf16::ZERO; case.q.len()];
     let mut lse = vec![0.0; case.num_tokens];
-    assert!(emu::flash(case.io(&mut out, &mut lse), &case.batch(0..1), &case.shape).is_err());
+    let (io, batch) = (case.io(&mut out, &mut lse), case.batch(0..1));
+    assert!(emu::attn(&FLASH_CU, io, &batch, &case.shape).is_err());
 }
 
 proptest! {
