@@ -19,8 +19,8 @@
 //! constructor and [`pagoda_core::LayerIo::validate_batch`] (block ids of the blocks
 //! the sequences use within the pools), the element counts of the views by core.
 
-use crate::attn::Kernel;
 use crate::driver::{Driver, Grow};
+use crate::kernel::Kernel;
 use pagoda_core::{AttentionConfig, BatchDescriptor, GraphLimits, LayerIo, TensorMut, TensorRef};
 use pagoda_cuda_kernels::{AttnParams, Call, Dtype, SplitPlan, WriteKvParams};
 use std::ffi::c_void;
@@ -392,7 +392,7 @@ mod tests {
         static SCALAR: Kernel = Kernel {
             name: "scalar",
             role: pagoda_core::Role::Both,
-            dtypes: &crate::attn::ALL_DTYPES,
+            dtypes: &crate::kernel::ALL_DTYPES,
             head_dims: None,
             split_kv: false,
             graph_support: pagoda_core::GraphSupport::Never,
@@ -402,9 +402,9 @@ mod tests {
             invariant_rows: None,
         };
         let ok = [("q", 0x1000), ("out", 0x2010)];
-        check_aligned(&crate::attn::PAGED, &ok).unwrap();
+        check_aligned(&crate::kernel::PAGED, &ok).unwrap();
         let bad = [("q", 0x1000), ("v_cache", 0x2008)];
-        let e = check_aligned(&crate::attn::PAGED, &bad).unwrap_err();
+        let e = check_aligned(&crate::kernel::PAGED, &bad).unwrap_err();
         assert!(e.contains("v_cache"), "{e}");
         check_aligned(&SCALAR, &bad).unwrap();
     }

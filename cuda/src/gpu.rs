@@ -116,7 +116,7 @@ impl CudaDriver {
         };
         let blas = DeviceGemm::new(ordinal, GemmImpl::Cublas).map_err(|e| e.to_string())?;
         let want_cutlass = std::env::var("PAGODA_GEMM").as_deref() == Ok("cutlass")
-            || crate::attn::batch_invariant_env();
+            || crate::kernel::batch_invariant_env();
         let cutlass = match want_cutlass {
             true => Some(DeviceGemm::new(ordinal, GemmImpl::Cutlass).map_err(|e| e.to_string())?),
             false => None,

@@ -25,6 +25,7 @@ mod driver;
 pub mod gemm;
 #[cfg(feature = "cuda")]
 mod gpu;
+mod kernel;
 pub mod ops;
 pub mod runtime;
 

@@ -38,7 +38,7 @@ fn dt(d: DType) -> Result<Dtype, CoreError> {
         DType::F32 => Ok(Dtype::F32),
         DType::BF16 => Ok(Dtype::Bf16),
         DType::F16 => Ok(Dtype::F16),
-        DType::F8E4M3 => Err(crate::attn::no_fp8()),
+        DType::F8E4M3 => Err(crate::kernel::no_fp8()),
     }
 }
 
@@ -98,6 +98,18 @@ pub fn pack_step(s: &StepInputs<'_>, out: &mut Vec<i32>) -> Result<(), CoreError
         out.push(i32::try_from(x).map_err(|_| bad("logits row", x.to_string()))?);
     }
     Ok(())
+}
+
+/// The views of one `rope_write_kv` (`kernels.rs`' `rope_inner`).
+struct RopeIo<'a> {
+    qkv: TensorRef<'a>,
+    bias: Option<TensorRef<'a>>,
+    cos: TensorRef<'a>,
+    sin: TensorRef<'a>,
+    shape: RopeShape,
+    q_out: TensorMut<'a>,
+    k_pool: TensorMut<'a>,
+    v_pool: TensorMut<'a>,
 }
 
 /// The model kernels of one device (see the module docs).
@@ -422,7 +434,7 @@ where
         k_pool: TensorMut<'_>,
         v_pool: TensorMut<'_>,
     ) -> Result<(), CoreError> {
-        self.rope_inner(kernels::RopeIo {
+        self.rope_inner(RopeIo {
             qkv,
             bias,
             cos,
@@ -537,7 +549,7 @@ where
 
 /// The `emu` device's model ops: [`DeviceOps`] over the emulator's driver.
 pub(crate) fn emu_ops(runtime: Arc<dyn DeviceRuntime>) -> Result<DeviceOps<EmuDriver>, CoreError> {
-    DeviceOps::new(runtime, EmuDriver::new(crate::attn::EMU_SMS))
+    DeviceOps::new(runtime, EmuDriver::new(crate::kernel::EMU_SMS))
 }
 
 fn open(runtime: Arc<dyn DeviceRuntime>) -> Result<Box<dyn ModelOps>, CoreError> {

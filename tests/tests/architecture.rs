@@ -301,10 +301,6 @@ fn library_roots() -> Vec<(String, PathBuf)> {
 const KNOWN_CYCLES: &[&str] = &[
     "pagoda-backend-testkit: crate <-> case <-> checks <-> gen <-> invariance <-> suite <-> verify",
     "pagoda-core: attention::batch <-> attention::config <-> device <-> error <-> kv <-> tensor <-> tensor::storage <-> tensor::view",
-    "pagoda-cuda: attn <-> device",
-    "pagoda-cuda: ops <-> ops::kernels",
-    "pagoda-cuda-kernels: call <-> emu_launch",
-    "pagoda-cuda-kernels: ffi <-> params",
     "pagoda-engine: runner <-> runner::spec_rows",
     "pagoda-engine: structured <-> structured::compile",
     "pagoda-kernels: quant <-> quant::act <-> quant::pack <-> quant::portable",

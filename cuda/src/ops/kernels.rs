@@ -1,23 +1,11 @@
 //! The ops that launch a kernel: each checks its views, packs the parameter struct and
 //! hands the [`Call`] (or the GEMM) to the driver, the same on both devices.
 
-use super::{dims2, dt, i32_of, p, DeviceOps};
+use super::{dims2, dt, i32_of, p, DeviceOps, RopeIo};
 use crate::driver::{Driver, Gemm};
 use pagoda_core::{CoreError, DType, GatedAct, RopeShape, TensorMut, TensorRef};
 use pagoda_cuda_kernels::{Call, EmbedParams, GatherParams, GluParams, NormParams, RopeKvParams};
 use std::ffi::c_void;
-
-/// The views of one `rope_write_kv`.
-pub(super) struct RopeIo<'a> {
-    pub qkv: TensorRef<'a>,
-    pub bias: Option<TensorRef<'a>>,
-    pub cos: TensorRef<'a>,
-    pub sin: TensorRef<'a>,
-    pub shape: RopeShape,
-    pub q_out: TensorMut<'a>,
-    pub k_pool: TensorMut<'a>,
-    pub v_pool: TensorMut<'a>,
-}
 
 impl<D: Driver> DeviceOps<D> {
     pub(super) fn embed_inner(

@@ -2,7 +2,7 @@
 //!
 //! Every attention kernel, the library's own ([`PAGED`], `cu/paged.cu`, with its merge
 //! `cu/merge.cu`) and a backend crate's (`cuda-naive`'s `naive.cu`, `cuda-flash`'s
-//! `flash.cu`, the example's `warp_decode.cu`), is a `static` [`AttnKernel`]: its host
+//! `flash.cu`, any other crate's own), is a `static` [`AttnKernel`]: its host
 //! launcher, its emulator entry, its fatbin and its entry points. A backend crate's
 //! one-line `build.rs` (`pagoda_cuda_build::backend`) compiles its `.cu` for the host
 //! through the SIMT emulator and, in the CUDA build, to a fatbin. A launch is

@@ -32,6 +32,7 @@ pub mod emu_launch;
 pub mod emu_model;
 pub mod emu_model_families;
 mod ffi;
+mod geometry;
 pub mod graph;
 pub mod params;
 #[doc(hidden)]
