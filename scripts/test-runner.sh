@@ -41,6 +41,7 @@ run_once() {
 }
 
 flag="$(mktemp -u "${TMPDIR:-/tmp}/pagoda-test-hung.XXXXXX")"
+start=$SECONDS
 run_once "$@"
 rc=$?
 if [ -e "$flag" ]; then
@@ -49,4 +50,6 @@ if [ -e "$flag" ]; then
   run_once "$@"
   rc=$?
 fi
+# Each binary's wall time, so that a CI log shows where its budget went.
+echo "test-runner: $(basename "$1") rc=$rc in $((SECONDS - start)) s" >&2
 exit "$rc"

@@ -46,8 +46,8 @@ pub use attention::inventory;
 pub use error::CoreError;
 pub use kv::{write_kv, KvCache, KvCacheDtype, KvCacheSpec, LayerKv};
 pub use ops::{
-    has_model_ops, open_model_ops, GatedAct, GraphId, ModelOps, ModelOpsRegistration, RopeShape,
-    StepInputs, MOE_MAX_TOP_K,
+    has_model_ops, open_model_ops, GatedAct, GraphId, ModelOps, ModelOpsRegistration, RopeIo,
+    RopeShape, StepInputs, MOE_MAX_TOP_K,
 };
 pub use request::{
     BlockHash, CheckedParams, FinishReason, Request, RequestId, RequestStatus, SamplingParams,

@@ -65,6 +65,23 @@ pub enum GatedAct {
     GeluTanh,
 }
 
+/// The views of one [`ModelOps::rope_write_kv`]: RoPE (rotate-half convention, tables
+/// `cos`/`sin` `[max_pos, head_dim / 2]` f32 at the step's positions) on the fused
+/// `qkv` rows (plus `bias`, if any): rotated q into `q_out` `[num_tokens, num_heads *
+/// head_dim]`, rotated k and v into this layer's pools at the step's slots (negative
+/// slots: q only). One value, because the kernel is one launch over all of them.
+#[derive(Debug)]
+pub struct RopeIo<'a> {
+    pub qkv: TensorRef<'a>,
+    pub bias: Option<TensorRef<'a>>,
+    pub cos: TensorRef<'a>,
+    pub sin: TensorRef<'a>,
+    pub shape: RopeShape,
+    pub q_out: TensorMut<'a>,
+    pub k_pool: TensorMut<'a>,
+    pub v_pool: TensorMut<'a>,
+}
+
 /// The non-attention kernels of a decoder forward pass on one device.
 ///
 /// Buffers are views of this device's memory with their dtype and shape; every
@@ -101,7 +118,6 @@ pub trait ModelOps: Send {
     ) -> Result<(), CoreError>;
 
     /// `residual += x`, then `out = rms_norm(residual)` (vLLM's fused add + norm).
-    #[allow(clippy::too_many_arguments)]
     fn add_rms_norm(
         &mut self,
         residual: TensorMut<'_>,
@@ -120,22 +136,8 @@ pub trait ModelOps: Send {
         out: TensorMut<'_>,
     ) -> Result<(), CoreError>;
 
-    /// RoPE (rotate-half convention, tables `cos`/`sin` `[max_pos, head_dim / 2]`
-    /// f32 at the step's positions) on the fused `qkv` rows (plus `bias`, if any):
-    /// rotated q into `q_out` `[num_tokens, num_heads * head_dim]`, rotated k and v
-    /// into this layer's pools at the step's slots (negative slots: q only).
-    #[allow(clippy::too_many_arguments)]
-    fn rope_write_kv(
-        &mut self,
-        qkv: TensorRef<'_>,
-        bias: Option<TensorRef<'_>>,
-        cos: TensorRef<'_>,
-        sin: TensorRef<'_>,
-        shape: RopeShape,
-        q_out: TensorMut<'_>,
-        k_pool: TensorMut<'_>,
-        v_pool: TensorMut<'_>,
-    ) -> Result<(), CoreError>;
+    /// RoPE and the K/V write of one layer ([`RopeIo`]: what is read and written).
+    fn rope_write_kv(&mut self, io: RopeIo<'_>) -> Result<(), CoreError>;
 
     /// `out[t] = act(gate_up[t][..i]) * gate_up[t][i..]`, `out` `[rows, i]`.
     fn gated_act(

@@ -373,7 +373,8 @@ impl AttentionBackend for CudaAttention {
         }
         let dtypes = (kernel_dtype(k.dtype())?, kernel_dtype(k_pool.dtype())?);
         let cfg = &self.cfg;
-        on_dev!(&mut self.dev, d => d.write_kv(cfg, k_pool, v_pool, k, v, slot_mapping, dtypes))
+        let (pools, kv) = ((k_pool, v_pool), (k, v));
+        on_dev!(&mut self.dev, d => d.write_kv(cfg, pools, kv, slot_mapping, dtypes))
             .map_err(|e| failed(self.name, e))
     }
 }

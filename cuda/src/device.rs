@@ -263,14 +263,11 @@ impl<D: Driver> DeviceAttn<D> {
     /// `write_kv` of `k`/`v` (`src` dtype) into the pools (`dst` dtype) at
     /// `slot_mapping`: the planned step's upload when it is the same mapping, else
     /// uploaded now.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn write_kv(
         &mut self,
         cfg: &AttentionConfig,
-        k_pool: TensorMut<'_>,
-        v_pool: TensorMut<'_>,
-        k: TensorRef<'_>,
-        v: TensorRef<'_>,
+        (k_pool, v_pool): (TensorMut<'_>, TensorMut<'_>),
+        (k, v): (TensorRef<'_>, TensorRef<'_>),
         slot_mapping: &[i64],
         (src, dst): (Dtype, Dtype),
     ) -> Result<(), String> {

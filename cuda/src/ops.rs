@@ -25,7 +25,7 @@ mod kernels;
 use crate::driver::{bytes_of_mut, Driver, EmuDriver, Grow};
 use pagoda_core::{
     register_model_ops, CoreError, DType, Device, DeviceKind, DeviceRuntime, GatedAct, GraphId,
-    ModelOps, ModelOpsRegistration, RopeShape, StepInputs, TensorMut, TensorRef,
+    ModelOps, ModelOpsRegistration, RopeIo, RopeShape, StepInputs, TensorMut, TensorRef,
 };
 use pagoda_cuda_kernels::{ArgmaxParams, Call, Dtype};
 use std::collections::HashSet;
@@ -98,18 +98,6 @@ pub fn pack_step(s: &StepInputs<'_>, out: &mut Vec<i32>) -> Result<(), CoreError
         out.push(i32::try_from(x).map_err(|_| bad("logits row", x.to_string()))?);
     }
     Ok(())
-}
-
-/// The views of one `rope_write_kv` (`kernels.rs`' `rope_inner`).
-struct RopeIo<'a> {
-    qkv: TensorRef<'a>,
-    bias: Option<TensorRef<'a>>,
-    cos: TensorRef<'a>,
-    sin: TensorRef<'a>,
-    shape: RopeShape,
-    q_out: TensorMut<'a>,
-    k_pool: TensorMut<'a>,
-    v_pool: TensorMut<'a>,
 }
 
 /// The model kernels of one device (see the module docs).
@@ -423,27 +411,8 @@ where
         self.linear_inner(x, w, out)
     }
 
-    fn rope_write_kv(
-        &mut self,
-        qkv: TensorRef<'_>,
-        bias: Option<TensorRef<'_>>,
-        cos: TensorRef<'_>,
-        sin: TensorRef<'_>,
-        shape: RopeShape,
-        q_out: TensorMut<'_>,
-        k_pool: TensorMut<'_>,
-        v_pool: TensorMut<'_>,
-    ) -> Result<(), CoreError> {
-        self.rope_inner(RopeIo {
-            qkv,
-            bias,
-            cos,
-            sin,
-            shape,
-            q_out,
-            k_pool,
-            v_pool,
-        })
+    fn rope_write_kv(&mut self, io: RopeIo<'_>) -> Result<(), CoreError> {
+        self.rope_inner(io)
     }
 
     fn gated_act(

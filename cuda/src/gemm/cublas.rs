@@ -76,7 +76,6 @@ impl Cublas {
     /// As [`super::DeviceGemm::gemm_raw`]: live device buffers of the handle's context
     /// with `m·k`, `n·k`, `m·n` elements; m, n, k positive and within `c_int` (checked
     /// by the caller).
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn gemm(
         &self,
         (x, w, out): (u64, u64, u64),

@@ -149,7 +149,6 @@ impl DeviceGemm {
     /// `x`, `w` and `out` must be device allocations on this device holding at least
     /// `m·k`, `n·k` and `m·n` elements of their dtypes, alive until the stream has run the
     /// GEMM (freeing them on this stream orders that), and `out` must not overlap x or w.
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemm_raw(
         &self,
         (x, w, out): (u64, u64, u64),

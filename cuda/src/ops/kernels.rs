@@ -1,9 +1,9 @@
 //! The ops that launch a kernel: each checks its views, packs the parameter struct and
 //! hands the [`Call`] (or the GEMM) to the driver, the same on both devices.
 
-use super::{dims2, dt, i32_of, p, DeviceOps, RopeIo};
+use super::{dims2, dt, i32_of, p, DeviceOps};
 use crate::driver::{Driver, Gemm};
-use pagoda_core::{CoreError, DType, GatedAct, RopeShape, TensorMut, TensorRef};
+use pagoda_core::{CoreError, DType, GatedAct, RopeIo, RopeShape, TensorMut, TensorRef};
 use pagoda_cuda_kernels::{Call, EmbedParams, GatherParams, GluParams, NormParams, RopeKvParams};
 use std::ffi::c_void;
 

@@ -115,7 +115,7 @@ inline void check_aligned16(const void* p) {
 inline constexpr size_t kMaxDynSharedBytes = 227 * 1024;
 
 // Two ways to run a block's threads:
-//   * fibers (the default): every emulated thread is a ucontext fiber on the launching
+//   * fibers (the default): every emulated thread is a fiber (FiberCtx) on the launching
 //     OS thread, a barrier yields to the next fiber until the last one arrives. A barrier
 //     then costs a few microseconds (one user-space switch per thread), where OS threads
 //     on a 2-core machine cost thousands of context switches per barrier (measured with
@@ -211,17 +211,75 @@ inline Warp& full_warp() {
 inline void* dyn_smem() { return tl_block->dyn.data(); }
 
 #ifdef PAGODA_EMU_FIBERS
+// A fiber's saved context, and the switch between two. On x86-64 the switch is eight
+// instructions of our own (`pg_emu_ctx_switch`): push the callee-saved registers, swap
+// stack pointers, pop. glibc's swapcontext also saves the FP environment and makes an
+// rt_sigprocmask system call on every switch: measured with perf, over half of an
+// emulated forward's time went there. The signal mask and the FP control words
+// (MXCSR, x87) are the OS thread's and no kernel changes them, so nothing else needs
+// saving. Elsewhere, ucontext.
+#if defined(__x86_64__)
+extern "C" void pg_emu_ctx_switch(void** save_sp, void* load_sp);
+// Defined once per object file that includes this header, as a weak symbol in its own
+// COMDAT group: the linker keeps one copy across every crate's emulator build.
+__asm__(
+    ".pushsection .text.pg_emu_ctx_switch,\"axG\",@progbits,pg_emu_ctx_switch,comdat\n"
+    ".weak pg_emu_ctx_switch\n"
+    ".hidden pg_emu_ctx_switch\n"
+    ".type pg_emu_ctx_switch,@function\n"
+    "pg_emu_ctx_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size pg_emu_ctx_switch, .-pg_emu_ctx_switch\n"
+    ".popsection\n");
+struct FiberCtx {
+  void* sp = nullptr;
+};
+inline void ctx_switch(FiberCtx& save, FiberCtx& load) { pg_emu_ctx_switch(&save.sp, load.sp); }
+// A new context that starts `entry` on `stack`: the six registers the switch pops (zero),
+// then `entry` as the address it returns to, then a null return address for `entry`
+// (which never returns), so `entry` starts with the stack as a call leaves it (rsp + 8
+// a multiple of 16).
+inline void ctx_make(FiberCtx& c, char* stack, size_t size, void (*entry)()) {
+  const uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + size) & ~uintptr_t(15);
+  void** sp = reinterpret_cast<void**>(top - 64);
+  for (int i = 0; i < 6; ++i) sp[i] = nullptr;
+  sp[6] = reinterpret_cast<void*>(entry);
+  sp[7] = nullptr;
+  c.sp = sp;
+}
+#else
+struct FiberCtx {
+  ucontext_t uc;
+};
+inline void ctx_switch(FiberCtx& save, FiberCtx& load) {
+  if (swapcontext(&save.uc, &load.uc) != 0) fail("swapcontext failed");
+}
+// Out of line: getcontext returns twice, which would make g++ warn about every local of
+// the caller (-Wclobbered).
+[[gnu::noinline]] inline void ctx_make(FiberCtx& c, char* stack, size_t size, void (*entry)()) {
+  if (getcontext(&c.uc) != 0) fail("getcontext failed");
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+#endif
+
 // One emulated thread as a fiber: its context, stack and CUDA built-ins (the built-ins
 // are thread_local globals of the one OS thread, swapped in and out with the fiber).
 struct Fiber {
-  ucontext_t ctx;
+  FiberCtx ctx;
   char* stack = nullptr;
   dim3 tid, bid;
   unsigned lane = 0, warp = 0;
   bool done = false;
   const std::function<void()>* body = nullptr;
 };
-inline thread_local ucontext_t* tl_sched = nullptr;
+inline thread_local FiberCtx* tl_sched = nullptr;
 // Stack of one fiber: kernels keep small per-thread arrays; 256 KiB is far above them
 // and costs nothing until touched.
 constexpr size_t kFiberStack = 256 * 1024;
@@ -229,34 +287,27 @@ constexpr size_t kFiberStack = 256 * 1024;
 inline void fiber_yield() {
   Fiber* f = tl_fiber;
   f->bid = blockIdx;
-  if (swapcontext(&f->ctx, tl_sched) != 0) fail("swapcontext failed");
+  ctx_switch(f->ctx, *tl_sched);
 }
 
-inline void fiber_entry() {
+[[noreturn]] inline void fiber_entry() {
   Fiber* f = tl_fiber;
   (*f->body)();
   f->done = true;
   tl_progress = true;
   // Back to the scheduler for good: a finished fiber is never resumed.
-  swapcontext(&f->ctx, tl_sched);
+  ctx_switch(f->ctx, *tl_sched);
   fail("a finished fiber was resumed");
 }
-#endif
 
-#ifdef PAGODA_EMU_FIBERS
-// Gives `f` its stack and entry point. Out of line: getcontext returns twice, which would
-// make g++ warn about every local of the caller (-Wclobbered).
+// Gives `f` its stack and entry point.
 // Stacks are kept per OS thread and reused by every launch (allocating them per launch
 // made page faults a third of an emulated forward's time).
-[[gnu::noinline]] inline void make_fiber(Fiber& f, unsigned t) {
+inline void make_fiber(Fiber& f, unsigned t) {
   static thread_local std::vector<std::unique_ptr<char[]>> stacks;
   while (stacks.size() <= t) stacks.emplace_back(new char[kFiberStack]);
   f.stack = stacks[t].get();
-  if (getcontext(&f.ctx) != 0) fail("getcontext failed");
-  f.ctx.uc_stack.ss_sp = f.stack;
-  f.ctx.uc_stack.ss_size = kFiberStack;
-  f.ctx.uc_link = nullptr;
-  makecontext(&f.ctx, fiber_entry, 0);
+  ctx_make(f.ctx, f.stack, kFiberStack, fiber_entry);
 }
 #endif
 
@@ -296,14 +347,14 @@ void launch(dim3 grid, dim3 block, size_t dyn_bytes, K kernel, A... args) {
   std::vector<std::function<void()>> bodies;
   std::vector<Fiber> fibers(n);
   bodies.reserve(n);
-  ucontext_t sched;
+  FiberCtx sched;
   for (unsigned t = 0; t < n; ++t) {
     bodies.emplace_back([&body, t] { body(t); });
     Fiber& f = fibers[t];
     f.body = &bodies[t];
     make_fiber(f, t);
   }
-  ucontext_t* outer_sched = tl_sched;
+  FiberCtx* outer_sched = tl_sched;
   Fiber* outer_fiber = tl_fiber;
   tl_sched = &sched;
   for (unsigned live = n; live > 0;) {
@@ -319,7 +370,7 @@ void launch(dim3 grid, dim3 block, size_t dyn_bytes, K kernel, A... args) {
       tl_block = &state;
       blockDim = block;
       gridDim = grid;
-      if (swapcontext(&sched, &f.ctx) != 0) fail("swapcontext failed");
+      ctx_switch(sched, f.ctx);
       f.tid = threadIdx;
       f.lane = tl_lane;
       f.warp = tl_warp;

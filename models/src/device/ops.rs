@@ -21,7 +21,9 @@ use super::weights::Dev;
 use crate::arch::Activation;
 use crate::decoder::{Dims, MlpDims, Moe, Ops, RopeIn, Tail};
 use crate::error::ModelError;
-use pagoda_core::{AttentionBackend, GatedAct, LayerIo, LayerKv, ModelOps, RopeShape, Storage};
+use pagoda_core::{
+    AttentionBackend, GatedAct, LayerIo, LayerKv, ModelOps, RopeIo, RopeShape, Storage,
+};
 
 /// The decoder's operations on a device for one step (its inputs already handed over
 /// by [`ModelOps::begin_step`]).
@@ -154,11 +156,17 @@ impl Ops for DeviceOps<'_> {
         let qkv = rows_ref(qkv, r.n, shape.qkv_dim())?;
         let q = rows(q, r.n, shape.num_heads * shape.head_dim)?;
         let (k_pool, v_pool) = pools.views_mut();
-        let (cos, sin) = (r.rope.cos.view(), r.rope.sin.view());
-        let bias = r.bias.map(|b| b.view());
-        self.ops
-            .rope_write_kv(qkv, bias, cos, sin, shape, q, k_pool, v_pool)
-            .map_err(dev)
+        let io = RopeIo {
+            qkv,
+            bias: r.bias.map(|b| b.view()),
+            cos: r.rope.cos.view(),
+            sin: r.rope.sin.view(),
+            shape,
+            q_out: q,
+            k_pool,
+            v_pool,
+        };
+        self.ops.rope_write_kv(io).map_err(dev)
     }
 
     fn attend<A: AttentionBackend + ?Sized>(
