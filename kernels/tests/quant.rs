@@ -334,6 +334,19 @@ proptest! {
 }
 
 #[test]
+fn batches_past_one_pass_of_rows_match_the_reference() {
+    // AVX-512 runs more than 5 rows in passes of up to 64 (`vnni_rows`): 67 is a
+    // full pass then 3 rows for the register kernel, 70 a pass then a pass of 6;
+    // each row must stay the reference's bits (and its own bits alone).
+    for (i, fmt) in QuantFormat::ALL.into_iter().enumerate() {
+        let kb = if fmt.block_layout().0 == 256 { 1 } else { 3 };
+        for m in [6, 67, 70] {
+            check(fmt, 20, kb, m, 100 + i as u64).unwrap();
+        }
+    }
+}
+
+#[test]
 fn a_large_matrix_in_parallel_matches_the_portable_kernel() {
     // Big enough for the parallel split (and ragged: n is not a multiple of 16).
     let (n, k, m) = (1000, 576, 9);

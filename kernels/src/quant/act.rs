@@ -101,6 +101,16 @@ impl QuantActs {
             .collect()
     }
 
+    /// Rows `r0..r0 + h` as one slab: their int8 values (`h * k`) and blocks
+    /// (`h * k / QB`), row after row.
+    pub(crate) fn rows_slab(&self, r0: usize, h: usize) -> (&[i8], &[ActBlock]) {
+        let kb = self.k / QB;
+        (
+            &self.q[r0 * self.k..(r0 + h) * self.k],
+            &self.blocks[r0 * kb..(r0 + h) * kb],
+        )
+    }
+
     pub(crate) fn row_blocks(&self, i: usize) -> &[ActBlock] {
         let kb = self.k / QB;
         &self.blocks[i * kb..(i + 1) * kb]

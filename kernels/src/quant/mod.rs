@@ -28,6 +28,8 @@ mod act;
 mod pack;
 mod portable;
 #[cfg(target_arch = "x86_64")]
+mod vnni_rows;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use act::QuantActs;
@@ -396,9 +398,9 @@ pub fn matmul_quant_fused(
     })
 }
 
-/// Most rows of activations per micro-kernel call (each row's arithmetic is the
+/// Most rows of activations per register-kernel call (each row's arithmetic is the
 /// same whatever the tile height, so this is a speed choice only); longer runs of
-/// rows go 4 at a time.
+/// rows go to `vnni_rows` on AVX-512, 4 at a time elsewhere.
 fn tile_rows(kernel: QuantKernel) -> usize {
     match kernel {
         #[cfg(target_arch = "x86_64")]
@@ -467,7 +469,20 @@ pub fn matmul_quant_acts(
             let recs = w.panel(p);
             let mut r0 = 0;
             while r0 < m {
-                // The rest in one call when it fits, else calls of 4 rows.
+                // Past the register kernel's tile, AVX-512 runs passes of many rows
+                // (each block decoded once per pass); elsewhere the rest goes in one
+                // call when it fits, else in calls of 4 rows.
+                #[cfg(target_arch = "x86_64")]
+                if kernel == QuantKernel::Avx512Vnni && m - r0 > mr {
+                    let h = (m - r0).min(vnni_rows::pass_rows(k));
+                    // SAFETY: as below, for rows r0..r0 + h < m.
+                    let o = unsafe { out_ptr.get().add(r0 * ldo + p * QP) };
+                    // SAFETY: AVX-512 VNNI is available (`kernel` was checked); the
+                    // rest as below.
+                    unsafe { vnni_rows::tile_rows_vnni(w.layout, recs, acts, r0, h, o, ldo, cols) };
+                    r0 += h;
+                    continue;
+                }
                 let h = if m - r0 <= mr { m - r0 } else { 4 };
                 // SAFETY: rows r0..r0+h < m and columns p*QP..p*QP+cols < n lie
                 // inside `out` (checked above); tasks write disjoint panels.

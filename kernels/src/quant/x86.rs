@@ -1,4 +1,6 @@
-//! The x86 quantized kernels: AVX-512 VNNI (`vpdpbusd`, 16 rows of `w` per vector)
+//! The x86 quantized kernels: AVX-512 VNNI (`vpdpbusd`, 16 rows of `w` per vector;
+//! up to `MR_VNNI` activation rows in registers, the unit's scales, a block's
+//! integers and a row's float steps in helpers that `vnni_rows` shares)
 //! and AVX2 (`vpmaddubsw` + `vpmaddwd`, 8 rows per vector: up to 2 activation rows
 //! walk the panel once, both halves of each unit in turn; larger tiles walk it once
 //! per half, the second time from cache). Both compute the same exact integer sums as `portable.rs` and then
@@ -18,13 +20,13 @@ use super::act::{ActBlock, QuantActs};
 use super::{Layout, Storage, QB, QP};
 use std::arch::x86_64::*;
 
-const N0: u8 = 0;
-const N1: u8 = 1;
-const BY: u8 = 2;
-const K4: u8 = 3;
-const K6: u8 = 4;
+pub(super) const N0: u8 = 0;
+pub(super) const N1: u8 = 1;
+pub(super) const BY: u8 = 2;
+pub(super) const K4: u8 = 3;
+pub(super) const K6: u8 = 4;
 
-const fn storage_of(s: u8) -> Storage {
+pub(super) const fn storage_of(s: u8) -> Storage {
     match s {
         N0 => Storage::Nibbles0,
         N1 => Storage::Nibbles,
@@ -39,7 +41,8 @@ const fn storage_of(s: u8) -> Storage {
 /// 400 calls, A B A B, loaded machine): 5 rows in one call 1.2-1.4x faster than
 /// 4 + 1 for Q4_1 (SmolLM2's gate_up and LM head, the 1B gate_up), equal for Q8_0
 /// and Q4_K; 6 and 8 rows in one call were no faster than 4 + 2 and 4 + 4, and
-/// slower at the 1B shapes.
+/// slower at the 1B shapes. More rows go to `vnni_rows`, which decodes each block
+/// once for a whole pass of rows.
 pub(super) const MR_VNNI: usize = 5;
 /// Rows per call of the AVX2 kernel (16 registers: 4 accumulators beside the 8
 /// weight vectors).
@@ -176,89 +179,22 @@ unsafe fn vnni<const S: u8, const F: bool, const H: usize>(
     let g = geom(lay, recs, acts.k());
     let rows = rows::<H>(acts, r0, g.units * g.per_unit);
     let mut acc = [_mm512_setzero_ps(); H];
-    let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
-    let sign = _mm512_set1_epi32(i32::MIN);
     for u in 0..g.units {
         // SAFETY: u < units: unit u's meta lies inside the panel (its length is
-        // checked in `geom`); every field read below is a 16-lane vector inside
-        // its `meta_bytes` (the offsets of `pack.rs`).
-        let meta = unsafe { recs.as_ptr().add(lay.meta_offset(u)) };
-        // SAFETY: 16 f16 (32 bytes) at `o` inside the meta, as above.
-        let ldh = |o: usize| unsafe {
-            _mm512_cvtph_ps(_mm256_loadu_si256(meta.add(o) as *const __m256i))
-        };
-        // SAFETY: 16 bytes at `o` inside the meta: u8 (or i8) values as f32.
-        let ldb = |o: usize, signed: bool| unsafe {
-            let v = _mm_loadu_si128(meta.add(o) as *const __m128i);
-            _mm512_cvtepi32_ps(if signed {
-                _mm512_cvtepi8_epi32(v)
-            } else {
-                _mm512_cvtepu8_epi32(v)
-            })
-        };
-        let d = if S == BY && !F {
-            // SAFETY: 16 f32 at the start of the meta.
-            unsafe { _mm512_loadu_ps(meta as *const f32) }
-        } else {
-            ldh(0)
-        };
-        let second = if S == N1 || S == K4 { ldh(32) } else { d };
+        // checked in `geom`).
+        let meta = unsafe { UnitMeta::<S, F>::load(recs.as_ptr().add(lay.meta_offset(u))) };
         for j in 0..g.per_unit {
             let b = u * g.per_unit + j;
-            // (s, mn) per sub-block of 16: `pack::lane_scales`' operations.
-            let (s, mn) = match S {
-                N0 => ([d; 2], [_mm512_mul_ps(_mm512_set1_ps(-8.0), d); 2]),
-                N1 => ([d; 2], [second; 2]),
-                BY => ([d; 2], [_mm512_mul_ps(_mm512_set1_ps(-128.0), d); 2]),
-                K4 => {
-                    let s = _mm512_mul_ps(d, ldb(64 + 16 * j, false));
-                    let m = _mm512_mul_ps(second, ldb(192 + 16 * j, false));
-                    let mn = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), sign));
-                    ([s; 2], [mn; 2])
-                }
-                _ => {
-                    let s = |h: usize| _mm512_mul_ps(d, ldb(32 + 16 * (2 * j + h), true));
-                    let (s0, s1) = (s(0), s(1));
-                    let m32 = _mm512_set1_ps(-32.0);
-                    ([s0, s1], [_mm512_mul_ps(m32, s0), _mm512_mul_ps(m32, s1)])
-                }
-            };
+            // SAFETY: unit u's meta (above), sub-block j < per_unit.
+            let (s, mn) = unsafe { meta.scales(j) };
             // SAFETY: block j of unit u's integers, `block_quant_bytes` long,
             // lies inside the panel (checked in `geom`).
-            let q = unsafe {
-                recs.as_ptr()
-                    .add(lay.quant_offset(u) + j * g.block_quant_bytes)
+            let w = unsafe {
+                weights_vnni::<S>(
+                    recs.as_ptr()
+                        .add(lay.quant_offset(u) + j * g.block_quant_bytes),
+                )
             };
-            // SAFETY: `o` + 64 <= block_quant_bytes: inside block b's integers.
-            let ld = |o: usize| unsafe { _mm512_loadu_si512(q.add(o) as *const __m512i) };
-            let mut w = [_mm512_setzero_si512(); 8];
-            if S == BY {
-                for g in 0..8 {
-                    w[g] = ld(64 * g);
-                }
-            } else {
-                for t in 0..4 {
-                    let c = ld(64 * t);
-                    w[t] = _mm512_and_si512(c, m4);
-                    w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
-                }
-            }
-            if S == K6 {
-                for c in 0..2 {
-                    let hv = ld(256 + 64 * c);
-                    // Bits 2s..2s+2 of each byte to bits 4..6 (the mask drops what
-                    // the 16-bit shifts carry in from the neighbouring byte).
-                    let hs = [
-                        _mm512_slli_epi16(hv, 4),
-                        _mm512_slli_epi16(hv, 2),
-                        hv,
-                        _mm512_srli_epi16(hv, 2),
-                    ];
-                    for (sh, v) in hs.into_iter().enumerate() {
-                        w[4 * c + sh] = _mm512_or_si512(w[4 * c + sh], _mm512_and_si512(v, m30));
-                    }
-                }
-            }
             for i in 0..H {
                 // SAFETY: b < kb, checked against both row buffers in `rows`.
                 let (ab, ap) = unsafe {
@@ -269,7 +205,6 @@ unsafe fn vnni<const S: u8, const F: bool, const H: usize>(
                 };
                 // SAFETY: group g (< 8) of the block: 4 bytes inside its 32.
                 let av = |g: usize| _mm512_set1_epi32(unsafe { ap.add(g).read_unaligned() });
-                let da = _mm512_set1_ps(ab.d);
                 // Exact Σ u·a over groups g0..g1 in two independent chains (the
                 // integer sum is the same; a decode step waits on vpdpbusd's latency,
                 // so one chain of 8 ran up to 1.7x slower).
@@ -282,19 +217,7 @@ unsafe fn vnni<const S: u8, const F: bool, const H: usize>(
                     }
                     _mm512_add_epi32(p0, p1)
                 };
-                if S == K6 {
-                    for hh in 0..2 {
-                        let p = isum(4 * hh, 4 * hh + 4);
-                        let sd = _mm512_mul_ps(s[hh], da);
-                        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sd, acc[i]);
-                        acc[i] = _mm512_fmadd_ps(mn[hh], _mm512_set1_ps(ab.a16[hh]), acc[i]);
-                    }
-                } else {
-                    let p = isum(0, 8);
-                    let sd = _mm512_mul_ps(s[0], da);
-                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sd, acc[i]);
-                    acc[i] = _mm512_fmadd_ps(mn[0], _mm512_set1_ps(ab.a32), acc[i]);
-                }
+                acc[i] = finish_vnni::<S>(acc[i], ab, &s, &mn, isum);
             }
         }
     }
@@ -308,6 +231,145 @@ unsafe fn vnni<const S: u8, const F: bool, const H: usize>(
         // the mask stores only those.
         unsafe { _mm512_mask_storeu_ps(out.add(i * ldo), mask, acc[i]) };
     }
+}
+
+/// One unit's scale fields as read once per unit: `d` (Q8_0 with f32 scales: f32,
+/// else f16) and the second field (Q4_1's `m`, Q4_K's `dmin`), with the meta's
+/// address for the per-sub-block bytes.
+pub(super) struct UnitMeta<const S: u8, const F: bool> {
+    meta: *const u8,
+    d: __m512,
+    second: __m512,
+}
+
+impl<const S: u8, const F: bool> UnitMeta<S, F> {
+    /// # Safety
+    /// AVX-512 F available; `meta` is a unit's meta of `Layout { storage_of(S), F }`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    pub(super) unsafe fn load(meta: *const u8) -> Self {
+        // SAFETY: 16 f16 (32 bytes) at `o` inside the meta (`pack.rs`' offsets).
+        let ldh = |o: usize| unsafe {
+            _mm512_cvtph_ps(_mm256_loadu_si256(meta.add(o) as *const __m256i))
+        };
+        let d = if S == BY && !F {
+            // SAFETY: 16 f32 at the start of the meta.
+            unsafe { _mm512_loadu_ps(meta as *const f32) }
+        } else {
+            ldh(0)
+        };
+        let second = if S == N1 || S == K4 { ldh(32) } else { d };
+        UnitMeta { meta, d, second }
+    }
+
+    /// Block `j`'s `(s, mn)` per sub-block of 16: `pack::lane_scales`' operations.
+    ///
+    /// # Safety
+    /// AVX-512 F available; `j` is a block of the unit.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    pub(super) unsafe fn scales(&self, j: usize) -> ([__m512; 2], [__m512; 2]) {
+        let (d, second, meta) = (self.d, self.second, self.meta);
+        // SAFETY: 16 bytes at `o` inside the meta: u8 (or i8) values as f32.
+        let ldb = |o: usize, signed: bool| unsafe {
+            let v = _mm_loadu_si128(meta.add(o) as *const __m128i);
+            _mm512_cvtepi32_ps(if signed {
+                _mm512_cvtepi8_epi32(v)
+            } else {
+                _mm512_cvtepu8_epi32(v)
+            })
+        };
+        match S {
+            N0 => ([d; 2], [_mm512_mul_ps(_mm512_set1_ps(-8.0), d); 2]),
+            N1 => ([d; 2], [second; 2]),
+            BY => ([d; 2], [_mm512_mul_ps(_mm512_set1_ps(-128.0), d); 2]),
+            K4 => {
+                let s = _mm512_mul_ps(d, ldb(64 + 16 * j, false));
+                let m = _mm512_mul_ps(second, ldb(192 + 16 * j, false));
+                let sign = _mm512_set1_epi32(i32::MIN);
+                let mn = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), sign));
+                ([s; 2], [mn; 2])
+            }
+            _ => {
+                let s = |h: usize| _mm512_mul_ps(d, ldb(32 + 16 * (2 * j + h), true));
+                let (s0, s1) = (s(0), s(1));
+                let m32 = _mm512_set1_ps(-32.0);
+                ([s0, s1], [_mm512_mul_ps(m32, s0), _mm512_mul_ps(m32, s1)])
+            }
+        }
+    }
+}
+
+/// The 8 groups of one block's integers for the 16 lanes (`u` as u8), from `q`,
+/// the block's start.
+///
+/// # Safety
+/// AVX-512 F/BW available; `q` is a block of `S`'s integers (`block_quant_bytes`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+#[allow(clippy::needless_range_loop)]
+pub(super) unsafe fn weights_vnni<const S: u8>(q: *const u8) -> [__m512i; 8] {
+    // SAFETY: `o` + 64 <= block_quant_bytes: inside the block's integers.
+    let ld = |o: usize| unsafe { _mm512_loadu_si512(q.add(o) as *const __m512i) };
+    let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    let mut w = [_mm512_setzero_si512(); 8];
+    if S == BY {
+        for g in 0..8 {
+            w[g] = ld(64 * g);
+        }
+        return w;
+    }
+    for t in 0..4 {
+        let c = ld(64 * t);
+        w[t] = _mm512_and_si512(c, m4);
+        w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+    }
+    if S == K6 {
+        for c in 0..2 {
+            let hv = ld(256 + 64 * c);
+            // Bits 2s..2s+2 of each byte to bits 4..6 (the mask drops what the
+            // 16-bit shifts carry in from the neighbouring byte).
+            let hs = [
+                _mm512_slli_epi16(hv, 4),
+                _mm512_slli_epi16(hv, 2),
+                hv,
+                _mm512_srli_epi16(hv, 2),
+            ];
+            for (sh, v) in hs.into_iter().enumerate() {
+                w[4 * c + sh] = _mm512_or_si512(w[4 * c + sh], _mm512_and_si512(v, m30));
+            }
+        }
+    }
+    w
+}
+
+/// One activation row's block into its accumulator: `isum(g0, g1)` is the exact
+/// `Σ u·a` over groups `g0..g1`; then per sub-block the two fused multiply-adds
+/// of `portable.rs`, in its order.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+pub(super) fn finish_vnni<const S: u8>(
+    mut acc: __m512,
+    ab: &ActBlock,
+    s: &[__m512; 2],
+    mn: &[__m512; 2],
+    isum: impl Fn(usize, usize) -> __m512i,
+) -> __m512 {
+    let da = _mm512_set1_ps(ab.d);
+    if S == K6 {
+        for hh in 0..2 {
+            let p = isum(4 * hh, 4 * hh + 4);
+            let sd = _mm512_mul_ps(s[hh], da);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sd, acc);
+            acc = _mm512_fmadd_ps(mn[hh], _mm512_set1_ps(ab.a16[hh]), acc);
+        }
+    } else {
+        let p = isum(0, 8);
+        let sd = _mm512_mul_ps(s[0], da);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sd, acc);
+        acc = _mm512_fmadd_ps(mn[0], _mm512_set1_ps(ab.a32), acc);
+    }
+    acc
 }
 
 /// # Safety
