@@ -335,7 +335,7 @@ proptest! {
 
 #[test]
 fn batches_past_one_pass_of_rows_match_the_reference() {
-    // AVX-512 runs more than 5 rows in passes of up to 64 (`vnni_rows`): 67 is a
+    // AVX-512 runs more than 5 rows in passes of up to 64 (`rows`): 67 is a
     // full pass then 3 rows for the register kernel, 70 a pass then a pass of 6;
     // each row must stay the reference's bits (and its own bits alone).
     for (i, fmt) in QuantFormat::ALL.into_iter().enumerate() {

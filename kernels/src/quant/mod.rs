@@ -28,7 +28,7 @@ mod act;
 mod pack;
 mod portable;
 #[cfg(target_arch = "x86_64")]
-mod vnni_rows;
+mod rows;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -400,7 +400,7 @@ pub fn matmul_quant_fused(
 
 /// Most rows of activations per register-kernel call (each row's arithmetic is the
 /// same whatever the tile height, so this is a speed choice only); longer runs of
-/// rows go to `vnni_rows` on AVX-512, 4 at a time elsewhere.
+/// rows go to `rows` on x86, 4 at a time in the portable kernel.
 fn tile_rows(kernel: QuantKernel) -> usize {
     match kernel {
         #[cfg(target_arch = "x86_64")]
@@ -469,17 +469,17 @@ pub fn matmul_quant_acts(
             let recs = w.panel(p);
             let mut r0 = 0;
             while r0 < m {
-                // Past the register kernel's tile, AVX-512 runs passes of many rows
-                // (each block decoded once per pass); elsewhere the rest goes in one
-                // call when it fits, else in calls of 4 rows.
+                // Past the register kernel's tile, the x86 kernels run passes of many
+                // rows (each block decoded once per pass); the portable one takes the
+                // rest in one call when it fits, else in calls of 4 rows.
                 #[cfg(target_arch = "x86_64")]
-                if kernel == QuantKernel::Avx512Vnni && m - r0 > mr {
-                    let h = (m - r0).min(vnni_rows::pass_rows(k));
+                if kernel != QuantKernel::Portable && m - r0 > mr {
+                    let h = (m - r0).min(rows::pass_rows(k));
                     // SAFETY: as below, for rows r0..r0 + h < m.
                     let o = unsafe { out_ptr.get().add(r0 * ldo + p * QP) };
-                    // SAFETY: AVX-512 VNNI is available (`kernel` was checked); the
-                    // rest as below.
-                    unsafe { vnni_rows::tile_rows_vnni(w.layout, recs, acts, r0, h, o, ldo, cols) };
+                    // SAFETY: `kernel` is available (checked above) and not the
+                    // portable one; the rest as below.
+                    unsafe { rows::tile_rows(kernel, w.layout, recs, acts, r0, h, o, ldo, cols) };
                     r0 += h;
                     continue;
                 }

@@ -1,6 +1,6 @@
 //! The x86 quantized kernels: AVX-512 VNNI (`vpdpbusd`, 16 rows of `w` per vector;
 //! up to `MR_VNNI` activation rows in registers, the unit's scales, a block's
-//! integers and a row's float steps in helpers that `vnni_rows` shares)
+//! integers and a row's float steps in helpers that `rows` shares)
 //! and AVX2 (`vpmaddubsw` + `vpmaddwd`, 8 rows per vector: up to 2 activation rows
 //! walk the panel once, both halves of each unit in turn; larger tiles walk it once
 //! per half, the second time from cache). Both compute the same exact integer sums as `portable.rs` and then
@@ -41,7 +41,7 @@ pub(super) const fn storage_of(s: u8) -> Storage {
 /// 400 calls, A B A B, loaded machine): 5 rows in one call 1.2-1.4x faster than
 /// 4 + 1 for Q4_1 (SmolLM2's gate_up and LM head, the 1B gate_up), equal for Q8_0
 /// and Q4_K; 6 and 8 rows in one call were no faster than 4 + 2 and 4 + 4, and
-/// slower at the 1B shapes. More rows go to `vnni_rows`, which decodes each block
+/// slower at the 1B shapes. More rows go to `rows`, which decodes each block
 /// once for a whole pass of rows.
 pub(super) const MR_VNNI: usize = 5;
 /// Rows per call of the AVX2 kernel (16 registers: 4 accumulators beside the 8
@@ -453,31 +453,13 @@ unsafe fn unit_avx2<const S: u8, const F: bool, const H: usize>(
     half: usize,
     acc: &mut [__m256; H],
 ) {
-    // SAFETY: as in `vnni`; this half reads lanes 8·half.. of each field.
-    let meta = unsafe { recs.as_ptr().add(lay.meta_offset(u)) };
-    // SAFETY: 8 f16 (16 bytes) of a 16-lane field at `o` inside the meta.
-    let ldh = |o: usize| unsafe {
-        _mm256_cvtph_ps(_mm_loadu_si128(meta.add(o + 16 * half) as *const __m128i))
-    };
-    // SAFETY: 8 bytes of a 16-lane u8 (or i8) field at `o` inside the meta.
-    let ldb = |o: usize, signed: bool| unsafe {
-        let v = _mm_loadl_epi64(meta.add(o + 8 * half) as *const __m128i);
-        _mm256_cvtepi32_ps(if signed {
-            _mm256_cvtepi8_epi32(v)
-        } else {
-            _mm256_cvtepu8_epi32(v)
-        })
-    };
-    let d = if S == BY && !F {
-        // SAFETY: 8 of the 16 f32 at the start of the meta.
-        unsafe { _mm256_loadu_ps((meta as *const f32).add(8 * half)) }
-    } else {
-        ldh(0)
-    };
-    let second = if S == N1 || S == K4 { ldh(32) } else { d };
+    // SAFETY: as in `vnni`: unit u's meta inside the panel; this half reads lanes
+    // 8·half.. of each field.
+    let meta = unsafe { HalfMeta::<S, F>::load(recs.as_ptr().add(lay.meta_offset(u)), half) };
     for j in 0..g.per_unit {
         let b = u * g.per_unit + j;
-        let (s, mn) = scales_avx2::<S>(d, second, j, ldb);
+        // SAFETY: unit u's meta, block j < per_unit.
+        let (s, mn) = unsafe { meta.scales(j) };
         // SAFETY: as in `vnni`: block b's integers inside the panel.
         let q = unsafe {
             recs.as_ptr()
@@ -495,24 +477,100 @@ unsafe fn unit_avx2<const S: u8, const F: bool, const H: usize>(
                 )
             };
             // SAFETY: b < kb: the block's 32 bytes lie inside the row.
-            let isum =
-                |g0: usize, g1: usize, sa: i32| unsafe { isum_avx2::<S>(&w, ap, g0, g1, sa) };
-            let da = _mm256_set1_ps(ab.d);
-            if S == K6 {
-                for hh in 0..2 {
-                    let p = isum(4 * hh, 4 * hh + 4, ab.s16[hh]);
-                    let sd = _mm256_mul_ps(s[hh], da);
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sd, acc[i]);
-                    acc[i] = _mm256_fmadd_ps(mn[hh], _mm256_set1_ps(ab.a16[hh]), acc[i]);
-                }
-            } else {
-                let p = isum(0, 8, ab.s16[0] + ab.s16[1]);
-                let sd = _mm256_mul_ps(s[0], da);
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sd, acc[i]);
-                acc[i] = _mm256_fmadd_ps(mn[0], _mm256_set1_ps(ab.a32), acc[i]);
-            }
+            acc[i] = unsafe { finish_avx2::<S>(acc[i], ab, &s, &mn, &w, ap) };
         }
     }
+}
+
+/// One unit's scale fields for the 8 lanes of one half of the panel, read once
+/// per unit (see [`UnitMeta`]).
+pub(super) struct HalfMeta<const S: u8, const F: bool> {
+    meta: *const u8,
+    half: usize,
+    d: __m256,
+    second: __m256,
+}
+
+impl<const S: u8, const F: bool> HalfMeta<S, F> {
+    /// # Safety
+    /// AVX2, FMA and F16C available; `meta` is a unit's meta of
+    /// `Layout { storage_of(S), F }`; `half` is 0 or 1.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) unsafe fn load(meta: *const u8, half: usize) -> Self {
+        // SAFETY: 8 f16 (16 bytes) of a 16-lane field at `o` inside the meta.
+        let ldh = |o: usize| unsafe {
+            _mm256_cvtph_ps(_mm_loadu_si128(meta.add(o + 16 * half) as *const __m128i))
+        };
+        let d = if S == BY && !F {
+            // SAFETY: 8 of the 16 f32 at the start of the meta.
+            unsafe { _mm256_loadu_ps((meta as *const f32).add(8 * half)) }
+        } else {
+            ldh(0)
+        };
+        let second = if S == N1 || S == K4 { ldh(32) } else { d };
+        HalfMeta {
+            meta,
+            half,
+            d,
+            second,
+        }
+    }
+
+    /// Block `j`'s `(s, mn)` for this half's lanes ([`scales_avx2`]).
+    ///
+    /// # Safety
+    /// AVX2 available; `j` is a block of the unit.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(super) unsafe fn scales(&self, j: usize) -> ([__m256; 2], [__m256; 2]) {
+        let (meta, half) = (self.meta, self.half);
+        // SAFETY: 8 bytes of a 16-lane u8 (or i8) field at `o` inside the meta.
+        let ldb = |o: usize, signed: bool| unsafe {
+            let v = _mm_loadl_epi64(meta.add(o + 8 * half) as *const __m128i);
+            _mm256_cvtepi32_ps(if signed {
+                _mm256_cvtepi8_epi32(v)
+            } else {
+                _mm256_cvtepu8_epi32(v)
+            })
+        };
+        scales_avx2::<S>(self.d, self.second, j, ldb)
+    }
+}
+
+/// One activation row's block (scalars `ab`, int8 values at `ap`) times the
+/// block's weights `w` for 8 lanes, into `acc`: the exact integer sums, then
+/// `portable.rs`' two fused multiply-adds per sub-block, in its order.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `ap` points at the block's 32 int8 values.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn finish_avx2<const S: u8>(
+    mut acc: __m256,
+    ab: &ActBlock,
+    s: &[__m256; 2],
+    mn: &[__m256; 2],
+    w: &[__m256i; 8],
+    ap: *const i32,
+) -> __m256 {
+    // SAFETY: the caller's contract.
+    let isum = |g0: usize, g1: usize, sa: i32| unsafe { isum_avx2::<S>(w, ap, g0, g1, sa) };
+    let da = _mm256_set1_ps(ab.d);
+    if S == K6 {
+        for hh in 0..2 {
+            let p = isum(4 * hh, 4 * hh + 4, ab.s16[hh]);
+            let sd = _mm256_mul_ps(s[hh], da);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sd, acc);
+            acc = _mm256_fmadd_ps(mn[hh], _mm256_set1_ps(ab.a16[hh]), acc);
+        }
+    } else {
+        let p = isum(0, 8, ab.s16[0] + ab.s16[1]);
+        let sd = _mm256_mul_ps(s[0], da);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sd, acc);
+        acc = _mm256_fmadd_ps(mn[0], _mm256_set1_ps(ab.a32), acc);
+    }
+    acc
 }
 
 /// Block `j`'s `(s, mn)` per sub-block of 16 for 8 lanes: `pack::lane_scales`'
@@ -550,7 +608,7 @@ fn scales_avx2<const S: u8>(
 /// AVX2 available; `q` is inside a block of `S`'s integers as said.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)]
-unsafe fn weights_avx2<const S: u8>(q: *const u8) -> [__m256i; 8] {
+pub(super) unsafe fn weights_avx2<const S: u8>(q: *const u8) -> [__m256i; 8] {
     // SAFETY: `o` + 32 bytes inside the block (the caller's contract).
     let ld = |o: usize| unsafe { _mm256_loadu_si256(q.add(o) as *const __m256i) };
     let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));

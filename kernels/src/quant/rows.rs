@@ -1,0 +1,203 @@
+//! The x86 kernels for many activation rows (prefill, and decode at 6 or more
+//! streams on AVX-512, 3 or more on AVX2): each block of a panel's weights is
+//! decoded into registers once per pass and multiplied into every row of the
+//! pass, whose accumulators live in a stack array. The register kernels
+//! (`x86::vnni` up to `MR_VNNI` rows, `x86::avx2` up to `MR_AVX2`) decode the block
+//! again for every tile of rows; at 16 rows that was 4 decodes (8 on AVX2, which
+//! walked the panel once per half for tiles over 2 rows), and the decode (loads,
+//! masks, shifts, and a K format's scales) took about a quarter of the vector
+//! instructions. Each row's integer sums are exact and its float steps are the
+//! register kernels' (`finish_vnni`, `finish_avx2`) in the same order: the bits are
+//! those of every other kernel, whatever the pass height.
+
+use super::act::QuantActs;
+use super::x86::{
+    finish_avx2, finish_vnni, storage_of, weights_avx2, weights_vnni, HalfMeta, UnitMeta, BY, K4,
+    K6, N0, N1,
+};
+use super::{Layout, QuantKernel, Storage, QB, QP};
+use std::arch::x86_64::*;
+
+/// Most rows per pass (the accumulators: 64 x 64 bytes on the stack).
+pub(super) const MAX_ROWS: usize = 64;
+
+/// Rows per pass for rows of `k` elements: the pass's int8 rows and block scalars
+/// (`h · k · (1 + 24/32)` bytes) are re-read for every panel, so they stay within
+/// about a quarter of a 2 MiB L2.
+pub(super) fn pass_rows(k: usize) -> usize {
+    (256 * 1024 / k.max(1)).clamp(8, MAX_ROWS)
+}
+
+/// `h` (<= [`MAX_ROWS`]) rows of `acts` from `r0` times one panel, with `kernel`
+/// (AVX-512 VNNI or AVX2).
+///
+/// # Safety
+/// `kernel` is available and not the portable one; `recs` is one panel of
+/// `layout` for `acts.k()` columns; `out` is valid for `h` rows of `cols <= QP`
+/// at stride `ldo`.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile_rows(
+    kernel: QuantKernel,
+    layout: Layout,
+    recs: &[u8],
+    acts: &QuantActs,
+    r0: usize,
+    h: usize,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+) {
+    let args = (recs, acts, r0, h, out, ldo, cols);
+    macro_rules! by_layout {
+        ($f:ident) => {
+            match (layout.storage, layout.half) {
+                (Storage::Nibbles0, _) => $f::<N0, true>(args),
+                (Storage::Nibbles, _) => $f::<N1, true>(args),
+                (Storage::Bytes, false) => $f::<BY, false>(args),
+                (Storage::Bytes, true) => $f::<BY, true>(args),
+                (Storage::K4, _) => $f::<K4, true>(args),
+                (Storage::K6, _) => $f::<K6, true>(args),
+            }
+        };
+    }
+    // SAFETY: the caller's contract, forwarded (the kernel's features included).
+    unsafe {
+        match kernel {
+            QuantKernel::Avx512Vnni => by_layout!(vnni),
+            QuantKernel::Avx2 => by_layout!(avx2),
+            QuantKernel::Portable => unreachable!("the portable kernel has no pass form"),
+        }
+    }
+}
+
+type Args<'a> = (
+    &'a [u8],
+    &'a QuantActs,
+    usize,
+    usize,
+    *mut f32,
+    usize,
+    usize,
+);
+
+/// # Safety
+/// As [`tile_rows`], on AVX-512 F/BW/VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+// Index loops over the 8 groups: the iterator form of the chain (`take`/`skip`)
+// compiled to a loop that ran 5x slower.
+#[allow(clippy::needless_range_loop)]
+unsafe fn vnni<const S: u8, const F: bool>((recs, acts, r0, h, out, ldo, cols): Args<'_>) {
+    let lay = Layout {
+        storage: storage_of(S),
+        half: F,
+    };
+    let k = acts.k();
+    let (units, per_unit, kb) = (k / lay.unit(), lay.unit() / QB, k / QB);
+    assert!(h <= MAX_ROWS && recs.len() >= lay.panel_bytes(units));
+    // Panics unless rows r0..r0 + h exist.
+    let (q, blocks) = acts.rows_slab(r0, h);
+    let (qp, bp) = (q.as_ptr(), blocks.as_ptr());
+    let mut acc = [_mm512_setzero_ps(); MAX_ROWS];
+    for u in 0..units {
+        // SAFETY: u < units: unit u's meta lies inside the panel (checked above).
+        let meta = unsafe { UnitMeta::<S, F>::load(recs.as_ptr().add(lay.meta_offset(u))) };
+        for j in 0..per_unit {
+            let b = u * per_unit + j;
+            // SAFETY: unit u's meta, sub-block j < per_unit.
+            let (s, mn) = unsafe { meta.scales(j) };
+            // SAFETY: block j of unit u's integers lies inside the panel.
+            let w = unsafe {
+                weights_vnni::<S>(
+                    recs.as_ptr()
+                        .add(lay.quant_offset(u) + j * lay.block_quant_bytes()),
+                )
+            };
+            for (i, acc) in acc.iter_mut().enumerate().take(h) {
+                // SAFETY: i < h and b < kb: inside the slab's rows (`rows_slab`).
+                let (ab, ap) =
+                    unsafe { (&*bp.add(i * kb + b), qp.add(i * k + b * QB) as *const i32) };
+                // SAFETY: group g (< 8) of the block: 4 bytes inside its 32.
+                let av = |g: usize| _mm512_set1_epi32(unsafe { ap.add(g).read_unaligned() });
+                // One chain a sum: the rows after this one keep the core busy while
+                // it waits on vpdpbusd's latency. (Rows interleaved in groups of 4 or
+                // 8, each its own chain, measured 10-20 % slower.)
+                let isum = |g0: usize, g1: usize| {
+                    let mut p = _mm512_setzero_si512();
+                    for g in g0..g1 {
+                        p = _mm512_dpbusd_epi32(p, w[g], av(g));
+                    }
+                    p
+                };
+                *acc = finish_vnni::<S>(*acc, ab, &s, &mn, isum);
+            }
+        }
+    }
+    let mask = if cols >= QP {
+        u16::MAX
+    } else {
+        ((1u32 << cols) - 1) as u16
+    };
+    for (i, acc) in acc.iter().enumerate().take(h) {
+        // SAFETY: row i of `out` has `cols` valid elements (caller's contract);
+        // the mask stores only those.
+        unsafe { _mm512_mask_storeu_ps(out.add(i * ldo), mask, *acc) };
+    }
+}
+
+/// # Safety
+/// As [`tile_rows`], on AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2<const S: u8, const F: bool>((recs, acts, r0, h, out, ldo, cols): Args<'_>) {
+    let lay = Layout {
+        storage: storage_of(S),
+        half: F,
+    };
+    let k = acts.k();
+    let (units, per_unit, kb) = (k / lay.unit(), lay.unit() / QB, k / QB);
+    assert!(h <= MAX_ROWS && recs.len() >= lay.panel_bytes(units));
+    // Panics unless rows r0..r0 + h exist.
+    let (q, blocks) = acts.rows_slab(r0, h);
+    let (qp, bp) = (q.as_ptr(), blocks.as_ptr());
+    // Both halves of each unit in turn (8 lanes a vector): one stream over the panel.
+    let halves = if cols > 8 { 2 } else { 1 };
+    let mut acc = [[_mm256_setzero_ps(); MAX_ROWS]; 2];
+    for u in 0..units {
+        for (half, acc) in acc.iter_mut().enumerate().take(halves) {
+            // SAFETY: u < units: unit u's meta lies inside the panel (checked above).
+            let meta =
+                unsafe { HalfMeta::<S, F>::load(recs.as_ptr().add(lay.meta_offset(u)), half) };
+            for j in 0..per_unit {
+                let b = u * per_unit + j;
+                // SAFETY: unit u's meta, block j < per_unit.
+                let (s, mn) = unsafe { meta.scales(j) };
+                // SAFETY: this half of block j of unit u's integers lies inside the
+                // panel.
+                let w = unsafe {
+                    weights_avx2::<S>(
+                        recs.as_ptr()
+                            .add(lay.quant_offset(u) + j * lay.block_quant_bytes() + 32 * half),
+                    )
+                };
+                for (i, acc) in acc.iter_mut().enumerate().take(h) {
+                    // SAFETY: i < h and b < kb: inside the slab's rows; the block's
+                    // 32 int8 values at `ap`.
+                    *acc = unsafe {
+                        let (ab, ap) = (&*bp.add(i * kb + b), qp.add(i * k + b * QB));
+                        finish_avx2::<S>(*acc, ab, &s, &mn, &w, ap as *const i32)
+                    };
+                }
+            }
+        }
+    }
+    for (half, acc) in acc.iter().enumerate().take(halves) {
+        let n = (cols - 8 * half).min(8);
+        for (i, acc) in acc.iter().enumerate().take(h) {
+            let mut tmp = [0.0f32; 8];
+            // SAFETY: `tmp` holds the 8 floats stored.
+            unsafe { _mm256_storeu_ps(tmp.as_mut_ptr(), *acc) };
+            // SAFETY: row i of `out` has `cols` valid elements (caller's contract),
+            // of which this half writes `n` from column 8 * half.
+            unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr(), out.add(i * ldo + 8 * half), n) };
+        }
+    }
+}
