@@ -2,8 +2,8 @@
 //! up to `MR_VNNI` activation rows in registers, the unit's scales, a block's
 //! integers and a row's float steps in helpers that `rows` shares)
 //! and AVX2 (`vpmaddubsw` + `vpmaddwd`, 8 rows per vector: up to 2 activation rows
-//! walk the panel once, both halves of each unit in turn; larger tiles walk it once
-//! per half, the second time from cache). Both compute the same exact integer sums as `portable.rs` and then
+//! walk the panel once, both halves of each unit in turn; 3-4 rows walk it once
+//! per half, the second time from cache; more rows go to `rows`). Both compute the same exact integer sums as `portable.rs` and then
 //! the same fused multiply-adds, so the three agree bit for bit. The scales come
 //! from the stored fields by the f32 operations of `pack::lane_scales`, once per
 //! block of 32 for the whole panel (shared by the `H` activation rows).
