@@ -472,25 +472,40 @@ pub fn matmul_quant_acts(
                 // Past the register kernel's tile, the x86 kernels run passes of many
                 // rows (each block decoded once per pass); the portable one takes the
                 // rest in one call when it fits, else in calls of 4 rows.
-                #[cfg(target_arch = "x86_64")]
-                if kernel != QuantKernel::Portable && m - r0 > mr {
+                let pass = cfg!(target_arch = "x86_64") && kernel != QuantKernel::Portable;
+                let h = if pass && m - r0 > mr {
+                    #[cfg(target_arch = "x86_64")]
                     let h = (m - r0).min(rows::pass_rows(k));
-                    // SAFETY: as below, for rows r0..r0 + h < m.
-                    let o = unsafe { out_ptr.get().add(r0 * ldo + p * QP) };
-                    // SAFETY: `kernel` is available (checked above) and not the
-                    // portable one; the rest as below.
-                    unsafe { rows::tile_rows(kernel, w.layout, recs, acts, r0, h, o, ldo, cols) };
-                    r0 += h;
-                    continue;
-                }
-                let h = if m - r0 <= mr { m - r0 } else { 4 };
-                // SAFETY: rows r0..r0+h < m and columns p*QP..p*QP+cols < n lie
-                // inside `out` (checked above); tasks write disjoint panels.
-                let o = unsafe { out_ptr.get().add(r0 * ldo + p * QP) };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let h = m - r0;
+                    h
+                } else if m - r0 <= mr {
+                    m - r0
+                } else {
+                    4
+                };
+                let t = Tile {
+                    layout: w.layout,
+                    recs,
+                    acts,
+                    r0,
+                    h,
+                    // SAFETY: rows r0..r0+h < m and columns p*QP..p*QP+cols < n lie
+                    // inside `out` (checked above); tasks write disjoint panels.
+                    out: unsafe { out_ptr.get().add(r0 * ldo + p * QP) },
+                    ldo,
+                    cols,
+                };
                 // SAFETY: `kernel` is available (checked above); `recs` is the
-                // panel of `w.layout` for `k` columns; `o` is valid for h rows of
-                // `cols` at `ldo`.
-                unsafe { run_tile(kernel, w.layout, recs, acts, r0, h, o, ldo, cols) };
+                // panel of `w.layout` for `k` columns; `t.out` is valid for h rows
+                // of `cols` at `ldo`.
+                unsafe {
+                    if h > mr {
+                        run_pass(kernel, t)
+                    } else {
+                        run_tile(kernel, t)
+                    }
+                };
                 r0 += h;
             }
         }
@@ -505,36 +520,55 @@ pub fn matmul_quant_acts(
     Ok(())
 }
 
-/// `h <= tile_rows(kernel)` rows of `acts` from `r0` times one panel.
+/// One micro-kernel call: `h` rows of `acts` from `r0` times one panel `recs` (of
+/// `layout`, for `acts.k()` columns), into `h` rows of `cols <= QP` elements at
+/// stride `ldo` from `out`.
+#[derive(Clone, Copy)]
+pub(crate) struct Tile<'a> {
+    pub layout: Layout,
+    pub recs: &'a [u8],
+    pub acts: &'a QuantActs,
+    pub r0: usize,
+    pub h: usize,
+    pub out: *mut f32,
+    pub ldo: usize,
+    pub cols: usize,
+}
+
+/// A tile of `h <= tile_rows(kernel)` rows.
 ///
 /// # Safety
-/// `kernel` is available; `recs` is one panel of `layout` for `acts.k()` columns;
-/// `out` is valid for `h` rows of `cols` elements at stride `ldo`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn run_tile(
-    kernel: QuantKernel,
-    layout: Layout,
-    recs: &[u8],
-    acts: &QuantActs,
-    r0: usize,
-    h: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
+/// `kernel` is available; `t.recs` is one panel of `t.layout` for `t.acts.k()`
+/// columns; `t.out` is valid for `t.h` rows of `t.cols` elements at stride `t.ldo`.
+unsafe fn run_tile(kernel: QuantKernel, t: Tile<'_>) {
     #[cfg(target_arch = "x86_64")]
     match kernel {
         QuantKernel::Avx512Vnni => {
             // SAFETY: the caller's contract, forwarded.
-            return unsafe { x86::tile_vnni(layout, recs, acts, r0, h, out, ldo, cols) };
+            return unsafe { x86::tile_vnni(t) };
         }
         QuantKernel::Avx2 => {
             // SAFETY: the caller's contract, forwarded.
-            return unsafe { x86::tile_avx2(layout, recs, acts, r0, h, out, ldo, cols) };
+            return unsafe { x86::tile_avx2(t) };
         }
         QuantKernel::Portable => {}
     }
     let _ = kernel;
     // SAFETY: the caller's contract, forwarded.
-    unsafe { portable::tile(layout, recs, acts, r0, h, out, ldo, cols) }
+    unsafe { portable::tile(t) }
+}
+
+/// A pass of more rows than `tile_rows(kernel)` (x86 kernels only; elsewhere
+/// never called).
+///
+/// # Safety
+/// As [`run_tile`], and `kernel` is not the portable one.
+unsafe fn run_pass(kernel: QuantKernel, t: Tile<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller's contract, forwarded.
+    unsafe {
+        rows::tile_rows(kernel, t)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("{} has no pass form", kernel.name());
 }

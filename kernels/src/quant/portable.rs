@@ -2,25 +2,24 @@
 //! same two fused multiply-adds per sub-block as the vector kernels, so its
 //! results are bit-identical to theirs (and it is their executable spec).
 
-use super::act::QuantActs;
 use super::pack::{block_parts, lane_scales, lane_u};
-use super::{Layout, Storage, QB, QP};
+use super::{Storage, Tile, QB, QP};
 
-/// `h` rows of `acts` from `r0` times one panel (`recs`, of `acts.k()` columns).
+/// `t.h` rows of `t.acts` from `t.r0` times one panel.
 ///
 /// # Safety
-/// `out` is valid for `h` rows of `cols <= QP` elements at stride `ldo`.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile(
-    layout: Layout,
-    recs: &[u8],
-    acts: &QuantActs,
-    r0: usize,
-    h: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
+/// `t.out` is valid for `t.h` rows of `t.cols <= QP` elements at stride `t.ldo`.
+pub(super) unsafe fn tile(t: Tile<'_>) {
+    let Tile {
+        layout,
+        recs,
+        acts,
+        r0,
+        h,
+        out,
+        ldo,
+        cols,
+    } = t;
     let storage = layout.storage;
     let per_unit = layout.unit() / QB;
     for i in 0..h {

@@ -10,12 +10,12 @@
 //! register kernels' (`finish_vnni`, `finish_avx2`) in the same order: the bits are
 //! those of every other kernel, whatever the pass height.
 
-use super::act::QuantActs;
+use super::act::ActBlock;
 use super::x86::{
     finish_avx2, finish_vnni, storage_of, weights_avx2, weights_vnni, HalfMeta, UnitMeta, BY, K4,
     K6, N0, N1,
 };
-use super::{Layout, QuantKernel, Storage, QB, QP};
+use super::{Layout, QuantKernel, Storage, Tile, QB, QP};
 use std::arch::x86_64::*;
 
 /// Most rows per pass (the accumulators: 64 x 64 bytes on the stack).
@@ -28,35 +28,20 @@ pub(super) fn pass_rows(k: usize) -> usize {
     (256 * 1024 / k.max(1)).clamp(8, MAX_ROWS)
 }
 
-/// `h` (<= [`MAX_ROWS`]) rows of `acts` from `r0` times one panel, with `kernel`
-/// (AVX-512 VNNI or AVX2).
+/// A pass of `t.h` (<= [`MAX_ROWS`]) rows with `kernel` (AVX-512 VNNI or AVX2).
 ///
 /// # Safety
-/// `kernel` is available and not the portable one; `recs` is one panel of
-/// `layout` for `acts.k()` columns; `out` is valid for `h` rows of `cols <= QP`
-/// at stride `ldo`.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile_rows(
-    kernel: QuantKernel,
-    layout: Layout,
-    recs: &[u8],
-    acts: &QuantActs,
-    r0: usize,
-    h: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
-    let args = (recs, acts, r0, h, out, ldo, cols);
+/// `kernel` is available and not the portable one; `t` as `run_tile` says.
+pub(super) unsafe fn tile_rows(kernel: QuantKernel, t: Tile<'_>) {
     macro_rules! by_layout {
         ($f:ident) => {
-            match (layout.storage, layout.half) {
-                (Storage::Nibbles0, _) => $f::<N0, true>(args),
-                (Storage::Nibbles, _) => $f::<N1, true>(args),
-                (Storage::Bytes, false) => $f::<BY, false>(args),
-                (Storage::Bytes, true) => $f::<BY, true>(args),
-                (Storage::K4, _) => $f::<K4, true>(args),
-                (Storage::K6, _) => $f::<K6, true>(args),
+            match (t.layout.storage, t.layout.half) {
+                (Storage::Nibbles0, _) => $f::<N0, true>(t),
+                (Storage::Nibbles, _) => $f::<N1, true>(t),
+                (Storage::Bytes, false) => $f::<BY, false>(t),
+                (Storage::Bytes, true) => $f::<BY, true>(t),
+                (Storage::K4, _) => $f::<K4, true>(t),
+                (Storage::K6, _) => $f::<K6, true>(t),
             }
         };
     }
@@ -70,15 +55,16 @@ pub(super) unsafe fn tile_rows(
     }
 }
 
-type Args<'a> = (
-    &'a [u8],
-    &'a QuantActs,
-    usize,
-    usize,
-    *mut f32,
-    usize,
-    usize,
-);
+/// The pass's geometry, checked against the panel, and its rows' slab:
+/// `(units, blocks per unit, blocks per row, int8 values, block scalars)`.
+fn slab(lay: Layout, t: &Tile<'_>) -> (usize, usize, usize, *const i8, *const ActBlock) {
+    let k = t.acts.k();
+    let units = k / lay.unit();
+    assert!(t.h <= MAX_ROWS && t.recs.len() >= lay.panel_bytes(units));
+    // Panics unless rows r0..r0 + h exist.
+    let (q, blocks) = t.acts.rows_slab(t.r0, t.h);
+    (units, lay.unit() / QB, k / QB, q.as_ptr(), blocks.as_ptr())
+}
 
 /// # Safety
 /// As [`tile_rows`], on AVX-512 F/BW/VNNI.
@@ -86,17 +72,22 @@ type Args<'a> = (
 // Index loops over the 8 groups: the iterator form of the chain (`take`/`skip`)
 // compiled to a loop that ran 5x slower.
 #[allow(clippy::needless_range_loop)]
-unsafe fn vnni<const S: u8, const F: bool>((recs, acts, r0, h, out, ldo, cols): Args<'_>) {
+unsafe fn vnni<const S: u8, const F: bool>(t: Tile<'_>) {
+    let Tile {
+        recs,
+        acts,
+        h,
+        out,
+        ldo,
+        cols,
+        ..
+    } = t;
     let lay = Layout {
         storage: storage_of(S),
         half: F,
     };
     let k = acts.k();
-    let (units, per_unit, kb) = (k / lay.unit(), lay.unit() / QB, k / QB);
-    assert!(h <= MAX_ROWS && recs.len() >= lay.panel_bytes(units));
-    // Panics unless rows r0..r0 + h exist.
-    let (q, blocks) = acts.rows_slab(r0, h);
-    let (qp, bp) = (q.as_ptr(), blocks.as_ptr());
+    let (units, per_unit, kb, qp, bp) = slab(lay, &t);
     let mut acc = [_mm512_setzero_ps(); MAX_ROWS];
     for u in 0..units {
         // SAFETY: u < units: unit u's meta lies inside the panel (checked above).
@@ -147,17 +138,22 @@ unsafe fn vnni<const S: u8, const F: bool>((recs, acts, r0, h, out, ldo, cols): 
 /// # Safety
 /// As [`tile_rows`], on AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2<const S: u8, const F: bool>((recs, acts, r0, h, out, ldo, cols): Args<'_>) {
+unsafe fn avx2<const S: u8, const F: bool>(t: Tile<'_>) {
+    let Tile {
+        recs,
+        acts,
+        h,
+        out,
+        ldo,
+        cols,
+        ..
+    } = t;
     let lay = Layout {
         storage: storage_of(S),
         half: F,
     };
     let k = acts.k();
-    let (units, per_unit, kb) = (k / lay.unit(), lay.unit() / QB, k / QB);
-    assert!(h <= MAX_ROWS && recs.len() >= lay.panel_bytes(units));
-    // Panics unless rows r0..r0 + h exist.
-    let (q, blocks) = acts.rows_slab(r0, h);
-    let (qp, bp) = (q.as_ptr(), blocks.as_ptr());
+    let (units, per_unit, kb, qp, bp) = slab(lay, &t);
     // Both halves of each unit in turn (8 lanes a vector): one stream over the panel.
     let halves = if cols > 8 { 2 } else { 1 };
     let mut acc = [[_mm256_setzero_ps(); MAX_ROWS]; 2];

@@ -17,7 +17,7 @@
 //! every two groups.
 
 use super::act::{ActBlock, QuantActs};
-use super::{Layout, Storage, QB, QP};
+use super::{Layout, Storage, Tile, QB, QP};
 use std::arch::x86_64::*;
 
 pub(super) const N0: u8 = 0;
@@ -77,27 +77,16 @@ macro_rules! dispatch {
 /// `h` (1..=[`MR_VNNI`]) rows of `acts` from `r0` times one panel, on AVX-512 VNNI.
 ///
 /// # Safety
-/// AVX-512 F/BW/VNNI available; `recs` is one panel of `layout` for `acts.k()`
-/// columns; `out` is valid for `h` rows of `cols <= QP` at stride `ldo`.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile_vnni(
-    layout: Layout,
-    recs: &[u8],
-    acts: &QuantActs,
-    r0: usize,
-    h: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
+/// AVX-512 F/BW/VNNI available; `t` as `run_tile` says.
+pub(super) unsafe fn tile_vnni(t: Tile<'_>) {
     // SAFETY: the caller's contract, forwarded.
     unsafe {
         dispatch!(
             vnni,
-            layout,
-            h,
+            t.layout,
+            t.h,
             [1, 2, 3, 4, 5],
-            (recs, acts, r0, out, ldo, cols)
+            (t.recs, t.acts, t.r0, t.out, t.ldo, t.cols)
         )
     }
 }
@@ -106,25 +95,15 @@ pub(super) unsafe fn tile_vnni(
 ///
 /// # Safety
 /// AVX2 and FMA available; otherwise as [`tile_vnni`].
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile_avx2(
-    layout: Layout,
-    recs: &[u8],
-    acts: &QuantActs,
-    r0: usize,
-    h: usize,
-    out: *mut f32,
-    ldo: usize,
-    cols: usize,
-) {
+pub(super) unsafe fn tile_avx2(t: Tile<'_>) {
     // SAFETY: the caller's contract, forwarded.
     unsafe {
         dispatch!(
             avx2,
-            layout,
-            h,
+            t.layout,
+            t.h,
             [1, 2, 3, 4],
-            (recs, acts, r0, out, ldo, cols)
+            (t.recs, t.acts, t.r0, t.out, t.ldo, t.cols)
         )
     }
 }
