@@ -303,7 +303,7 @@ const KNOWN_CYCLES: &[&str] = &[
     "pagoda-core: attention::batch <-> attention::config <-> device <-> error <-> kv <-> tensor <-> tensor::storage <-> tensor::view",
     "pagoda-engine: runner <-> runner::spec_rows",
     "pagoda-engine: structured <-> structured::compile",
-    "pagoda-kernels: quant <-> quant::act <-> quant::pack <-> quant::portable",
+    "pagoda-kernels: quant <-> quant::pack <-> quant::portable",
     "pagoda-loadgen: crate <-> client <-> plot <-> report <-> serve",
     "pagoda-scheduler: scheduler <-> scheduler::spec",
     "pagoda-server: args::frontend <-> data_parallel <-> serve <-> serve::bridge <-> serve::conn <-> serve::frontend <-> serve::handlers <-> serve::kv_events <-> serve::messages <-> serve::messages::stream <-> serve::responses <-> serve::responses::stream <-> serve::sleep",
