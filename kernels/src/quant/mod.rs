@@ -411,6 +411,17 @@ fn tile_rows(kernel: QuantKernel) -> usize {
     }
 }
 
+/// Most rows per pass of the x86 pass kernels (`rows.rs`; their accumulators: 64 x
+/// 64 bytes on the stack).
+const MAX_PASS_ROWS: usize = 64;
+
+/// Rows per pass for rows of `k` elements: a pass's int8 rows and block scalars
+/// (`h · k · (1 + 24/32)` bytes) are re-read for every panel, so they stay within
+/// about a quarter of a 2 MiB L2.
+fn pass_rows(k: usize) -> usize {
+    (256 * 1024 / k.max(1)).clamp(8, MAX_PASS_ROWS)
+}
+
 /// Below this many multiply-adds a call runs on the calling thread only.
 const PARALLEL_MIN_MACS: usize = 1 << 16;
 
@@ -473,14 +484,11 @@ pub fn matmul_quant_acts(
                 // rows (each block decoded once per pass); the portable one takes the
                 // rest in one call when it fits, else in calls of 4 rows.
                 let pass = cfg!(target_arch = "x86_64") && kernel != QuantKernel::Portable;
-                let h = if pass && m - r0 > mr {
-                    #[cfg(target_arch = "x86_64")]
-                    let h = (m - r0).min(rows::pass_rows(k));
-                    #[cfg(not(target_arch = "x86_64"))]
-                    let h = m - r0;
-                    h
-                } else if m - r0 <= mr {
-                    m - r0
+                let rest = m - r0;
+                let h = if rest <= mr {
+                    rest
+                } else if pass {
+                    rest.min(pass_rows(k))
                 } else {
                     4
                 };
@@ -570,5 +578,5 @@ unsafe fn run_pass(kernel: QuantKernel, t: Tile<'_>) {
         rows::tile_rows(kernel, t)
     };
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("{} has no pass form", kernel.name());
+    unreachable!("{} has no pass form ({} rows)", kernel.name(), t.h);
 }

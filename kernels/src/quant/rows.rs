@@ -18,15 +18,8 @@ use super::x86::{
 use super::{Layout, QuantKernel, Storage, Tile, QB, QP};
 use std::arch::x86_64::*;
 
-/// Most rows per pass (the accumulators: 64 x 64 bytes on the stack).
-pub(super) const MAX_ROWS: usize = 64;
-
-/// Rows per pass for rows of `k` elements: the pass's int8 rows and block scalars
-/// (`h · k · (1 + 24/32)` bytes) are re-read for every panel, so they stay within
-/// about a quarter of a 2 MiB L2.
-pub(super) fn pass_rows(k: usize) -> usize {
-    (256 * 1024 / k.max(1)).clamp(8, MAX_ROWS)
-}
+/// Most rows per pass: the accumulator arrays' length.
+const MAX_ROWS: usize = super::MAX_PASS_ROWS;
 
 /// A pass of `t.h` (<= [`MAX_ROWS`]) rows with `kernel` (AVX-512 VNNI or AVX2).
 ///
