@@ -48,15 +48,42 @@ pub(super) unsafe fn tile_rows(kernel: QuantKernel, t: Tile<'_>) {
     }
 }
 
-/// The pass's geometry, checked against the panel, and its rows' slab:
-/// `(units, blocks per unit, blocks per row, int8 values, block scalars)`.
-fn slab(lay: Layout, t: &Tile<'_>) -> (usize, usize, usize, *const i8, *const ActBlock) {
-    let k = t.acts.k();
-    let units = k / lay.unit();
-    assert!(t.h <= MAX_ROWS && t.recs.len() >= lay.panel_bytes(units));
-    // Panics unless rows r0..r0 + h exist.
-    let (q, blocks) = t.acts.rows_slab(t.r0, t.h);
-    (units, lay.unit() / QB, k / QB, q.as_ptr(), blocks.as_ptr())
+/// A pass's geometry, checked against its panel once, and its rows' slab.
+struct Pass<'a> {
+    t: Tile<'a>,
+    lay: Layout,
+    k: usize,
+    units: usize,
+    per_unit: usize,
+    /// Blocks of 32 per row.
+    kb: usize,
+    /// The pass's int8 values and block scalars, row after row.
+    qp: *const i8,
+    bp: *const ActBlock,
+}
+
+impl<'a> Pass<'a> {
+    fn new<const S: u8, const F: bool>(t: Tile<'a>) -> Self {
+        let lay = Layout {
+            storage: storage_of(S),
+            half: F,
+        };
+        let k = t.acts.k();
+        let units = k / lay.unit();
+        assert!(t.h <= MAX_ROWS && t.recs.len() >= lay.panel_bytes(units));
+        // Panics unless rows r0..r0 + h exist.
+        let (q, blocks) = t.acts.rows_slab(t.r0, t.h);
+        Pass {
+            t,
+            lay,
+            k,
+            units,
+            per_unit: lay.unit() / QB,
+            kb: k / QB,
+            qp: q.as_ptr(),
+            bp: blocks.as_ptr(),
+        }
+    }
 }
 
 /// # Safety
@@ -66,21 +93,24 @@ fn slab(lay: Layout, t: &Tile<'_>) -> (usize, usize, usize, *const i8, *const Ac
 // compiled to a loop that ran 5x slower.
 #[allow(clippy::needless_range_loop)]
 unsafe fn vnni<const S: u8, const F: bool>(t: Tile<'_>) {
-    let Tile {
-        recs,
-        acts,
-        h,
-        out,
-        ldo,
-        cols,
-        ..
-    } = t;
-    let lay = Layout {
-        storage: storage_of(S),
-        half: F,
-    };
-    let k = acts.k();
-    let (units, per_unit, kb, qp, bp) = slab(lay, &t);
+    let Pass {
+        t:
+            Tile {
+                recs,
+                h,
+                out,
+                ldo,
+                cols,
+                ..
+            },
+        lay,
+        k,
+        units,
+        per_unit,
+        kb,
+        qp,
+        bp,
+    } = Pass::new::<S, F>(t);
     let mut acc = [_mm512_setzero_ps(); MAX_ROWS];
     for u in 0..units {
         // SAFETY: u < units: unit u's meta lies inside the panel (checked above).
@@ -132,21 +162,24 @@ unsafe fn vnni<const S: u8, const F: bool>(t: Tile<'_>) {
 /// As [`tile_rows`], on AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn avx2<const S: u8, const F: bool>(t: Tile<'_>) {
-    let Tile {
-        recs,
-        acts,
-        h,
-        out,
-        ldo,
-        cols,
-        ..
-    } = t;
-    let lay = Layout {
-        storage: storage_of(S),
-        half: F,
-    };
-    let k = acts.k();
-    let (units, per_unit, kb, qp, bp) = slab(lay, &t);
+    let Pass {
+        t:
+            Tile {
+                recs,
+                h,
+                out,
+                ldo,
+                cols,
+                ..
+            },
+        lay,
+        k,
+        units,
+        per_unit,
+        kb,
+        qp,
+        bp,
+    } = Pass::new::<S, F>(t);
     // Both halves of each unit in turn (8 lanes a vector): one stream over the panel.
     let halves = if cols > 8 { 2 } else { 1 };
     let mut acc = [[_mm256_setzero_ps(); MAX_ROWS]; 2];
