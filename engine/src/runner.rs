@@ -19,121 +19,26 @@
 
 use crate::prompt_logprobs;
 use crate::runner_model::RunnerModel;
-use crate::sampler::{is_plain_greedy, RowResult, SampleInput, Sampler, SamplerError};
+use crate::sampler::{is_plain_greedy, RowResult, SampleInput, Sampler};
 use crate::structured::{
     apply_mask, Grammar, MaskRow, MaskStats, Masks, RowMask, MASK_WAIT_FRACTION, MIN_MASK_WAIT,
 };
 use crate::EngineError;
 use pagoda_core::{
-    AttentionBackend, BatchDescriptor, CheckedParams, GraphLimits, KvCache, ModelRunnerOutput,
-    PromptLogprobsChunk, ReqHandle, RequestId, SchedulerOutput, StepBatch,
+    AttentionBackend, BatchDescriptor, GraphLimits, KvCache, ModelRunnerOutput,
+    PromptLogprobsChunk, ReqHandle, SchedulerOutput, StepBatch,
 };
 use std::time::{Duration, Instant};
 
 mod spec_rows;
+mod state;
 
-/// Test-only fault injection, armed by `pagoda serve --debug-inject-fault` in
-/// debug builds: a request whose prompt starts with one of these token sequences
-/// has its row fail in the sampler (a per-request fault) or makes the runner panic
-/// (an engine-wide fault), so tests can prove each is contained as it should be.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FaultInjection {
-    /// Prompt prefix whose rows fail to sample.
-    pub sampler_error: Option<Vec<u32>>,
-    /// Prompt prefix that panics the runner.
-    pub panic: Option<Vec<u32>>,
-    /// Prompt prefix whose grammar masks take this much longer to compute (an
-    /// expensive grammar, reproducibly).
-    pub slow_mask: Option<(Vec<u32>, Duration)>,
-}
-
-impl FaultInjection {
-    fn apply(&self, tokens: &[u32], row: RowResult) -> RowResult {
-        let hit = |p: &Option<Vec<u32>>| p.as_ref().is_some_and(|p| tokens.starts_with(p));
-        if hit(&self.panic) {
-            panic!("injected fault: the runner panics");
-        }
-        if hit(&self.sampler_error) {
-            return Err(SamplerError::InvalidParam {
-                row: 0,
-                param: "fault_injection",
-                message: "injected sampler fault".into(),
-            });
-        }
-        row
-    }
-}
-
-struct ReqState {
-    handle: ReqHandle,
-    /// The external id, for logs.
-    req_id: RequestId,
-    token_ids: Vec<u32>,
-    num_prompt_tokens: usize,
-    block_ids: Vec<u32>,
-    num_computed_tokens: usize,
-    params: CheckedParams,
-    seed: u64,
-    /// `prompt_logprobs` still to compute: set for a request that asked and has no
-    /// output yet (one resumed after preemption delivered them already).
-    prompt_logprobs: Option<usize>,
-    /// Drafts at the end of `token_ids` during a step that verifies them.
-    num_drafts: usize,
-}
-
-/// The prompt rows of one request whose logits the step computes for prompt
-/// logprobs: batch tokens `base..base + count`, prompt positions from `start`.
-struct PromptRows {
-    sched_index: usize,
-    start: usize,
-    base: usize,
-    count: usize,
-    k: usize,
-}
+pub use state::{FaultInjection, ModelRunner};
+use state::{PromptRows, ReqState};
 
 /// Above this many floats (256 MiB) a logits buffer grown by prompt logprobs is
 /// freed after the step instead of kept for the next.
 const MAX_KEPT_LOGITS: usize = 64 << 20;
-
-/// Runs the model for scheduled batches.
-pub struct ModelRunner {
-    model: RunnerModel,
-    kv: KvCache,
-    /// One backend per attention kind of the model's layers
-    /// ([`pagoda_models::Llama::attention_configs`]; two for Gemma 2's sliding and global layers).
-    attn: Vec<Box<dyn AttentionBackend>>,
-    sampler: Sampler,
-    eos_ids: Vec<u32>,
-    /// Indexed by `ReqHandle::index`; the stored handle tells a stale entry.
-    requests: Vec<Option<ReqState>>,
-    // Reused per-step buffers.
-    input_ids: Vec<u32>,
-    positions: Vec<u32>,
-    query_lens: Vec<usize>,
-    seq_lens: Vec<usize>,
-    logits_rows: Vec<usize>,
-    sample_rows: Vec<usize>,
-    prompt_rows: Vec<PromptRows>,
-    logits: Vec<f32>,
-    /// The sampled rows' ids when the device computed them (plain greedy steps).
-    greedy_ids: Vec<u32>,
-    batch: BatchDescriptor,
-    faults: Option<FaultInjection>,
-    /// Grammars of constrained requests and their masks in flight.
-    masks: Masks,
-    /// This step's constrained rows (a reused buffer).
-    mask_rows: Vec<MaskRow>,
-    /// Per sampled row: why its grammar failed this step.
-    grammar_errors: Vec<Option<String>>,
-    /// Per sampled row: deferred to a later step (its mask was late).
-    deferred: Vec<bool>,
-    /// `--speculative-config`: drafts are proposed after each step when set.
-    spec: Option<crate::spec::SpeculativeConfig>,
-    /// This step's verify rows (a reused buffer).
-    spec_rows: Vec<spec_rows::SpecRow>,
-    /// `"method": "draft_model"`: the draft model proposing the drafts.
-    draft: Option<Box<crate::spec::draft::DraftProposer>>,
-}
 
 impl ModelRunner {
     /// Drops the KV cache's pools (sleep mode); the spec stays for
@@ -259,20 +164,6 @@ impl ModelRunner {
 
     pub fn num_requests(&self) -> usize {
         self.requests.iter().flatten().count()
-    }
-
-    fn state(&self, h: ReqHandle) -> Option<&ReqState> {
-        self.requests
-            .get(h.index as usize)?
-            .as_ref()
-            .filter(|s| s.handle == h)
-    }
-
-    fn state_mut(&mut self, h: ReqHandle) -> Option<&mut ReqState> {
-        self.requests
-            .get_mut(h.index as usize)?
-            .as_mut()
-            .filter(|s| s.handle == h)
     }
 
     fn update_states(&mut self, sched_out: &SchedulerOutput) -> Result<(), EngineError> {
@@ -521,7 +412,7 @@ impl ModelRunner {
                 // the positions up to its own), marked as one verify run: any decode
                 // backend serves the rows with a plain decode row's arithmetic, and
                 // one that serves runs (`paged`) reads their keys once.
-                self.spec_rows.push(spec_rows::SpecRow {
+                self.spec_rows.push(state::SpecRow {
                     sched_index: i,
                     base: self.input_ids.len() - st.num_drafts - 1,
                     num_drafts: st.num_drafts,

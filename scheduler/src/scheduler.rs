@@ -28,12 +28,13 @@ use crate::kv_cache_manager::{KvCacheManager, KvHandle, PrefixCacheStats};
 use crate::SchedulerError;
 use pagoda_core::{
     CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData, ReqHandle, Request,
-    RequestId, RequestStatus, SchedulerOutput, StopReason,
+    RequestId, RequestStatus, SchedulerOutput,
 };
 use std::collections::VecDeque;
 
 mod seats;
 mod spec;
+mod stop;
 
 pub use spec::SpecDecodingStats;
 
@@ -914,32 +915,4 @@ impl Scheduler {
         }
         Ok(())
     }
-}
-
-/// vLLM's stop check, after one token was appended. Stop tokens first (once
-/// `min_tokens` outputs exist: EOS unless `ignore_eos`, then stop token ids), then
-/// the length cap (model length or `max_tokens`).
-fn check_stop(req: &mut Request, max_len: usize) -> bool {
-    // Stop tokens are checked before the length cap (as vLLM does): an EOS sampled as
-    // the last allowed token finishes with "stop", not "length".
-    let n_out = req.num_output_tokens();
-    if n_out >= req.sampling_params.min_tokens {
-        if let Some(&last) = req.all_token_ids().last() {
-            if !req.sampling_params.ignore_eos && req.eos_token_ids.contains(&last) {
-                req.status = RequestStatus::FinishedStopped;
-                req.stop_reason = Some(StopReason::Eos(last));
-                return true;
-            }
-            if req.sampling_params.stop_token_ids.contains(&last) {
-                req.status = RequestStatus::FinishedStopped;
-                req.stop_reason = Some(StopReason::StopTokenId(last));
-                return true;
-            }
-        }
-    }
-    if req.num_tokens() >= max_len || n_out >= req.max_tokens() {
-        req.status = RequestStatus::FinishedLengthCapped;
-        return true;
-    }
-    false
 }

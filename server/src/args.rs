@@ -184,7 +184,7 @@ pub struct EngineArgs {
     /// Longest `$ref`/nesting chain of a JSON schema and longest rule chain of a
     /// Lark or GBNF grammar; deeper ones get a 400 (the compile threads' stack
     /// holds this bound with a wide margin).
-    #[arg(long, default_value_t = pagoda_engine::structured::compile::DEFAULT_MAX_DEPTH, value_parser = parse_max_depth, help_heading = "StructuredOutputsConfig")]
+    #[arg(long, default_value_t = pagoda_engine::structured::limits::DEFAULT_MAX_DEPTH, value_parser = parse_max_depth, help_heading = "StructuredOutputsConfig")]
     pub structured_outputs_max_depth: usize,
     /// Largest regex once its counted repetitions are expanded (`(a{1000}){1000}`
     /// is 1,000,000), for `regex`, JSON `pattern`s and `whitespace_pattern`, and
@@ -398,7 +398,7 @@ fn parse_positive_secs(s: &str) -> Result<f64, String> {
 /// `--structured-outputs-max-depth`: at most what the compile threads' stack is
 /// tested to hold.
 fn parse_max_depth(s: &str) -> Result<usize, String> {
-    const MAX: usize = pagoda_engine::structured::compile::MAX_SAFE_DEPTH;
+    const MAX: usize = pagoda_engine::structured::limits::MAX_SAFE_DEPTH;
     match s.parse::<usize>() {
         Ok(v) if (1..=MAX).contains(&v) => Ok(v),
         _ => Err(format!("expected a depth in [1, {MAX}], got `{s}`")),

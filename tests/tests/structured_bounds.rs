@@ -9,7 +9,7 @@
 
 use pagoda_core::{Constraint, StructuredOutputs};
 use pagoda_engine::structured::bounds::{lark_depth, schema_depth};
-use pagoda_engine::structured::compile::MAX_SAFE_DEPTH;
+use pagoda_engine::structured::limits::MAX_SAFE_DEPTH;
 use pagoda_engine::structured::{CompileLimits, SharedCompiler};
 use pagoda_engine::EngineError;
 use pagoda_tests::{engine, test_config};

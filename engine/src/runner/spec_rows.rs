@@ -3,19 +3,10 @@
 //! rows (after the sampled and prompt-logprob rows in the logits buffer), their
 //! verification, and the next step's proposals.
 
-use super::ModelRunner;
+use super::state::ModelRunner;
 use crate::spec::draft::DraftRequest;
 use crate::spec::verify::{verify_row, VerifyInput};
 use pagoda_core::{ModelRunnerOutput, SchedulerOutput, SpecDecodeRow};
-
-/// One verify row of the step.
-pub(super) struct SpecRow {
-    /// Index in the scheduler's batch order.
-    pub sched_index: usize,
-    /// First of its `num_drafts + 1` token rows in the step's input ids.
-    pub base: usize,
-    pub num_drafts: usize,
-}
 
 impl ModelRunner {
     /// Appends each scheduled request's drafts to its tokens for this step (they are

@@ -114,7 +114,7 @@ pub(super) fn append_tokens(
         if let Some(lp) = logprobs.get(i) {
             out.logprobs.push(lp.clone());
         }
-        if super::check_stop(req, max_len) {
+        if super::stop::check_stop(req, max_len) {
             out.finished = true;
             break;
         }

@@ -324,15 +324,16 @@ fn is_ident(c: char) -> bool {
 fn declared_mods(code: &str) -> Vec<String> {
     let mut out = Vec::new();
     for stmt in code.split([';', '{', '}']) {
+        // Attributes go first: `#[cfg(target_arch = "x86_64")] mod x86;` is a
+        // declaration too (its words would otherwise not look like one).
+        let stmt = without_attributes(stmt);
         let words: Vec<&str> = stmt.split_whitespace().collect();
         if let Some(k) = words.iter().position(|w| *w == "mod") {
             if let Some(name) = words.get(k + 1) {
                 let rest = &words[k + 2..];
                 // `mod name;` only: the statement ends right after the name.
                 if rest.is_empty() && name.chars().all(is_ident) {
-                    let before_ok = words[..k]
-                        .iter()
-                        .all(|w| w.starts_with("pub") || w.starts_with("#[") || w.ends_with(']'));
+                    let before_ok = words[..k].iter().all(|w| w.starts_with("pub"));
                     let is_decl = code.contains(&format!("mod {name};"));
                     if before_ok && is_decl {
                         out.push(name.to_string());
@@ -342,6 +343,35 @@ fn declared_mods(code: &str) -> Vec<String> {
         }
     }
     out.dedup();
+    out
+}
+
+/// `stmt` with its `#[...]` attributes taken out (brackets balanced; strings are
+/// blanked already). A statement cut short by the split on `{`/`}`/`;` inside an
+/// attribute's arguments leaves an unclosed `#[`, which takes the rest with it.
+fn without_attributes(stmt: &str) -> String {
+    let mut out = String::with_capacity(stmt.len());
+    let mut chars = stmt.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '#' && chars.peek() == Some(&'[') {
+            let mut depth = 0usize;
+            for d in chars.by_ref() {
+                match d {
+                    '[' => depth += 1,
+                    ']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            out.push(' ');
+        } else {
+            out.push(c);
+        }
+    }
     out
 }
 
