@@ -7,7 +7,7 @@
 //!
 //! Each row is quantized alone, so a row's integers never depend on the batch.
 
-use super::QB;
+use super::layout::QB;
 use crate::error::{check_len, KernelError};
 
 /// Per (row, block) scalars, laid out for one load per block.

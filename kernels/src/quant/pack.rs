@@ -1,6 +1,7 @@
-//! Repacking GGUF blocks (and quantizing f32 to Q8_0) into the panels of
-//! [`QuantMatrix`], and reading one lane back: the slow, obviously-correct side
-//! the kernels are checked against.
+//! The panel codec: one GGUF block written as one lane of a panel, and one lane
+//! read back: the slow, obviously-correct side the kernels are checked against.
+//! `matrix.rs` builds and reads a `QuantMatrix` through it; it knows only the
+//! layout types.
 //!
 //! A panel (16 rows) holds per unit (one GGUF block: 32 elements, or 256 for the K
 //! formats) its *meta*, the scale fields as 16-lane vectors (byte offsets for lane
@@ -19,10 +20,8 @@
 //! bits in that nibble form, then its high 2 bits in two more vectors: vector `c`
 //! holds group `4c + s` at bits `2s..2s+2` of each byte.
 
-use super::{Chunk, Layout, QuantFormat, QuantMatrix, Storage, QB, QP};
-use crate::error::KernelError;
+use super::layout::{Layout, QuantFormat, Storage, QB};
 use half::f16;
-use rayon::prelude::*;
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
@@ -64,7 +63,7 @@ fn block_u(fmt: QuantFormat, b: &[u8], e: usize) -> u8 {
 }
 
 /// Writes `u` as element `e` (0..32) of lane `lane` into one block's integers.
-fn put_u(storage: Storage, q: &mut [u8], lane: usize, e: usize, u: u8) {
+pub(super) fn put_u(storage: Storage, q: &mut [u8], lane: usize, e: usize, u: u8) {
     let (g, byte) = (e / 4, e % 4);
     match storage {
         Storage::Bytes => q[64 * g + 4 * lane + byte] = u,
@@ -156,7 +155,7 @@ pub(crate) fn decode_lane(
 
 /// Writes one GGUF block of `fmt` (one unit) as lane `lane` of a panel: its meta
 /// fields into `meta`, its integers into `quant` (the unit's blocks in order).
-fn put_block(
+pub(super) fn put_block(
     fmt: QuantFormat,
     layout: Layout,
     b: &[u8],
@@ -198,136 +197,5 @@ fn put_block(
             e % QB,
             block_u(fmt, b, e),
         );
-    }
-}
-
-impl QuantMatrix {
-    /// Repacks `n` rows of `k` elements of `fmt`'s GGUF blocks (`data`, row-major,
-    /// as in the file) without changing a bit of what they encode.
-    pub fn from_gguf(
-        fmt: QuantFormat,
-        data: &[u8],
-        n: usize,
-        k: usize,
-    ) -> Result<Self, KernelError> {
-        let (be, bb) = fmt.block_layout();
-        if !k.is_multiple_of(be) {
-            return Err(KernelError::InvalidArgument {
-                name: "k",
-                message: format!("{k} columns are not whole {} blocks of {be}", fmt.name()),
-            });
-        }
-        let row_bytes = k / be * bb;
-        crate::error::check_len("data", data.len(), n * row_bytes)?;
-        let layout = Layout {
-            storage: fmt.storage(),
-            half: true,
-        };
-        Ok(Self::build(
-            layout,
-            fmt.name(),
-            n,
-            k,
-            |r, unit, meta, quant, lane| {
-                put_block(
-                    fmt,
-                    layout,
-                    &data[r * row_bytes + unit * bb..][..bb],
-                    meta,
-                    quant,
-                    lane,
-                )
-            },
-        ))
-    }
-
-    /// Quantizes `w[n, k]` (row-major f32) to Q8_0's scheme (per block of 32:
-    /// `d = max|w| / 127`, kept in f32 unless every `d` is an f16 exactly, and
-    /// `round(w / d)`): `--quantization q8_0`.
-    pub fn quantize_q8_0(w: &[f32], n: usize, k: usize) -> Result<Self, KernelError> {
-        if !k.is_multiple_of(QB) {
-            return Err(KernelError::InvalidArgument {
-                name: "k",
-                message: format!("{k} columns are not whole blocks of {QB}"),
-            });
-        }
-        crate::error::check_len("w", w.len(), n * k)?;
-        let scale = |x: &[f32]| x.iter().fold(0.0f32, |a, v| a.max(v.abs())) / 127.0;
-        let exact = |v: f32| f16::from_f32(v).to_f32().to_bits() == v.to_bits();
-        let half = w.par_chunks(QB).all(|x| exact(scale(x)));
-        let layout = Layout {
-            storage: Storage::Bytes,
-            half,
-        };
-        Ok(Self::build(
-            layout,
-            "Q8_0",
-            n,
-            k,
-            |r, unit, meta, quant, lane| {
-                let x = &w[r * k + unit * QB..][..QB];
-                let d = scale(x);
-                let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-                if half {
-                    meta[2 * lane..2 * lane + 2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-                } else {
-                    meta[4 * lane..4 * lane + 4].copy_from_slice(&d.to_le_bytes());
-                }
-                for (e, &v) in x.iter().enumerate() {
-                    let u = ((v * id).round().clamp(-127.0, 127.0) as i16 + 128) as u8;
-                    put_u(Storage::Bytes, quant, lane, e, u);
-                }
-            },
-        ))
-    }
-
-    /// Packs `n` rows: `put(r, unit, meta, quant, lane)` writes unit `unit` of row
-    /// `r` as lane `lane` into that unit's meta and integer bytes.
-    fn build(
-        layout: Layout,
-        format_name: &'static str,
-        n: usize,
-        k: usize,
-        put: impl Fn(usize, usize, &mut [u8], &mut [u8], usize) + Sync,
-    ) -> Self {
-        let units = k / layout.unit();
-        let pb = layout.panel_bytes(units);
-        let (mb, qb) = (layout.meta_bytes(), layout.quant_bytes());
-        let mut data = vec![Chunk([0; 64]); n.div_ceil(QP) * pb / 64];
-        if units > 0 {
-            data.par_chunks_mut(pb / 64)
-                .enumerate()
-                .for_each(|(p, chunks)| {
-                    // SAFETY: `Chunk` is 64 plain bytes; the view covers exactly `chunks`,
-                    // which this closure borrows mutably and alone.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            chunks.as_mut_ptr() as *mut u8,
-                            chunks.len() * 64,
-                        )
-                    };
-                    for lane in 0..QP.min(n - p * QP) {
-                        for unit in 0..units {
-                            // A unit's meta precedes its integers in its group.
-                            let (mo, qo) = (layout.meta_offset(unit), layout.quant_offset(unit));
-                            let (head, tail) = bytes.split_at_mut(qo);
-                            put(
-                                p * QP + lane,
-                                unit,
-                                &mut head[mo..mo + mb],
-                                &mut tail[..qb],
-                                lane,
-                            );
-                        }
-                    }
-                });
-        }
-        QuantMatrix {
-            n,
-            k,
-            layout,
-            format_name,
-            data,
-        }
     }
 }

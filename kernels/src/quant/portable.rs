@@ -2,8 +2,9 @@
 //! same two fused multiply-adds per sub-block as the vector kernels, so its
 //! results are bit-identical to theirs (and it is their executable spec).
 
+use super::layout::{Storage, QB, QP};
 use super::pack::{block_parts, lane_scales, lane_u};
-use super::{Storage, Tile, QB, QP};
+use super::tile::Tile;
 
 /// `t.h` rows of `t.acts` from `t.r0` times one panel.
 ///

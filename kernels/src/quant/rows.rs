@@ -11,15 +11,16 @@
 //! those of every other kernel, whatever the pass height.
 
 use super::act::ActBlock;
+use super::layout::{Layout, Storage, QB, QP};
+use super::tile::{QuantKernel, Tile, MAX_PASS_ROWS};
 use super::x86::{
     finish_avx2, finish_vnni, storage_of, weights_avx2, weights_vnni, HalfMeta, UnitMeta, BY, K4,
     K6, N0, N1,
 };
-use super::{Layout, QuantKernel, Storage, Tile, QB, QP};
 use std::arch::x86_64::*;
 
 /// Most rows per pass: the accumulator arrays' length.
-const MAX_ROWS: usize = super::MAX_PASS_ROWS;
+const MAX_ROWS: usize = MAX_PASS_ROWS;
 
 /// A pass of `t.h` (<= [`MAX_ROWS`]) rows with `kernel` (AVX-512 VNNI or AVX2).
 ///

@@ -17,7 +17,8 @@
 //! every two groups.
 
 use super::act::{ActBlock, QuantActs};
-use super::{Layout, Storage, Tile, QB, QP};
+use super::layout::{Layout, Storage, QB, QP};
+use super::tile::Tile;
 use std::arch::x86_64::*;
 
 pub(super) const N0: u8 = 0;
