@@ -174,8 +174,9 @@ pub(crate) trait Ops {
     type Buf;
 
     /// Whether the last layer runs on the logits rows alone when the step needs
-    /// fewer rows than it has tokens (the CPU: a prompt's last layer is then one
-    /// row per request). A device keeps every row, so its step's shapes are fixed.
+    /// fewer rows than it has tokens (a prompt's last layer is then one row per
+    /// request): always on the CPU; on a device when its LM-head buffers hold the
+    /// logits rows (a graph-captured step samples every row, so never prunes).
     fn prunes_last_layer(&self) -> bool;
 
     /// `out[t] = scale * table[input_ids[t]]`, rows of `hidden`.

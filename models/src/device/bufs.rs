@@ -179,8 +179,9 @@ impl DeviceScratch {
 
 /// The buffers of steps of up to `n` tokens and `r` logits rows at a time (the
 /// residual stream, the MoE sums and the logits f32, the rest in `dtype`). A buffer
-/// the model does not use is one element: the device never prunes the last layer
-/// (`sel_attn`, `sel_h`), a family without post-norms never writes `post`.
+/// the model does not use is one element: a family without post-norms never writes
+/// `post`. The last layer past its attention runs on the `r` logits rows alone
+/// (`sel_attn`, `sel_h`), as on the CPU.
 fn new_bufs(
     rt: &dyn DeviceRuntime,
     c: &LlamaConfig,
@@ -214,8 +215,8 @@ fn new_bufs(
         qkv: a(dtype, n * (q_dim + 2 * kv_dim))?,
         q: a(dtype, n * q_dim)?,
         attn: a(dtype, n * q_dim)?,
-        sel_attn: a(dtype, 0)?,
-        sel_h: a(DType::F32, 0)?,
+        sel_attn: a(dtype, r * q_dim)?,
+        sel_h: a(DType::F32, r * hidden)?,
         sel_n: a(dtype, r * hidden)?,
         logits: a(DType::F32, r * c.vocab_size)?,
         t: Tail {

@@ -218,6 +218,7 @@ impl DeviceLlama {
             ops,
             moe: &mut s.moe,
             n,
+            prune: r < n && r <= s.rows,
         };
         let pruned = forward_layers(&self.dec, &mut ops, (n, r), attn, kv, &mut s.bufs)?;
         // The first chunk of logits rows (all of them, unless a step asks for more
@@ -258,6 +259,8 @@ impl DeviceLlama {
                     ops: &mut *ops,
                     moe: &mut s.moe,
                     n,
+                    // More rows than one chunk: `launch` ran every row to the end.
+                    prune: false,
                 };
                 head(&self.dec, &mut ops, (first, count), false, &mut s.bufs)?;
             }

@@ -33,6 +33,11 @@ pub(crate) struct DeviceOps<'a> {
     pub(crate) moe: &'a mut Option<MoeBufs>,
     /// The step's tokens (the rows the logits rows index).
     pub(crate) n: usize,
+    /// Whether the last layer runs past its attention on the logits rows alone: when
+    /// they are fewer than the tokens and the LM head's buffers hold them all (a step
+    /// asking for more, prompt log-probabilities, runs every row and its head in
+    /// chunks). A graph-captured step never prunes: it samples every row.
+    pub(crate) prune: bool,
 }
 
 fn gated(act: Activation) -> GatedAct {
@@ -67,8 +72,7 @@ impl Ops for DeviceOps<'_> {
     type Buf = Storage;
 
     fn prunes_last_layer(&self) -> bool {
-        // Every row to the end: a step's shapes then depend on its token count alone.
-        false
+        self.prune
     }
 
     fn embed(
