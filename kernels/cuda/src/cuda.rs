@@ -43,7 +43,7 @@ struct ModuleSpec {
 const WRITE_KV: usize = 0;
 const MERGE: usize = 1;
 const MMA_PROBE: usize = 2;
-/// `model.cu` (its launchers are in `cuda_model.rs`).
+/// `model.cu` (its launchers are in `cuda_model.rs`, its entry names in `model_entries.rs`).
 pub(crate) const MODEL: usize = 3;
 
 /// The library's kernel files but the attention kernels ([`AttnKernel`]s, loaded as
@@ -67,7 +67,7 @@ static MODULES: [ModuleSpec; 4] = [
     },
     ModuleSpec {
         fatbin: fatbin!("model"),
-        functions: &crate::cuda_model::MODEL_FUNCTIONS,
+        functions: &crate::model_entries::MODEL_FUNCTIONS,
     },
 ];
 

@@ -6,103 +6,16 @@
 
 use crate::call::Call;
 use crate::cuda::{CudaKernels, MODEL};
+use crate::model_entries::{
+    one, two, ADD_RMS_NORM, ARGMAX, CAST, EMBED, GATHER, GELU, MODEL_FUNCTIONS, MOE_ACC, MOE_ROUTE,
+    QK_NORM, RMS_NORM, ROPE_KV, SILU, SOFT_CAP,
+};
 use crate::params::{
     ArgmaxParams, CastParams, EmbedParams, GatherParams, GluParams, MoeAccParams, MoeRouteParams,
     NormParams, QkNormParams, RopeKvParams, SoftCapParams,
 };
 use crate::{invalid, Dtype, Error};
 use cudarc::driver::CudaStream;
-
-/// Entry points of `model.cu`, per family in `PG_F32, PG_BF16, PG_F16` order (two-dtype
-/// families: `first * 3 + second`). Offsets below.
-pub(crate) const MODEL_FUNCTIONS: [&str; 65] = [
-    "pg_embed_f32_f32",
-    "pg_embed_f32_bf16",
-    "pg_embed_f32_f16",
-    "pg_embed_bf16_f32",
-    "pg_embed_bf16_bf16",
-    "pg_embed_bf16_f16",
-    "pg_embed_f16_f32",
-    "pg_embed_f16_bf16",
-    "pg_embed_f16_f16",
-    "pg_rms_norm_f32_f32",
-    "pg_rms_norm_f32_bf16",
-    "pg_rms_norm_f32_f16",
-    "pg_rms_norm_bf16_f32",
-    "pg_rms_norm_bf16_bf16",
-    "pg_rms_norm_bf16_f16",
-    "pg_rms_norm_f16_f32",
-    "pg_rms_norm_f16_bf16",
-    "pg_rms_norm_f16_f16",
-    "pg_add_rms_norm_f32_f32",
-    "pg_add_rms_norm_f32_bf16",
-    "pg_add_rms_norm_f32_f16",
-    "pg_add_rms_norm_bf16_f32",
-    "pg_add_rms_norm_bf16_bf16",
-    "pg_add_rms_norm_bf16_f16",
-    "pg_add_rms_norm_f16_f32",
-    "pg_add_rms_norm_f16_bf16",
-    "pg_add_rms_norm_f16_f16",
-    "pg_rope_kv_f32_f32",
-    "pg_rope_kv_f32_bf16",
-    "pg_rope_kv_f32_f16",
-    "pg_rope_kv_bf16_f32",
-    "pg_rope_kv_bf16_bf16",
-    "pg_rope_kv_bf16_f16",
-    "pg_rope_kv_f16_f32",
-    "pg_rope_kv_f16_bf16",
-    "pg_rope_kv_f16_f16",
-    "pg_cast_f32_f32",
-    "pg_cast_f32_bf16",
-    "pg_cast_f32_f16",
-    "pg_cast_bf16_f32",
-    "pg_cast_bf16_bf16",
-    "pg_cast_bf16_f16",
-    "pg_cast_f16_f32",
-    "pg_cast_f16_bf16",
-    "pg_cast_f16_f16",
-    "pg_silu_mul_f32",
-    "pg_silu_mul_bf16",
-    "pg_silu_mul_f16",
-    "pg_gelu_tanh_mul_f32",
-    "pg_gelu_tanh_mul_bf16",
-    "pg_gelu_tanh_mul_f16",
-    "pg_gather_rows_f32",
-    "pg_gather_rows_bf16",
-    "pg_gather_rows_f16",
-    "pg_argmax_f32",
-    "pg_argmax_bf16",
-    "pg_argmax_f16",
-    "pg_qk_norm_f32",
-    "pg_qk_norm_bf16",
-    "pg_qk_norm_f16",
-    "pg_moe_acc_f32",
-    "pg_moe_acc_bf16",
-    "pg_moe_acc_f16",
-    "pg_soft_cap_f32",
-    "pg_moe_route_f32",
-];
-
-const EMBED: usize = 0;
-const RMS_NORM: usize = 9;
-const ADD_RMS_NORM: usize = 18;
-const ROPE_KV: usize = 27;
-const CAST: usize = 36;
-const SILU: usize = 45;
-const GELU: usize = 48;
-const GATHER: usize = 51;
-const ARGMAX: usize = 54;
-const QK_NORM: usize = 57;
-const MOE_ACC: usize = 60;
-const SOFT_CAP: usize = 63;
-const MOE_ROUTE: usize = 64;
-
-fn one(base: usize, a: Dtype) -> &'static str {
-    MODEL_FUNCTIONS[base + a as usize]
-}
-fn two(base: usize, a: Dtype, b: Dtype) -> &'static str {
-    MODEL_FUNCTIONS[base + a as usize * 3 + b as usize]
-}
 
 impl CudaKernels {
     fn model_launch<P>(
@@ -339,44 +252,5 @@ impl CudaKernels {
                 Call::MoeAcc(ref p, t) => self.moe_accumulate(stream, p, t),
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::Bf16, Dtype::F16];
-
-    #[test]
-    fn names_follow_the_dtype_order() {
-        for (base, fam) in [
-            (EMBED, "embed"),
-            (RMS_NORM, "rms_norm"),
-            (ADD_RMS_NORM, "add_rms_norm"),
-            (ROPE_KV, "rope_kv"),
-            (CAST, "cast"),
-        ] {
-            for a in DTYPES {
-                for b in DTYPES {
-                    let want = format!("pg_{fam}_{}_{}", a.kernel_suffix(), b.kernel_suffix());
-                    assert_eq!(two(base, a, b), want);
-                }
-            }
-        }
-        for (base, fam) in [
-            (SILU, "silu_mul"),
-            (GELU, "gelu_tanh_mul"),
-            (GATHER, "gather_rows"),
-            (ARGMAX, "argmax"),
-            (QK_NORM, "qk_norm"),
-            (MOE_ACC, "moe_acc"),
-        ] {
-            for a in DTYPES {
-                assert_eq!(one(base, a), format!("pg_{fam}_{}", a.kernel_suffix()));
-            }
-        }
-        assert_eq!(MODEL_FUNCTIONS[SOFT_CAP], "pg_soft_cap_f32");
-        assert_eq!(MODEL_FUNCTIONS[MOE_ROUTE], "pg_moe_route_f32");
     }
 }

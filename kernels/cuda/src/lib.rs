@@ -42,6 +42,8 @@ pub mod selftest;
 pub mod cuda;
 #[cfg(feature = "cuda")]
 mod cuda_model;
+#[cfg(feature = "cuda")]
+mod model_entries;
 
 pub use attn::{AttnKernel, PAGED};
 pub use call::Call;
