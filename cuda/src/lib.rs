@@ -10,7 +10,8 @@
 //! * `driver.rs`: the one layer that differs by device, a small driver (allocate,
 //!   copies on the stream, launch a named kernel with its packed parameters, the GEMM,
 //!   events, graph capture and replay, memory info): host memory and the SIMT
-//!   emulator on `emu` (`driver/emu.rs`), cudarc on `cuda:N` (`gpu.rs`, feature `cuda`).
+//!   emulator on `emu` (`driver/emu.rs`), cudarc on `cuda:N` (`gpu.rs`, feature `cuda`),
+//!   over each device's one context and engine stream (`context.rs`, `engine_stream`).
 //! * [`device`]: the attention backends' device code path (conversions, buffers,
 //!   parameter packing, the graph lock) over the driver.
 //! * [`ops`]: core's `ModelOps` (the device forward's non-attention kernels), one
@@ -20,6 +21,8 @@
 //!   `cuda`) on `cuda:N` through cuBLAS or CUTLASS (`DeviceGemm`, [`GemmImpl`]).
 
 pub mod attn;
+#[cfg(feature = "cuda")]
+mod context;
 pub mod device;
 mod driver;
 pub mod gemm;
@@ -32,8 +35,8 @@ pub mod runtime;
 pub use driver::EMU_MEMORY_BYTES;
 
 #[cfg(feature = "cuda")]
+pub use context::engine_stream;
+#[cfg(feature = "cuda")]
 pub use gemm::DeviceGemm;
 pub use gemm::{gemm_host, GemmError, GemmImpl};
-#[cfg(feature = "cuda")]
-pub use gpu::engine_stream;
 pub use runtime::{cuda_unavailable, COMPILED, NOT_COMPILED, NO_DEVICE, NO_DRIVER};

@@ -4,7 +4,7 @@
 
 use super::cublas::Cublas;
 use super::{check_dtypes, operand_lens, Dtype, GemmError, GemmImpl};
-use crate::gpu::{engine_stream, kernels};
+use crate::context::{engine_stream, kernels};
 use cudarc::driver::{result as drv, CudaContext, CudaStream};
 use pagoda_core::{DType, Device, TensorMut, TensorRef};
 use pagoda_cuda_kernels::cuda::CudaKernels;
