@@ -3,9 +3,9 @@
 //! on the host (it can be captured in a CUDA graph). A mutex serializes calls on the
 //! handle (cuBLAS handles are not meant to be used by several threads at once).
 
-use super::Dtype;
 use cudarc::cublas::{result, sys, CudaBlas};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr as _};
+use pagoda_cuda_kernels::Dtype;
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 

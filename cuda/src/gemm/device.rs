@@ -3,11 +3,12 @@
 //! attention launches use, so no events are needed between them).
 
 use super::cublas::Cublas;
-use super::{check_dtypes, operand_lens, Dtype, GemmError, GemmImpl};
+use super::types::{check_dtypes, operand_lens, GemmError, GemmImpl};
 use crate::context::{engine_stream, kernels};
 use cudarc::driver::{result as drv, CudaContext, CudaStream};
 use pagoda_core::{DType, Device, TensorMut, TensorRef};
 use pagoda_cuda_kernels::cuda::CudaKernels;
+use pagoda_cuda_kernels::Dtype;
 use pagoda_cutlass::{CutlassDtype, CutlassError};
 use std::ffi::c_int;
 use std::sync::Arc;

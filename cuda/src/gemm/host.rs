@@ -12,8 +12,9 @@
 //! Speed: w is widened to f32 one block of [`NB`] rows at a time (one rayon task per
 //! block), x once per call; a 4-row kernel reads each x chunk once for 4 weight rows.
 
-use super::{check_dtypes, check_lens, Element, GemmError};
+use super::types::{check_dtypes, check_lens, GemmError};
 use half::{bf16, f16};
+use pagoda_cuda_kernels::Element;
 use rayon::prelude::*;
 use std::any::Any;
 
