@@ -24,13 +24,11 @@
 //! `pos + 1 - w..=pos` under a window `w`, and a scaled score `s` becomes
 //! `cap * tanh(s / cap)` before the softmax.
 
+pub use crate::batch_invariant::{batch_invariant_env, BATCH_INVARIANT_ENV};
 use crate::device::DeviceAttn;
 use crate::driver::EmuDriver;
 use crate::kernel::kernel_dtype;
-pub use crate::kernel::{
-    batch_invariant_env, runtime_reasons, Kernel, ALL_DTYPES, BATCH_INVARIANT_ENV, EMU_SMS, PAGED,
-    PAGED_FIXED_SPLITS,
-};
+pub use crate::kernel::{runtime_reasons, Kernel, ALL_DTYPES, EMU_SMS, PAGED, PAGED_FIXED_SPLITS};
 use pagoda_core::{
     AttentionBackend, AttentionConfig, BatchDescriptor, CoreError, Device, GraphLimits,
     GraphSupport, InvalidReason, LayerIo, TensorMut, TensorRef,

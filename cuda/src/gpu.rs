@@ -7,6 +7,7 @@
 //! attention backends and the model ops, so stream order alone orders them), core's
 //! device views' addresses, and the device's memory info.
 
+use crate::batch_invariant::batch_invariant_env;
 use crate::context::{engine_stream, kernels};
 use crate::driver::{Driver, Gemm};
 use crate::gemm::{DeviceGemm, GemmImpl};
@@ -75,8 +76,8 @@ impl CudaDriver {
             unreachable!("a CUDA driver serves a cuda device")
         };
         let blas = DeviceGemm::new(ordinal, GemmImpl::Cublas).map_err(|e| e.to_string())?;
-        let want_cutlass = std::env::var("PAGODA_GEMM").as_deref() == Ok("cutlass")
-            || crate::kernel::batch_invariant_env();
+        let want_cutlass =
+            std::env::var("PAGODA_GEMM").as_deref() == Ok("cutlass") || batch_invariant_env();
         let cutlass = match want_cutlass {
             true => Some(DeviceGemm::new(ordinal, GemmImpl::Cutlass).map_err(|e| e.to_string())?),
             false => None,

@@ -178,12 +178,3 @@ pub fn runtime_reasons(kernel: &Kernel, cfg: &AttentionConfig) -> Vec<InvalidRea
     }
     r
 }
-
-/// vLLM's switch for batch-invariant kernels: with `VLLM_BATCH_INVARIANT=1`
-/// `cuda-flash` serves prefill rows with `cuda-paged`'s arithmetic.
-pub const BATCH_INVARIANT_ENV: &str = "VLLM_BATCH_INVARIANT";
-
-/// Whether [`BATCH_INVARIANT_ENV`] is set to `1`.
-pub fn batch_invariant_env() -> bool {
-    std::env::var(BATCH_INVARIANT_ENV).is_ok_and(|v| v == "1")
-}

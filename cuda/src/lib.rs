@@ -21,6 +21,7 @@
 //!   `cuda`) on `cuda:N` through cuBLAS or CUTLASS (`DeviceGemm`, [`GemmImpl`]).
 
 pub mod attn;
+mod batch_invariant;
 #[cfg(feature = "cuda")]
 mod context;
 pub mod device;
