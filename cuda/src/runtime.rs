@@ -6,14 +6,9 @@ use pagoda_core::{
 };
 use std::sync::Arc;
 
-/// Whether this build has the CUDA runtime compiled in.
-pub const COMPILED: bool = cfg!(feature = "cuda");
-/// Reason without the `cuda` feature.
-pub const NOT_COMPILED: &str = "not compiled with CUDA";
-/// Reason when libcuda cannot be loaded.
-pub const NO_DRIVER: &str = "no CUDA driver found";
-/// Reason when the driver sees no device.
-pub const NO_DEVICE: &str = "no CUDA device";
+mod reasons;
+
+pub use reasons::{COMPILED, NOT_COMPILED, NO_DEVICE, NO_DRIVER};
 
 /// Why no `cuda` device can be opened in this process, or `None` if one may be.
 pub fn cuda_unavailable() -> Option<String> {

@@ -4,7 +4,7 @@
 //! synchronized (uploads and downloads are not on the step's hot path); memory info is
 //! the driver's.
 
-use super::{NO_DEVICE, NO_DRIVER};
+use super::reasons::{NO_DEVICE, NO_DRIVER};
 use crate::driver::Driver;
 use crate::gpu::CudaDriver;
 use cudarc::driver::{sys, CudaContext, CudaSlice};
