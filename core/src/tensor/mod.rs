@@ -7,49 +7,24 @@
 //! owned by that device's runtime crate and reaches core only as an opaque
 //! [`DeviceMemory`] box whose views carry a [`DevicePtr`] (an address and a length):
 //! core knows no CUDA (candle's `Device`/`Storage` split is the model).
+//!
+//! Its modules, leaf first (each uses only the ones named before it here):
+//! `props` (device and dtype, used by the crate's error type too), `host` (typed host
+//! slices), `view` (borrowed views and their shape) and `storage` (owned buffers).
+//! This module only wires them, and parses a [`Device`] (that parse fails with a
+//! [`CoreError`], which `props` must not name).
 
-use crate::fp8::F8E4M3;
+mod host;
+mod props;
+mod storage;
+mod view;
+
+pub use host::{HostElem, HostSlice, HostSliceMut};
+pub use props::{DType, Device, DeviceKind};
+pub use storage::{scatter_rows, HostVec, Storage};
+pub use view::{DeviceMemory, DevicePtr, Shape, TensorMut, TensorRef};
+
 use crate::CoreError;
-use half::{bf16, f16};
-use std::fmt;
-
-/// Where data lives and kernels run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Device {
-    /// Host memory, CPU kernels.
-    Cpu,
-    /// Memory of the CUDA device with this ordinal.
-    Cuda(usize),
-    /// Host memory, CUDA kernels compiled for the host through the SIMT emulation
-    /// header (slow; for testing kernel logic on machines without a GPU).
-    Emu,
-}
-
-impl Device {
-    /// The device family, for capability lists.
-    pub fn kind(self) -> DeviceKind {
-        match self {
-            Device::Cpu => DeviceKind::Cpu,
-            Device::Cuda(_) => DeviceKind::Cuda,
-            Device::Emu => DeviceKind::Emu,
-        }
-    }
-
-    /// Whether this device's memory is host memory (views hold slices, not addresses).
-    pub fn is_host(self) -> bool {
-        !matches!(self, Device::Cuda(_))
-    }
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => write!(f, "cpu"),
-            Device::Cuda(i) => write!(f, "cuda:{i}"),
-            Device::Emu => write!(f, "emu"),
-        }
-    }
-}
 
 impl std::str::FromStr for Device {
     type Err = CoreError;
@@ -71,275 +46,11 @@ impl std::str::FromStr for Device {
     }
 }
 
-/// A device family, for capability lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DeviceKind {
-    Cpu,
-    Cuda,
-    Emu,
-}
-
-impl fmt::Display for DeviceKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DeviceKind::Cpu => "cpu",
-            DeviceKind::Cuda => "cuda",
-            DeviceKind::Emu => "emu",
-        })
-    }
-}
-
-/// Element types of activations, weights and the KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DType {
-    F32,
-    F16,
-    BF16,
-    /// OCP FP8 E4M3 ([`F8E4M3`]): KV caches only (`--kv-cache-dtype fp8`), read by
-    /// the CPU attention backends.
-    F8E4M3,
-}
-
-impl DType {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 2,
-            DType::F8E4M3 => 1,
-        }
-    }
-}
-
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::F8E4M3 => "fp8_e4m3",
-        })
-    }
-}
-
-/// A host element type a view can be read as.
-pub trait HostElem: Copy + Send + Sync + 'static + sealed::Sealed {
-    const DTYPE: DType;
-    /// Rounds an f32 to this type (round to nearest even).
-    fn from_f32(x: f32) -> Self;
-    /// Widens to f32 (exact).
-    fn to_f32(self) -> f32;
-    #[doc(hidden)]
-    fn slice(s: HostSlice<'_>) -> Option<&[Self]>;
-    #[doc(hidden)]
-    fn slice_mut(s: HostSliceMut<'_>) -> Option<&mut [Self]>;
-    #[doc(hidden)]
-    fn wrap(x: &[Self]) -> HostSlice<'_>;
-    #[doc(hidden)]
-    fn wrap_mut(x: &mut [Self]) -> HostSliceMut<'_>;
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::f16 {}
-    impl Sealed for half::bf16 {}
-    impl Sealed for crate::fp8::F8E4M3 {}
-}
-
-macro_rules! host_elem {
-    ($t:ty, $variant:ident, $from:expr, $to:expr) => {
-        impl HostElem for $t {
-            const DTYPE: DType = DType::$variant;
-            fn from_f32(x: f32) -> Self {
-                $from(x)
-            }
-            fn to_f32(self) -> f32 {
-                $to(self)
-            }
-            fn slice(s: HostSlice<'_>) -> Option<&[Self]> {
-                match s {
-                    HostSlice::$variant(x) => Some(x),
-                    _ => None,
-                }
-            }
-            fn slice_mut(s: HostSliceMut<'_>) -> Option<&mut [Self]> {
-                match s {
-                    HostSliceMut::$variant(x) => Some(x),
-                    _ => None,
-                }
-            }
-            fn wrap(x: &[Self]) -> HostSlice<'_> {
-                HostSlice::$variant(x)
-            }
-            fn wrap_mut(x: &mut [Self]) -> HostSliceMut<'_> {
-                HostSliceMut::$variant(x)
-            }
-        }
-    };
-}
-host_elem!(f32, F32, |x| x, |x| x);
-host_elem!(f16, F16, f16::from_f32, f16::to_f32);
-host_elem!(bf16, BF16, bf16::from_f32, bf16::to_f32);
-host_elem!(F8E4M3, F8E4M3, F8E4M3::from_f32, F8E4M3::to_f32);
-
-/// Host elements of one dtype, borrowed.
-#[derive(Debug, Clone, Copy)]
-pub enum HostSlice<'a> {
-    F32(&'a [f32]),
-    F16(&'a [f16]),
-    BF16(&'a [bf16]),
-    F8E4M3(&'a [F8E4M3]),
-}
-
-/// Host elements of one dtype, borrowed mutably.
-#[derive(Debug)]
-pub enum HostSliceMut<'a> {
-    F32(&'a mut [f32]),
-    F16(&'a mut [f16]),
-    BF16(&'a mut [bf16]),
-    F8E4M3(&'a mut [F8E4M3]),
-}
-
-impl HostSlice<'_> {
-    pub fn dtype(&self) -> DType {
-        match self {
-            HostSlice::F32(_) => DType::F32,
-            HostSlice::F16(_) => DType::F16,
-            HostSlice::BF16(_) => DType::BF16,
-            HostSlice::F8E4M3(_) => DType::F8E4M3,
-        }
-    }
-    pub fn len(&self) -> usize {
-        match self {
-            HostSlice::F32(x) => x.len(),
-            HostSlice::F16(x) => x.len(),
-            HostSlice::BF16(x) => x.len(),
-            HostSlice::F8E4M3(x) => x.len(),
-        }
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Element `i` widened to f32 (slow path: references and tests).
-    ///
-    /// # Panics
-    /// If `i` is out of bounds, as slice indexing does.
-    pub fn at(&self, i: usize) -> f32 {
-        match self {
-            HostSlice::F32(x) => x[i],
-            HostSlice::F16(x) => x[i].to_f32(),
-            HostSlice::BF16(x) => x[i].to_f32(),
-            HostSlice::F8E4M3(x) => x[i].to_f32(),
-        }
-    }
-    /// Element `i` widened to f32, `None` out of bounds.
-    pub fn get_f32(&self, i: usize) -> Option<f32> {
-        match self {
-            HostSlice::F32(x) => x.get(i).copied(),
-            HostSlice::F16(x) => x.get(i).map(|v| v.to_f32()),
-            HostSlice::BF16(x) => x.get(i).map(|v| v.to_f32()),
-            HostSlice::F8E4M3(x) => x.get(i).map(|v| v.to_f32()),
-        }
-    }
-}
-
-impl HostSliceMut<'_> {
-    pub fn dtype(&self) -> DType {
-        self.reborrow().dtype()
-    }
-    pub fn len(&self) -> usize {
-        self.reborrow().len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Sets element `i` to `x` rounded to this slice's dtype (slow path: references).
-    ///
-    /// # Panics
-    /// If `i` is out of bounds, as slice indexing does.
-    pub fn set(&mut self, i: usize, x: f32) {
-        match self {
-            HostSliceMut::F32(o) => o[i] = x,
-            HostSliceMut::F16(o) => o[i] = f16::from_f32(x),
-            HostSliceMut::BF16(o) => o[i] = bf16::from_f32(x),
-            HostSliceMut::F8E4M3(o) => o[i] = F8E4M3::from_f32(x),
-        }
-    }
-    /// A read-only view of the same elements.
-    pub fn reborrow(&self) -> HostSlice<'_> {
-        match self {
-            HostSliceMut::F32(x) => HostSlice::F32(x),
-            HostSliceMut::F16(x) => HostSlice::F16(x),
-            HostSliceMut::BF16(x) => HostSlice::BF16(x),
-            HostSliceMut::F8E4M3(x) => HostSlice::F8E4M3(x),
-        }
-    }
-    fn reborrow_mut(&mut self) -> HostSliceMut<'_> {
-        match self {
-            HostSliceMut::F32(x) => HostSliceMut::F32(x),
-            HostSliceMut::F16(x) => HostSliceMut::F16(x),
-            HostSliceMut::BF16(x) => HostSliceMut::BF16(x),
-            HostSliceMut::F8E4M3(x) => HostSliceMut::F8E4M3(x),
-        }
-    }
-    /// Copies `src[s]` into `self[d]`, converting to this slice's dtype (f32 sources
-    /// are rounded to nearest even). Ranges must be in bounds and of equal length.
-    fn copy_converted(
-        &mut self,
-        d: std::ops::Range<usize>,
-        src: HostSlice<'_>,
-        s: std::ops::Range<usize>,
-    ) {
-        fn conv<T: HostElem>(dst: &mut [T], src: HostSlice<'_>) {
-            match src {
-                HostSlice::F32(x) => dst
-                    .iter_mut()
-                    .zip(x)
-                    .for_each(|(d, v)| *d = T::from_f32(*v)),
-                HostSlice::F16(x) => dst
-                    .iter_mut()
-                    .zip(x)
-                    .for_each(|(d, v)| *d = T::from_f32(v.to_f32())),
-                HostSlice::BF16(x) => dst
-                    .iter_mut()
-                    .zip(x)
-                    .for_each(|(d, v)| *d = T::from_f32(v.to_f32())),
-                HostSlice::F8E4M3(x) => dst
-                    .iter_mut()
-                    .zip(x)
-                    .for_each(|(d, v)| *d = T::from_f32(v.to_f32())),
-            }
-        }
-        let src = match src {
-            HostSlice::F32(x) => HostSlice::F32(&x[s]),
-            HostSlice::F16(x) => HostSlice::F16(&x[s]),
-            HostSlice::BF16(x) => HostSlice::BF16(&x[s]),
-            HostSlice::F8E4M3(x) => HostSlice::F8E4M3(&x[s]),
-        };
-        match (self.reborrow_mut(), src) {
-            // Same dtype: a plain copy.
-            (HostSliceMut::F32(o), HostSlice::F32(x)) => o[d].copy_from_slice(x),
-            (HostSliceMut::F16(o), HostSlice::F16(x)) => o[d].copy_from_slice(x),
-            (HostSliceMut::BF16(o), HostSlice::BF16(x)) => o[d].copy_from_slice(x),
-            (HostSliceMut::F8E4M3(o), HostSlice::F8E4M3(x)) => o[d].copy_from_slice(x),
-            (HostSliceMut::F32(o), x) => conv(&mut o[d], x),
-            (HostSliceMut::F16(o), x) => conv(&mut o[d], x),
-            (HostSliceMut::BF16(o), x) => conv(&mut o[d], x),
-            (HostSliceMut::F8E4M3(o), x) => conv(&mut o[d], x),
-        }
-    }
-}
-
-mod storage;
-mod view;
-
-pub use storage::{scatter_rows, HostVec, Storage};
-pub use view::{DeviceMemory, DevicePtr, Shape, TensorMut, TensorRef};
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fp8::F8E4M3;
+    use half::bf16;
 
     #[test]
     fn devices_parse_as_vllm_spells_them() {

@@ -1,9 +1,10 @@
 //! Owned buffers: [`Storage`] (typed host `Vec`s, or device memory owned by a
 //! runtime crate) and [`scatter_rows`].
 
-use super::view::{device_view_check, host_view_check, Data, DataMut};
-use super::{
-    DType, Device, DeviceMemory, HostElem, HostSlice, HostSliceMut, Shape, TensorMut, TensorRef,
+use super::host::{HostElem, HostSlice, HostSliceMut};
+use super::props::{DType, Device};
+use super::view::{
+    device_view_check, host_view_check, Data, DataMut, DeviceMemory, Shape, TensorMut, TensorRef,
 };
 use crate::fp8::F8E4M3;
 use crate::CoreError;

@@ -1,7 +1,8 @@
 //! Borrowed views of one buffer: [`TensorRef`] / [`TensorMut`] (device, dtype,
 //! shape; host slices or a [`DevicePtr`] into device memory), and [`Shape`].
 
-use super::{DType, Device, HostElem, HostSlice, HostSliceMut};
+use super::host::{HostElem, HostSlice, HostSliceMut};
+use super::props::{DType, Device};
 use crate::CoreError;
 use std::fmt;
 
