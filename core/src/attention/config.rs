@@ -4,28 +4,10 @@
 use super::BatchDescriptor;
 use crate::tensor::{DType, Device, DeviceKind};
 use crate::CoreError;
-use std::fmt;
 
-/// Which rows of a batch a backend is asked to serve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Role {
-    /// Rows with query length 1.
-    Decode,
-    /// Rows with query length > 1 (prompt chunks).
-    Prefill,
-    /// Both kinds of rows.
-    Both,
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Role::Decode => "decode",
-            Role::Prefill => "prefill",
-            Role::Both => "decode+prefill",
-        })
-    }
-}
+// The reasons live in the leaf `reason`, which the error type can name without a
+// cycle; re-exported here so that `attention::config::InvalidReason` still resolves.
+pub use super::reason::{InvalidReason, Role};
 
 /// The attention configuration of one model on one device.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,131 +70,6 @@ pub struct Capabilities {
     pub prefill: bool,
     /// Whether `run` fills the log-sum-exp output when asked.
     pub returns_lse: bool,
-}
-
-/// Why a backend cannot serve a configuration.
-#[derive(Debug, Clone, PartialEq)]
-pub enum InvalidReason {
-    DeviceUnsupported {
-        device: Device,
-    },
-    QDTypeUnsupported {
-        dtype: DType,
-        supported: Vec<DType>,
-    },
-    KvDTypeUnsupported {
-        dtype: DType,
-        supported: Vec<DType>,
-    },
-    HeadDimUnsupported {
-        head_dim: usize,
-        supported: Vec<usize>,
-    },
-    BlockSizeUnsupported {
-        block_size: usize,
-        supported: Vec<usize>,
-    },
-    GqaRatioUnsupported {
-        ratio: usize,
-        max: usize,
-    },
-    HeadsNotDivisible {
-        num_heads: usize,
-        num_kv_heads: usize,
-    },
-    SlidingWindowUnsupported,
-    SoftCapUnsupported,
-    RoleUnsupported {
-        role: Role,
-    },
-    /// The backend is registered but its code is behind a cargo feature that is off.
-    NotCompiled {
-        feature: &'static str,
-    },
-    Other {
-        message: String,
-    },
-}
-
-impl fmt::Display for InvalidReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InvalidReason::DeviceUnsupported { device } => {
-                write!(f, "device {device} is not supported")
-            }
-            InvalidReason::QDTypeUnsupported { dtype, supported } => {
-                write!(
-                    f,
-                    "query dtype {dtype} is not supported (supported: {})",
-                    list(supported)
-                )
-            }
-            InvalidReason::KvDTypeUnsupported { dtype, supported } => {
-                write!(
-                    f,
-                    "KV cache dtype {dtype} is not supported (supported: {})",
-                    list(supported)
-                )
-            }
-            InvalidReason::HeadDimUnsupported {
-                head_dim,
-                supported,
-            } => {
-                write!(
-                    f,
-                    "head dim {head_dim} is not supported (supported: {})",
-                    list(supported)
-                )
-            }
-            InvalidReason::BlockSizeUnsupported {
-                block_size,
-                supported,
-            } => {
-                write!(
-                    f,
-                    "block size {block_size} is not supported (supported: {})",
-                    list(supported)
-                )
-            }
-            InvalidReason::GqaRatioUnsupported { ratio, max } => {
-                write!(f, "GQA ratio {ratio} exceeds the supported maximum {max}")
-            }
-            InvalidReason::HeadsNotDivisible {
-                num_heads,
-                num_kv_heads,
-            } => {
-                write!(
-                    f,
-                    "{num_heads} query heads are not a multiple of {num_kv_heads} KV heads"
-                )
-            }
-            InvalidReason::SlidingWindowUnsupported => {
-                write!(f, "sliding-window attention is not supported")
-            }
-            InvalidReason::SoftCapUnsupported => write!(f, "logits soft-capping is not supported"),
-            InvalidReason::RoleUnsupported { role } => match role {
-                Role::Prefill => write!(f, "does not handle prefill rows (query length > 1)"),
-                Role::Decode => write!(f, "does not handle decode rows (query length 1)"),
-                Role::Both => write!(f, "does not handle both decode and prefill rows"),
-            },
-            InvalidReason::NotCompiled { feature } => {
-                write!(
-                    f,
-                    "not compiled with {} (this build lacks the backend crate's `{feature}` cargo feature)",
-                    feature.to_uppercase()
-                )
-            }
-            InvalidReason::Other { message } => f.write_str(message),
-        }
-    }
-}
-
-fn list<T: fmt::Display>(items: &[T]) -> String {
-    items
-        .iter()
-        .map(|x| x.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 impl Capabilities {

@@ -5,7 +5,8 @@
 //!   step, `run` once per layer, with the buffers of [`LayerIo`];
 //! * [`Capabilities`] (in [`config`]): what the backend serves, usually
 //!   [`Capabilities::cpu_f32`] plus changes; the selector turns every mismatch with an
-//!   [`AttentionConfig`] into an [`InvalidReason`];
+//!   [`AttentionConfig`] into an [`InvalidReason`] (in [`reason`], a leaf the
+//!   crate's error type names);
 //! * [`BatchDescriptor`] (in [`batch`]): one step's batch, valid by construction;
 //! * [`register_backend!`](crate::register_backend) and [`BackendRegistration`]
 //!   (in [`registry`]): name, priority, capabilities, runtime check, constructor;
@@ -22,6 +23,7 @@ pub mod backend;
 pub mod batch;
 pub mod config;
 pub mod merge;
+pub mod reason;
 pub mod registry;
 
 pub use backend::{
@@ -29,8 +31,9 @@ pub use backend::{
     CPU_SPLIT_ARITHMETIC,
 };
 pub use batch::BatchDescriptor;
-pub use config::{AttentionConfig, Capabilities, InvalidReason, Role};
+pub use config::{AttentionConfig, Capabilities};
 pub use merge::merge_states;
+pub use reason::{InvalidReason, Role};
 pub use registry::{
     inventory, no_runtime_reasons, registered_backends, try_registered_backends,
     BackendRegistration,
