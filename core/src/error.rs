@@ -1,5 +1,13 @@
 //! The error type of the core crate.
+//!
+//! Nearly every module returns a [`CoreError`], so this module names only leaves:
+//! the plain values its variants carry (devices and dtypes, a backend's
+//! [`InvalidReason`]s, the valid `--kv-cache-dtype` values), each defined in a module
+//! that does not use this one back.
 
+use crate::attention::reason::InvalidReason;
+use crate::kv::KvCacheDtype;
+use crate::tensor::{DType, Device};
 use thiserror::Error;
 
 /// Errors raised by core types: invalid sampling parameters, malformed batch
@@ -17,7 +25,7 @@ pub enum CoreError {
     #[error("attention backend `{backend}` cannot serve this configuration: {}", join_reasons(.reasons))]
     BackendInvalid {
         backend: String,
-        reasons: Vec<super::InvalidReason>,
+        reasons: Vec<InvalidReason>,
     },
     #[error("attention backend `{backend}` failed: {message}")]
     BackendFailed { backend: String, message: String },
@@ -37,27 +45,21 @@ pub enum CoreError {
     },
     #[error(
         "--kv-cache-dtype `{spec}`: {reason}; valid values: {}",
-        crate::kv::KvCacheDtype::VALID
+        KvCacheDtype::VALID
     )]
     InvalidKvCacheDtype { spec: String, reason: String },
     #[error("{what} cannot handle {dtype} data: {reason}")]
     UnsupportedDType {
         what: &'static str,
-        dtype: super::DType,
+        dtype: DType,
         reason: &'static str,
     },
     #[error("`{spec}` is not a device (expected one of: cpu, cuda, cuda:N, emu)")]
     InvalidDevice { spec: String },
     #[error("device {device} is not available: {message}")]
-    DeviceUnavailable {
-        device: super::Device,
-        message: String,
-    },
+    DeviceUnavailable { device: Device, message: String },
     #[error("device {device} failed: {message}")]
-    DeviceFailed {
-        device: super::Device,
-        message: String,
-    },
+    DeviceFailed { device: Device, message: String },
     #[error("{what} cannot be captured in a CUDA graph (use --enforce-eager)")]
     GraphUnsupported { what: String },
     #[error("CUDA graph: {message}")]
@@ -67,20 +69,17 @@ pub enum CoreError {
     #[error("buffer `{name}` holds {actual}, expected {expected}")]
     DTypeMismatch {
         name: &'static str,
-        expected: super::DType,
-        actual: super::DType,
+        expected: DType,
+        actual: DType,
     },
     #[error("buffer `{name}` is on device {actual}, expected {expected}")]
     DeviceMismatch {
         name: &'static str,
-        expected: super::Device,
-        actual: super::Device,
+        expected: Device,
+        actual: Device,
     },
     #[error("buffer `{name}` is in {device} memory; this code reads host memory only")]
-    NotOnHost {
-        name: &'static str,
-        device: super::Device,
-    },
+    NotOnHost { name: &'static str, device: Device },
     #[error("buffer `{name}` has {actual} elements, expected {expected}")]
     ShapeMismatch {
         name: &'static str,
@@ -89,7 +88,7 @@ pub enum CoreError {
     },
 }
 
-fn join_reasons(reasons: &[super::InvalidReason]) -> String {
+fn join_reasons(reasons: &[InvalidReason]) -> String {
     reasons
         .iter()
         .map(|r| r.to_string())

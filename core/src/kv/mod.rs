@@ -13,51 +13,16 @@
 //! are rounded to it (nearest even) when written; fp8 uses vLLM's default scale
 //! 1.0 (no calibration), so values beyond ±448 are clamped to ±448.
 
+mod dtype;
+
+pub use dtype::KvCacheDtype;
+
 use crate::device::DeviceRuntime;
 use crate::tensor::{scatter_rows, DType, Device, Shape, Storage, TensorMut, TensorRef};
 use crate::CoreError;
-use std::fmt;
 
-/// vLLM's `--kv-cache-dtype`: `auto` (the model's compute dtype) or a fixed
-/// element type for the pools.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvCacheDtype {
-    /// vLLM's default: the cache takes the model's compute dtype
-    /// ([`KvCacheDtype::resolve`]); on the CPU that is f32, whatever `--dtype` the
-    /// weights have (bf16 and quantized weights compute in f32).
-    #[default]
-    Auto,
-    /// This element type, whatever the model computes in.
-    Fixed(DType),
-}
-
-impl KvCacheDtype {
-    /// The values `--kv-cache-dtype` accepts, with their aliases, for messages.
-    pub const VALID: &'static str = "auto, bfloat16 (bf16), float16 (fp16, f16, half), \
-         float32 (fp32, f32, float), fp8 (fp8_e4m3)";
-
-    /// The pools' element type for a model that computes in `compute`.
-    pub fn resolve(self, compute: DType) -> DType {
-        match self {
-            KvCacheDtype::Auto => compute,
-            KvCacheDtype::Fixed(d) => d,
-        }
-    }
-}
-
-impl fmt::Display for KvCacheDtype {
-    /// vLLM's spelling (`auto`, `bfloat16`), Pagoda's for the others.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            KvCacheDtype::Auto => "auto",
-            KvCacheDtype::Fixed(DType::BF16) => "bfloat16",
-            KvCacheDtype::Fixed(DType::F16) => "float16",
-            KvCacheDtype::Fixed(DType::F32) => "float32",
-            KvCacheDtype::Fixed(DType::F8E4M3) => "fp8_e4m3",
-        })
-    }
-}
-
+// Beside the cache, not the type: the parse fails with a `CoreError`, and the error
+// type names `dtype` (its valid values), so `dtype` must not name the error back.
 impl std::str::FromStr for KvCacheDtype {
     type Err = CoreError;
 
