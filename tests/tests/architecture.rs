@@ -300,7 +300,6 @@ fn library_roots() -> Vec<(String, PathBuf)> {
 /// and so does a listed one that is gone (remove it here).
 const KNOWN_CYCLES: &[&str] = &[
     "pagoda-backend-testkit: crate <-> case <-> checks <-> gen <-> invariance <-> suite <-> verify",
-    "pagoda-core: attention::batch <-> attention::config <-> device <-> error <-> kv <-> tensor <-> tensor::storage <-> tensor::view",
     "pagoda-loadgen: crate <-> client <-> plot <-> report <-> serve",
     "pagoda-server: args::frontend <-> data_parallel <-> serve <-> serve::bridge <-> serve::conn <-> serve::frontend <-> serve::handlers <-> serve::kv_events <-> serve::messages <-> serve::messages::stream <-> serve::responses <-> serve::responses::stream <-> serve::sleep",
 ];
