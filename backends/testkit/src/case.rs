@@ -2,9 +2,9 @@
 //! [`CaseSpec`] or from explicit parts, and a runner that drives a backend through
 //! the step protocol (plan once, then per layer: `write_kv`, `run`).
 
+use crate::error::KitError;
 use crate::gen::{CaseSpec, Rng};
 use crate::place::{download, round_to, runtime, upload, HostKv, HostLayer, Placement};
-use crate::KitError;
 use pagoda_core::{AttentionBackend, AttentionConfig, BatchDescriptor, KvCacheSpec, LayerIo};
 
 /// One step of one batch, ready to run.

@@ -24,7 +24,7 @@
 
 use crate::case::Case;
 use crate::direct::{reference, run_layer};
-use crate::{KitError, Tolerance};
+use crate::error::{KitError, Tolerance};
 use pagoda_core::{AttentionBackend, DType};
 
 /// E4M3's unit roundoff: half an ulp relative to the value (3 mantissa bits).

@@ -2,7 +2,7 @@
 //! draws and shrinks. The floats themselves are expanded from `seed` by a tiny
 //! deterministic PRNG, so shrinking works on shapes, not on thousands of values.
 
-use crate::Subject;
+use crate::subject::Subject;
 use pagoda_core::{AttentionConfig, DType, Device, DeviceKind};
 use proptest::prelude::*;
 

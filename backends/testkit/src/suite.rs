@@ -1,10 +1,13 @@
 //! The proptest drivers behind the macro: draw cases within the subject's
-//! capabilities, run one [`Check`] on each, shrink failures.
+//! capabilities, run one [`Check`] on each, shrink failures; and the macros
+//! themselves ([`conformance_suite!`](crate::conformance_suite),
+//! [`conformance_suites!`](crate::conformance_suites)), which expand to calls of
+//! [`run_check`]. The top of the kit: nothing in it uses this module.
 
-use crate::checks::Check;
-use crate::checks::Outcome;
+use crate::checks::{Check, Outcome};
+use crate::error::Tolerance;
 use crate::gen::{case_spec, Shapes};
-use crate::{IntoSubject, Subject, Tolerance};
+use crate::subject::{IntoSubject, Subject};
 use pagoda_core::DeviceKind;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestError, TestRunner};
@@ -128,4 +131,74 @@ pub fn try_run_check(
             "aborted: {reason} (are most shapes the capabilities accept refused by runtime_reasons?)"
         )),
     }
+}
+
+/// Generates the conformance suite as `#[test]` functions.
+///
+/// `conformance_suite!(SUBJECT)` or `conformance_suite!(SUBJECT, tolerance = Tolerance::F32)`,
+/// where `SUBJECT` is a registered name (`"example"`) or an expression building a
+/// [`Subject`]. It expands to several `fn conformance_*` items, so invoke it once
+/// per module (wrap further invocations in their own `mod`).
+/// Failing seeds are persisted beside the invoking file, e.g.
+/// `tests/conformance.proptest-regressions` (commit it).
+#[macro_export]
+macro_rules! conformance_suite {
+    ($subject:expr $(,)?) => {
+        $crate::conformance_suite!($subject, tolerance = $crate::Tolerance::F32);
+    };
+    ($subject:expr, tolerance = $tol:expr $(,)?) => {
+        $crate::conformance_suite!(@one conformance_random_batches_match_naive, RandomBatches, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_block_permutation_changes_nothing, BlockPermutation, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_request_alone_equals_in_batch, AloneEqualsInBatch, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_decode_equals_last_prefill_row, DecodeEqualsPrefill, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_gqa_equals_repeated_kv_mha, GqaEqualsMha, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_lse_merge_of_kv_halves_equals_whole, LseMergeKvHalves, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_lse_merge_of_context_and_chunk_equals_whole, LseMergeContextAndChunk, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_bad_buffers_are_errors, BadBuffers, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_batch_invariant_bits, BatchInvariance, $subject, $tol);
+        $crate::conformance_suite!(@one conformance_verify_runs_match_naive, VerifyRuns, $subject, $tol);
+    };
+    (@one $name:ident, $check:ident, $subject:expr, $tol:expr) => {
+        #[test]
+        fn $name() {
+            $crate::run_check($crate::Check::$check, $subject, $tol, ::core::option::Option::Some(file!()));
+        }
+    };
+}
+
+/// One [`conformance_suite!`](crate::conformance_suite) per `(module, dtype, tolerance)`: the registered backend
+/// `name` with q and KV of that dtype on `device`, each subject passed through
+/// `|s| adjust` (e.g. the emulator's case limit), in a module of that name:
+///
+/// ```ignore
+/// pagoda_backend_testkit::conformance_suites!(
+///     "cuda-paged", Device::Emu, |s| s.small_cases(CaseLimit::EMULATOR),
+///     [(bf16, BF16, BF16), (f16, F16, F16), (f32, F32, F32)]
+/// );
+/// ```
+///
+/// The dtype and tolerance are the names of a [`pagoda_core::DType`] and a
+/// [`Tolerance`] preset.
+#[macro_export]
+macro_rules! conformance_suites {
+    ($name:expr, $device:expr, |$s:ident| $adjust:expr,
+     [$(($module:ident, $dtype:ident, $tol:ident)),+ $(,)?] $(,)?) => {
+        $(
+            mod $module {
+                #[allow(unused_imports)]
+                use super::*;
+                $crate::conformance_suite!(
+                    $crate::Subject::registered($name).map(|$s| {
+                        let $s = $s.on(
+                            $device,
+                            $crate::pagoda_core::DType::$dtype,
+                            $crate::pagoda_core::DType::$dtype,
+                        );
+                        $adjust
+                    }),
+                    tolerance = $crate::Tolerance::$tol
+                );
+            }
+        )+
+    };
 }
