@@ -3,19 +3,19 @@
 //! e.g. refused by a runtime reason) or the first [`KitError`].
 
 use crate::case::{cache_spec, run, slot, Case, Outputs};
+use crate::error::{KitError, Tolerance};
 use crate::gen::{CaseSpec, Rng};
-use crate::place::{runtime, upload, HostKv, Placement, Reference};
-use crate::{KitError, Subject, Tolerance};
-use pagoda_core::{merge_states, AttentionBackend, AttentionConfig};
+use crate::invariance::batch_invariance;
+use crate::judge::{compare_outputs, subject_for};
+use crate::place::{runtime, upload, HostKv, Placement};
+use crate::subject::Subject;
+use crate::verify::verify_runs;
+use pagoda_core::{merge_states, AttentionConfig};
 
-/// What a check concluded about one case (an error is a failure).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Passed,
-    /// The case is outside what the backend serves (e.g. a runtime reason refused
-    /// it): drawn again, not counted.
-    NotApplicable,
-}
+// Shared with `invariance` and `verify` (which this module dispatches to), so they
+// live below all three, in `judge`; re-exported so `checks::naive` and
+// `checks::Outcome` still resolve.
+pub use crate::judge::{naive, Outcome};
 
 /// One check of the suite; the macro generates one `#[test]` per variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,8 +113,8 @@ impl Check {
             Check::LseMergeKvHalves => lse_merge_kv_halves(subject, spec, tol),
             Check::LseMergeContextAndChunk => lse_merge_context_and_chunk(subject, spec, tol),
             Check::BadBuffers => bad_buffers(subject, spec),
-            Check::BatchInvariance => crate::invariance::batch_invariance(subject, spec),
-            Check::VerifyRuns => crate::verify::verify_runs(subject, spec, tol),
+            Check::BatchInvariance => batch_invariance(subject, spec),
+            Check::VerifyRuns => verify_runs(subject, spec, tol),
         }
     }
 }
@@ -125,33 +125,6 @@ fn doubled(tol: Tolerance) -> Tolerance {
         atol: 2.0 * tol.atol,
         rtol: 2.0 * tol.rtol,
     }
-}
-
-/// The reference backend for a subject configuration: `naive`, computing in f64 on
-/// the host from buffers of the subject's device and dtypes ([`Reference`]).
-pub fn naive(cfg: &AttentionConfig) -> Result<Box<dyn AttentionBackend>, KitError> {
-    Reference::new(cfg)
-        .map(|b| Box::new(b) as Box<dyn AttentionBackend>)
-        .map_err(|source| KitError::Backend {
-            backend: "naive".into(),
-            stage: "create",
-            source,
-        })
-}
-
-/// The subject's backend for `cfg`, or `None` when it refuses the rows (runtime reasons).
-pub(crate) fn subject_for(
-    subject: &Subject,
-    cfg: &AttentionConfig,
-    query_lens: &[usize],
-) -> Result<Option<Box<dyn AttentionBackend>>, KitError> {
-    if !subject
-        .reasons(cfg, Subject::role_of(query_lens))
-        .is_empty()
-    {
-        return Ok(None);
-    }
-    subject.create(cfg).map(Some)
 }
 
 fn same_pools(check: &'static str, a: &HostKv, b: &HostKv) -> Result<(), KitError> {
@@ -168,24 +141,6 @@ fn same_pools(check: &'static str, a: &HostKv, b: &HostKv) -> Result<(), KitErro
                     "layer {l}: the cache after write_kv differs from pagoda_core::write_kv's"
                 ),
             });
-        }
-    }
-    Ok(())
-}
-
-/// Compares outputs (and LSE where both have it) of every layer.
-pub(crate) fn compare_outputs(
-    check: &'static str,
-    case: &Case,
-    got: &Outputs,
-    want: &Outputs,
-    tol: Tolerance,
-) -> Result<(), KitError> {
-    let (h, d) = (case.cfg.num_heads, case.cfg.head_dim);
-    for l in 0..got.out.len() {
-        tol.compare(check, "out", &got.out[l], &want.out[l], h, d)?;
-        if let (Some(a), Some(b)) = (&got.lse[l], &want.lse[l]) {
-            tol.compare(check, "lse", a, b, h, 1)?;
         }
     }
     Ok(())

@@ -12,9 +12,10 @@
 //! ```
 
 use crate::case::Case;
+use crate::error::{KitError, Tolerance};
 use crate::gen::{CaseSpec, RowSpec};
+use crate::judge::naive;
 use crate::place::host_vec;
-use crate::{checks, KitError, Tolerance};
 use pagoda_core::{
     AttentionBackend, AttentionConfig, CoreError, LayerIo, Shape, Storage, TensorMut, TensorRef,
 };
@@ -112,8 +113,8 @@ pub fn run_twice(
 
 /// The naive (f64-accumulated) backend's `(out, lse)` for `case`.
 pub fn reference(case: &Case) -> Result<(Vec<f32>, Vec<f32>), KitError> {
-    let mut naive = checks::naive(&case.cfg)?;
-    run_layer(naive.as_mut(), case, true, 1).map_err(|source| KitError::Backend {
+    let mut be = naive(&case.cfg)?;
+    run_layer(be.as_mut(), case, true, 1).map_err(|source| KitError::Backend {
         backend: "naive".into(),
         stage: "run",
         source,

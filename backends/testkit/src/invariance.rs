@@ -10,10 +10,11 @@
 //! must equal the reference's bit for bit.
 
 use crate::case::{run, Case};
-use crate::checks::Outcome;
+use crate::error::KitError;
 use crate::gen::{CaseSpec, Rng};
+use crate::judge::{equal_bits, subject_for, Outcome};
 use crate::place::HostKv;
-use crate::{KitError, Subject};
+use crate::subject::Subject;
 
 /// Variants per case.
 const VARIANTS: usize = 3;
@@ -52,37 +53,12 @@ fn same_bits(buffer: &'static str, got: &[f32], want: &[f32], what: &str) -> Res
     equal_bits("batch invariance", "as one batch", buffer, got, want, what)
 }
 
-/// Compares `got` with `want` (`want_is`: what the latter is) bit for bit for
-/// `check`; names the first difference.
-pub(crate) fn equal_bits(
-    check: &'static str,
-    want_is: &str,
-    buffer: &'static str,
-    got: &[f32],
-    want: &[f32],
-    what: &str,
-) -> Result<(), KitError> {
-    if let Some(i) = (0..got.len().max(want.len()))
-        .find(|&i| got.get(i).map(|x| x.to_bits()) != want.get(i).map(|x| x.to_bits()))
-    {
-        return Err(KitError::Protocol {
-            check,
-            message: format!(
-                "{buffer} element {i} of {what}: {:?} vs {:?} {want_is} (bits must be equal)",
-                got.get(i),
-                want.get(i)
-            ),
-        });
-    }
-    Ok(())
-}
-
 pub(crate) fn batch_invariance(subject: &Subject, spec: &CaseSpec) -> Result<Outcome, KitError> {
     let cfg = spec.config(subject);
     let case = Case::from_spec(spec, cfg.clone(), 1)?;
     let caps = &subject.capabilities;
     // A configuration the subject cannot serve (e.g. a head dim of one dtype only).
-    let Some(mut be) = crate::checks::subject_for(subject, &cfg, &case.query_lens)? else {
+    let Some(mut be) = subject_for(subject, &cfg, &case.query_lens)? else {
         return Ok(Outcome::NotApplicable);
     };
     if be.batch_invariant().is_none() {

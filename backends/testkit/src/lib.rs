@@ -25,10 +25,15 @@
 //! An fp8 KV cache's error against the f32 cache it rounds, with its derived bound,
 //! is [`fp8`].
 //!
-//! The kit's own items live in modules: `error` ([`KitError`], [`Tolerance`]),
-//! `subject` ([`Subject`], [`CaseLimit`], [`IntoSubject`]) and [`suite`] (the
-//! drivers and the macros). This file only declares and re-exports, so that no
-//! module uses the crate root back.
+//! The modules go leaf first, each using only ones before it here: `place` (where a
+//! case's buffers live, the reference backend) and `error` ([`KitError`],
+//! [`Tolerance`]); `subject` ([`Subject`]); `gen` (drawing cases); `case` (one case,
+//! built and run); `judge` (what the checks share: the backends a case runs on, how
+//! outputs are compared, [`Outcome`]); `invariance` and `verify` (two checks);
+//! [`checks`] (the rest, and [`Check`], which dispatches to all); [`suite`] (the
+//! proptest drivers and the macros). [`direct`] and [`fp8`], for backends' own
+//! tests, stand beside the checks on `gen`, `case` and `judge`. This file only
+//! declares and re-exports.
 
 pub mod case;
 pub mod checks;
@@ -37,13 +42,15 @@ mod error;
 pub mod fp8;
 pub mod gen;
 pub mod invariance;
+mod judge;
 pub mod place;
 mod subject;
 pub mod suite;
 pub mod verify;
 
-pub use checks::{Check, Outcome};
+pub use checks::Check;
 pub use error::{KitError, Tolerance};
+pub use judge::Outcome;
 pub use pagoda_core;
 pub use subject::{CaseLimit, IntoSubject, Subject};
 pub use suite::{run_check, try_run_check, REQUIRE_DEVICE_ENV};

@@ -4,9 +4,10 @@
 //! [`conformance_suites!`](crate::conformance_suites)), which expand to calls of
 //! [`run_check`]. The top of the kit: nothing in it uses this module.
 
-use crate::checks::{Check, Outcome};
+use crate::checks::Check;
 use crate::error::Tolerance;
 use crate::gen::{case_spec, Shapes};
+use crate::judge::Outcome;
 use crate::subject::{IntoSubject, Subject};
 use pagoda_core::DeviceKind;
 use proptest::strategy::{Strategy, ValueTree};

@@ -11,11 +11,11 @@
 //! same batch unmarked (its one-pass kernel keeps each row's arithmetic).
 
 use crate::case::{run, Case};
-use crate::checks::{compare_outputs, naive, subject_for, Outcome};
+use crate::error::{KitError, Tolerance};
 use crate::gen::{CaseSpec, Rng};
-use crate::invariance::equal_bits;
+use crate::judge::{compare_outputs, equal_bits, naive, subject_for, Outcome};
 use crate::place::round_to;
-use crate::{KitError, Subject, Tolerance};
+use crate::subject::Subject;
 
 /// Most drafts a verify row carries in the check (vLLM's usual 1-7, and past the
 /// paged kernel's tile of 5 rows).
