@@ -8,7 +8,8 @@ pub const QP: usize = 16;
 /// Elements per block (the activation quantization block).
 pub const QB: usize = 32;
 
-/// The GGUF block formats that [`QuantMatrix::from_gguf`] takes (llama.cpp's
+/// The GGUF block formats that
+/// [`QuantMatrix::from_gguf`](super::QuantMatrix::from_gguf) takes (llama.cpp's
 /// layouts; the same bits the loader would dequantize).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuantFormat {
@@ -57,9 +58,10 @@ impl QuantFormat {
     }
 }
 
-/// How a [`QuantMatrix`] holds its integers and scales, per panel of [`QP`] rows and
-/// one *unit* (a block of 32, or a K format's super-block of 256). None widens the
-/// file's integers; the bits per weight are the file's except where noted.
+/// How a [`QuantMatrix`](super::QuantMatrix) holds its integers and scales, per
+/// panel of [`QP`] rows and one *unit* (a block of 32, or a K format's super-block
+/// of 256). None widens the file's integers; the bits per weight are the file's
+/// except where noted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Storage {
     /// Q4_0: 4-bit `u`, an f16 scale per 32, offset `-8·s` (4.5 bits a weight).

@@ -9,7 +9,7 @@ use half::f16;
 use rayon::prelude::*;
 
 /// A weight matrix `[n, k]` in a quantized [`Storage`], packed in panels of [`QP`]
-/// rows for [`matmul_quant`].
+/// rows for [`matmul_quant`](super::matmul_quant).
 #[derive(Clone)]
 pub struct QuantMatrix {
     pub(super) n: usize,

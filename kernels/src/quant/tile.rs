@@ -6,7 +6,8 @@
 use super::act::QuantActs;
 use super::layout::Layout;
 
-/// Which code runs [`matmul_quant`] on this CPU (under `PAGODA_DISABLE_AVX512`).
+/// Which code runs [`matmul_quant`](super::matmul_quant) on this CPU (under
+/// `PAGODA_DISABLE_AVX512`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum QuantKernel {
     /// Plain integer loops; any CPU.
