@@ -51,7 +51,7 @@ fn blocks(fmt: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
     let mut data: Vec<u8> = (0..n * k / be * bb).map(|_| rng.next() as u8).collect();
     let fields: &[usize] = match fmt {
         QuantFormat::Q4_0 | QuantFormat::Q8_0 => &[0],
-        QuantFormat::Q4_1 | QuantFormat::Q4K => &[0, 2],
+        QuantFormat::Q4_1 | QuantFormat::Q4K | QuantFormat::Q5K => &[0, 2],
         QuantFormat::Q6K => &[208],
     };
     for b in data.chunks_exact_mut(bb) {
@@ -64,6 +64,29 @@ fn blocks(fmt: QuantFormat, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
 
 fn h(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Q4_K's and Q5_K's 6-bit (scale, min) of sub-block `sb` (llama.cpp's
+/// `get_scale_min_k4`) from the block's 12 bytes at 4.
+fn scale_min(b: &[u8], sb: usize) -> (u8, u8) {
+    let s = &b[4..16];
+    if sb < 4 {
+        (s[sb] & 63, s[sb + 4] & 63)
+    } else {
+        (
+            (s[sb + 4] & 0xF) | ((s[sb - 4] >> 6) << 4),
+            (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4),
+        )
+    }
+}
+
+/// Q5_K's 5-bit `u` of element `i` (i = 64c + 32h + l): the low 4 bits at bits
+/// 4h.. of qs[32c + l] (qs at 48), the high bit at bit 2c + h of qh[l] (qh at 16).
+fn q5k_u(b: &[u8], i: usize) -> u8 {
+    let (c, hh, l) = (i / 64, i / 32 % 2, i % 32);
+    let lo = (b[48 + 32 * c + l] >> (4 * hh)) & 0xF;
+    let hi = (b[16 + l] >> (2 * c + hh)) & 1;
+    lo | (hi << 4)
 }
 
 /// Element `i` of one block, from the format's definition: `(value, mag)` with
@@ -87,18 +110,16 @@ fn element(fmt: QuantFormat, b: &[u8], i: usize) -> (f32, f32) {
         QuantFormat::Q4K => {
             // 8 sub-blocks of 32, 6-bit scale/min each; 64 elements per 32 bytes.
             let sb = i / 32;
-            let s = &b[4..16];
-            let (sc, mi) = if sb < 4 {
-                (s[sb] & 63, s[sb + 4] & 63)
-            } else {
-                (
-                    (s[sb + 4] & 0xF) | ((s[sb - 4] >> 6) << 4),
-                    (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4),
-                )
-            };
+            let (sc, mi) = scale_min(b, sb);
             let q = (b[16 + 32 * (sb / 2) + i % 32] >> (4 * (sb % 2))) & 0xF;
             let (d, dm) = (h(b, 0) * sc as f32, h(b, 2) * mi as f32);
             (d * q as f32 - dm, 15.0 * d.abs() + dm.abs())
+        }
+        QuantFormat::Q5K => {
+            // llama.cpp: y = d1·u - m1, d1 = d·sc, m1 = dmin·m.
+            let (sc, mi) = scale_min(b, i / 32);
+            let (d1, m1) = (h(b, 0) * sc as f32, h(b, 2) * mi as f32);
+            (d1 * q5k_u(b, i) as f32 - m1, 31.0 * d1.abs() + m1.abs())
         }
         QuantFormat::Q6K => {
             let (half, r) = (i / 128, i % 128);
@@ -126,17 +147,13 @@ fn canon(fmt: QuantFormat, b: &[u8], i: usize) -> (u8, f32, f32) {
         ),
         QuantFormat::Q4K => {
             let sb = i / 32;
-            let s = &b[4..16];
-            let (sc, mi) = if sb < 4 {
-                (s[sb] & 63, s[sb + 4] & 63)
-            } else {
-                (
-                    (s[sb + 4] & 0xF) | ((s[sb - 4] >> 6) << 4),
-                    (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4),
-                )
-            };
+            let (sc, mi) = scale_min(b, sb);
             let q = (b[16 + 32 * (sb / 2) + i % 32] >> (4 * (sb % 2))) & 0xF;
             (q, h(b, 0) * sc as f32, -(h(b, 2) * mi as f32))
+        }
+        QuantFormat::Q5K => {
+            let (sc, mi) = scale_min(b, i / 32);
+            (q5k_u(b, i), h(b, 0) * sc as f32, -(h(b, 2) * mi as f32))
         }
         QuantFormat::Q6K => {
             let (half, r) = (i / 128, i % 128);
@@ -346,12 +363,68 @@ fn batches_past_one_pass_of_rows_match_the_reference() {
     }
 }
 
+/// Every integer at its format's extreme `u` (Q8_0: `q = -128`) against activations
+/// all at ±127: the largest integer sums the kernels form (AVX2's i16 partial sums,
+/// 8 groups of 4-bit `u`, 4 of Q5_K's 5-bit, 2 of Q6_K's 6-bit) stay exact.
+#[test]
+fn the_largest_integer_sums_stay_exact() {
+    let d = f16::from_f32(0.01).to_le_bytes();
+    for fmt in QuantFormat::ALL {
+        let (be, bb) = fmt.block_layout();
+        let (n, k) = (QP, 2 * be);
+        let fill = if fmt == QuantFormat::Q8_0 { 0x80 } else { 0xFF };
+        let mut data = vec![fill; n * k / be * bb];
+        let fields: &[usize] = match fmt {
+            QuantFormat::Q4_0 | QuantFormat::Q8_0 => &[0],
+            QuantFormat::Q6K => &[208],
+            _ => &[0, 2],
+        };
+        for b in data.chunks_exact_mut(bb) {
+            for &o in fields {
+                b[o..o + 2].copy_from_slice(&d);
+            }
+        }
+        let w = QuantMatrix::from_gguf(fmt, &data, n, k).unwrap();
+        // 1 row: the register tiles; 7: the passes on AVX-512 and AVX2.
+        for m in [1, 7] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| if (i / k) % 2 == 0 { 1.0 } else { -1.0 })
+                .collect();
+            let mut acts = QuantActs::default();
+            acts.quantize(&x, m, k).unwrap();
+            assert!(acts.row(0).iter().all(|&a| a == 127));
+            let want = reference(fmt, &data, n, k, &acts);
+            for kernel in QuantKernel::ALL.into_iter().filter(|q| q.available()) {
+                let mut out = vec![f32::NAN; m * n];
+                matmul_quant_acts(&acts, &w, &mut out, n, kernel).unwrap();
+                let same = out
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{} {:?} m {m}: {:?} vs {:?}",
+                    fmt.name(),
+                    kernel,
+                    &out[..2],
+                    &want[..2]
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn a_large_matrix_in_parallel_matches_the_portable_kernel() {
     // Big enough for the parallel split (and ragged: n is not a multiple of 16).
-    let (n, k, m) = (1000, 576, 9);
+    let (n, m) = (1000, 9);
     let mut rng = Rng(7);
-    for fmt in [QuantFormat::Q4_1, QuantFormat::Q8_0] {
+    for fmt in [QuantFormat::Q4_1, QuantFormat::Q8_0, QuantFormat::Q5K] {
+        let k = if fmt.block_layout().0 == 256 {
+            768
+        } else {
+            576
+        };
         let data = blocks(fmt, n, k, &mut rng);
         let w = QuantMatrix::from_gguf(fmt, &data, n, k).unwrap();
         let x = acts_for(m, k, &mut rng);
@@ -386,13 +459,14 @@ fn bad_shapes_are_refused() {
 fn matrices_are_held_at_their_files_bits_per_weight() {
     let mut rng = Rng(11);
     let (n, k) = (64, 2048);
-    // (format, held bits per weight): the file's, except Q4_K's 6-bit sub-block
-    // scales and mins held as bytes (4.625 against 4.5).
+    // (format, held bits per weight): the file's, except Q4_K's and Q5_K's 6-bit
+    // sub-block scales and mins held as bytes (4.625 against 4.5, 5.625 against 5.5).
     for (fmt, bits) in [
         (QuantFormat::Q4_0, 4.5),
         (QuantFormat::Q4_1, 5.0),
         (QuantFormat::Q8_0, 8.5),
         (QuantFormat::Q4K, 4.625),
+        (QuantFormat::Q5K, 5.625),
         (QuantFormat::Q6K, 6.5625),
     ] {
         let (be, bb) = fmt.block_layout();
@@ -439,7 +513,7 @@ fn rows_of_a_large_batch_equal_rows_alone_in_any_pool() {
     // k a multiple of the K formats' 256-element blocks.
     let (n, k, m) = (1000, 768, 256);
     let mut rng = Rng(11);
-    for fmt in [QuantFormat::Q4_1, QuantFormat::Q6K] {
+    for fmt in [QuantFormat::Q4_1, QuantFormat::Q5K, QuantFormat::Q6K] {
         let data = blocks(fmt, n, k, &mut rng);
         let w = QuantMatrix::from_gguf(fmt, &data, n, k).unwrap();
         let x = acts_for(m, k, &mut rng);

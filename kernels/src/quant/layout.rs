@@ -17,12 +17,20 @@ pub enum QuantFormat {
     Q4_1,
     Q8_0,
     Q4K,
+    Q5K,
     Q6K,
 }
 
 impl QuantFormat {
     /// Every format.
-    pub const ALL: [QuantFormat; 5] = [Self::Q4_0, Self::Q4_1, Self::Q8_0, Self::Q4K, Self::Q6K];
+    pub const ALL: [QuantFormat; 6] = [
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q8_0,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+    ];
 
     /// `(elements, bytes)` of one GGUF block.
     pub fn block_layout(self) -> (usize, usize) {
@@ -31,6 +39,7 @@ impl QuantFormat {
             Self::Q4_1 => (32, 20),
             Self::Q8_0 => (32, 34),
             Self::Q4K => (256, 144),
+            Self::Q5K => (256, 176),
             Self::Q6K => (256, 210),
         }
     }
@@ -42,6 +51,7 @@ impl QuantFormat {
             Self::Q4_1 => "Q4_1",
             Self::Q8_0 => "Q8_0",
             Self::Q4K => "Q4_K",
+            Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
         }
     }
@@ -53,6 +63,7 @@ impl QuantFormat {
             Self::Q4_1 => Storage::Nibbles,
             Self::Q8_0 => Storage::Bytes,
             Self::Q4K => Storage::K4,
+            Self::Q5K => Storage::K5,
             Self::Q6K => Storage::K6,
         }
     }
@@ -74,6 +85,9 @@ pub enum Storage {
     /// Q4_K: per 256, f16 `d` and `dmin`; per 32, the 6-bit scale and min as u8
     /// (`s = d·sc`, `mn = -(dmin·m)`); 4-bit `u` (4.625 bits against the file's 4.5).
     K4,
+    /// Q5_K: [`Storage::K4`]'s meta; 5-bit `u` as K4's 4-bit plane and a 1-bit
+    /// plane (5.625 bits against the file's 5.5).
+    K5,
     /// Q6_K: per 256, an f16 `d`; per 16, an i8 scale (`s = d·sc`, `mn = -32·s`);
     /// 6-bit `u` as a 4-bit plane and a 2-bit plane (6.5625 bits, the file's).
     K6,
@@ -98,7 +112,7 @@ impl Layout {
     /// Elements per unit.
     pub(crate) const fn unit(self) -> usize {
         match self.storage {
-            Storage::K4 | Storage::K6 => 256,
+            Storage::K4 | Storage::K5 | Storage::K6 => 256,
             _ => QB,
         }
     }
@@ -111,7 +125,7 @@ impl Layout {
             Storage::Bytes if self.half => 2 * QP,
             Storage::Bytes => 4 * QP,
             // d, dmin; 8 scales, 8 mins.
-            Storage::K4 => 4 * QP + 16 * QP,
+            Storage::K4 | Storage::K5 => 4 * QP + 16 * QP,
             // d; 16 scales.
             Storage::K6 => 2 * QP + 16 * QP,
         }
@@ -121,6 +135,8 @@ impl Layout {
     pub(crate) const fn block_quant_bytes(self) -> usize {
         match self.storage {
             Storage::Bytes => QP * QB,
+            // The 4-bit plane, then the 1-bit plane.
+            Storage::K5 => QP * QB / 2 + QP * QB / 8,
             // The 4-bit plane, then the 2-bit plane.
             Storage::K6 => QP * QB / 2 + QP * QB / 4,
             _ => QP * QB / 2,

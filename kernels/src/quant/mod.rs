@@ -1,19 +1,19 @@
 //! Quantized linear layers: `out = x · wᵀ` with `w` kept at the bits of its GGUF
 //! file and `x` quantized to int8 per block of 32 on the fly.
 //!
-//! **Storage.** Every supported GGUF format (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K; see
-//! [`QuantFormat`]) is repacked at load, bit for bit and without widening, into its
-//! [`Storage`] kind. All share one formula: each weight is an unsigned integer `u`
-//! (4, 6 or 8 bits) with a per-sub-block scale `s` and offset `mn`, `w = s·u + mn`
-//! (Q4_0: `mn = -8s`; Q8_0: `u = q + 128`, `mn = -128s`; Q4_K: `s = d·sc`,
-//! `mn = -(dmin·m)`; Q6_K: its raw 6-bit `u`, `s = d·sc`, `mn = -32s`, sub-blocks
-//! of 16). The kernels derive `s` and `mn` from the stored fields (f16 super-block
-//! scales, 6-bit sub-block scales as u8) with the same f32 operations the GGUF
-//! dequantizer uses, so the values are those of the file exactly. Rows are grouped
-//! into panels of [`QP`] = 16 (one 16-lane vector of outputs); a panel holds the
-//! scale fields of every unit as 16-lane vectors, then the integers in groups of 4
-//! elements per lane (`vpdpbusd`'s shape): the broadcast form of `crate::packed`,
-//! with no horizontal sums.
+//! **Storage.** Every supported GGUF format (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K;
+//! see [`QuantFormat`]) is repacked at load, bit for bit and without widening, into
+//! its [`Storage`] kind. All share one formula: each weight is an unsigned integer
+//! `u` (4, 5, 6 or 8 bits) with a per-sub-block scale `s` and offset `mn`,
+//! `w = s·u + mn` (Q4_0: `mn = -8s`; Q8_0: `u = q + 128`, `mn = -128s`; Q4_K and
+//! Q5_K: `s = d·sc`, `mn = -(dmin·m)`; Q6_K: its raw 6-bit `u`, `s = d·sc`,
+//! `mn = -32s`, sub-blocks of 16). The kernels derive `s` and `mn` from the
+//! stored fields (f16 super-block scales, 6-bit sub-block scales as u8) with the
+//! same f32 operations the GGUF dequantizer uses, so the values are those of the
+//! file exactly. Rows are grouped into panels of [`QP`] = 16 (one 16-lane vector
+//! of outputs); a panel holds the scale fields of every unit as 16-lane vectors,
+//! then the integers in groups of 4 elements per lane (`vpdpbusd`'s shape): the
+//! broadcast form of `crate::packed`, with no horizontal sums.
 //!
 //! **Arithmetic.** With `x ≈ d·a` (`a` int8 per block of 32, see [`QuantActs`]),
 //! `Σ w·x ≈ Σ_blocks (s·d)·Σ u·a + mn·(d·Σ a)`. The integer sums are exact on every

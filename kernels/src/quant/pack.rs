@@ -8,8 +8,8 @@
 //! `l`):
 //! - Q4_0: f16 `d` at `2l`. Q4_1: f16 `d` at `2l`, f16 `m` at `32 + 2l`.
 //! - Q8_0: `d` at `2l` (f16) or `4l` (f32, when quantized at load).
-//! - Q4_K: f16 `d` at `2l`, f16 `dmin` at `32 + 2l`; sub-block `j`'s 6-bit scale
-//!   at `64 + 16j + l` and min at `192 + 16j + l`, as u8.
+//! - Q4_K and Q5_K: f16 `d` at `2l`, f16 `dmin` at `32 + 2l`; sub-block `j`'s
+//!   6-bit scale at `64 + 16j + l` and min at `192 + 16j + l`, as u8.
 //! - Q6_K: f16 `d` at `2l`; 16-element sub-block `i`'s i8 scale at `32 + 16i + l`.
 //!
 //! and per block of 32 its integers in groups of 4 elements (`g = e / 4`), 4 bytes
@@ -18,7 +18,12 @@
 //! nibbles, vector `t` (0..4) holds group `t` in its low nibbles and group `t + 4`
 //! in its high ones (one shift and two masks unpack it). Q6_K's `u` is its low 4
 //! bits in that nibble form, then its high 2 bits in two more vectors: vector `c`
-//! holds group `4c + s` at bits `2s..2s+2` of each byte.
+//! holds group `4c + s` at bits `2s..2s+2` of each byte. Q5_K's `u` is its low 4
+//! bits in the nibble form, then its high bit in one more vector (bytes 256..320
+//! of the block) holding group `g` at bit `g` of each byte: element `4g + i` of
+//! lane `l` has its high bit at bit `g` of byte `256 + 4l + i`. Group `g` then
+//! unpacks with one shift (by `4 - g`), one mask (`0x10`) and one OR into its
+//! nibble vector; no shift for group 4.
 
 use super::layout::{Layout, QuantFormat, Storage, QB};
 use half::f16;
@@ -27,7 +32,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
-/// The 6-bit (scale, min) pair `j` (0..8) of a Q4_K block's 12 packed bytes.
+/// The 6-bit (scale, min) pair `j` (0..8) of a Q4_K or Q5_K block's 12 packed bytes.
 fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
@@ -51,6 +56,13 @@ fn block_u(fmt: QuantFormat, b: &[u8], e: usize) -> u8 {
             let sb = e / QB;
             (b[16 + 32 * (sb / 2) + e % QB] >> (4 * (sb % 2))) & 0xF
         }
+        QuantFormat::Q5K => {
+            // e = 64c + 32h + l: the low 4 bits as Q4_K's (from byte 48), the high
+            // bit at bit e / 32 of qh[l].
+            let (sb, l) = (e / QB, e % QB);
+            let lo = (b[48 + 32 * (sb / 2) + l] >> (4 * (sb % 2))) & 0xF;
+            lo | (((b[16 + l] >> sb) & 1) << 4)
+        }
         QuantFormat::Q6K => {
             // Half n = e / 128, quarter = e % 128 / 32, l = e % 32: the low 4 bits
             // in ql, the high 2 in qh.
@@ -69,8 +81,10 @@ pub(super) fn put_u(storage: Storage, q: &mut [u8], lane: usize, e: usize, u: u8
         Storage::Bytes => q[64 * g + 4 * lane + byte] = u,
         _ => {
             q[64 * (g % 4) + 4 * lane + byte] |= (u & 0xF) << (4 * (g / 4));
-            if storage == Storage::K6 {
-                q[256 + 64 * (g / 4) + 4 * lane + byte] |= (u >> 4) << (2 * (g % 4));
+            match storage {
+                Storage::K5 => q[256 + 4 * lane + byte] |= (u >> 4) << g,
+                Storage::K6 => q[256 + 64 * (g / 4) + 4 * lane + byte] |= (u >> 4) << (2 * (g % 4)),
+                _ => {}
             }
         }
     }
@@ -83,10 +97,12 @@ pub(crate) fn lane_u(storage: Storage, q: &[u8], lane: usize, e: usize) -> u8 {
         Storage::Bytes => q[64 * g + 4 * lane + byte],
         _ => {
             let lo = (q[64 * (g % 4) + 4 * lane + byte] >> (4 * (g / 4))) & 0xF;
-            if storage == Storage::K6 {
-                lo | (((q[256 + 64 * (g / 4) + 4 * lane + byte] >> (2 * (g % 4))) & 3) << 4)
-            } else {
-                lo
+            match storage {
+                Storage::K5 => lo | (((q[256 + 4 * lane + byte] >> g) & 1) << 4),
+                Storage::K6 => {
+                    lo | (((q[256 + 64 * (g / 4) + 4 * lane + byte] >> (2 * (g % 4))) & 3) << 4)
+                }
+                _ => lo,
             }
         }
     }
@@ -113,7 +129,7 @@ pub(crate) fn lane_scales(
             };
             ([s; 2], [-128.0 * s; 2])
         }
-        Storage::K4 => {
+        Storage::K4 | Storage::K5 => {
             let (sc, m) = (meta[64 + 16 * j + lane], meta[192 + 16 * j + lane]);
             let s = d() * sc as f32;
             ([s; 2], [-(f16_at(meta, 32 + 2 * lane) * m as f32); 2])
@@ -172,7 +188,7 @@ pub(super) fn put_block(
             copy16(meta, 0, 0);
             copy16(meta, 32, 2);
         }
-        QuantFormat::Q4K => {
+        QuantFormat::Q4K | QuantFormat::Q5K => {
             copy16(meta, 0, 0);
             copy16(meta, 32, 2);
             for j in 0..8 {

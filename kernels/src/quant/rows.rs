@@ -15,7 +15,7 @@ use super::layout::{Layout, Storage, QB, QP};
 use super::tile::{QuantKernel, Tile, MAX_PASS_ROWS};
 use super::x86::{
     finish_avx2, finish_vnni, storage_of, weights_avx2, weights_vnni, HalfMeta, UnitMeta, BY, K4,
-    K6, N0, N1,
+    K5, K6, N0, N1,
 };
 use std::arch::x86_64::*;
 
@@ -35,6 +35,7 @@ pub(super) unsafe fn tile_rows(kernel: QuantKernel, t: Tile<'_>) {
                 (Storage::Bytes, false) => $f::<BY, false>(t),
                 (Storage::Bytes, true) => $f::<BY, true>(t),
                 (Storage::K4, _) => $f::<K4, true>(t),
+                (Storage::K5, _) => $f::<K5, true>(t),
                 (Storage::K6, _) => $f::<K6, true>(t),
             }
         };

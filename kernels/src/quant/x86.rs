@@ -12,9 +12,10 @@
 //! (u <= 15) even eight groups summed in i16 stay below 2^15 (8 · 2 · 15 · 127 =
 //! 30480). With bytes (u up to 255) a pair could reach 64770, so the kernel
 //! multiplies `q = u - 128` instead, as `|q|` times `a` carrying `q`'s sign (each
-//! pair then stays within 2 · 128 · 127), and adds `128·Σa` back. Q6_K's 6-bit `u`
-//! (<= 63) reaches 2 · 2 · 63 · 127 = 32004 over two groups, so it widens to i32
-//! every two groups.
+//! pair then stays within 2 · 128 · 127), and adds `128·Σa` back. Q5_K's 5-bit `u`
+//! (<= 31) reaches 4 · 2 · 31 · 127 = 31496 over four groups, so it widens to i32
+//! every four groups; Q6_K's 6-bit `u` (<= 63) reaches 2 · 2 · 63 · 127 = 32004
+//! over two groups, so it widens every two.
 
 use super::act::{ActBlock, QuantActs};
 use super::layout::{Layout, Storage, QB, QP};
@@ -26,6 +27,12 @@ pub(super) const N1: u8 = 1;
 pub(super) const BY: u8 = 2;
 pub(super) const K4: u8 = 3;
 pub(super) const K6: u8 = 4;
+pub(super) const K5: u8 = 5;
+
+/// Whether `S` has Q4_K's meta (f16 `d` and `dmin`, u8 scales and mins): K4 and K5.
+const fn k4_meta(s: u8) -> bool {
+    s == K4 || s == K5
+}
 
 pub(super) const fn storage_of(s: u8) -> Storage {
     match s {
@@ -33,6 +40,7 @@ pub(super) const fn storage_of(s: u8) -> Storage {
         N1 => Storage::Nibbles,
         BY => Storage::Bytes,
         K4 => Storage::K4,
+        K5 => Storage::K5,
         _ => Storage::K6,
     }
 }
@@ -70,6 +78,7 @@ macro_rules! dispatch {
             (Storage::Bytes, false) => by_h!(BY, false),
             (Storage::Bytes, true) => by_h!(BY, true),
             (Storage::K4, _) => by_h!(K4, true),
+            (Storage::K5, _) => by_h!(K5, true),
             (Storage::K6, _) => by_h!(K6, true),
         }
     }};
@@ -214,8 +223,8 @@ unsafe fn vnni<const S: u8, const F: bool, const H: usize>(
 }
 
 /// One unit's scale fields as read once per unit: `d` (Q8_0 with f32 scales: f32,
-/// else f16) and the second field (Q4_1's `m`, Q4_K's `dmin`), with the meta's
-/// address for the per-sub-block bytes.
+/// else f16) and the second field (Q4_1's `m`, Q4_K's and Q5_K's `dmin`), with the
+/// meta's address for the per-sub-block bytes.
 pub(super) struct UnitMeta<const S: u8, const F: bool> {
     meta: *const u8,
     d: __m512,
@@ -238,7 +247,7 @@ impl<const S: u8, const F: bool> UnitMeta<S, F> {
         } else {
             ldh(0)
         };
-        let second = if S == N1 || S == K4 { ldh(32) } else { d };
+        let second = if S == N1 || k4_meta(S) { ldh(32) } else { d };
         UnitMeta { meta, d, second }
     }
 
@@ -263,7 +272,7 @@ impl<const S: u8, const F: bool> UnitMeta<S, F> {
             N0 => ([d; 2], [_mm512_mul_ps(_mm512_set1_ps(-8.0), d); 2]),
             N1 => ([d; 2], [second; 2]),
             BY => ([d; 2], [_mm512_mul_ps(_mm512_set1_ps(-128.0), d); 2]),
-            K4 => {
+            K4 | K5 => {
                 let s = _mm512_mul_ps(d, ldb(64 + 16 * j, false));
                 let m = _mm512_mul_ps(second, ldb(192 + 16 * j, false));
                 let sign = _mm512_set1_epi32(i32::MIN);
@@ -291,7 +300,11 @@ impl<const S: u8, const F: bool> UnitMeta<S, F> {
 pub(super) unsafe fn weights_vnni<const S: u8>(q: *const u8) -> [__m512i; 8] {
     // SAFETY: `o` + 64 <= block_quant_bytes: inside the block's integers.
     let ld = |o: usize| unsafe { _mm512_loadu_si512(q.add(o) as *const __m512i) };
-    let (m4, m30) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    let (m4, m10, m30) = (
+        _mm512_set1_epi8(0x0F),
+        _mm512_set1_epi8(0x10),
+        _mm512_set1_epi8(0x30),
+    );
     let mut w = [_mm512_setzero_si512(); 8];
     if S == BY {
         for g in 0..8 {
@@ -303,6 +316,24 @@ pub(super) unsafe fn weights_vnni<const S: u8>(q: *const u8) -> [__m512i; 8] {
         let c = ld(64 * t);
         w[t] = _mm512_and_si512(c, m4);
         w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+    }
+    if S == K5 {
+        let hv = ld(256);
+        // Bit g of each byte to bit 4 (the mask drops what the 16-bit shifts carry
+        // in from the neighbouring byte).
+        let hs = [
+            _mm512_slli_epi16(hv, 4),
+            _mm512_slli_epi16(hv, 3),
+            _mm512_slli_epi16(hv, 2),
+            _mm512_slli_epi16(hv, 1),
+            hv,
+            _mm512_srli_epi16(hv, 1),
+            _mm512_srli_epi16(hv, 2),
+            _mm512_srli_epi16(hv, 3),
+        ];
+        for (g, v) in hs.into_iter().enumerate() {
+            w[g] = _mm512_or_si512(w[g], _mm512_and_si512(v, m10));
+        }
     }
     if S == K6 {
         for c in 0..2 {
@@ -488,7 +519,7 @@ impl<const S: u8, const F: bool> HalfMeta<S, F> {
         } else {
             ldh(0)
         };
-        let second = if S == N1 || S == K4 { ldh(32) } else { d };
+        let second = if S == N1 || k4_meta(S) { ldh(32) } else { d };
         HalfMeta {
             meta,
             half,
@@ -555,7 +586,7 @@ pub(super) unsafe fn finish_avx2<const S: u8>(
 
 /// Block `j`'s `(s, mn)` per sub-block of 16 for 8 lanes: `pack::lane_scales`'
 /// operations. `d` is the unit's first scale field, `second` its second (Q4_1's
-/// `m`, Q4_K's `dmin`); `ldb(o, signed)` reads 8 lanes of a byte field.
+/// `m`, Q4_K's and Q5_K's `dmin`); `ldb(o, signed)` reads 8 lanes of a byte field.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn scales_avx2<const S: u8>(
     d: __m256,
@@ -567,7 +598,7 @@ fn scales_avx2<const S: u8>(
         N0 => ([d; 2], [_mm256_mul_ps(_mm256_set1_ps(-8.0), d); 2]),
         N1 => ([d; 2], [second; 2]),
         BY => ([d; 2], [_mm256_mul_ps(_mm256_set1_ps(-128.0), d); 2]),
-        K4 => {
+        K4 | K5 => {
             let s = _mm256_mul_ps(d, ldb(64 + 16 * j, false));
             let m = _mm256_mul_ps(second, ldb(192 + 16 * j, false));
             ([s; 2], [_mm256_xor_ps(m, _mm256_set1_ps(-0.0)); 2])
@@ -591,7 +622,11 @@ fn scales_avx2<const S: u8>(
 pub(super) unsafe fn weights_avx2<const S: u8>(q: *const u8) -> [__m256i; 8] {
     // SAFETY: `o` + 32 bytes inside the block (the caller's contract).
     let ld = |o: usize| unsafe { _mm256_loadu_si256(q.add(o) as *const __m256i) };
-    let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let (m4, m10, m30) = (
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(0x10),
+        _mm256_set1_epi8(0x30),
+    );
     let mut w = [_mm256_setzero_si256(); 8];
     if S == BY {
         for g in 0..8 {
@@ -603,6 +638,23 @@ pub(super) unsafe fn weights_avx2<const S: u8>(q: *const u8) -> [__m256i; 8] {
         let c = ld(64 * t);
         w[t] = _mm256_and_si256(c, m4);
         w[t + 4] = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);
+    }
+    if S == K5 {
+        // As `weights_vnni`: bit g of each byte to bit 4.
+        let hv = ld(256);
+        let hs = [
+            _mm256_slli_epi16(hv, 4),
+            _mm256_slli_epi16(hv, 3),
+            _mm256_slli_epi16(hv, 2),
+            _mm256_slli_epi16(hv, 1),
+            hv,
+            _mm256_srli_epi16(hv, 1),
+            _mm256_srli_epi16(hv, 2),
+            _mm256_srli_epi16(hv, 3),
+        ];
+        for (g, v) in hs.into_iter().enumerate() {
+            w[g] = _mm256_or_si256(w[g], _mm256_and_si256(v, m10));
+        }
     }
     if S == K6 {
         for c in 0..2 {
@@ -648,24 +700,23 @@ unsafe fn isum_avx2<const S: u8>(
             }
             p
         }
-        K6 => {
-            // Two groups per i16 sum (see the module doc).
+        _ => {
+            // Groups per i16 sum (see the module doc): Q6_K's 6-bit `u` two,
+            // Q5_K's 5-bit four, 4-bit `u` all eight.
+            let per = match S {
+                K6 => 2,
+                K5 => 4,
+                _ => 8,
+            };
             let mut p = _mm256_setzero_si256();
-            for g in (g0..g1).step_by(2) {
-                let s = _mm256_add_epi16(
-                    _mm256_maddubs_epi16(w[g], av(g)),
-                    _mm256_maddubs_epi16(w[g + 1], av(g + 1)),
-                );
+            for g in (g0..g1).step_by(per) {
+                let mut s = _mm256_maddubs_epi16(w[g], av(g));
+                for h in g + 1..g + per {
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[h], av(h)));
+                }
                 p = _mm256_add_epi32(p, _mm256_madd_epi16(s, ones));
             }
             p
-        }
-        _ => {
-            let mut p = _mm256_maddubs_epi16(w[g0], av(g0));
-            for g in g0 + 1..g1 {
-                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[g], av(g)));
-            }
-            _mm256_madd_epi16(p, ones)
         }
     }
 }
