@@ -24,7 +24,7 @@ fn blocks(fmt: QuantFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
     let sc = half::f16::from_f32(0.01).to_le_bytes();
     let fields: &[usize] = match fmt {
         QuantFormat::Q6K => &[208],
-        QuantFormat::Q4K | QuantFormat::Q4_1 => &[0, 2],
+        QuantFormat::Q4K | QuantFormat::Q5K | QuantFormat::Q4_1 => &[0, 2],
         _ => &[0],
     };
     for b in d.chunks_exact_mut(bb) {
@@ -39,6 +39,7 @@ fn main() {
     // (name, format, n, k): the fused gate/up and the down projection of the 1B shape.
     let cases = [
         ("gate_up Q4_K", QuantFormat::Q4K, 16384, 2048),
+        ("gate_up Q5_K", QuantFormat::Q5K, 16384, 2048),
         ("down Q6_K", QuantFormat::Q6K, 2048, 8192),
         ("gate_up Q4_0", QuantFormat::Q4_0, 16384, 2048),
         ("gate_up Q4_1", QuantFormat::Q4_1, 16384, 2048),
