@@ -82,6 +82,7 @@ impl GgmlType {
             Self::Q4_1 => Q::Q4_1,
             Self::Q8_0 => Q::Q8_0,
             Self::Q4K => Q::Q4K,
+            Self::Q5K => Q::Q5K,
             Self::Q6K => Q::Q6K,
             _ => return None,
         })
@@ -109,7 +110,7 @@ impl GgmlType {
 
     /// Whether [`dequantize`] can decode this type.
     pub fn is_supported(self) -> bool {
-        !matches!(self, Self::Q8_1 | Self::Q2K | Self::Q3K | Self::Q5K)
+        !matches!(self, Self::Q8_1 | Self::Q2K | Self::Q3K)
     }
 }
 
@@ -122,6 +123,7 @@ pub fn ggml_type_of(fmt: pagoda_kernels::QuantFormat) -> u32 {
         Q::Q4_1 => 3,
         Q::Q8_0 => 8,
         Q::Q4K => 12,
+        Q::Q5K => 13,
         Q::Q6K => 14,
     }
 }
@@ -231,6 +233,7 @@ fn block_decoder(ty: GgmlType) -> BlockFn {
         GgmlType::Q5_1 => decode_q5_1,
         GgmlType::Q8_0 => decode_q8_0,
         GgmlType::Q4K => decode_q4_k,
+        GgmlType::Q5K => decode_q5_k,
         GgmlType::Q6K => decode_q6_k,
         GgmlType::Q8K => decode_q8_k,
         _ => unreachable!("dequantize filters unsupported types first"),
@@ -326,6 +329,28 @@ fn decode_q4_k(b: &[u8], o: &mut [f32]) {
     }
 }
 
+fn decode_q5_k(b: &[u8], o: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let scales = &b[4..16];
+    let qh = &b[16..48];
+    let qs = &b[48..176];
+    // As Q4_K, plus the 5th bit of output 64g + l (+ 32) at bit 2g (2g + 1) of qh[l].
+    for g in 0..4 {
+        let (sc0, m0) = scale_min_k4(2 * g, scales);
+        let (sc1, m1) = scale_min_k4(2 * g + 1, scales);
+        let (d0, mm0) = (d * sc0 as f32, dmin * m0 as f32);
+        let (d1, mm1) = (d * sc1 as f32, dmin * m1 as f32);
+        let q = &qs[32 * g..32 * g + 32];
+        let out = &mut o[64 * g..64 * g + 64];
+        for l in 0..32 {
+            let h0 = ((qh[l] >> (2 * g)) & 1) << 4;
+            let h1 = ((qh[l] >> (2 * g + 1)) & 1) << 4;
+            out[l] = d0 * ((q[l] & 0xF) | h0) as f32 - mm0;
+            out[l + 32] = d1 * ((q[l] >> 4) | h1) as f32 - mm1;
+        }
+    }
+}
+
 fn decode_q6_k(b: &[u8], o: &mut [f32]) {
     let ql = &b[0..128];
     let qh = &b[128..192];
@@ -388,6 +413,14 @@ pub fn reference_value(ty: GgmlType, b: &[u8], i: usize) -> f32 {
             let q = nib(&b[16..], 32, i);
             f16_at(b, 0) * sc as f32 * q as f32 - f16_at(b, 2) * m as f32
         }
+        GgmlType::Q5K => {
+            // Q4_K's scales and 4-bit values (from byte 48), plus a 5th bit: bit i / 32
+            // of qh[i % 32] (qh at 16).
+            let sub = i / 32;
+            let (sc, m) = scale_min_k4(sub, &b[4..16]);
+            let q = nib(&b[48..], 32, i) | ((((b[16 + i % 32] >> sub) & 1) as u32) << 4);
+            f16_at(b, 0) * sc as f32 * q as f32 - f16_at(b, 2) * m as f32
+        }
         GgmlType::Q6K => {
             // Element i: half h = i/128; within it, quarter k = (i%128)/32 and lane l = i%32.
             let (h, k, l) = (i / 128, (i % 128) / 32, i % 32);
@@ -407,7 +440,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const SUPPORTED: [u32; 11] = [0, 1, 30, 2, 3, 6, 7, 8, 12, 14, 15];
+    const SUPPORTED: [u32; 12] = [0, 1, 30, 2, 3, 6, 7, 8, 12, 13, 14, 15];
 
     fn same(a: &[f32], b: &[f32]) -> bool {
         // Bitwise: random bytes may contain NaN scales, which must decode identically.
@@ -431,6 +464,39 @@ mod tests {
             let slow = dequantize_reference("t", id, &data, n_blocks * bs).unwrap();
             prop_assert!(same(&fast, &slow), "type {}", ty.name());
         }
+    }
+
+    /// A hand-made Q5_K block: each element's value worked out from the format's
+    /// definition (`y = d·sc·u - dmin·m`, `u` = 4 low bits | 5th bit << 4).
+    #[test]
+    fn q5_k_known_block() {
+        let mut b = [0u8; 176];
+        b[0..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes()); // d
+        b[2..4].copy_from_slice(&f16::from_f32(0.25).to_le_bytes()); // dmin
+                                                                     // Sub-block 0: sc 3, m 4; sub-block 1: sc 5, m 0 (low 6 bits of bytes 0..8).
+        (b[4], b[8], b[5], b[9]) = (3, 4, 5, 0);
+        // Sub-block 5: sc = (b[13] & 0xF) | (b[5] >> 6) << 4 = 2 | 16 = 18,
+        // m = (b[13] >> 4) | (b[9] >> 6) << 4 = 1 | 32 = 33.
+        b[13] = 0x12;
+        b[5] |= 1 << 6;
+        b[9] |= 2 << 6;
+        // qs at 48: element 64c + 32h + l has its low bits in nibble h of qs[32c + l].
+        b[48] = 0x9 | (0x6 << 4); // elements 0 (low 9) and 32 (low 6)
+        b[48 + 7] = 0xF; // element 7: low 15, high nibble 0 (element 39)
+        b[48 + 64 + 3] = 0xA << 4; // element 128 + 32 + 3 = 163 (sub-block 5): low 10
+                                   // qh at 16: bit e / 32 of qh[e % 32] is element e's 5th bit.
+        b[16] = 1 << 1; // element 32: high bit set; element 0: clear
+        b[16 + 7] = 0b11; // elements 7 and 39
+        b[16 + 3] = 1 << 5; // element 163
+        let y = dequantize("t", 13, &b, 256).unwrap();
+        assert_eq!(y[0], 0.5 * 3.0 * 9.0 - 0.25 * 4.0); // 12.5
+        assert_eq!(y[7], 0.5 * 3.0 * 31.0 - 0.25 * 4.0); // u = 15 | 16
+        assert_eq!(y[32], 0.5 * 5.0 * 22.0); // u = 6 | 16, m = 0
+        assert_eq!(y[39], 0.5 * 5.0 * 16.0); // u = 0 | 16
+        assert_eq!(y[1], -1.0); // u = 0: -dmin·m
+        assert_eq!(y[163], 0.5 * 18.0 * 26.0 - 0.25 * 33.0); // u = 10 | 16
+        assert_eq!(y[164], -0.25 * 33.0);
+        assert_eq!(y, dequantize_reference("t", 13, &b, 256).unwrap());
     }
 
     #[test]

@@ -85,8 +85,11 @@ fn enc_affine(x: &[f32], bits: u32) -> (Vec<u8>, Vec<f32>) {
     (out, tol)
 }
 
-/// Q4_K: 8 sub-blocks of 32 with 6-bit scales/mins under f16 super-scales.
-fn enc_q4_k(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
+/// Q4_K (`bits` 4) and Q5_K (`bits` 5): 8 sub-blocks of 32 with 6-bit scales/mins
+/// under f16 super-scales; Q5_K adds each element's 5th bit in `qh[32]` (bit
+/// `i / 32` of `qh[i % 32]`) before the 4-bit values.
+fn enc_k(x: &[f32], bits: u32) -> (Vec<u8>, Vec<f32>) {
+    let levels = ((1 << bits) - 1) as f32;
     let (mut out, mut tol) = (Vec::new(), Vec::new());
     for b in x.chunks(256) {
         let subs: Vec<(f32, f32)> = b
@@ -95,7 +98,7 @@ fn enc_q4_k(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
                 let (lo, hi) = s
                     .iter()
                     .fold((0f32, f32::MIN), |(l, u), &v| (l.min(v), u.max(v)));
-                ((hi - lo) / 15.0, -lo)
+                ((hi - lo) / levels, -lo)
             })
             .collect();
         let d = hq(subs.iter().fold(0f32, |a, s| a.max(s.0)) / 63.0);
@@ -136,7 +139,9 @@ fn enc_q4_k(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
             let j = i / 32;
             let step = d * sc[j] as f32;
             let qv = if step > 0.0 {
-                ((v + dmin * mn[j] as f32) / step).round().clamp(0.0, 15.0)
+                ((v + dmin * mn[j] as f32) / step)
+                    .round()
+                    .clamp(0.0, levels)
             } else {
                 0.0
             };
@@ -146,8 +151,11 @@ fn enc_q4_k(x: &[f32]) -> (Vec<u8>, Vec<f32>) {
         out.extend(h(d));
         out.extend(h(dmin));
         out.extend(packed);
+        if bits == 5 {
+            out.extend((0..32).map(|l| (0..8).map(|j| (q[32 * j + l] >> 4) << j).sum::<u8>()));
+        }
         for g in 0..4 {
-            out.extend((0..32).map(|l| q[64 * g + l] | (q[64 * g + 32 + l] << 4)));
+            out.extend((0..32).map(|l| (q[64 * g + l] & 0xF) | ((q[64 * g + 32 + l] & 0xF) << 4)));
         }
     }
     (out, tol)
@@ -245,7 +253,8 @@ proptest! {
 
     #[test]
     fn k_formats_reproduce_encoded_vectors(x in vec_strategy(512)) {
-        check(12, &x, enc_q4_k(&x))?;
+        check(12, &x, enc_k(&x, 4))?;
+        check(13, &x, enc_k(&x, 5))?;
         check(14, &x, enc_q6_k(&x))?;
         check(15, &x, enc_q8_k(&x))?;
     }
@@ -293,6 +302,7 @@ fn quantized_repacking_matches_the_dequantizer() {
         (QuantFormat::Q4_1, 3, &[0, 2]),
         (QuantFormat::Q8_0, 8, &[0]),
         (QuantFormat::Q4K, 12, &[0, 2]),
+        (QuantFormat::Q5K, 13, &[0, 2]),
         (QuantFormat::Q6K, 14, &[208]),
     ] {
         let (be, bb) = fmt.block_layout();

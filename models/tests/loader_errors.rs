@@ -104,6 +104,11 @@ struct Tiny {
     rope_freqs: Option<&'static [f32]>,
     /// SentencePiece `tokenizer.ggml.add_space_prefix`, when given.
     add_space_prefix: Option<bool>,
+    /// The hidden size `h` (2 heads of `h / 2`, 1 KV head, ffn `2h`).
+    hidden: u64,
+    /// The 7 linear layers' type: 0 (F32, values encoding their position) or 13
+    /// (Q5_K, blocks from [`q5_k_blocks`]); `q_type` still overrides `attn_q`'s.
+    mat_type: u32,
 }
 
 const TINY: Tiny = Tiny {
@@ -113,20 +118,44 @@ const TINY: Tiny = Tiny {
     q_type: 0,
     rope_freqs: None,
     add_space_prefix: None,
+    hidden: 4,
+    mat_type: 0,
 };
 const TOKENS: [&str; 6] = ["<|end|>", "a", "b", "ab", "Ġ", "Ġab"];
 /// A SentencePiece vocabulary: unknown, BOS, EOS, then pieces by falling score.
 const SPM_TOKENS: [&str; 6] = ["<unk>", "<s>", "</s>", "▁", "a", "▁a"];
 
-/// A 1-layer llama (hidden 4, 2 heads of dim 2, 1 KV head, ffn 8) with F32 weights whose
-/// values encode their position, so the loaded weights can be checked exactly.
+/// Q5_K blocks for `rows` rows of `cols` (whole blocks of 256): bytes from a seeded
+/// xorshift, with finite f16 `d` and `dmin` (both signs).
+fn q5_k_blocks(rows: u64, cols: u64, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut b: Vec<u8> = (0..rows * cols / 256 * 176).map(|_| next() as u8).collect();
+    for blk in b.chunks_exact_mut(176) {
+        for o in [0, 2] {
+            let v = (next() % 2001) as f32 / 1000.0 - 1.0;
+            blk[o..o + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        }
+    }
+    b
+}
+
+/// A 1-layer llama (by default hidden 4, 2 heads of dim 2, 1 KV head, ffn 8) with F32
+/// weights whose values encode their position, so the loaded weights can be checked
+/// exactly.
 fn tiny_gguf(o: &Tiny) -> Vec<u8> {
+    let (h, ffn) = (o.hidden, 2 * o.hidden);
     let kv = vec![
         ("general.architecture", V::Str(o.arch.into())),
         ("general.alignment", V::U32(32)),
         ("llama.block_count", V::U32(1)),
-        ("llama.embedding_length", V::U32(4)),
-        ("llama.feed_forward_length", V::U32(8)),
+        ("llama.embedding_length", V::U32(h as u32)),
+        ("llama.feed_forward_length", V::U32(ffn as u32)),
         ("llama.attention.head_count", V::U32(2)),
         ("llama.attention.head_count_kv", V::U32(1)),
         ("llama.attention.layer_norm_rms_epsilon", V::F32(1e-5)),
@@ -176,38 +205,44 @@ fn tiny_gguf(o: &Tiny) -> Vec<u8> {
             .flat_map(|i| (base + i as f32).to_le_bytes())
             .collect()
     };
+    let hn = h as usize;
     let mut t = vec![(
         "token_embd.weight".to_string(),
-        vec![4, 6],
+        vec![h, 6],
         0,
-        f32s(24, 0.0),
+        f32s(6 * hn, 0.0),
     )];
-    let mats: [(&str, u64, u64); 7] = [
-        ("attn_q", 4, 4),
-        ("attn_k", 4, 2),
-        ("attn_v", 4, 2),
-        ("attn_output", 4, 4),
-        ("ffn_gate", 4, 8),
-        ("ffn_up", 4, 8),
-        ("ffn_down", 8, 4),
-    ];
-    t.push(("blk.0.attn_norm.weight".into(), vec![4], 0, f32s(4, 1.0)));
-    t.push(("blk.0.ffn_norm.weight".into(), vec![4], 0, f32s(4, 2.0)));
-    for (i, (n, c, r)) in mats.iter().enumerate() {
-        let ty = if *n == "attn_q" { o.q_type } else { 0 };
-        t.push((
-            format!("blk.0.{n}.weight"),
-            vec![*c, *r],
-            ty,
-            f32s((c * r) as usize, 100.0 * i as f32),
-        ));
+    t.push(("blk.0.attn_norm.weight".into(), vec![h], 0, f32s(hn, 1.0)));
+    t.push(("blk.0.ffn_norm.weight".into(), vec![h], 0, f32s(hn, 2.0)));
+    for (i, (n, c, r)) in tiny_mats(o).into_iter().enumerate() {
+        let ty = if n == "attn_q" { o.q_type } else { o.mat_type };
+        let data = if ty == 13 {
+            q5_k_blocks(r, c, i as u64)
+        } else {
+            f32s((c * r) as usize, 100.0 * i as f32)
+        };
+        t.push((format!("blk.0.{n}.weight"), vec![c, r], ty, data));
     }
-    t.push(("output_norm.weight".into(), vec![4], 0, f32s(4, 3.0)));
+    t.push(("output_norm.weight".into(), vec![h], 0, f32s(hn, 3.0)));
     if let Some(f) = o.rope_freqs {
         let bytes = f.iter().flat_map(|x| x.to_le_bytes()).collect();
         t.push(("rope_freqs.weight".into(), vec![f.len() as u64], 0, bytes));
     }
     gguf_bytes(&kv, &t)
+}
+
+/// The tiny model's linear layers in file order: (name, columns, rows).
+fn tiny_mats(o: &Tiny) -> [(&'static str, u64, u64); 7] {
+    let (h, ffn) = (o.hidden, 2 * o.hidden);
+    [
+        ("attn_q", h, h),
+        ("attn_k", h, h / 2),
+        ("attn_v", h, h / 2),
+        ("attn_output", h, h),
+        ("ffn_gate", h, ffn),
+        ("ffn_up", h, ffn),
+        ("ffn_down", ffn, h),
+    ]
 }
 
 fn write_tmp(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
@@ -248,6 +283,49 @@ fn tiny_gguf_loads_exactly() {
     assert_eq!(m.tokenizer.encode("ab ab", false).unwrap(), vec![3, 5]);
     assert_eq!(m.tokenizer.encode("<|end|>", false).unwrap(), vec![0]);
     assert!(m.tokenizer.is_special(0));
+}
+
+/// A GGUF whose linear layers are Q5_K (a Q5_K_M file's type) loads them as their
+/// blocks, no f32 copy, with the dequantizer's values, and `--dtype auto` holds
+/// and runs them as Q5_K.
+#[test]
+fn q5_k_matrices_load_as_stored() {
+    use pagoda_kernels::{QuantFormat, QuantMatrix};
+    use pagoda_models::dequant::dequantize_reference;
+    let o = Tiny {
+        hidden: 256,
+        mat_type: 13,
+        q_type: 13,
+        ..TINY
+    };
+    let m = load_bytes(&tiny_gguf(&o)).unwrap();
+    let l = &m.weights.layers[0];
+    let mats = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down];
+    for (i, (mat, (name, cols, rows))) in mats.into_iter().zip(tiny_mats(&o)).enumerate() {
+        let (r, c) = (rows as usize, cols as usize);
+        assert!(mat.has_shape(r, c) && mat.data.is_empty(), "{name}");
+        let q = mat.quant.as_ref().expect("Q5_K blocks held as stored");
+        assert_eq!(q.format, QuantFormat::Q5K, "{name}");
+        // Q and K rows are unpermuted at load; the others are the file's bytes.
+        if !matches!(name, "attn_q" | "attn_k") {
+            assert_eq!(q.bytes, q5_k_blocks(rows, cols, i as u64), "{name}");
+        }
+        let want = dequantize_reference(name, 13, &q.bytes, r * c).unwrap();
+        assert_eq!(*mat.values().unwrap(), want[..], "{name}");
+        let packed = QuantMatrix::from_gguf(q.format, &q.bytes, r, c).unwrap();
+        assert_eq!(packed.dequantize(), want, "{name}");
+    }
+    let model = pagoda_models::Llama::new_with_dtype(
+        m.config,
+        m.weights,
+        pagoda_models::WeightDtype::Native,
+    )
+    .unwrap();
+    let summary = model.weight_summary();
+    assert!(
+        summary.iter().any(|(kind, _)| kind.starts_with("Q5_K ")),
+        "{summary:?}"
+    );
 }
 
 #[test]
