@@ -1,7 +1,7 @@
 //! The quantized matmul (`kernels::quant`) against the packed f32 and bf16 GEMMs
 //! the model runs otherwise, for SmolLM2-135M's projection shapes at decode
 //! (`m` = 1, 4) and prefill (`m` = 32, 256) sizes; for Q4_1 (the default model's
-//! layers), Q8_0 (its LM head), Q4_K and Q6_K, with each quantized kernel this CPU
+//! layers), Q8_0 (its LM head), Q4_K, Q5_K and Q6_K, with each quantized kernel this CPU
 //! runs (AVX-512 VNNI, AVX2), the activation quantization included.
 //!
 //! Weights are cold as in a real step: every iteration uses the next of enough

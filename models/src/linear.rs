@@ -25,7 +25,7 @@ pub enum WeightDtype {
     /// Rounded to bf16 (nearest even); activations stay f32, products accumulate
     /// in f32.
     Bf16,
-    /// As stored: a GGUF's Q4_0, Q4_1, Q8_0, Q4_K and Q6_K matrices stay
+    /// As stored: a GGUF's Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K matrices stay
     /// quantized (int8 activations, `pagoda_kernels::quant`), anything else f32.
     Native,
     /// Quantized at load to Q8_0's scheme (per 32 weights an f32 scale and int8),

@@ -48,7 +48,7 @@ pub struct EngineArgs {
     #[arg(long, default_value = "auto", value_parser = parse_load_format, help_heading = "ModelConfig")]
     pub load_format: pagoda_models::LoadFormat,
     /// Storage type of the linear-layer weights: `auto` (a GGUF's quantized
-    /// matrices, Q4_0/Q4_1/Q8_0/Q4_K/Q6_K, stay as stored and run on int8 kernels;
+    /// matrices, Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K, stay as stored and run on int8 kernels;
     /// anything else as `float32`), `float32` (also `f32`, `float`: dequantized,
     /// exact) or `bfloat16` (also `bf16`: half the memory traffic, uses the CPU's
     /// bf16 dot products where it has them). `half`/`float16` are not implemented
