@@ -110,6 +110,7 @@ pub(crate) struct Layout {
 
 impl Layout {
     /// Elements per unit.
+    #[inline]
     pub(crate) const fn unit(self) -> usize {
         match self.storage {
             Storage::K4 | Storage::K5 | Storage::K6 => 256,
@@ -118,6 +119,7 @@ impl Layout {
     }
 
     /// Meta bytes per unit.
+    #[inline]
     pub(crate) const fn meta_bytes(self) -> usize {
         match self.storage {
             Storage::Nibbles0 => 2 * QP,
@@ -132,6 +134,7 @@ impl Layout {
     }
 
     /// Integer bytes per block of 32 (a unit holds `unit / 32` of them in order).
+    #[inline]
     pub(crate) const fn block_quant_bytes(self) -> usize {
         match self.storage {
             Storage::Bytes => QP * QB,
@@ -144,12 +147,14 @@ impl Layout {
     }
 
     /// Integer bytes per unit (a multiple of 64).
+    #[inline]
     pub(crate) const fn quant_bytes(self) -> usize {
         self.unit() / QB * self.block_quant_bytes()
     }
 
     /// Units per group: 2 where one unit's meta is not a multiple of 64 bytes
     /// (32 for Q4_0 and a file's Q8_0, 288 for Q6_K), else 1.
+    #[inline]
     pub(crate) const fn group(self) -> usize {
         if self.meta_bytes().is_multiple_of(64) {
             1
@@ -159,21 +164,25 @@ impl Layout {
     }
 
     /// Bytes of a group's meta, padded to 64.
+    #[inline]
     const fn group_meta(self) -> usize {
         (self.group() * self.meta_bytes()).next_multiple_of(64)
     }
 
     /// Bytes of a full group.
+    #[inline]
     const fn group_bytes(self) -> usize {
         self.group_meta() + self.group() * self.quant_bytes()
     }
 
     /// Where unit `u`'s meta starts in its panel.
+    #[inline]
     pub(crate) const fn meta_offset(self, u: usize) -> usize {
         u / self.group() * self.group_bytes() + u % self.group() * self.meta_bytes()
     }
 
     /// Where unit `u`'s integers start in its panel (64-aligned).
+    #[inline]
     pub(crate) const fn quant_offset(self, u: usize) -> usize {
         u / self.group() * self.group_bytes()
             + self.group_meta()
@@ -182,6 +191,7 @@ impl Layout {
 
     /// Bytes of a panel of `units` units (a multiple of 64): a last group with
     /// fewer units holds only those.
+    #[inline]
     pub(crate) const fn panel_bytes(self, units: usize) -> usize {
         let rest = units % self.group();
         units / self.group() * self.group_bytes()
