@@ -700,14 +700,10 @@ unsafe fn isum_avx2<const S: u8>(
             }
             p
         }
-        _ => {
-            // Groups per i16 sum (see the module doc): Q6_K's 6-bit `u` two,
-            // Q5_K's 5-bit four, 4-bit `u` all eight.
-            let per = match S {
-                K6 => 2,
-                K5 => 4,
-                _ => 8,
-            };
+        K5 | K6 => {
+            // Groups per i16 sum (see the module doc): Q5_K's 5-bit `u` four,
+            // Q6_K's 6-bit two.
+            let per = if S == K5 { 4 } else { 2 };
             let mut p = _mm256_setzero_si256();
             for g in (g0..g1).step_by(per) {
                 let mut s = _mm256_maddubs_epi16(w[g], av(g));
@@ -717,6 +713,13 @@ unsafe fn isum_avx2<const S: u8>(
                 p = _mm256_add_epi32(p, _mm256_madd_epi16(s, ones));
             }
             p
+        }
+        _ => {
+            let mut p = _mm256_maddubs_epi16(w[g0], av(g0));
+            for g in g0 + 1..g1 {
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[g], av(g)));
+            }
+            _mm256_madd_epi16(p, ones)
         }
     }
 }
