@@ -40,7 +40,8 @@ pub struct GemmPaths {
     pub f32: GemmPath,
     /// [`crate::matmul_packed_bf16`].
     pub bf16: GemmPath,
-    /// [`crate::matmul_quant`] (every quantized format).
+    /// [`crate::matmul_quant`] (every quantized format; Q5_K runs the AVX2 form on an
+    /// AVX-512 CPU unless [`crate::quant::Q5K_VNNI_ENV`] is `1`).
     pub quant: GemmPath,
 }
 

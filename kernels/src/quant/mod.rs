@@ -38,7 +38,7 @@ mod x86;
 pub use act::QuantActs;
 pub use layout::{QuantFormat, Storage, QB, QP};
 pub use matrix::QuantMatrix;
-pub use tile::QuantKernel;
+pub use tile::{QuantKernel, Q5K_VNNI_ENV};
 
 use crate::error::{check_len, KernelError};
 use crate::matmul::OutPtr;
@@ -164,6 +164,7 @@ pub fn matmul_quant_acts(
     } else {
         panels
     };
+    let kernel = tile::verified_for(kernel, w.layout.storage);
     let out_ptr = OutPtr(out.as_mut_ptr());
     let mr = tile_rows(kernel);
     let task = |t: usize| {

@@ -4,7 +4,8 @@
 //! passes), which take them.
 
 use super::act::QuantActs;
-use super::layout::Layout;
+use super::layout::{Layout, Storage};
+use std::sync::OnceLock;
 
 /// Which code runs [`matmul_quant`](super::matmul_quant) on this CPU (under
 /// `PAGODA_DISABLE_AVX512`).
@@ -65,4 +66,44 @@ pub(crate) struct Tile<'a> {
     pub out: *mut f32,
     pub ldo: usize,
     pub cols: usize,
+}
+
+/// `PAGODA_Q5K_VNNI=1` turns on the AVX-512 VNNI form of the Q5_K kernels.
+pub const Q5K_VNNI_ENV: &str = "PAGODA_Q5K_VNNI";
+
+/// The kernel that runs `storage` when `kernel` was asked for: `kernel`, except
+/// Q5_K on AVX-512 VNNI, which runs the AVX2 kernels (every AVX-512 CPU has AVX2;
+/// the bits are the same, every kernel being bit-identical to the portable one)
+/// unless [`Q5K_VNNI_ENV`] is `1`. Why: the VNNI form of Q5_K was written on a
+/// machine without AVX-512 and has not run yet; a wrong result served by default
+/// is worse than a slower right one. Running `PAGODA_Q5K_VNNI=1 cargo test -p
+/// pagoda-kernels --test quant` on an AVX-512 VNNI CPU checks it bit for bit
+/// against the reference (and then this gate can go).
+pub(super) fn verified_for(kernel: QuantKernel, storage: Storage) -> QuantKernel {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let vnni_on = || *ON.get_or_init(|| std::env::var(Q5K_VNNI_ENV).is_ok_and(|v| v == "1"));
+    if kernel == QuantKernel::Avx512Vnni && storage == Storage::K5 && !vnni_on() {
+        QuantKernel::Avx2
+    } else {
+        kernel
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q5_k_runs_avx2_on_vnni_unless_switched_on() {
+        let on = std::env::var(Q5K_VNNI_ENV).is_ok_and(|v| v == "1");
+        let vnni = QuantKernel::Avx512Vnni;
+        let want = if on { vnni } else { QuantKernel::Avx2 };
+        assert_eq!(verified_for(vnni, Storage::K5), want);
+        for s in [Storage::K4, Storage::K6, Storage::Nibbles0, Storage::Bytes] {
+            assert_eq!(verified_for(vnni, s), vnni, "{s:?}");
+        }
+        for k in [QuantKernel::Avx2, QuantKernel::Portable] {
+            assert_eq!(verified_for(k, Storage::K5), k);
+        }
+    }
 }
