@@ -1,7 +1,7 @@
 //! A minimal streaming HTTP/1.1 client for OpenAI-compatible completions, built on
 //! hyper, that timestamps every server-sent event as it arrives.
 
-use super::BenchError;
+use crate::error::BenchError;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::header::{HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_TYPE};

@@ -10,6 +10,7 @@
 //! and throughput statistics, optionally as JSON and a PNG plot.
 
 pub mod client;
+mod error;
 pub mod plot;
 pub mod prompts;
 pub mod report;
@@ -18,26 +19,8 @@ pub mod stats;
 
 use clap::Subcommand;
 
+pub use error::BenchError;
 pub use serve::ServeBenchArgs;
-
-/// Why one benchmark request failed (kept per request in the results).
-#[derive(Debug, thiserror::Error)]
-pub enum BenchError {
-    #[error("bad base URL {url:?}: {reason}")]
-    BadUrl { url: String, reason: String },
-    #[error("HTTP {status}: {body}")]
-    Status { status: u16, body: String },
-    #[error("transport error: {0}")]
-    Transport(String),
-    #[error("server sent an error event: {0}")]
-    ServerEvent(String),
-    #[error("malformed stream event: {detail}")]
-    BadEvent { detail: String },
-    #[error("request timed out after {secs:.0} s")]
-    Timeout { secs: f64 },
-    #[error("stream ended without any generated token")]
-    NoTokens,
-}
 
 /// Subcommands of `pagoda bench`.
 #[derive(Subcommand, Debug, Clone)]
