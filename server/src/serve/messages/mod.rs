@@ -10,6 +10,7 @@
 //! `stop_reason` ([`stream`] for the SSE events). Errors are Anthropic's
 //! `{"type": "error", "error": {"type", "message"}}`.
 
+pub mod answer;
 pub mod stream;
 
 use super::bridge::{self, given, parse_object, text_of};
@@ -17,6 +18,7 @@ use super::error::ApiError;
 use super::handlers::{prepare_chat, Body};
 use super::shape::random_id;
 use super::AppState;
+use answer::{stop_reason, tool_input};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -257,26 +259,6 @@ pub fn translate(bytes: &[u8], count: bool) -> Result<Turn, ApiError> {
         Some(_) => return Err(ApiError::bad("stream", "`stream` must be a boolean")),
     };
     Ok(Turn { chat, stream })
-}
-
-/// Anthropic's `stop_reason` and `stop_sequence` for chat's finish.
-pub fn stop_reason(finish: &str, stop: &Value, has_calls: bool) -> (&'static str, Value) {
-    match finish {
-        "tool_calls" => ("tool_use", Value::Null),
-        "length" => ("max_tokens", Value::Null),
-        _ if has_calls => ("tool_use", Value::Null),
-        _ if stop.is_string() => ("stop_sequence", stop.clone()),
-        _ => ("end_turn", Value::Null),
-    }
-}
-
-/// A tool call's arguments as `input` (an object; `{}` when they do not parse,
-/// e.g. cut by `max_tokens`).
-pub fn tool_input(args: &str) -> Value {
-    serde_json::from_str::<Value>(args)
-        .ok()
-        .filter(Value::is_object)
-        .unwrap_or(json!({}))
 }
 
 /// The message object of a non-streamed answer.

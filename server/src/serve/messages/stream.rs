@@ -4,7 +4,7 @@
 //! `message_delta` (`stop_reason`, `stop_sequence`, output tokens) and
 //! `message_stop`. Silences get Anthropic's `ping` event.
 
-use super::stop_reason;
+use super::answer::stop_reason;
 use crate::serve::bridge::{event, ChatRun, Finish, SseSource, Step};
 use crate::serve::shape::{random_id, Delta};
 use serde_json::{json, Value};
