@@ -8,7 +8,7 @@
 //! non-streamed request gets. Every event
 //! carries `sequence_number`, counting from 0.
 
-use super::{call_item, message_item, reasoning_item, text_part, usage, Turn};
+use super::object::{call_item, message_item, reasoning_item, text_part, usage, Turn};
 use crate::serve::bridge::{event, ChatRun, Finish, SseSource, Step};
 use crate::serve::shape::{random_id, Delta};
 use crate::serve::AppState;

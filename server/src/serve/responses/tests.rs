@@ -1,6 +1,7 @@
 //! The Responses translation without an engine: input items to chat messages,
 //! tools and tool_choice to chat's, output items back to a follow-up's messages.
 
+use super::object::output_messages;
 use super::*;
 
 #[test]
