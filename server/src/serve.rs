@@ -8,8 +8,10 @@
 //! flag ([`frontend`]).
 //!
 //! Shutdown on SIGINT/SIGTERM: stop accepting, let in-flight requests finish for
-//! up to `--shutdown-timeout` ([`SHUTDOWN_GRACE`] by default), then abort what is left and exit cleanly; a second
-//! signal ends the grace period at once.
+//! up to `--shutdown-timeout`
+//! ([`SHUTDOWN_GRACE`](crate::args::frontend::SHUTDOWN_GRACE) by default), then
+//! abort what is left and exit cleanly; a second signal ends the grace period at
+//! once.
 //!
 //! Connections are served by [`conn`] (timeouts, a connection cap); handlers parse
 //! and tokenize on a bounded blocking pool ([`AppState::offload`]), never on the
@@ -34,6 +36,7 @@ pub mod sleep;
 pub mod stream;
 pub mod tools;
 
+use crate::args::frontend::secs;
 use crate::args::{SchedulingPolicyArg, ServeArgs};
 use anyhow::Context;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -47,19 +50,6 @@ use metrics::Metrics;
 use pagoda_engine::EngineHandle;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// How long in-flight requests may run on after a shutdown signal.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
-
-/// [`SHUTDOWN_GRACE`], unless `PAGODA_SHUTDOWN_GRACE_SECS` overrides it.
-pub fn shutdown_grace() -> Duration {
-    std::env::var("PAGODA_SHUTDOWN_GRACE_SECS")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64)
-        .unwrap_or(SHUTDOWN_GRACE)
-}
 
 /// What every handler shares.
 pub struct AppState {
@@ -591,11 +581,6 @@ fn parsers_from_flags(args: &ServeArgs) -> anyhow::Result<Parsers> {
     Ok((tool.filter(|_| args.enable_auto_tool_choice), reasoning))
 }
 
-/// Seconds from a flag (negative or NaN count as zero).
-pub fn secs(s: f64) -> Duration {
-    Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO)
-}
-
 /// Returns freed heap pages to the OS once the server is idle after a large body
 /// (glibc keeps them otherwise: an 8 MB prompt left ~1 GB resident).
 async fn trim_when_idle(state: Arc<AppState>) {
@@ -613,7 +598,7 @@ async fn trim_when_idle(state: Arc<AppState>) {
 }
 
 /// Binds, serves, and on a signal lets in-flight requests run on for up to `grace`
-/// (see [`SHUTDOWN_GRACE`]).
+/// (see [`SHUTDOWN_GRACE`](crate::args::frontend::SHUTDOWN_GRACE)).
 pub async fn serve(
     host: String,
     port: u16,

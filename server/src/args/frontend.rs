@@ -1,11 +1,14 @@
 //! Flags of `pagoda serve` beyond the engine's: vLLM's Frontend group (HTTP,
 //! OpenAI-API behaviour, logging) plus the model-facing server options vLLM files
 //! under ModelConfig (`--served-model-name`, `--generation-config`,
-//! `--max-logprobs`), and Pagoda's own connection limits.
+//! `--max-logprobs`), and Pagoda's own connection limits; also the durations
+//! those flags become ([`secs`], [`shutdown_grace`]), which the server reads
+//! from here.
 
 use super::EngineArgs;
 use clap::{ArgAction, Args};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Flags of `pagoda serve`.
 #[derive(Args, Debug, Clone)]
@@ -216,10 +219,10 @@ impl ServeArgs {
     }
 
     /// The grace period after a shutdown signal.
-    pub fn shutdown_grace(&self) -> std::time::Duration {
+    pub fn shutdown_grace(&self) -> Duration {
         match self.shutdown_timeout {
-            Some(s) => crate::serve::secs(s),
-            None => crate::serve::shutdown_grace(),
+            Some(s) => secs(s),
+            None => shutdown_grace(),
         }
     }
 
@@ -241,13 +244,32 @@ impl ServeArgs {
             None => by_fds,
         };
         crate::serve::conn::ConnLimits {
-            keep_alive: crate::serve::secs(self.timeout_keep_alive),
-            header_read: crate::serve::secs(self.header_read_timeout),
-            body_read: crate::serve::secs(self.body_read_timeout),
+            keep_alive: secs(self.timeout_keep_alive),
+            header_read: secs(self.header_read_timeout),
+            body_read: secs(self.body_read_timeout),
             max_connections,
             probe_headroom: headroom,
         }
     }
+}
+
+/// How long in-flight requests may run on after a shutdown signal.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// [`SHUTDOWN_GRACE`], unless `PAGODA_SHUTDOWN_GRACE_SECS` overrides it: the
+/// default of `--shutdown-timeout`.
+pub fn shutdown_grace() -> Duration {
+    std::env::var("PAGODA_SHUTDOWN_GRACE_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(SHUTDOWN_GRACE)
+}
+
+/// Seconds from a flag (negative or NaN count as zero).
+pub fn secs(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO)
 }
 
 /// `--max-logprobs`: a count, or `-1` for no cap ([`usize::MAX`]).
