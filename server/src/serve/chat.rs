@@ -6,9 +6,9 @@
 use super::error::ApiError;
 use super::protocol::{ChatMessageIn, ChatRequest, MessageContent};
 use super::shape::Shaping;
+use super::state::AppState;
 use super::tools::choice::{self, NamedParser, RequiredParser, ToolChoice};
 use super::tools::ToolParser;
-use super::AppState;
 use pagoda_core::{Constraint, SamplingParams, StructuredOutputs};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;

@@ -18,6 +18,7 @@
 //! changes are a few atomics, the registry lock is taken at accept and close only.
 
 use super::error::ApiError;
+use super::state::{AppState, TRIM_AFTER_BODY_BYTES};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
@@ -375,7 +376,7 @@ async fn call(app: Router, req: Request) -> Response {
 /// Middleware: reads the whole body within `--body-read-timeout` (408 after it),
 /// so a client trickling a body cannot hold a handler forever.
 pub async fn read_body_with_timeout(
-    axum::extract::State(st): axum::extract::State<Arc<super::AppState>>,
+    axum::extract::State(st): axum::extract::State<Arc<AppState>>,
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -384,7 +385,7 @@ pub async fn read_body_with_timeout(
     let limit = st.max_body_bytes;
     match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => {
-            if bytes.len() >= super::TRIM_AFTER_BODY_BYTES {
+            if bytes.len() >= TRIM_AFTER_BODY_BYTES {
                 st.needs_trim.store(true, Ordering::Release);
             }
             next.run(Request::from_parts(parts, Body::from(bytes)))

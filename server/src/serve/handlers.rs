@@ -9,8 +9,8 @@ use super::protocol::{
     truncate_ids, ChatRequest, CommonFields, CompletionRequest, DetokenizeRequest, PromptField,
     TokenizeRequest, ALL_LOGPROBS,
 };
+use super::state::{unix_now, AppState, TRIM_AFTER_BODY_BYTES};
 use super::stream::{collect, sse_response, Sample};
-use super::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -45,13 +45,6 @@ fn next_id(prefix: &str) -> String {
     });
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("{prefix}-{:x}{n:06x}", start & 0xffff_ffff)
-}
-
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 impl AppState {
@@ -256,7 +249,7 @@ impl AppState {
                 serde_json::to_vec(&ctx.response(&states)).map_err(|e| ApiError::Internal {
                     message: format!("cannot serialize the response: {e}"),
                 })?;
-            if body.len() >= crate::serve::TRIM_AFTER_BODY_BYTES {
+            if body.len() >= TRIM_AFTER_BODY_BYTES {
                 // A large answer (prompt logprobs, many samples) leaves freed heap
                 // pages behind: returned to the OS once the server is idle.
                 self.needs_trim

@@ -403,7 +403,7 @@ async fn answer_replay(
 /// publishes `AllBlocksCleared`). Blocks in use by running requests make it a 409
 /// unless `reset_running_requests` preempts them first.
 pub async fn reset_prefix_cache(
-    axum::extract::State(st): axum::extract::State<Arc<super::AppState>>,
+    axum::extract::State(st): axum::extract::State<Arc<super::state::AppState>>,
     axum::extract::Query(q): axum::extract::Query<ResetQuery>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;

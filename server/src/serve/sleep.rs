@@ -6,7 +6,7 @@
 //! `/metrics` and `/health` keep answering, as in vLLM.
 
 use super::error::ApiError;
-use super::AppState;
+use super::state::AppState;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -17,7 +17,7 @@ use super::bridge::{self, given, parse_object, text_of};
 use super::error::ApiError;
 use super::handlers::{prepare_chat, Body};
 use super::shape::random_id;
-use super::AppState;
+use super::state::AppState;
 use answer::{stop_reason, tool_input};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};

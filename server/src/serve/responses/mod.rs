@@ -18,9 +18,9 @@ pub mod stream;
 
 use super::bridge::{self, given, parse_object, text_of};
 use super::error::ApiError;
-use super::handlers::{respond, unix_now, Body};
+use super::handlers::{respond, Body};
 use super::shape::random_id;
-use super::AppState;
+use super::state::{unix_now, AppState};
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;

@@ -8,7 +8,7 @@
 //! module for these builders (the parent already uses the stream).
 
 use super::store::{self, Stored};
-use crate::serve::AppState;
+use crate::serve::state::AppState;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 

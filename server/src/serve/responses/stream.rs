@@ -11,7 +11,7 @@
 use super::object::{call_item, message_item, reasoning_item, text_part, usage, Turn};
 use crate::serve::bridge::{event, ChatRun, Finish, SseSource, Step};
 use crate::serve::shape::{random_id, Delta};
-use crate::serve::AppState;
+use crate::serve::state::AppState;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
