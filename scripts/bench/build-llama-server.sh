@@ -50,6 +50,11 @@ if [ "${NO_AVX512:-0}" = 1 ]; then
         -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF)
 fi
 if [ "${NO_AMX:-0}" = 1 ]; then
+    # Its flags name AVX-512 (F, BW, VBMI, VNNI, BF16): on a CPU without them the binaries
+    # die with SIGILL at their first vector op (seen on an AVX2-only EPYC), so refuse first.
+    for f in avx512f avx512bw avx512vbmi avx512_vnni avx512_bf16; do
+        grep -qw "$f" /proc/cpuinfo || { log "NO_AMX=1 builds for AVX-512 and this CPU lacks $f: use NO_AVX512=1"; exit 2; }
+    done
     SUFFIX="-noamx"
     ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
         -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
