@@ -136,20 +136,20 @@ impl KvCache {
     /// A cache in the memory of a host device (`cpu` or `emu`), every element `value`.
     pub fn host_filled(device: Device, spec: KvCacheSpec, value: f32) -> Result<Self, CoreError> {
         let pool = || Storage::host_filled(device, spec.dtype, spec.pool_shape(), value);
-        let layers = (0..spec.num_layers)
-            .map(|_| {
-                Ok(LayerKv {
-                    k: pool()?,
-                    v: pool()?,
-                })
-            })
-            .collect::<Result<_, CoreError>>()?;
-        Ok(KvCache { spec, layers })
+        Self::with_pools(spec, pool)
     }
 
     /// A zeroed cache allocated by the device's owner.
     pub fn allocate(spec: KvCacheSpec, runtime: &dyn DeviceRuntime) -> Result<Self, CoreError> {
         let pool = || runtime.alloc_zeroed(spec.dtype, spec.pool_shape());
+        Self::with_pools(spec, pool)
+    }
+
+    /// A cache of `spec.num_layers` layers, each K and V pool made by `pool`.
+    fn with_pools(
+        spec: KvCacheSpec,
+        pool: impl Fn() -> Result<Storage, CoreError>,
+    ) -> Result<Self, CoreError> {
         let layers = (0..spec.num_layers)
             .map(|_| {
                 Ok(LayerKv {
