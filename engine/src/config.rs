@@ -25,8 +25,9 @@ pub struct EngineConfig {
     /// size, [`crate::engine_core::auto_prefill_cap`].
     pub max_prefill_tokens_with_decodes: Option<usize>,
     /// vLLM's `--long-prefill-token-threshold`: the largest prompt chunk of one
-    /// request per step (0: none).
-    pub long_prefill_token_threshold: usize,
+    /// request per step (0: none). None: 256 on the CPU, none on a device
+    /// ([`crate::engine_core::PREFILL_CAP_REFERENCE_TOKENS`]).
+    pub long_prefill_token_threshold: Option<usize>,
     pub max_num_seqs: usize,
     /// None: the model's context length.
     pub max_model_len: Option<usize>,
@@ -89,9 +90,9 @@ impl EngineConfig {
             kv_cache_bytes: 1 << 30,
             kv_cache_bytes_explicit: false,
             gpu_memory_utilization: 0.9,
-            max_num_batched_tokens: 256,
+            max_num_batched_tokens: 2048,
             max_prefill_tokens_with_decodes: None,
-            long_prefill_token_threshold: 0,
+            long_prefill_token_threshold: None,
             max_num_seqs: 64,
             max_model_len: None,
             enable_prefix_caching: true,

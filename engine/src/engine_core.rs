@@ -6,7 +6,7 @@
 use crate::runner::ModelRunner;
 use crate::startup::{
     build_scheduler, build_step_pool, capture_graphs, check_max_model_len, fit_max_model_len,
-    initialize_kv_cache, load_draft, load_model, plan_attention, prefill_cap, select_backends,
+    initialize_kv_cache, load_draft, load_model, plan_attention, prefill_limits, select_backends,
 };
 use crate::step_pool::StepPool;
 use crate::structured::{Grammar, MaskStats};
@@ -25,7 +25,7 @@ use std::sync::Arc;
 pub use crate::startup::{
     auto_prefill_cap, build_device_model, device_compute_dtype, kv_bytes_for_utilization,
     open_engine_device, release_freed_memory, ALLOW_LONG_MAX_MODEL_LEN,
-    PREFILL_CAP_REFERENCE_PARAMS,
+    PREFILL_CAP_REFERENCE_PARAMS, PREFILL_CAP_REFERENCE_TOKENS,
 };
 
 /// Logs the family and the features beyond Llama it needs.
@@ -81,7 +81,7 @@ impl EngineCore {
         let requested_len =
             check_max_model_len(config.max_model_len, model_config.max_position_embeddings)?;
         let on_device = runtime.device() != Device::Cpu;
-        let prefill_cap = prefill_cap(config, &model_config, on_device);
+        let prefill = prefill_limits(config, &model_config, on_device);
         // The selector sees the device actually in use and the cache's element type, so
         // it only picks backends that read that cache.
         let plan = plan_attention(
@@ -124,7 +124,7 @@ impl EngineCore {
             capture_graphs(config, &runtime, &mut runner, max_model_len)?;
         }
         release_freed_memory();
-        let scheduler = build_scheduler(config, spec.num_blocks, max_model_len, prefill_cap)?;
+        let scheduler = build_scheduler(config, spec.num_blocks, max_model_len, prefill)?;
         let pool = build_step_pool(config)?;
         Ok((
             EngineCore {

@@ -200,13 +200,13 @@ pub fn build_scheduler(
     config: &EngineConfig,
     num_blocks: usize,
     max_model_len: usize,
-    prefill_cap: usize,
+    limits: PrefillLimits,
 ) -> Result<Scheduler, EngineError> {
     Scheduler::new(SchedulerConfig {
         max_num_seqs: config.max_num_seqs,
         max_num_batched_tokens: config.max_num_batched_tokens,
-        max_prefill_tokens_with_decodes: prefill_cap,
-        long_prefill_token_threshold: config.long_prefill_token_threshold,
+        max_prefill_tokens_with_decodes: limits.cap,
+        long_prefill_token_threshold: limits.chunk,
         max_model_len,
         block_size: config.block_size,
         num_blocks,
@@ -412,51 +412,81 @@ pub fn release_freed_memory() {
     }
 }
 
-/// Linear weights per token at or below which steps need no prompt cap: SmolLM2-135M's
-/// 106 M, where a full 256-token step is short (the CPU default budget was measured
-/// there, BENCHMARKS.md, Serving).
+/// Linear weights per token at or below which a step that decodes may take
+/// [`PREFILL_CAP_REFERENCE_TOKENS`] prompt tokens: SmolLM2-135M's 106 M, where such
+/// a step is short (measured there, BENCHMARKS.md, Serving).
 pub const PREFILL_CAP_REFERENCE_PARAMS: usize = 128_000_000;
 
-/// The default cap on prompt tokens in a step that decodes: the budget scaled down by
-/// how much more one token costs than at [`PREFILL_CAP_REFERENCE_PARAMS`], so that a
-/// step carrying a prompt chunk stays about as long as on the reference model
-/// (`max_num_batched_tokens * reference / params`, a multiple of 16, at least 16); 0
-/// (no cap) for models that small. A 1B model (0.97 G) gets 32 of 256, a 3B one 16.
+/// Prompt tokens a step that decodes takes at [`PREFILL_CAP_REFERENCE_PARAMS`]: the
+/// CPU's step budget before bursts got the whole budget (256 halved ITL p99 at 32
+/// streams against 512 on SmolLM2), and the default prompt chunk of one request on the
+/// CPU (so a long prompt alone does not make one huge step that a newcomer waits for).
+pub const PREFILL_CAP_REFERENCE_TOKENS: usize = 256;
+
+/// The default cap on prompt tokens in a step that decodes: the reference's 256
+/// scaled down by how much more one token costs than at
+/// [`PREFILL_CAP_REFERENCE_PARAMS`], so that a step carrying a prompt chunk stays
+/// about as long as on the reference model (a multiple of 16, at least 16, at most
+/// the budget). SmolLM2 gets 256, a 1B model (0.97 G) 32, a 3B one 16. It does not
+/// grow with the budget: what it bounds is how long the decoding streams wait.
 pub fn auto_prefill_cap(max_num_batched_tokens: usize, params_per_token: usize) -> usize {
-    if params_per_token <= PREFILL_CAP_REFERENCE_PARAMS {
-        return 0;
-    }
-    let scaled = (max_num_batched_tokens as u128 * PREFILL_CAP_REFERENCE_PARAMS as u128
-        / params_per_token as u128) as usize;
-    (scaled / 16 * 16).max(16).min(max_num_batched_tokens)
+    let scaled = (PREFILL_CAP_REFERENCE_TOKENS as u128 * PREFILL_CAP_REFERENCE_PARAMS as u128
+        / params_per_token.max(1) as u128) as usize;
+    (scaled / 16 * 16)
+        .clamp(16, PREFILL_CAP_REFERENCE_TOKENS)
+        .min(max_num_batched_tokens)
 }
 
-/// `--max-prefill-tokens-with-decodes`, or its default for this model (logged). The
-/// default scaling was measured on the CPU; a device, where a prompt token costs a
-/// small share of a decode step's weight reads, gets no default cap.
-pub(crate) fn prefill_cap(config: &EngineConfig, model: &LlamaConfig, on_device: bool) -> usize {
+/// How the scheduler cuts prompts into steps (the start log says which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillLimits {
+    /// `max_prefill_tokens_with_decodes` (0: none).
+    pub cap: usize,
+    /// `long_prefill_token_threshold` (0: none).
+    pub chunk: usize,
+}
+
+/// `--max-prefill-tokens-with-decodes` and `--long-prefill-token-threshold`, or their
+/// defaults for this model and device (logged). The defaults were measured on the
+/// CPU; a device, where a prompt token costs a small share of a decode step's weight
+/// reads, gets neither.
+pub(crate) fn prefill_limits(
+    config: &EngineConfig,
+    model: &LlamaConfig,
+    on_device: bool,
+) -> PrefillLimits {
     let params = model.linear_params_per_token();
+    let budget = config.max_num_batched_tokens;
     let cap = config.max_prefill_tokens_with_decodes.unwrap_or_else(|| {
         if on_device {
             0
         } else {
-            auto_prefill_cap(config.max_num_batched_tokens, params)
+            auto_prefill_cap(budget, params)
         }
     });
-    if cap == 0 || cap >= config.max_num_batched_tokens {
+    let chunk = config.long_prefill_token_threshold.unwrap_or(if on_device {
+        0
+    } else {
+        PREFILL_CAP_REFERENCE_TOKENS
+    });
+    let chunk_text = if chunk == 0 || chunk >= budget {
+        "a request's prompt chunk up to the budget".to_string()
+    } else {
+        format!("a request's prompt chunk at most {chunk} (--long-prefill-token-threshold)")
+    };
+    if cap == 0 || cap >= budget {
         tracing::info!(
-            "step budget: {} tokens, prompt chunks uncapped while decoding",
-            config.max_num_batched_tokens
+            "step budget: {budget} tokens, prompt chunks uncapped while decoding, {chunk_text}"
         );
     } else {
         tracing::info!(
-            "step budget: {} tokens, at most {cap} of them prompt tokens in a step that \
-             decodes ({:.2} G linear weights per token; --max-prefill-tokens-with-decodes)",
-            config.max_num_batched_tokens,
+            "step budget: {budget} tokens, at most {cap} of them prompt tokens in a step that \
+             decodes unless more requests wait to start than decode ({:.2} G linear weights \
+             per token; --max-prefill-tokens-with-decodes), {chunk_text}",
             params as f64 / 1e9
         );
     }
-    cap
+    PrefillLimits { cap, chunk }
 }
 
 /// Captures the decode steps' CUDA graphs of a device runner (vLLM's default), unless
@@ -641,15 +671,70 @@ mod tests {
         let smol = params(30, 576, 9, 3, 1536);
         assert_eq!(smol, 106_168_320);
         assert_eq!(
-            auto_prefill_cap(256, smol),
-            0,
-            "SmolLM2 keeps the whole budget"
+            auto_prefill_cap(2048, smol),
+            256,
+            "SmolLM2 keeps the old CPU budget's 256"
         );
-        assert_eq!(auto_prefill_cap(256, params(16, 2048, 32, 8, 8192)), 32);
-        assert_eq!(auto_prefill_cap(256, params(28, 3072, 24, 8, 8192)), 16);
-        assert_eq!(auto_prefill_cap(256, params(32, 4096, 32, 8, 14336)), 16);
-        // A bigger budget scales too, and never exceeds itself.
-        assert_eq!(auto_prefill_cap(2048, params(16, 2048, 32, 8, 8192)), 256);
+        assert_eq!(auto_prefill_cap(2048, params(16, 2048, 32, 8, 8192)), 32);
+        assert_eq!(auto_prefill_cap(2048, params(28, 3072, 24, 8, 8192)), 16);
+        assert_eq!(auto_prefill_cap(2048, params(32, 4096, 32, 8, 14336)), 16);
+        // The stall it bounds does not grow with the budget; a smaller budget wins.
+        assert_eq!(auto_prefill_cap(8192, params(16, 2048, 32, 8, 8192)), 32);
         assert_eq!(auto_prefill_cap(8, params(16, 2048, 32, 8, 8192)), 8);
+        assert_eq!(auto_prefill_cap(128, smol), 128);
+    }
+
+    fn llama_1b() -> LlamaConfig {
+        LlamaConfig {
+            vocab_size: 49152,
+            hidden_size: 2048,
+            intermediate_size: 8192,
+            num_layers: 16,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 64,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500_000.0,
+            rope_scaling: None,
+            rope_freq_factors: None,
+            max_position_embeddings: 8192,
+            tie_word_embeddings: true,
+            arch: Default::default(),
+        }
+    }
+
+    #[test]
+    fn prompt_limits_default_by_device_and_yield_to_flags() {
+        let model = llama_1b();
+        let mut config = EngineConfig::new("unused.gguf");
+        assert_eq!(config.max_num_batched_tokens, 2048);
+        // The CPU: a 1B model's cap, and one request's chunk at the reference 256.
+        let cpu = prefill_limits(&config, &model, false);
+        assert_eq!(
+            cpu,
+            PrefillLimits {
+                cap: 32,
+                chunk: 256
+            }
+        );
+        // A device gets neither.
+        let dev = prefill_limits(&config, &model, true);
+        assert_eq!(dev, PrefillLimits { cap: 0, chunk: 0 });
+        // Flags win on both, 0 included.
+        config.max_prefill_tokens_with_decodes = Some(0);
+        config.long_prefill_token_threshold = Some(0);
+        assert_eq!(
+            prefill_limits(&config, &model, false),
+            PrefillLimits { cap: 0, chunk: 0 }
+        );
+        config.max_prefill_tokens_with_decodes = Some(64);
+        config.long_prefill_token_threshold = Some(512);
+        assert_eq!(
+            prefill_limits(&config, &model, true),
+            PrefillLimits {
+                cap: 64,
+                chunk: 512
+            }
+        );
     }
 }

@@ -67,8 +67,9 @@ pub struct SchedulerConfig {
     /// Most prompt tokens (prefill chunks, all requests together) in a step that
     /// also carries decode rows; 0: no cap beyond the token budget. Every running
     /// stream waits for its step, so on a large model a step of many prompt tokens
-    /// is an inter-token stall for all of them; a step with nothing to decode
-    /// still fills the whole budget. Only applies with chunked prefill.
+    /// is an inter-token stall for all of them; a step with nothing to decode, or
+    /// with more requests waiting to start than decoding (a burst), still fills the
+    /// whole budget. Only applies with chunked prefill.
     pub max_prefill_tokens_with_decodes: usize,
     pub policy: SchedulingPolicy,
     /// Most seats (of `max_num_seqs`) the requests of one group (one API
@@ -442,16 +443,37 @@ impl Scheduler {
 
     /// The step's cap on prompt tokens: `max_prefill_tokens_with_decodes` when a
     /// running request has finished its prompt (it will decode this step, or be
-    /// preempted, which frees what it would have taken), unbounded otherwise.
+    /// preempted, which frees what it would have taken) and no more requests wait to
+    /// start than decode; unbounded otherwise.
+    ///
+    /// Why the second condition: the cap exists because every decoding stream waits
+    /// for a step's prompt tokens. When a burst of requests arrives while few
+    /// streams decode (the first of them just admitted, or the last of an earlier
+    /// wave), spreading the burst over capped steps stalls those few streams once
+    /// per step for dozens of steps and leaves the burst's later requests queued,
+    /// while one full step stalls them once and starts everyone: it starts more
+    /// requests than it stalls. Once as many streams decode as wait, the cap holds
+    /// (steady arrivals meet it: one or two waiting beside many decoding).
     fn prefill_cap(&self) -> usize {
         let cap = self.config.max_prefill_tokens_with_decodes;
-        let decoding = || {
-            self.running.iter().any(|&i| {
+        if cap == 0 || !self.config.enable_chunked_prefill {
+            return usize::MAX;
+        }
+        let decoding = self
+            .running
+            .iter()
+            .filter(|&&i| {
                 let r = self.req(i);
                 r.num_tokens() - r.num_computed_tokens == 1
             })
-        };
-        if cap == 0 || !self.config.enable_chunked_prefill || !decoding() {
+            .count();
+        // Only those a seat is free for can start this step.
+        let admissible = self
+            .waiting
+            .len()
+            .min(self.config.max_num_seqs.saturating_sub(self.running.len()));
+        let starting = admissible + (self.running.len() - decoding);
+        if decoding == 0 || starting > decoding {
             usize::MAX
         } else {
             cap

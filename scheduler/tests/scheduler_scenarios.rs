@@ -159,24 +159,83 @@ fn prompt_tokens_capped_while_decoding() {
     let out = s.schedule();
     assert_eq!(ids(&s, &out), vec![("0", 100)]);
     s.update_from_output(&out, &output_all(&out, 7, &s));
+    s.add_request(rs.next().unwrap()).unwrap();
+    // "0" decodes and "1" waits (no more waiting than decoding): 48 prompt tokens, the
+    // second chunk continuing.
+    let out = s.schedule();
+    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 48)]);
+    s.update_from_output(&out, &output_all(&out, 7, &s));
+    let out = s.schedule();
+    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 48)]);
+    s.update_from_output(&out, &output_all(&out, 7, &s));
+    s.add_request(rs.next().unwrap()).unwrap();
+    // One decoding, two starting ("1"'s last chunk and "2"): a burst, uncapped.
+    let out = s.schedule();
+    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 4), ("2", 100)]);
+    s.update_from_output(&out, &output_all(&out, 7, &s));
+    s.abort_request("0");
+    s.abort_request("1");
+    s.add_request(reqs(4, 100).pop().unwrap()).unwrap();
+    // "2" decodes, "3" waits: capped again.
+    let out = s.schedule();
+    assert_eq!(ids(&s, &out), vec![("2", 1), ("3", 48)]);
+}
+
+// Pagoda's own: a burst of requests that arrives while fewer streams decode than
+// wait to start fills the budget (one stall for the few, everyone started), and the
+// cap comes back once as many decode as wait; a waiting request no seat is free for
+// does not count as starting.
+#[test]
+fn a_burst_beside_few_decodes_fills_the_budget() {
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 256,
+        max_prefill_tokens_with_decodes: 48,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg).unwrap();
+    let mut rs = reqs(5, 100).into_iter();
+    s.add_request(rs.next().unwrap()).unwrap();
+    let out = s.schedule();
+    s.update_from_output(&out, &output_all(&out, 7, &s));
     for r in rs {
         s.add_request(r).unwrap();
     }
-    // "0" decodes: 48 prompt tokens, the second chunk continuing before a new admission.
+    // One decoding, four waiting: the budget (1 + 100 + 100 + 55).
+    let out = s.schedule();
+    assert_eq!(
+        ids(&s, &out),
+        vec![("0", 1), ("1", 100), ("2", 100), ("3", 55)]
+    );
+    s.update_from_output(&out, &output_all(&out, 7, &s));
+    // Three decoding, two starting ("3"'s rest and "4"): capped at 48.
+    let out = s.schedule();
+    assert_eq!(
+        ids(&s, &out),
+        vec![("0", 1), ("1", 1), ("2", 1), ("3", 45), ("4", 3)]
+    );
+
+    // With every seat taken, the queue does not make a burst.
+    let cfg = SchedulerConfig {
+        max_num_seqs: 2,
+        max_num_batched_tokens: 256,
+        max_prefill_tokens_with_decodes: 48,
+        ..config()
+    };
+    let mut s = Scheduler::new(cfg).unwrap();
+    let mut rs = reqs(5, 100).into_iter();
+    s.add_request(rs.next().unwrap()).unwrap();
+    let out = s.schedule();
+    s.update_from_output(&out, &output_all(&out, 7, &s));
+    s.add_request(rs.next().unwrap()).unwrap();
     let out = s.schedule();
     assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 48)]);
     s.update_from_output(&out, &output_all(&out, 7, &s));
+    for r in rs {
+        s.add_request(r).unwrap();
+    }
+    // "0" decodes, "1" is mid-prompt, three wait for a seat: 1 starting, capped.
     let out = s.schedule();
     assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 48)]);
-    s.update_from_output(&out, &output_all(&out, 7, &s));
-    let out = s.schedule();
-    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 4), ("2", 44)]);
-    assert_eq!(out.total_num_scheduled_tokens, 49);
-    s.update_from_output(&out, &output_all(&out, 7, &s));
-    s.abort_request("0");
-    // "1" decodes now, so the cap still holds for "2".
-    let out = s.schedule();
-    assert_eq!(ids(&s, &out), vec![("1", 1), ("2", 48)]);
 }
 
 // Scenario 5 (test_schedule_order): no skipping ahead without chunked prefill.

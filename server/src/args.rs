@@ -107,24 +107,29 @@ pub struct EngineArgs {
     /// Turns automatic prefix caching off (`--no-prefix-caching` is Pagoda's older spelling).
     #[arg(long, alias = "no-prefix-caching", action = ArgAction::SetTrue, overrides_with = "enable_prefix_caching", help_heading = "CacheConfig")]
     pub no_enable_prefix_caching: bool,
-    /// Token budget of one engine step (prefill chunks and decodes together). The
-    /// CPU default keeps a step with a prefill chunk short (running requests wait
-    /// for it): 256 halved ITL p99 at 32 streams against 512 with the same
-    /// throughput and TTFT p99 (BENCHMARKS.md, Serving).
-    #[arg(long, default_value_t = 256, help_heading = "SchedulerConfig")]
+    /// Token budget of one engine step (prefill chunks and decodes together). A
+    /// step that decodes takes far fewer prompt tokens
+    /// (--max-prefill-tokens-with-decodes) unless a burst waits; a step with nothing
+    /// to decode fills it, so a wave of prompts starts in one step instead of
+    /// trickling in beside the first ones' decodes (BENCHMARKS.md, "Bursts").
+    #[arg(long, default_value_t = 2048, help_heading = "SchedulerConfig")]
     pub max_num_batched_tokens: usize,
     /// Most prompt tokens (all requests' prefill chunks together) in a step that
     /// also decodes: every running stream waits for that step, so on a large model
     /// a step full of prompt tokens stalls them all (ITL p99). Default: by the
-    /// model's size, none up to SmolLM2-135M's, 32 at 1B, 16 from 3B (the start log
+    /// model's size, 256 up to SmolLM2-135M's, 32 at 1B, 16 from 3B (the start log
     /// says which; on a CUDA device or `emu` none); 0: only --max-num-batched-tokens.
-    /// A step with nothing to decode always gets the whole budget.
+    /// A step with nothing to decode, or with more requests waiting to start than
+    /// decoding (a burst: one stall for the few starts them all), gets the whole
+    /// budget.
     #[arg(long, help_heading = "SchedulerConfig")]
     pub max_prefill_tokens_with_decodes: Option<usize>,
     /// Largest prompt chunk one request gets per step (vLLM's flag; 0: no limit
-    /// beyond the budget).
-    #[arg(long, default_value_t = 0, help_heading = "SchedulerConfig")]
-    pub long_prefill_token_threshold: usize,
+    /// beyond the budget). Default: 256 on the CPU (a long prompt alone makes
+    /// 256-token steps, so a request arriving behind it waits for one of those, not
+    /// for a whole budget), none on a device.
+    #[arg(long, help_heading = "SchedulerConfig")]
+    pub long_prefill_token_threshold: Option<usize>,
     /// Most requests in one step.
     #[arg(long, default_value_t = 64, help_heading = "SchedulerConfig")]
     pub max_num_seqs: usize,
