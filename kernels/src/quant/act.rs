@@ -30,11 +30,26 @@ pub(crate) struct ActBlock {
 pub struct QuantActs {
     m: usize,
     k: usize,
-    /// `m * k` int8.
+    /// `m` rows of `k` int8, row `i` at `i * q_stride`.
     q: Vec<i8>,
-    /// `m * k / QB` blocks.
+    /// `m` rows of `k / QB` blocks, row `i` at `i * block_stride`.
     blocks: Vec<ActBlock>,
+    q_stride: usize,
+    block_stride: usize,
 }
+
+/// Bytes after each row's int8 values: one cache line. Why: the pass kernels
+/// (`rows.rs`) read block `b` of up to 64 rows in turn; at a power-of-two `k`
+/// (2048, 8192) rows `k` bytes apart fall in 1 or 2 of L1's 64 sets, so the pass's
+/// rows evicted each other and every read went to L2. A stride of an odd number
+/// of lines (or near it) spreads them over the sets: 1.1-1.2x on the 1B shapes'
+/// passes on AVX2 (BENCHMARKS.md, "Bursts").
+const Q_PAD: usize = 64;
+
+/// Blocks after each row's blocks: 8 x 24 bytes, three cache lines, so a row's
+/// stride in lines is odd at every `k` a multiple of 512 (`3 k / 256 + 3`), for
+/// the same reason as [`Q_PAD`].
+const BLOCK_PAD: usize = 8;
 
 impl QuantActs {
     /// Quantizes `x[m, k]`; `k` must be a multiple of 32.
@@ -46,28 +61,24 @@ impl QuantActs {
                 message: format!("{k} is not a multiple of the block size {QB}"),
             });
         }
+        let kb = k / QB;
         self.m = m;
         self.k = k;
-        self.q.resize(m * k, 0);
-        self.blocks.resize(m * k / QB, ActBlock::default());
-        #[cfg(target_arch = "x86_64")]
-        if crate::Isa::detect().avx2_fma() {
-            for ((xb, qb), blk) in x
-                .chunks_exact(QB)
-                .zip(self.q.chunks_exact_mut(QB))
-                .zip(&mut self.blocks)
-            {
-                // SAFETY: AVX2 is available (checked); both chunks hold exactly QB.
-                *blk = unsafe { quantize_block_avx2(xb, qb) };
+        self.q_stride = k + Q_PAD;
+        self.block_stride = kb + BLOCK_PAD;
+        self.q.resize(m * self.q_stride, 0);
+        self.blocks
+            .resize(m * self.block_stride, ActBlock::default());
+        let quantize = block_quantizer();
+        let rows = x
+            .chunks_exact(k.max(1))
+            .zip(self.q.chunks_exact_mut(self.q_stride))
+            .zip(self.blocks.chunks_exact_mut(self.block_stride));
+        for ((xr, qr), br) in rows {
+            let blocks = xr.chunks_exact(QB).zip(qr.chunks_exact_mut(QB)).zip(br);
+            for ((xb, qb), blk) in blocks {
+                *blk = quantize(xb, qb);
             }
-            return Ok(());
-        }
-        for ((xb, qb), blk) in x
-            .chunks_exact(QB)
-            .zip(self.q.chunks_exact_mut(QB))
-            .zip(&mut self.blocks)
-        {
-            *blk = quantize_block(xb, qb);
         }
         Ok(())
     }
@@ -84,7 +95,7 @@ impl QuantActs {
 
     /// Row `i`'s int8 values.
     pub fn row(&self, i: usize) -> &[i8] {
-        &self.q[i * self.k..(i + 1) * self.k]
+        &self.q[i * self.q_stride..][..self.k]
     }
 
     /// Row `i`'s block scales `d`.
@@ -101,20 +112,34 @@ impl QuantActs {
             .collect()
     }
 
-    /// Rows `r0..r0 + h` as one slab: their int8 values (`h * k`) and blocks
-    /// (`h * k / QB`), row after row.
-    pub(crate) fn rows_slab(&self, r0: usize, h: usize) -> (&[i8], &[ActBlock]) {
-        let kb = self.k / QB;
+    /// Rows `r0..r0 + h` (`h >= 1`) as one slab: their int8 values and blocks,
+    /// row `i` of the slab at `i * q_stride` and `i * block_stride` (the third and
+    /// fourth values; `k` and `k / QB` are valid there).
+    pub(crate) fn rows_slab(&self, r0: usize, h: usize) -> (&[i8], &[ActBlock], usize, usize) {
+        let (qs, bs) = (self.q_stride, self.block_stride);
         (
-            &self.q[r0 * self.k..(r0 + h) * self.k],
-            &self.blocks[r0 * kb..(r0 + h) * kb],
+            &self.q[r0 * qs..(r0 + h - 1) * qs + self.k],
+            &self.blocks[r0 * bs..(r0 + h - 1) * bs + self.k / QB],
+            qs,
+            bs,
         )
     }
 
     pub(crate) fn row_blocks(&self, i: usize) -> &[ActBlock] {
-        let kb = self.k / QB;
-        &self.blocks[i * kb..(i + 1) * kb]
+        &self.blocks[i * self.block_stride..][..self.k / QB]
     }
+}
+
+/// [`quantize_block_avx2`] where the CPU has AVX2 and FMA, else [`quantize_block`]
+/// (the same bits).
+fn block_quantizer() -> fn(&[f32], &mut [i8]) -> ActBlock {
+    #[cfg(target_arch = "x86_64")]
+    if crate::Isa::detect().avx2_fma() {
+        // SAFETY: AVX2 and FMA are available (checked); the callers pass chunks
+        // of exactly QB.
+        return |x, q| unsafe { quantize_block_avx2(x, q) };
+    }
+    quantize_block
 }
 
 /// One block: `q` gets the int8 values; returns its scalars. A block of zeros (or

@@ -54,14 +54,14 @@ pub(super) unsafe fn tile_rows(kernel: QuantKernel, t: Tile<'_>) {
 struct Pass<'a> {
     t: Tile<'a>,
     lay: Layout,
-    k: usize,
     units: usize,
     per_unit: usize,
-    /// Blocks of 32 per row.
-    kb: usize,
-    /// The pass's int8 values and block scalars, row after row.
+    /// The pass's int8 values and block scalars, row after row, `qs` values and
+    /// `bs` blocks apart.
     qp: *const i8,
     bp: *const ActBlock,
+    qs: usize,
+    bs: usize,
 }
 
 impl<'a> Pass<'a> {
@@ -74,16 +74,16 @@ impl<'a> Pass<'a> {
         let units = k / lay.unit();
         assert!(t.h <= MAX_ROWS && t.recs.len() >= lay.panel_bytes(units));
         // Panics unless rows r0..r0 + h exist.
-        let (q, blocks) = t.acts.rows_slab(t.r0, t.h);
+        let (q, blocks, qs, bs) = t.acts.rows_slab(t.r0, t.h);
         Pass {
             t,
             lay,
-            k,
             units,
             per_unit: lay.unit() / QB,
-            kb: k / QB,
             qp: q.as_ptr(),
             bp: blocks.as_ptr(),
+            qs,
+            bs,
         }
     }
 }
@@ -106,12 +106,12 @@ unsafe fn vnni<const S: u8, const F: bool>(t: Tile<'_>) {
                 ..
             },
         lay,
-        k,
         units,
         per_unit,
-        kb,
         qp,
         bp,
+        qs,
+        bs,
     } = Pass::new::<S, F>(t);
     let mut acc = [_mm512_setzero_ps(); MAX_ROWS];
     for u in 0..units {
@@ -129,9 +129,9 @@ unsafe fn vnni<const S: u8, const F: bool>(t: Tile<'_>) {
                 )
             };
             for (i, acc) in acc.iter_mut().enumerate().take(h) {
-                // SAFETY: i < h and b < kb: inside the slab's rows (`rows_slab`).
+                // SAFETY: i < h and b < k / QB: inside the slab's rows (`rows_slab`).
                 let (ab, ap) =
-                    unsafe { (&*bp.add(i * kb + b), qp.add(i * k + b * QB) as *const i32) };
+                    unsafe { (&*bp.add(i * bs + b), qp.add(i * qs + b * QB) as *const i32) };
                 // SAFETY: group g (< 8) of the block: 4 bytes inside its 32.
                 let av = |g: usize| _mm512_set1_epi32(unsafe { ap.add(g).read_unaligned() });
                 // One chain a sum: the rows after this one keep the core busy while
@@ -175,12 +175,12 @@ unsafe fn avx2<const S: u8, const F: bool>(t: Tile<'_>) {
                 ..
             },
         lay,
-        k,
         units,
         per_unit,
-        kb,
         qp,
         bp,
+        qs,
+        bs,
     } = Pass::new::<S, F>(t);
     // Both halves of each unit in turn (8 lanes a vector): one stream over the panel.
     let halves = if cols > 8 { 2 } else { 1 };
@@ -203,10 +203,10 @@ unsafe fn avx2<const S: u8, const F: bool>(t: Tile<'_>) {
                     )
                 };
                 for (i, acc) in acc.iter_mut().enumerate().take(h) {
-                    // SAFETY: i < h and b < kb: inside the slab's rows; the block's
+                    // SAFETY: i < h and b < k / QB: inside the slab's rows; the block's
                     // 32 int8 values at `ap`.
                     *acc = unsafe {
-                        let (ab, ap) = (&*bp.add(i * kb + b), qp.add(i * k + b * QB));
+                        let (ab, ap) = (&*bp.add(i * bs + b), qp.add(i * qs + b * QB));
                         finish_avx2::<S>(*acc, ab, &s, &mn, &w, ap as *const i32)
                     };
                 }
