@@ -141,44 +141,49 @@ fn concurrent_partial_prefills_under_threshold() {
     assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 1), ("2", 352)]);
 }
 
+/// A 256-token budget with at most 48 prompt tokens in a step that decodes.
+fn capped(max_num_seqs: usize) -> Scheduler {
+    Scheduler::new(SchedulerConfig {
+        max_num_seqs,
+        max_num_batched_tokens: 256,
+        max_prefill_tokens_with_decodes: 48,
+        ..config()
+    })
+    .unwrap()
+}
+
+/// Schedules one step, checks its `(request, tokens)` and feeds one token to each.
+fn step(s: &mut Scheduler, want: &[(&str, usize)]) {
+    let out = s.schedule();
+    assert_eq!(ids(s, &out), want);
+    let res = output_all(&out, 7, s);
+    s.update_from_output(&out, &res);
+}
+
 // Pagoda's own: a step that decodes takes at most `max_prefill_tokens_with_decodes`
 // prompt tokens (running chunks first, then admissions), so a long prompt does not
 // stall the running streams for a whole budget's worth of prefill; with nothing to
 // decode the budget is the only limit.
 #[test]
 fn prompt_tokens_capped_while_decoding() {
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 256,
-        max_prefill_tokens_with_decodes: 48,
-        ..config()
-    };
-    let mut s = Scheduler::new(cfg).unwrap();
+    let mut s = capped(16);
     let mut rs = reqs(3, 100).into_iter();
     s.add_request(rs.next().unwrap()).unwrap();
     // Nothing decodes yet: the whole prompt in one step.
-    let out = s.schedule();
-    assert_eq!(ids(&s, &out), vec![("0", 100)]);
-    s.update_from_output(&out, &output_all(&out, 7, &s));
+    step(&mut s, &[("0", 100)]);
     s.add_request(rs.next().unwrap()).unwrap();
     // "0" decodes and "1" waits (no more waiting than decoding): 48 prompt tokens, the
     // second chunk continuing.
-    let out = s.schedule();
-    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 48)]);
-    s.update_from_output(&out, &output_all(&out, 7, &s));
-    let out = s.schedule();
-    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 48)]);
-    s.update_from_output(&out, &output_all(&out, 7, &s));
+    step(&mut s, &[("0", 1), ("1", 48)]);
+    step(&mut s, &[("0", 1), ("1", 48)]);
     s.add_request(rs.next().unwrap()).unwrap();
     // One decoding, two starting ("1"'s last chunk and "2"): a burst, uncapped.
-    let out = s.schedule();
-    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 4), ("2", 100)]);
-    s.update_from_output(&out, &output_all(&out, 7, &s));
+    step(&mut s, &[("0", 1), ("1", 4), ("2", 100)]);
     s.abort_request("0");
     s.abort_request("1");
     s.add_request(reqs(4, 100).pop().unwrap()).unwrap();
     // "2" decodes, "3" waits: capped again.
-    let out = s.schedule();
-    assert_eq!(ids(&s, &out), vec![("2", 1), ("3", 48)]);
+    step(&mut s, &[("2", 1), ("3", 48)]);
 }
 
 // Pagoda's own: a burst of requests that arrives while fewer streams decode than
@@ -187,58 +192,32 @@ fn prompt_tokens_capped_while_decoding() {
 // does not count as starting.
 #[test]
 fn a_burst_beside_few_decodes_fills_the_budget() {
-    let cfg = SchedulerConfig {
-        max_num_batched_tokens: 256,
-        max_prefill_tokens_with_decodes: 48,
-        ..config()
-    };
-    let mut s = Scheduler::new(cfg).unwrap();
+    let mut s = capped(16);
     let mut rs = reqs(5, 100).into_iter();
     s.add_request(rs.next().unwrap()).unwrap();
-    let out = s.schedule();
-    s.update_from_output(&out, &output_all(&out, 7, &s));
+    step(&mut s, &[("0", 100)]);
     for r in rs {
         s.add_request(r).unwrap();
     }
     // One decoding, four waiting: the budget (1 + 100 + 100 + 55).
-    let out = s.schedule();
-    assert_eq!(
-        ids(&s, &out),
-        vec![("0", 1), ("1", 100), ("2", 100), ("3", 55)]
-    );
-    s.update_from_output(&out, &output_all(&out, 7, &s));
+    step(&mut s, &[("0", 1), ("1", 100), ("2", 100), ("3", 55)]);
     // Three decoding, two starting ("3"'s rest and "4"): capped at 48.
-    let out = s.schedule();
-    assert_eq!(
-        ids(&s, &out),
-        vec![("0", 1), ("1", 1), ("2", 1), ("3", 45), ("4", 3)]
-    );
+    step(&mut s, &[("0", 1), ("1", 1), ("2", 1), ("3", 45), ("4", 3)]);
 
     // With every seat taken, the queue does not make a burst.
-    let cfg = SchedulerConfig {
-        max_num_seqs: 2,
-        max_num_batched_tokens: 256,
-        max_prefill_tokens_with_decodes: 48,
-        ..config()
-    };
-    let mut s = Scheduler::new(cfg).unwrap();
+    let mut s = capped(2);
     let mut rs = reqs(5, 100).into_iter();
     s.add_request(rs.next().unwrap()).unwrap();
-    let out = s.schedule();
-    s.update_from_output(&out, &output_all(&out, 7, &s));
+    step(&mut s, &[("0", 100)]);
     s.add_request(rs.next().unwrap()).unwrap();
-    let out = s.schedule();
-    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 48)]);
-    s.update_from_output(&out, &output_all(&out, 7, &s));
+    step(&mut s, &[("0", 1), ("1", 48)]);
     for r in rs {
         s.add_request(r).unwrap();
     }
     // "0" decodes, "1" is mid-prompt, three wait for a seat: 1 starting, capped.
-    let out = s.schedule();
-    assert_eq!(ids(&s, &out), vec![("0", 1), ("1", 48)]);
+    step(&mut s, &[("0", 1), ("1", 48)]);
 }
 
-// Scenario 5 (test_schedule_order): no skipping ahead without chunked prefill.
 #[test]
 fn schedule_order_with_and_without_chunking() {
     for chunked in [true, false] {
